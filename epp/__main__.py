@@ -1,0 +1,5 @@
+"""`python -m epp` is the `epp` command."""
+
+from epp.cli import main
+
+raise SystemExit(main())

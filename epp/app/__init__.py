@@ -1,0 +1,1 @@
+"""Composition: the only place that wires components together and reads flags."""

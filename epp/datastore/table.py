@@ -1,0 +1,283 @@
+"""The endpoint table: one row per endpoint, one numpy column per signal.
+
+Scrapers write a row; the scheduler reads whole columns, so a pick costs a handful of vector operations whatever the
+number of endpoints. Rows live in stable slots: an endpoint keeps its slot while it exists, and a freed slot is
+reused by the next endpoint added, so columns never need compacting. Every writer runs on the event loop and no
+writer awaits half-way, so a reader on the loop always sees whole rows; `snapshot()` copies the columns for readers
+that keep them across an await (or run elsewhere, like the virtual-time benchmark).
+
+Unknown values are NaN, never zero: an engine that does not export KV-cache usage must not look idle.
+Time is always an argument (`now`, seconds on a monotonic clock): this module reads no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+NAN = math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointInfo:
+    """Who an endpoint is, as its source (pod watch, static list, site registry) describes it."""
+
+    address: str  # "ip:port", the value written into x-gateway-destination-endpoint
+    engine: str = "vllm"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    pod_name: str = ""
+    metrics_path: str = "/metrics"
+
+    @property
+    def host(self) -> str:
+        return self.address.rsplit(":", 1)[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+
+@dataclass(slots=True)
+class MetricsSample:
+    """One scrape's signals for one endpoint. NaN (or None for lists) means the page did not say."""
+
+    waiting: float = NAN
+    running: float = NAN
+    kv_usage: float = NAN  # 0..1
+    max_lora: float = NAN
+    block_size: float = NAN
+    num_blocks: float = NAN
+    running_adapters: tuple[str, ...] | None = None
+    waiting_adapters: tuple[str, ...] | None = None
+
+
+_FLOAT_COLUMNS = ("waiting", "running", "kv_usage", "max_lora", "block_size", "num_blocks", "scraped_at")
+_INT_COLUMNS = ("scrape_failures", "inflight", "picks_since_scrape")
+_BOOL_COLUMNS = ("present", "scrape_ok")
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A consistent copy of the table's columns, indexed by slot (length = the table's high-water mark).
+
+    `present[slot]` tells whether a slot holds an endpoint; `addresses[slot]` is "" for a free slot.
+    """
+
+    version: int
+    addresses: tuple[str, ...]
+    infos: tuple[EndpointInfo | None, ...]
+    present: BoolArray
+    waiting: FloatArray
+    running: FloatArray
+    kv_usage: FloatArray
+    max_lora: FloatArray
+    block_size: FloatArray
+    num_blocks: FloatArray
+    scraped_at: FloatArray  # NaN until the first successful scrape
+    scrape_ok: BoolArray
+    scrape_failures: IntArray
+    inflight: IntArray  # the picker's own picks that have not completed
+    picks_since_scrape: IntArray  # own picks since the endpoint's last scrape: load the metrics cannot show yet
+    running_adapters: tuple[frozenset[str], ...]
+    waiting_adapters: tuple[frozenset[str], ...]
+
+    @property
+    def slots(self) -> IntArray:
+        """The slots that hold an endpoint, ascending."""
+        return np.flatnonzero(self.present)
+
+    def stale(self, now: float, threshold_s: float, max_failures: int) -> BoolArray:
+        """Per slot: metrics older than the threshold, never scraped, or failing `max_failures` times in a row."""
+        with np.errstate(invalid="ignore"):
+            old = ~(now - self.scraped_at <= threshold_s)  # NaN (never scraped) compares False → stale
+        return old | (self.scrape_failures >= max_failures)
+
+
+class EndpointTable:
+    """Endpoints of one pool, struct-of-arrays. Not thread-safe: all writers run on one event loop."""
+
+    def __init__(self, initial_capacity: int = 64) -> None:
+        self._capacity = max(1, initial_capacity)
+        self._high_water = 0
+        self._free: list[int] = []
+        self._slot_of: dict[str, int] = {}
+        self._infos: list[EndpointInfo | None] = []
+        self._running_adapters: list[frozenset[str]] = []
+        self._waiting_adapters: list[frozenset[str]] = []
+        self._cols: dict[str, np.ndarray] = {}
+        for name in _FLOAT_COLUMNS:
+            self._cols[name] = np.full(self._capacity, NAN)
+        for name in _INT_COLUMNS:
+            self._cols[name] = np.zeros(self._capacity, dtype=np.int64)
+        for name in _BOOL_COLUMNS:
+            self._cols[name] = np.zeros(self._capacity, dtype=np.bool_)
+        self.version = 0  # bumps on every membership change
+        self._members_cache: tuple[int, tuple[str, ...], tuple[EndpointInfo | None, ...]] | None = None
+        self._adapters_cache: tuple[tuple[frozenset[str], ...], tuple[frozenset[str], ...]] | None = None
+        self.synced = False  # the endpoint source has delivered its first complete view
+
+    # -- membership -------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._slot_of)
+
+    def __contains__(self, address: object) -> bool:
+        return address in self._slot_of
+
+    def addresses(self) -> list[str]:
+        return list(self._slot_of)
+
+    def slot_of(self, address: str) -> int | None:
+        return self._slot_of.get(address)
+
+    def info(self, slot: int) -> EndpointInfo | None:
+        return self._infos[slot] if 0 <= slot < self._high_water else None
+
+    def upsert(self, info: EndpointInfo) -> int:
+        """Add an endpoint, or update its description (engine, labels) keeping its slot and metrics."""
+        slot = self._slot_of.get(info.address)
+        if slot is not None:
+            if self._infos[slot] != info:
+                self._infos[slot] = info
+                self.version += 1
+            return slot
+        slot = self._free.pop() if self._free else self._next_slot()
+        self._slot_of[info.address] = slot
+        self._infos[slot] = info
+        self._reset_row(slot)
+        self._cols["present"][slot] = True
+        self.version += 1
+        return slot
+
+    def remove(self, address: str) -> bool:
+        slot = self._slot_of.pop(address, None)
+        if slot is None:
+            return False
+        self._infos[slot] = None
+        self._reset_row(slot)
+        self._free.append(slot)
+        self.version += 1
+        return True
+
+    def replace_all(self, infos: Iterable[EndpointInfo]) -> tuple[int, int]:
+        """Make the table hold exactly these endpoints (a source's full view); returns (added, removed)."""
+        wanted = {i.address: i for i in infos}
+        removed = [a for a in self._slot_of if a not in wanted]
+        for address in removed:
+            self.remove(address)
+        added = sum(1 for a in wanted if a not in self._slot_of)
+        for info in wanted.values():
+            self.upsert(info)
+        return added, len(removed)
+
+    def _next_slot(self) -> int:
+        if self._high_water == self._capacity:
+            self._grow()
+        slot = self._high_water
+        self._high_water += 1
+        self._infos.append(None)
+        self._running_adapters.append(frozenset())
+        self._waiting_adapters.append(frozenset())
+        return slot
+
+    def _grow(self) -> None:
+        new_capacity = self._capacity * 2
+        for name, col in self._cols.items():
+            fill = NAN if name in _FLOAT_COLUMNS else 0
+            grown = np.full(new_capacity, fill, dtype=col.dtype)
+            grown[: self._capacity] = col
+            self._cols[name] = grown
+        self._capacity = new_capacity
+
+    def _reset_row(self, slot: int) -> None:
+        for name in _FLOAT_COLUMNS:
+            self._cols[name][slot] = NAN
+        for name in _INT_COLUMNS:
+            self._cols[name][slot] = 0
+        for name in _BOOL_COLUMNS:
+            self._cols[name][slot] = False
+        self._running_adapters[slot] = frozenset()
+        self._waiting_adapters[slot] = frozenset()
+        self._adapters_cache = None
+
+    # -- writers ----------------------------------------------------------------------------------------------
+
+    def record_scrape(self, slot: int, sample: MetricsSample, now: float) -> None:
+        c = self._cols
+        c["waiting"][slot] = sample.waiting
+        c["running"][slot] = sample.running
+        c["kv_usage"][slot] = sample.kv_usage
+        c["max_lora"][slot] = sample.max_lora
+        c["block_size"][slot] = sample.block_size
+        c["num_blocks"][slot] = sample.num_blocks
+        c["scraped_at"][slot] = now
+        c["scrape_ok"][slot] = True
+        c["scrape_failures"][slot] = 0
+        c["picks_since_scrape"][slot] = 0
+        running = frozenset(sample.running_adapters or ())
+        waiting = frozenset(sample.waiting_adapters or ())
+        if running != self._running_adapters[slot] or waiting != self._waiting_adapters[slot]:
+            self._running_adapters[slot] = running
+            self._waiting_adapters[slot] = waiting
+            self._adapters_cache = None
+
+    def record_scrape_failure(self, slot: int) -> int:
+        """Count a failed scrape; the old values stay (they age into staleness). Returns the failure streak."""
+        self._cols["scrape_ok"][slot] = False
+        self._cols["scrape_failures"][slot] += 1
+        return int(self._cols["scrape_failures"][slot])
+
+    def book_pick(self, slot: int) -> None:
+        self._cols["inflight"][slot] += 1
+        self._cols["picks_since_scrape"][slot] += 1
+
+    def release_pick(self, slot: int) -> None:
+        if self._cols["inflight"][slot] > 0:
+            self._cols["inflight"][slot] -= 1
+
+    # -- readers ----------------------------------------------------------------------------------------------
+
+    def column(self, name: str) -> np.ndarray:
+        """A live view of one column up to the high-water mark (valid until the next await)."""
+        return self._cols[name][: self._high_water]
+
+    def snapshot(self) -> Snapshot:
+        """Copies of every column; the per-slot tuples are rebuilt only when membership or adapters change."""
+        n = self._high_water
+        c = self._cols
+        members = self._members_cache
+        if members is None or members[0] != self.version or len(members[1]) != n:
+            infos = tuple(self._infos[:n])
+            members = (self.version, tuple(i.address if i is not None else "" for i in infos), infos)
+            self._members_cache = members
+        adapters = self._adapters_cache
+        if adapters is None or len(adapters[0]) != n:
+            adapters = (tuple(self._running_adapters[:n]), tuple(self._waiting_adapters[:n]))
+            self._adapters_cache = adapters
+        return Snapshot(
+            version=self.version,
+            addresses=members[1],
+            infos=members[2],
+            present=c["present"][:n].copy(),
+            waiting=c["waiting"][:n].copy(),
+            running=c["running"][:n].copy(),
+            kv_usage=c["kv_usage"][:n].copy(),
+            max_lora=c["max_lora"][:n].copy(),
+            block_size=c["block_size"][:n].copy(),
+            num_blocks=c["num_blocks"][:n].copy(),
+            scraped_at=c["scraped_at"][:n].copy(),
+            scrape_ok=c["scrape_ok"][:n].copy(),
+            scrape_failures=c["scrape_failures"][:n].copy(),
+            inflight=c["inflight"][:n].copy(),
+            picks_since_scrape=c["picks_since_scrape"][:n].copy(),
+            running_adapters=adapters[0],
+            waiting_adapters=adapters[1],
+        )

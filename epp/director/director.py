@@ -1,0 +1,128 @@
+"""The director: from a parsed request to a decision, and the bookkeeping when the request ends.
+
+It owns the order of the steps (candidates → scheduler → book the pick in flight) and the failure policy of the
+pool: an internal failure of the scheduler never hangs or crashes a stream — under FailOpen the request still goes
+to a random healthy candidate (counted as degraded), under FailClose it is refused with a 503.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from epp.datastore import EndpointTable, Snapshot
+from epp.datastore.pool import FailureMode
+from epp.datastore.table import IntArray
+from epp.director.random_scheduler import RandomScheduler
+from epp.errors import EppError, ErrorCode
+from epp.requests import InferenceRequest
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler(Protocol):
+    """The decision seam: pure, given a snapshot, candidate slots, the request and `now`; returns slots to try,
+    best first (the rest are fallbacks). An empty result means no candidate fits."""
+
+    def pick(
+        self, snapshot: Snapshot, candidates: IntArray, request: InferenceRequest, now: float
+    ) -> Sequence[int]: ...
+
+
+class DecisionObserver(Protocol):
+    """What the director reports; the observability layer implements it (a no-op in unit tests)."""
+
+    def degraded(self, reason: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where a request goes: addresses best first, and the slots booked in flight for it."""
+
+    addresses: tuple[str, ...]
+    slot: int
+    degraded: bool = False
+    body: bytes | None = None  # a rewritten body, when the decision changed it (model rewrite)
+
+    @property
+    def header_value(self) -> str:
+        return ",".join(self.addresses)
+
+
+class _NullObserver:
+    def degraded(self, reason: str) -> None:
+        pass
+
+
+class Director:
+    def __init__(
+        self,
+        table: EndpointTable,
+        scheduler: Scheduler,
+        clock: Callable[[], float],
+        failure_mode: Callable[[], FailureMode] = lambda: FailureMode.FAIL_CLOSE,
+        observer: DecisionObserver | None = None,
+    ) -> None:
+        self._table = table
+        self._scheduler = scheduler
+        self._clock = clock
+        self._failure_mode = failure_mode
+        self._observer = observer or _NullObserver()
+        self._fallback = RandomScheduler()
+
+    @property
+    def table(self) -> EndpointTable:
+        return self._table
+
+    def candidates(self, snapshot: Snapshot, subset: Sequence[str] | None) -> IntArray:
+        """Slots that may serve: present endpoints, narrowed to the gateway's subset hint (ip:port) if given."""
+        slots = snapshot.slots
+        if subset is None:
+            return slots
+        wanted = {s.strip() for s in subset}
+        by_address = snapshot.addresses
+        return np.fromiter((s for s in slots if by_address[s] in wanted), dtype=np.int64)
+
+    def decide(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
+        """Choose endpoints for a request; raises EppError with the client-facing reason when it cannot."""
+        snapshot = self._table.snapshot()
+        if subset is not None and not subset:
+            raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "the gateway's endpoint subset is empty")
+        candidates = self.candidates(snapshot, subset)
+        if candidates.size == 0:
+            if subset is not None:
+                raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no pool endpoint matches the gateway's subset hint")
+            raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no ready endpoint in the pool")
+        now = self._clock()
+        degraded = False
+        try:
+            slots = self._scheduler.pick(snapshot, candidates, request, now)
+        except EppError:
+            raise
+        except Exception as exc:  # the scheduler is ours; a bug there must not become a broken stream
+            if self._failure_mode() is FailureMode.FAIL_CLOSE:
+                log.exception("scheduling failed; refusing the request (FailClose)")
+                raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "scheduling failed") from exc
+            log.exception("scheduling failed; routing to a random candidate (FailOpen)")
+            self._observer.degraded("scheduler-error")
+            slots = self._fallback.pick(snapshot, candidates, request, now)
+            degraded = True
+        if not slots:
+            raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no candidate endpoint fits the request")
+        primary = int(slots[0])
+        self._table.book_pick(primary)
+        return Decision(
+            addresses=tuple(snapshot.addresses[s] for s in slots),
+            slot=primary,
+            degraded=degraded,
+        )
+
+    def complete(self, decision: Decision) -> None:
+        """The request ended (response done, stream closed or failed): release its in-flight booking."""
+        info = self._table.info(decision.slot)
+        if info is not None and info.address == decision.addresses[0]:
+            self._table.release_pick(decision.slot)

@@ -1,0 +1,1 @@
+"""epp.federation.phase (see issue: Federation)"""

@@ -1,0 +1,1 @@
+"""epp.federation.policy (see issue: Federation)"""

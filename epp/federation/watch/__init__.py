@@ -1,0 +1,1 @@
+"""epp.federation.watch (see issue: Federation)"""

@@ -1,0 +1,164 @@
+"""Parse OpenAI-style request bodies (chat completions, completions, embeddings, responses).
+
+The picker needs only a few things from a body: the model to route, the text whose leading blocks decide prefix-cache
+affinity, and whether the answer streams. Everything else in the body is passed through untouched.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from epp.errors import EppError, ErrorCode
+
+HEADER_OBJECTIVE = "x-gateway-inference-objective"
+HEADER_FAIRNESS = "x-gateway-inference-fairness-id"
+HEADER_MODEL_REWRITE = "x-gateway-model-name-rewrite"
+HEADER_SESSION = "x-session-token"
+HEADER_REQUEST_ID = "x-request-id"
+
+
+class ApiKind(enum.Enum):
+    CHAT = "chat"
+    COMPLETIONS = "completions"
+    EMBEDDINGS = "embeddings"
+    RESPONSES = "responses"
+    OTHER = "other"
+
+
+_PATH_SUFFIXES: tuple[tuple[str, ApiKind], ...] = (
+    ("/chat/completions", ApiKind.CHAT),
+    ("/completions", ApiKind.COMPLETIONS),
+    ("/embeddings", ApiKind.EMBEDDINGS),
+    ("/responses", ApiKind.RESPONSES),
+)
+
+
+def api_kind_of_path(path: str) -> ApiKind:
+    """The API a request targets, from its `:path` (query string ignored)."""
+    path = path.split("?", 1)[0].rstrip("/")
+    for suffix, kind in _PATH_SUFFIXES:
+        if path.endswith(suffix):
+            return kind
+    return ApiKind.OTHER
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceRequest:
+    """What the decision reads about one request. Immutable: the director derives new values instead."""
+
+    request_id: str
+    api: ApiKind
+    model: str
+    prompt: str = ""
+    stream: bool = False
+    objective: str | None = None
+    fairness_id: str | None = None
+    session_token: str | None = None
+    model_rewrite: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: dict[str, Any] | None = None
+    body_size: int = 0
+
+
+def _text_of_content(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict):
+                text = part.get("text")
+                if isinstance(text, str):
+                    parts.append(text)
+            elif isinstance(part, str):
+                parts.append(part)
+        return "".join(parts)
+    return ""
+
+
+def _chat_prompt(messages: list[Any]) -> str:
+    # Role markers keep two conversations with the same words in other roles from sharing a prefix.
+    return "".join(
+        f"<{m.get('role', '')}>{_text_of_content(m.get('content'))}" for m in messages if isinstance(m, dict)
+    )
+
+
+def _input_text(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        if all(isinstance(v, str) for v in value):
+            return "".join(value)
+        if all(isinstance(v, dict) for v in value):
+            return _chat_prompt(value)
+        return json.dumps(value, separators=(",", ":"))
+    return ""
+
+
+def _bad(message: str) -> EppError:
+    return EppError(ErrorCode.BAD_REQUEST, message)
+
+
+def _prompt_of(api: ApiKind, body: dict[str, Any]) -> str:
+    if api is ApiKind.CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("chat completions need a non-empty 'messages' list")
+        return _chat_prompt(messages)
+    if api is ApiKind.COMPLETIONS:
+        if "prompt" not in body or body["prompt"] in (None, "", []):
+            raise _bad("completions need a 'prompt'")
+        return _input_text(body["prompt"])
+    if api in (ApiKind.EMBEDDINGS, ApiKind.RESPONSES):
+        if "input" not in body or body["input"] in (None, "", []):
+            raise _bad(f"{api.value} need an 'input'")
+        text = _input_text(body["input"])
+        instructions = body.get("instructions")
+        return f"{instructions}{text}" if isinstance(instructions, str) else text
+    return ""
+
+
+def parse_request(request_id: str, path: str, headers: Mapping[str, str], body: bytes | None) -> InferenceRequest:
+    """Parse one request; raises EppError(BAD_REQUEST) with a short reason when the body cannot be routed.
+
+    A request without a body (e.g. `GET /v1/models`) is routed with a pool-level pick and an empty model.
+    """
+    api = api_kind_of_path(path)
+    common = {
+        "request_id": request_id,
+        "objective": headers.get(HEADER_OBJECTIVE) or None,
+        "fairness_id": headers.get(HEADER_FAIRNESS) or None,
+        "session_token": headers.get(HEADER_SESSION) or None,
+        "model_rewrite": headers.get(HEADER_MODEL_REWRITE) or None,
+        "headers": headers,
+    }
+    if not body:
+        if api is ApiKind.OTHER:
+            return InferenceRequest(api=api, model="", **common)  # type: ignore[arg-type]
+        raise _bad(f"{api.value} requests need a JSON body")
+    try:
+        parsed = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _bad(f"body is not valid JSON ({exc.__class__.__name__})") from None
+    except RecursionError:
+        raise _bad("body is nested too deeply") from None
+    if not isinstance(parsed, dict):
+        raise _bad("body must be a JSON object")
+    model = parsed.get("model")
+    needs_model = api is not ApiKind.OTHER or model is not None
+    if needs_model and (not isinstance(model, str) or not model):
+        raise _bad("'model' is missing or not a string")
+    prompt = _prompt_of(api, parsed)
+    return InferenceRequest(
+        api=api,
+        model=model if isinstance(model, str) else "",
+        prompt=prompt,
+        stream=parsed.get("stream") is True,
+        body=parsed,
+        body_size=len(body),
+        **common,  # type: ignore[arg-type]
+    )

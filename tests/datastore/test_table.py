@@ -1,0 +1,66 @@
+import math
+
+import numpy as np
+
+from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
+
+
+def _info(n: int) -> EndpointInfo:
+    return EndpointInfo(address=f"127.10.0.{n}:8000")
+
+
+def test_slots_are_stable_and_reused_after_removal() -> None:
+    table = EndpointTable(initial_capacity=2)
+    a, b, c = (table.upsert(_info(i)) for i in (1, 2, 3))
+    assert (a, b, c) == (0, 1, 2)
+    assert table.remove("127.10.0.2:8000")
+    assert table.upsert(_info(4)) == b
+    assert table.slot_of("127.10.0.3:8000") == c
+
+
+def test_unknown_signals_are_nan_not_zero() -> None:
+    table = EndpointTable()
+    slot = table.upsert(_info(1))
+    table.record_scrape(slot, MetricsSample(waiting=3.0), now=10.0)
+    snap = table.snapshot()
+    assert snap.waiting[slot] == 3.0
+    assert math.isnan(snap.kv_usage[slot])
+
+
+def test_snapshot_is_a_copy_that_later_writes_do_not_change() -> None:
+    table = EndpointTable()
+    slot = table.upsert(_info(1))
+    table.record_scrape(slot, MetricsSample(waiting=1.0), now=1.0)
+    snap = table.snapshot()
+    table.record_scrape(slot, MetricsSample(waiting=9.0), now=2.0)
+    assert snap.waiting[slot] == 1.0
+
+
+def test_replace_all_reconciles_additions_and_removals() -> None:
+    table = EndpointTable()
+    table.replace_all([_info(1), _info(2)])
+    added, removed = table.replace_all([_info(2), _info(3)])
+    assert (added, removed) == (1, 1)
+    assert sorted(table.addresses()) == ["127.10.0.2:8000", "127.10.0.3:8000"]
+    assert list(table.snapshot().slots) == sorted(table.slot_of(a) for a in table.addresses())  # type: ignore[type-var]
+
+
+def test_stale_marks_never_scraped_old_and_failing_rows() -> None:
+    table = EndpointTable()
+    fresh, old, never, failing = (table.upsert(_info(i)) for i in range(4))
+    table.record_scrape(fresh, MetricsSample(), now=100.0)
+    table.record_scrape(old, MetricsSample(), now=99.0)
+    table.record_scrape(failing, MetricsSample(), now=100.0)
+    for _ in range(3):
+        table.record_scrape_failure(failing)
+    stale = table.snapshot().stale(now=100.1, threshold_s=0.2, max_failures=3)
+    assert list(np.flatnonzero(stale)) == [old, never, failing]
+
+
+def test_inflight_bookings_are_released_and_never_negative() -> None:
+    table = EndpointTable()
+    slot = table.upsert(_info(1))
+    table.book_pick(slot)
+    table.release_pick(slot)
+    table.release_pick(slot)
+    assert table.snapshot().inflight[slot] == 0
