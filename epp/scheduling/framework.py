@@ -1,0 +1,73 @@
+"""The four extension points of a scheduling profile (upstream's words) and the per-pick state they share.
+
+A pick runs filters → scorers → picker over *candidate slots* of one endpoint-table snapshot. Every plugin works on
+whole numpy columns indexed by the candidate array, so a pick costs a fixed number of vector operations whatever the
+pool size. `CycleState` carries what one pick computes once and several plugins read (the prompt's block hashes),
+so a 128 KB prompt is hashed once per pick, not once per plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from epp.datastore import Snapshot
+from epp.datastore.table import FloatArray, IntArray
+from epp.requests import InferenceRequest
+
+
+class CycleState:
+    """One pick's inputs plus a scratch dict for values computed once per pick (e.g. prompt block hashes)."""
+
+    __slots__ = ("candidates", "now", "request", "scratch", "snapshot")
+
+    def __init__(self, snapshot: Snapshot, candidates: IntArray, request: InferenceRequest, now: float) -> None:
+        self.snapshot = snapshot
+        self.candidates = candidates
+        self.request = request
+        self.now = now
+        self.scratch: dict[str, Any] = {}
+
+
+class Plugin(Protocol):
+    """Every plugin has the type name it was registered under and the name the config gave it."""
+
+    type_name: str
+    name: str
+
+
+class Filter(Plugin, Protocol):
+    """Narrows the candidate slots. Returning an empty array means no candidate fits the request."""
+
+    def filter(self, state: CycleState, candidates: IntArray) -> IntArray: ...
+
+
+class Scorer(Plugin, Protocol):
+    """Scores candidate slots; one float per candidate, in [0, 1], higher is better.
+
+    Each scorer applies its own NaN policy (unknown → neutral, documented per scorer). The runner then clamps to
+    [0, 1] with NaN-ignoring min/max, so a stray NaN from a scorer bug becomes 0 (that scorer loses its say) and can
+    never poison the sum."""
+
+    def score(self, state: CycleState, candidates: IntArray) -> FloatArray: ...
+
+
+class Picker(Plugin, Protocol):
+    """Chooses slots from scored candidates, best first; extra slots are the gateway's fallbacks."""
+
+    def pick(self, state: CycleState, candidates: IntArray, scores: FloatArray) -> Sequence[int]: ...
+
+
+class PickObserver(Plugin, Protocol):
+    """Learns from the final pick (upstream's PreRequest): the prefix index records the prompt's blocks there."""
+
+    def picked(self, state: CycleState, slot: int) -> None: ...
+
+
+def sanitize(scores: FloatArray) -> FloatArray:
+    """Clamp to [0, 1] in place; NaN → 0 (`fmax` prefers the number). Two ufunc calls, no Python-level checks."""
+    np.fmax(scores, 0.0, out=scores)
+    np.fmin(scores, 1.0, out=scores)
+    return scores

@@ -1,0 +1,87 @@
+"""Pickers: from scored candidates to the slots to try, best first.
+
+`maxNumOfEndpoints` > 1 returns fallbacks: the gateway retries the next address when the first fails. Randomness
+comes from a numpy Generator seeded by the scheduler, so a benchmark or test run replays exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from epp.datastore.table import FloatArray, IntArray
+from epp.scheduling.framework import CycleState
+
+_TIE = 1e-9  # scores closer than this are a tie (weighted sums of floats rarely compare exactly equal)
+
+
+class MaxScorePicker:
+    """`max-score-picker`: highest total score; ties broken uniformly at random, so equal endpoints share load."""
+
+    type_name = "max-score-picker"
+
+    def __init__(self, name: str = "max-score-picker", max_endpoints: int = 1, seed: int | None = None) -> None:
+        self.name = name
+        self.max_endpoints = max(1, max_endpoints)
+        self._rng = np.random.default_rng(seed)
+
+    def pick(self, state: CycleState, candidates: IntArray, scores: FloatArray) -> Sequence[int]:
+        n = candidates.size
+        if n == 0:
+            return ()
+        if self.max_endpoints == 1:
+            best = np.flatnonzero(scores >= scores.max() - _TIE)
+            choice = best[0] if best.size == 1 else best[self._rng.integers(best.size)]
+            return (int(candidates[choice]),)
+        # Shuffle, then a stable sort by score: ties keep their random order.
+        order = self._rng.permutation(n)
+        order = order[np.argsort(-np.round(scores[order], 9), kind="stable")][: self.max_endpoints]
+        return candidates[order].tolist()  # type: ignore[no-any-return]
+
+
+class RandomPicker:
+    """`random-picker`: uniform among the candidates, ignoring scores."""
+
+    type_name = "random-picker"
+
+    def __init__(self, name: str = "random-picker", max_endpoints: int = 1, seed: int | None = None) -> None:
+        self.name = name
+        self.max_endpoints = max(1, max_endpoints)
+        self._rng = np.random.default_rng(seed)
+
+    def pick(self, state: CycleState, candidates: IntArray, scores: FloatArray) -> Sequence[int]:
+        n = candidates.size
+        if n == 0:
+            return ()
+        if self.max_endpoints == 1:
+            return (int(candidates[self._rng.integers(n)]),)
+        return candidates[self._rng.permutation(n)[: self.max_endpoints]].tolist()  # type: ignore[no-any-return]
+
+
+class WeightedRandomPicker:
+    """`weighted-random-picker`: probability proportional to score, without replacement for fallbacks.
+
+    Efraimidis–Spirakis keys (log u / w, largest first) give weighted sampling without replacement in one vector
+    pass. All-zero scores fall back to uniform, so a pool nobody likes still gets a pick.
+    """
+
+    type_name = "weighted-random-picker"
+
+    def __init__(self, name: str = "weighted-random-picker", max_endpoints: int = 1, seed: int | None = None) -> None:
+        self.name = name
+        self.max_endpoints = max(1, max_endpoints)
+        self._rng = np.random.default_rng(seed)
+
+    def pick(self, state: CycleState, candidates: IntArray, scores: FloatArray) -> Sequence[int]:
+        n = candidates.size
+        if n == 0:
+            return ()
+        weights = scores if scores.max() > 0 else np.ones(n)
+        u = self._rng.random(n)
+        with np.errstate(divide="ignore"):
+            keys = np.log(u) / weights  # weight 0 → −inf: never chosen while any positive weight remains
+        if self.max_endpoints == 1:
+            return (int(candidates[int(np.argmax(keys))]),)
+        order = np.argsort(-keys, kind="stable")[: self.max_endpoints]
+        return candidates[order].tolist()  # type: ignore[no-any-return]
