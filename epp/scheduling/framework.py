@@ -15,7 +15,20 @@ import numpy as np
 
 from epp.datastore import Snapshot
 from epp.datastore.table import FloatArray, IntArray
-from epp.requests import InferenceRequest
+
+
+class SchedulingRequest(Protocol):
+    """What scheduling reads of a request. Declared here, not imported: the request parser sits in a layer above
+    (epp.requests), and `epp.requests.InferenceRequest` satisfies this structurally."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def prompt(self) -> str: ...
+
+    @property
+    def session_token(self) -> str | None: ...
 
 
 class CycleState:
@@ -23,7 +36,7 @@ class CycleState:
 
     __slots__ = ("candidates", "now", "request", "scratch", "snapshot")
 
-    def __init__(self, snapshot: Snapshot, candidates: IntArray, request: InferenceRequest, now: float) -> None:
+    def __init__(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> None:
         self.snapshot = snapshot
         self.candidates = candidates
         self.request = request

@@ -14,8 +14,7 @@ import numpy as np
 
 from epp.datastore import Snapshot
 from epp.datastore.table import IntArray
-from epp.requests import InferenceRequest
-from epp.scheduling.framework import CycleState, Filter, Picker, PickObserver, Scorer, sanitize
+from epp.scheduling.framework import CycleState, Filter, Picker, PickObserver, SchedulingRequest, Scorer, sanitize
 from epp.scheduling.saturation import SaturationDetector
 
 
@@ -53,7 +52,7 @@ class ProfileScheduler:
         self._picker = profile.picker
         self._observers = profile.observers
 
-    def pick(self, snapshot: Snapshot, candidates: IntArray, request: InferenceRequest, now: float) -> Sequence[int]:
+    def pick(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> Sequence[int]:
         state = CycleState(snapshot, candidates, request, now)
         for f in self._filters:
             candidates = f.filter(state, candidates)
