@@ -29,6 +29,7 @@ class LoraAffinityScorer:
     """
 
     type_name = "lora-affinity-scorer"
+    UNIT_INTERVAL = True
 
     def __init__(self, name: str = "lora-affinity-scorer") -> None:
         self.name = name
@@ -78,6 +79,7 @@ class SessionAffinityScorer:
     """
 
     type_name = "session-affinity-scorer"
+    UNIT_INTERVAL = True
 
     def __init__(self, name: str = "session-affinity-scorer", max_sessions: int = 100_000) -> None:
         self.name = name

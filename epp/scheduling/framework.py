@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from epp.datastore import Snapshot
 from epp.datastore.table import FloatArray, IntArray
@@ -34,7 +35,7 @@ class SchedulingRequest(Protocol):
 class CycleState:
     """One pick's inputs plus a scratch dict for values computed once per pick (e.g. prompt block hashes)."""
 
-    __slots__ = ("candidates", "now", "request", "scratch", "snapshot")
+    __slots__ = ("_whole", "candidates", "now", "request", "scratch", "snapshot")
 
     def __init__(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> None:
         self.snapshot = snapshot
@@ -42,6 +43,27 @@ class CycleState:
         self.request = request
         self.now = now
         self.scratch: dict[str, Any] = {}
+        # Candidates are distinct present slots in ascending order; as many as the snapshot has slots means every
+        # slot, in order, so a column can be used as is instead of gathered (the common case: no subset hint, no
+        # free slots).
+        self._whole = candidates.size == snapshot.present.size
+
+    def effective_queue(self) -> FloatArray:
+        """Per slot, last scraped `waiting` + own picks since that scrape (NaN where waiting is unknown).
+
+        Computed once per pick over the whole table and shared by the saturation filter and the in-flight scorer.
+        """
+        queue: FloatArray | None = self.scratch.get("effective_queue")
+        if queue is None:
+            queue = self.snapshot.waiting + self.snapshot.picks_since_scrape
+            self.scratch["effective_queue"] = queue
+        return queue
+
+    def take(self, column: npt.NDArray[Any], candidates: IntArray) -> npt.NDArray[Any]:
+        """`column[candidates]`, without the gather when `candidates` is the whole table. Read-only result."""
+        if self._whole and candidates is self.candidates:
+            return column
+        return column[candidates]
 
 
 class Plugin(Protocol):
@@ -58,11 +80,12 @@ class Filter(Plugin, Protocol):
 
 
 class Scorer(Plugin, Protocol):
-    """Scores candidate slots; one float per candidate, in [0, 1], higher is better.
+    """Scores candidate slots; one float per candidate, in [0, 1], higher is better; a new array (the runner may
+    write into it).
 
-    Each scorer applies its own NaN policy (unknown → neutral, documented per scorer). The runner then clamps to
-    [0, 1] with NaN-ignoring min/max, so a stray NaN from a scorer bug becomes 0 (that scorer loses its say) and can
-    never poison the sum."""
+    Each scorer applies its own NaN policy (unknown → neutral, documented per scorer). Scorers whose class sets
+    `UNIT_INTERVAL = True` guarantee [0, 1] by construction (the property tests check it); the runner clamps any
+    other scorer's output, and maps a NaN total to 0, so a scorer bug can bias a pick but never poison it."""
 
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray: ...
 

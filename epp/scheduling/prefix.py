@@ -19,6 +19,7 @@ Pure: no clock, no I/O; state changes only in `add` (called with the final pick)
 from __future__ import annotations
 
 import math
+from itertools import repeat
 
 import numpy as np
 
@@ -41,6 +42,7 @@ class PrefixIndex:
         self._old: dict[int, set[int]] = {}
         self._owner: dict[int, str] = {}
         self._version = -1
+        self.reach = 0  # blocks of the last matched prompt held by at least one endpoint
 
     def __len__(self) -> int:
         return len(self._holders)
@@ -71,22 +73,32 @@ class PrefixIndex:
             self._holders.pop(h, None)
 
     def match(self, hashes: list[int], size: int) -> FloatArray:
-        """Per slot (array of `size`), how many leading blocks of `hashes` it holds."""
+        """Per slot (array of `size`), how many leading blocks of `hashes` it holds.
+
+        Holding block i implies holding every block before it (chained hashes are inserted and refreshed as whole
+        prefixes, and a generation evicts the deeper blocks first), so the holder sets shrink with depth and take
+        only a few distinct values. Each run of equal holder sets is found by binary search: a handful of dict
+        lookups per distinct set instead of one per block; a prompt nobody has seen costs a single lookup.
+        """
         matched = np.zeros(size)
-        holders = self._holders
-        alive = -1
-        length = 0
+        get = self._holders.get
+        n = len(hashes)
         segments: list[tuple[int, int]] = []
-        for h in hashes:
-            now = alive & holders.get(h, 0)
-            if now != alive and length:
-                segments.append((length, alive & ~now))  # these slots stopped matching after `length` blocks
-            alive = now
-            if not alive:
-                break
-            length += 1
-        if alive and length:
-            segments.append((length, alive))
+        depth = 0
+        current = get(hashes[0], 0) if n else 0
+        while current:
+            lo, hi = depth, n - 1  # the run of blocks whose holders are exactly `current` ends in [lo, hi]
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if get(hashes[mid], 0) == current:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            depth = lo + 1
+            deeper = get(hashes[depth], 0) & current if depth < n else 0
+            segments.append((depth, current & ~deeper))  # these slots hold exactly `depth` leading blocks
+            current = deeper
+        self.reach = depth
         for seg_length, mask in segments:
             if mask.bit_length() > size:  # slots beyond this snapshot: the index is ahead of it
                 mask &= (1 << size) - 1
@@ -100,17 +112,28 @@ class PrefixIndex:
                 matched[np.unpackbits(raw, bitorder="little")[:size].view(np.bool_)] = seg_length
         return matched
 
-    def add(self, slot: int, address: str, hashes: list[int], already_held: int, capacity: int) -> None:
-        """Record that `slot` now holds `hashes` (its first `already_held` were held before: no bit to set)."""
+    def add(
+        self, slot: int, address: str, hashes: list[int], already_held: int, capacity: int, reach: int | None = None
+    ) -> None:
+        """Record that `slot` now holds `hashes`.
+
+        Its first `already_held` blocks were held before (no bit to set). `reach` is how far *any* endpoint matched
+        (from `match`): blocks beyond it have no holder at all, because holding block i implies holding every block
+        before it, so they are inserted with one C-level `dict.update` instead of a read-modify-write each.
+        """
         if not hashes:
             return
         if self._owner.get(slot) != address:
             self.forget(slot)
             self._owner[slot] = address
+            already_held = 0
         bit = 1 << slot
         holders = self._holders
-        for h in hashes[already_held:]:
+        shared_until = len(hashes) if reach is None else max(already_held, reach)
+        for h in hashes[already_held:shared_until]:
             holders[h] = holders.get(h, 0) | bit
+        if shared_until < len(hashes):
+            holders.update(zip(hashes[shared_until:], repeat(bit)))
         young = self._young.setdefault(slot, set())
         young.update(hashes)
         if len(young) >= max(1, capacity // 2):
@@ -131,6 +154,7 @@ class PrefixCacheScorer:
     """
 
     type_name = "prefix-cache-scorer"
+    UNIT_INTERVAL = True
 
     def __init__(
         self,
@@ -159,25 +183,25 @@ class PrefixCacheScorer:
             hasher = self._hashers[block] = BlockHasher(block, self.max_blocks)
         return hasher
 
-    def _state(self, state: CycleState, candidates: IntArray) -> tuple[list[int], FloatArray]:
-        cached: tuple[list[int], FloatArray] | None = state.scratch.get(self._key)
+    def _state(self, state: CycleState, candidates: IntArray) -> tuple[list[int], FloatArray, int]:
+        cached: tuple[list[int], FloatArray, int] | None = state.scratch.get(self._key)
         if cached is None:
             request = state.request
             hasher = self._hasher(state.snapshot, candidates)
             hashes: list[int] = hasher.hash_prompt(request.prompt, request.model).tolist()
             self.index.sync(state.snapshot)
             matched = self.index.match(hashes, state.snapshot.present.size) if hashes else _NO_MATCH
-            cached = state.scratch[self._key] = (hashes, matched)
+            cached = state.scratch[self._key] = (hashes, matched, self.index.reach if hashes else 0)
         return cached
 
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
-        hashes, matched = self._state(state, candidates)
+        hashes, matched, _ = self._state(state, candidates)
         if not hashes:
             return np.zeros(candidates.size)
-        return matched[candidates] * (1.0 / len(hashes))
+        return state.take(matched, candidates) * (1.0 / len(hashes))
 
     def picked(self, state: CycleState, slot: int) -> None:
-        hashes, matched = self._state(state, state.candidates)
+        hashes, matched, reach = self._state(state, state.candidates)
         if not hashes:
             return
         snapshot = state.snapshot
@@ -186,7 +210,7 @@ class PrefixCacheScorer:
             gpu_blocks = float(snapshot.num_blocks[slot])
             if math.isfinite(gpu_blocks) and gpu_blocks > 0:
                 capacity = int(gpu_blocks)
-        self.index.add(slot, snapshot.addresses[slot], hashes, int(matched[slot]), capacity)
+        self.index.add(slot, snapshot.addresses[slot], hashes, int(matched[slot]), capacity, reach)
 
 
 _NO_MATCH: FloatArray = np.zeros(0)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from epp.datastore import Snapshot
-from epp.datastore.table import IntArray
+from epp.datastore.table import FloatArray, IntArray
 from epp.scheduling.framework import CycleState, Filter, Picker, PickObserver, SchedulingRequest, Scorer, sanitize
 from epp.scheduling.saturation import SaturationDetector
 
@@ -48,7 +48,11 @@ class ProfileScheduler:
         self.profile = profile
         self.saturation = saturation or SaturationDetector()
         self._filters = profile.filters
-        self._scorers = tuple((s.scorer, s.weight) for s in profile.scorers if s.weight > 0)
+        self._scorers = tuple(
+            (s.scorer, s.weight, bool(getattr(s.scorer, "UNIT_INTERVAL", False)))
+            for s in profile.scorers
+            if s.weight > 0
+        )
         self._picker = profile.picker
         self._observers = profile.observers
 
@@ -58,10 +62,20 @@ class ProfileScheduler:
             candidates = f.filter(state, candidates)
             if candidates.size == 0:
                 return ()
-        total = np.zeros(candidates.size)
-        for scorer, weight in self._scorers:
-            scores = sanitize(np.asarray(scorer.score(state, candidates), dtype=np.float64))
-            total += weight * scores
+        total: FloatArray | None = None
+        for scorer, weight, bounded in self._scorers:
+            scores = scorer.score(state, candidates)
+            if not bounded:
+                scores = sanitize(np.array(scores, dtype=np.float64))
+            scores *= weight
+            if total is None:
+                total = scores
+            else:
+                total += scores
+        if total is None:
+            total = np.zeros(candidates.size)
+        else:
+            np.fmax(total, 0.0, out=total)  # a NaN that slipped through counts as 0, not as "best"
         slots = self._picker.pick(state, candidates, total)
         if slots:
             primary = int(slots[0])

@@ -84,11 +84,29 @@ class SaturationFilter:
     def filter(self, state: CycleState, candidates: IntArray) -> IntArray:
         t = self.thresholds
         snapshot = state.snapshot
+        take = state.take
         factor = 1.0 + t.headroom
+        queue_limit, kv_limit, cutoff = t.queue_depth * factor, t.kv_util * factor, state.now - t.staleness_s
+        queue = take(state.effective_queue(), candidates)
+        kv = take(snapshot.kv_usage, candidates)
+        scraped_at = take(snapshot.scraped_at, candidates)
+        failures = take(snapshot.scrape_failures, candidates)
+        # Common case first, four reductions: nobody over a threshold, nobody stale. NaN anywhere fails these
+        # comparisons and takes the exact path below.
+        if (
+            np.maximum.reduce(queue) < queue_limit
+            and np.maximum.reduce(kv) < kv_limit
+            and np.minimum.reduce(scraped_at) >= cutoff
+            and np.maximum.reduce(failures) < MAX_SCRAPE_FAILURES
+        ):
+            return candidates
         # NaN compares False: an unknown signal is not "over".
-        drop = effective_queue(snapshot, candidates) >= t.queue_depth * factor
-        drop |= snapshot.kv_usage[candidates] >= t.kv_util * factor
-        drop |= stale(snapshot, candidates, state.now, t.staleness_s)
-        if drop.all() or not drop.any():
+        drop: BoolArray = queue >= queue_limit
+        drop |= kv >= kv_limit
+        fresh = scraped_at >= cutoff  # never scraped: NaN → not fresh → stale
+        fresh &= failures < MAX_SCRAPE_FAILURES
+        np.logical_or(drop, ~fresh, out=drop)
+        dropped = np.count_nonzero(drop)
+        if dropped == 0 or dropped == candidates.size:
             return candidates
         return candidates[~drop]

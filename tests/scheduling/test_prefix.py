@@ -37,7 +37,7 @@ def test_auto_tune_uses_the_engine_block_size() -> None:
     snap = table_with([{"block_size": 32}]).snapshot()  # 32 tokens × 4 bytes = 128-byte blocks
     st = state(snap, request("z" * 1024))
     scorer.score(st, snap.slots)
-    hashes, _ = st.scratch[scorer._key]
+    hashes, _, _ = st.scratch[scorer._key]
     assert len(hashes) == 1024 // 128
 
 
