@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore, RewriteRule, RewriteTarget
@@ -97,3 +99,17 @@ def test_decisions_book_the_pick_in_flight_and_complete_releases_it() -> None:
     assert table.snapshot().inflight[decision.slot] == 1
     director.complete(decision)
     assert table.snapshot().inflight[decision.slot] == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(subset=st.sets(st.integers(0, 7), min_size=1), prompt=st.text(max_size=200))
+def test_a_decision_stays_inside_the_gateway_subset_hint(subset, prompt) -> None:
+    table = EndpointTable()
+    for i in range(8):
+        slot = table.upsert(EndpointInfo(address=f"127.10.0.{i + 1}:8000"))
+        table.record_scrape(slot, MetricsSample(waiting=float(i % 3), kv_usage=0.1 * i), now=NOW)
+    director = _director(table, ObjectiveStore())
+    hint = [f"127.10.0.{i + 1}:8000" for i in subset]
+    body = json.dumps({"model": "m", "prompt": prompt or "x"}).encode()
+    decision = director.decide(parse_request("r", "/v1/completions", {}, body), hint)
+    assert set(decision.addresses) <= set(hint)
