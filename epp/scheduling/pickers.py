@@ -79,10 +79,10 @@ class WeightedRandomPicker:
         n = candidates.size
         if n == 0:
             return ()
-        weights = scores if scores.max() > 0 else np.ones(n)
-        u = self._rng.random(n)
-        with np.errstate(divide="ignore"):
-            keys = np.log(u) / weights  # weight 0 → −inf: never chosen while any positive weight remains
+        weights = scores if np.maximum.reduce(scores) > 0 else np.ones(n)
+        # log(1 − u) with u in [0, 1) is finite or 0, never log(0); weight 0 → key −inf without a division.
+        keys = np.full(n, -np.inf)
+        np.divide(np.log1p(-self._rng.random(n)), weights, out=keys, where=weights > 0)
         if self.max_endpoints == 1:
             return (int(candidates[int(np.argmax(keys))]),)
         order = np.argsort(-keys, kind="stable")[: self.max_endpoints]

@@ -9,8 +9,11 @@ from tests.scheduling.tables import state, table_with
 CANDIDATES = np.array([3, 5, 7, 9], dtype=np.int64)
 
 
+_STATE = state(table_with([{}] * 10).snapshot())
+
+
 def _state():
-    return state(table_with([{}] * 10).snapshot())
+    return _STATE
 
 
 @pytest.mark.parametrize(
