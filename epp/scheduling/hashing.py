@@ -5,14 +5,14 @@ A Python loop over 256 blocks would cost more than the whole pick budget, so we 
 identifier* without a loop, over the prompt's UTF-8 bytes read as little-endian 64-bit words w_k:
 
     c_k = x ^ (x >> 29), x = w_k · K_k      a per-position odd multiplier, then a xorshift for non-linearity
-    h_i = seed(model) + Σ_{k < (i+1)·W} c_k   one cumsum (wrapping mod 2^64), sampled at each block's last word
+    h_i = seed(model) + Σ_{k < (i+1)·W} c_k   one running sum (wrapping mod 2^64), read at each block's last word
 
 h_i depends on every byte of blocks 0..i, on their positions and on the model name, exactly the property prefix
 matching needs (equal h_i ⇒ equal leading i+1 blocks, up to 64-bit collisions). The hashes are not upstream's
 values, which does not matter: they never leave this process and are only dict keys. Blocks are slices of the UTF-8
 bytes; a trailing partial block is ignored, as upstream does. The seed comes from blake2b, never Python's `hash()`,
-so two replicas (or a replay in the virtual-time benchmark) agree on every key. Measured here (4 KB prompt):
-about ten numpy calls, where a per-block loop with per-block reductions cost three times as much.
+so two replicas (or a replay in the virtual-time benchmark) agree on every key. Measured on the shared dev machine
+(4 KB prompt): about 8 µs in nine numpy calls, against about 20 µs for per-block sums followed by a chained mix.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ def _multipliers(n: int) -> U64Array:
 
 
 class BlockHasher:
-    """Hashes prompts for one block size and block cap; holds the precomputed powers and per-model seeds."""
+    """Hashes prompts for one block size and block cap; holds the position multipliers and per-model seeds."""
 
     def __init__(self, block_bytes: int, max_blocks: int) -> None:
         if block_bytes < WORD:
             block_bytes = WORD
-        # Round up to whole words so blocks are rows of an (n, words) uint64 view with no per-block copying.
+        # Round up to whole 8-byte words, so a block boundary is always a word boundary of the uint64 view.
         self.block_bytes = -(-block_bytes // WORD) * WORD
         self.words = min(self.block_bytes // WORD, _MAX_WORDS_PER_BLOCK)
         self.block_bytes = self.words * WORD

@@ -195,8 +195,8 @@ class PrefixCacheScorer:
         return cached
 
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
-        hashes, matched, _ = self._state(state, candidates)
-        if not hashes:
+        hashes, matched, reach = self._state(state, candidates)
+        if not reach:  # nobody holds even the first block (or the prompt is shorter than one block)
             return np.zeros(candidates.size)
         return state.take(matched, candidates) * (1.0 / len(hashes))
 
