@@ -57,6 +57,7 @@ class _Seq:
     to_prefill: int = 0
     prefilled: int = 0
     decode_start: int = -1  # step counter when the first token came out
+    queued_estimate: int = 0  # uncached prompt tokens as of arrival (the oracle's view of the queue)
     first_token_at: float = -1.0
 
 
@@ -91,6 +92,7 @@ class Engine:
         self._held_blocks = 0
         self._idle_blocks = 0
         self._ctx_tokens = 0  # context tokens of decoding sequences (the KV-read term)
+        self._waiting_estimate = 0  # Σ queued_estimate over waiting sequences
         self._step = 0
         self._plan: list[tuple[_Seq, int]] | None = None
         self._plan_decodes = 0
@@ -144,9 +146,13 @@ class Engine:
         return n
 
     def queued_prefill_tokens(self) -> int:
-        """Prompt tokens still to compute, waiting or in progress: the work ahead of a new request's prefill."""
+        """Prompt tokens still to compute, in progress or waiting: the work ahead of a new request's prefill.
+
+        Waiting requests count their uncached tokens as of their arrival, so a query costs O(requests in prefill)
+        rather than O(queue), which matters when the oracle asks every server on every arrival under overload.
+        """
         ahead = sum(s.to_prefill - s.prefilled for s in self._prefilling)
-        return ahead + sum(self._uncached(s.req) for s in self._waiting)
+        return ahead + self._waiting_estimate
 
     def tokens_generated(self, request_id: int) -> int:
         """Output tokens produced so far for a request (0 before its first token)."""
@@ -178,7 +184,8 @@ class Engine:
             raise ValueError(f"request {req.request_id}: prefix units must fit the prompt and align to blocks")
         if self._blocks(req.prompt_tokens + req.output_tokens) > self.profile.num_blocks:
             raise ValueError(f"request {req.request_id}: longer than the whole KV cache")
-        seq = _Seq(req=req, arrived=now)
+        seq = _Seq(req=req, arrived=now, queued_estimate=self._uncached(req))
+        self._waiting_estimate += seq.queued_estimate
         self._seqs[req.request_id] = seq
         self._waiting.append(seq)
 
@@ -210,6 +217,7 @@ class Engine:
             if not self._admit(seq):
                 break  # head-of-line: no KV space for the oldest request
             self._waiting.popleft()
+            self._waiting_estimate -= seq.queued_estimate
             if lora is not None and lora not in self._loras_resident:
                 lora_loads += 1
                 self._loras_resident[lora] = None
