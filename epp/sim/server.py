@@ -186,7 +186,9 @@ class SimServer:
                 if done is not None and not done.done():
                     done.set_result(fin)
 
-    def _submit(self, prompt: str, output_tokens: int, lora: str | None) -> int:
+    def _submit(
+        self, prompt: str, output_tokens: int, lora: str | None
+    ) -> tuple[int, asyncio.Future[float], asyncio.Future[Finished]]:
         block = self.config.profile.block_size
         tokens, hashes = prompt_units(prompt, block)
         rid = next(self._ids)
@@ -198,10 +200,12 @@ class SimServer:
             del self._prompt_tokens[rid]
             raise _BadRequest(str(exc)) from None
         loop = asyncio.get_running_loop()
-        self._first[rid] = loop.create_future()
-        self._done[rid] = loop.create_future()
+        first: asyncio.Future[float] = loop.create_future()
+        done: asyncio.Future[Finished] = loop.create_future()
+        self._first[rid] = first
+        self._done[rid] = done
         self._wake.set()
-        return rid
+        return rid, first, done
 
     # -- handlers -------------------------------------------------------------------------------------------
 
@@ -256,11 +260,10 @@ class SimServer:
             max_tokens = body.get("max_completion_tokens", body.get("max_tokens", DEFAULT_MAX_TOKENS))
             if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
                 raise _BadRequest("'max_tokens' must be a positive integer")
-            rid = self._submit(prompt, max_tokens, lora)
+            rid, first, done = self._submit(prompt, max_tokens, lora)
         except _BadRequest as exc:
             return _error(str(exc), exc.status)
         model = body["model"]
-        first, done = self._first[rid], self._done[rid]
         if body.get("stream") is True:
             include_usage = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage")
             return await self._stream(request, kind, model, rid, first, done, started, bool(include_usage))
@@ -357,11 +360,11 @@ class SimServer:
         started = asyncio.get_running_loop().time()
         try:
             body, prompt, lora = await self._read(request, "embedding")
-            rid = self._submit(prompt, 1, lora)
+            rid, first, done = self._submit(prompt, 1, lora)
         except _BadRequest as exc:
             return _error(str(exc), exc.status)
-        first_at = await self._first[rid]
-        fin = await self._done[rid]
+        first_at = await first
+        fin = await done
         self._observe(started, first_at, fin)
         n_inputs = (
             len(body["input"])
