@@ -17,7 +17,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -327,7 +327,27 @@ class SimServer:
             payload["choices"] = [choice]
             return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
-        first_at = await first
+        try:
+            first_at = await first
+            await self._stream_body(response, kind, chunk, rid, done, obj, created, model, include_usage)
+        except ConnectionResetError:  # the client went away; the engine still finishes the work, as it was admitted
+            self._prompt_tokens.pop(rid, None)
+            return response
+        self._observe(started, first_at, done.result())
+        return response
+
+    async def _stream_body(
+        self,
+        response: web.StreamResponse,
+        kind: str,
+        chunk: Callable[[int, str | None], bytes],
+        rid: int,
+        done: asyncio.Future[Finished],
+        obj: str,
+        created: int,
+        model: str,
+        include_usage: bool,
+    ) -> None:
         if kind == "chat":
             role = {"id": f"cmpl-{self.config.name}-{rid}", "object": obj, "created": created, "model": model}
             role["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
@@ -346,8 +366,6 @@ class SimServer:
             await response.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
-        self._observe(started, first_at, fin)
-        return response
 
     async def _progress(self, rid: int, done: asyncio.Future[Finished]) -> AsyncIterator[int]:
         """Tokens generated so far, every STREAM_INTERVAL_S until the request finishes."""

@@ -160,3 +160,15 @@ async def test_metrics_parse_with_prometheus_client_and_count_requests(
     assert dict(lora[0][1])["max_lora"] == "4"
     config = [k for k in samples if k[0] == "vllm:cache_config_info"]
     assert dict(config[0][1])["num_gpu_blocks"] == str(pool.servers[0].config.profile.num_blocks)
+
+
+async def test_a_client_leaving_mid_stream_does_not_disturb_the_server(
+    pool: SimulatedPool, http: aiohttp.ClientSession
+) -> None:
+    body = {"model": DEFAULT_MODEL, "prompt": "long answer", "max_tokens": 400, "stream": True}
+    async with http.post(f"http://{pool.addresses[0]}/v1/completions", json=body) as resp:
+        await resp.content.readline()  # the first chunk arrived; now hang up
+    body = {"model": DEFAULT_MODEL, "prompt": "next", "max_tokens": 2}
+    async with http.post(f"http://{pool.addresses[0]}/v1/completions", json=body) as resp:
+        assert resp.status == 200
+        assert (await resp.json())["usage"]["completion_tokens"] == 2
