@@ -7,9 +7,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from epp.datastore.pool import PoolSpec, parse_pool
 from epp.errors import ConfigError
 
 
@@ -35,6 +32,11 @@ def register(sub: Any) -> None:
         help="how Envoy hands the request body to the picker (default BUFFERED; see docs/failure-modes.md)",
     )
     p.add_argument(
+        "--allow-full-duplex-fail-open",
+        action="store_true",
+        help="render a FailOpen pool with FULL_DUPLEX_STREAMED anyway (Envoy then fails requests with a body)",
+    )
+    p.add_argument(
         "--response-phases",
         choices=["none", "headers", "body"],
         default="headers",
@@ -43,23 +45,13 @@ def register(sub: Any) -> None:
     p.add_argument("--message-timeout", type=float, default=1.0, help="seconds Envoy waits per picker answer")
     p.add_argument("--retries", type=int, default=2, help="retries on connect failure, walking the picker's list")
     p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="BUFFERED body limit (413 above)")
+    p.add_argument("--access-log", default="", help="write a JSON access log line per request here (e.g. /dev/stdout)")
     p.add_argument("-o", "--output", help="write here instead of stdout")
     p.set_defaults(func=run)
 
 
-def load_pool(path: str) -> PoolSpec:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        obj = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}".splitlines()[0]) from None
-    return parse_pool(obj, source=path)
-
-
 def run(args: argparse.Namespace) -> int:
+    from epp.discovery.static import load_pool_file
     from epp.gateway import (
         BodyMode,
         GatewayOptions,
@@ -70,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     options = GatewayOptions(
-        pool=load_pool(args.pool_file),
+        pool=load_pool_file(args.pool_file),
         epp=parse_host_port(args.epp, "--epp"),
         listen=parse_host_port(args.listen, "--listen"),
         admin=parse_host_port(args.admin, "--admin"),
@@ -81,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         message_timeout_s=args.message_timeout,
         retries=args.retries,
         max_body_bytes=args.max_body_bytes,
+        access_log=args.access_log,
+        allow_full_duplex_fail_open=args.allow_full_duplex_fail_open,
     )
     text = render_yaml(options)
     if args.output:

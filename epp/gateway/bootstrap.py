@@ -9,7 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from envoy.config.accesslog.v3 import accesslog_pb2
 from envoy.config.bootstrap.v3 import bootstrap_pb2
+from envoy.config.core.v3 import substitution_format_string_pb2
+from envoy.extensions.access_loggers.file.v3 import file_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2
@@ -23,8 +26,32 @@ from epp.gateway.routes import route_configuration, strip_routing_headers
 _Hcm = http_connection_manager_pb2.HttpConnectionManager
 
 
-def _connection_manager(options: GatewayOptions) -> _Hcm:
-    return _Hcm(
+# What an operator (and the failure-mode tests) need to see where a request went and why: the upstream host is
+# empty (null) when nothing was sent to a backend; the flags say why (e.g. UAEX: refused by the picker's failure).
+ACCESS_LOG_FIELDS = {
+    "start": "%START_TIME%",
+    "request_id": "%REQ(X-REQUEST-ID)%",
+    "method": "%REQ(:METHOD)%",
+    "path": "%REQ(:PATH)%",
+    "status": "%RESPONSE_CODE%",
+    "flags": "%RESPONSE_FLAGS%",
+    "details": "%RESPONSE_CODE_DETAILS%",
+    "upstream_host": "%UPSTREAM_HOST%",
+    "picked": "%DYNAMIC_METADATA(envoy.lb:x-gateway-destination-endpoint)%",
+    "duration_ms": "%DURATION%",
+}
+
+
+def _access_log(path: str) -> accesslog_pb2.AccessLog:
+    log_format = substitution_format_string_pb2.SubstitutionFormatString()
+    log_format.json_format.update(ACCESS_LOG_FIELDS)
+    return accesslog_pb2.AccessLog(
+        name="envoy.access_loggers.file", typed_config=packed(file_pb2.FileAccessLog(path=path, log_format=log_format))
+    )
+
+
+def _connection_manager(options: GatewayOptions) -> http_connection_manager_pb2.HttpConnectionManager:
+    manager = _Hcm(
         stat_prefix="inference",
         codec_type=_Hcm.AUTO,
         early_header_mutation_extensions=[strip_routing_headers()],
@@ -33,9 +60,14 @@ def _connection_manager(options: GatewayOptions) -> _Hcm:
             http_connection_manager_pb2.HttpFilter(
                 name="envoy.filters.http.ext_proc", typed_config=packed(extproc_filter(options))
             ),
-            http_connection_manager_pb2.HttpFilter(name="envoy.filters.http.router", typed_config=packed(router_pb2.Router())),
+            http_connection_manager_pb2.HttpFilter(
+                name="envoy.filters.http.router", typed_config=packed(router_pb2.Router())
+            ),
         ],
     )
+    if options.access_log:
+        manager.access_log.append(_access_log(options.access_log))
+    return manager
 
 
 def _listener(options: GatewayOptions) -> listener_pb2.Listener:
@@ -72,7 +104,10 @@ def build_bootstrap(options: GatewayOptions) -> bootstrap_pb2.Bootstrap:
 
 def bootstrap_dict(options: GatewayOptions) -> dict[str, Any]:
     """The bootstrap as plain data, proto field names (as in Envoy's docs), defaults left out."""
-    return _plain(json_format.MessageToDict(build_bootstrap(options), preserving_proto_field_name=True))
+    plain: dict[str, Any] = _plain(
+        json_format.MessageToDict(build_bootstrap(options), preserving_proto_field_name=True)
+    )
+    return plain
 
 
 def _plain(value: Any) -> Any:

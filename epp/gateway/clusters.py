@@ -75,9 +75,7 @@ def _dns_or_static(cluster: cluster_pb2.Cluster, hosts: list[HostPort], refresh_
 def epp_cluster(options: GatewayOptions) -> cluster_pb2.Cluster:
     """The picker: gRPC needs HTTP/2; a DNS name (a Service) is resolved and followed."""
     http2 = http_protocol_options_pb2.HttpProtocolOptions(
-        explicit_http_config=http_protocol_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(
-            http2_protocol_options={}
-        )
+        explicit_http_config=http_protocol_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(http2_protocol_options={})
     )
     cluster = cluster_pb2.Cluster(
         name=EPP_CLUSTER,

@@ -19,7 +19,8 @@ class BodyMode(enum.Enum):
 
     FULL_DUPLEX_STREAMED is upstream's mode (the picker streams the body back); BUFFERED sends it in one message.
     Only BUFFERED keeps FailOpen whole: Envoy can fail open only before a body chunk has gone to the picker, and
-    under FULL_DUPLEX_STREAMED the chunks it already sent are gone when the picker dies mid-request.
+    under FULL_DUPLEX_STREAMED the first chunk is committed to the stream at once — measured with Envoy 1.40,
+    every request with a body gets 500 while the picker is down (tests/e2e/test_failure_modes.py, docs).
     """
 
     FULL_DUPLEX_STREAMED = "FULL_DUPLEX_STREAMED"
@@ -120,6 +121,8 @@ class GatewayOptions:
     retries: int = 2
     max_body_bytes: int = 16 * 1024 * 1024
     dns_refresh_s: float = 2.0
+    access_log: str = ""  # a file path (or /dev/stdout): one JSON line per request, with the upstream that served
+    allow_full_duplex_fail_open: bool = False
 
     def __post_init__(self) -> None:
         if self.endpoints and self.endpoints_dns:
@@ -128,6 +131,13 @@ class GatewayOptions:
             raise ConfigError(
                 f"pool {self.pool.name}: failureMode FailOpen needs the pool's endpoints for the fallback cluster "
                 "used when the picker is down: pass --endpoints ip:port,... or --endpoints-dns <headless service>"
+            )
+        if self.fail_open and self.body_mode is BodyMode.FULL_DUPLEX_STREAMED and not self.allow_full_duplex_fail_open:
+            raise ConfigError(
+                f"pool {self.pool.name}: FailOpen does not work with --body-mode FULL_DUPLEX_STREAMED (measured with "
+                "Envoy 1.40: with the picker down, every request with a body gets 500, because its first chunk is "
+                "already committed to the picker's stream); use --body-mode BUFFERED, or pass "
+                "--allow-full-duplex-fail-open to render it anyway"
             )
         if not 0 < self.message_timeout_s <= 3600:
             raise ConfigError(f"--message-timeout must be in (0, 3600] seconds, got {self.message_timeout_s}")
