@@ -12,8 +12,8 @@ import yaml
 from envoy.config.accesslog.v3 import accesslog_pb2
 from envoy.config.bootstrap.v3 import bootstrap_pb2
 from envoy.config.core.v3 import substitution_format_string_pb2
-from envoy.extensions.access_loggers.file.v3 import file_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.extensions.access_loggers.file.v3 import file_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2
 from google.protobuf import json_format
