@@ -4,8 +4,8 @@ picker is killed with SIGKILL and restarted on the same port.
 Each run drives concurrency 16 through three windows of EPP_E2E_FAILURE_LOAD_S / 3 seconds (6 s in all by
 default; set it to 20 for the issue's full run): picker up, picker down (SIGKILL), picker restarted on the same
 port. Every fourth request carries a forged `x-gateway-destination-endpoint` naming a decoy backend outside the
-pool. Latencies are printed, not asserted
-(the machine is shared); what is asserted is where every request went and how it was answered.
+pool. Latencies are printed, not asserted (the machine is shared); what is asserted is where every request went
+and how it was answered.
 """
 
 from __future__ import annotations
