@@ -54,9 +54,8 @@ def director(
     mode: FailureMode, scheduler: object, table: EndpointTable | None = None
 ) -> tuple[Director, RecordingObserver]:
     observer = RecordingObserver()
-    d = Director(
-        table or table_of(ADDRESSES), scheduler, clock=lambda: 100.0, failure_mode=lambda: mode, observer=observer
-    )  # type: ignore[arg-type]
+    chosen = table if table is not None else table_of(ADDRESSES)  # an empty table is falsy
+    d = Director(chosen, scheduler, clock=lambda: 100.0, failure_mode=lambda: mode, observer=observer)  # type: ignore[arg-type]
     return d, observer
 
 
