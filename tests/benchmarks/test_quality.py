@@ -92,3 +92,21 @@ def test_the_reference_traces_load(shared_reference: Path, name: str) -> None:
     if name.startswith("mooncake"):
         firsts = [i.units[0] for i in items if i.units]
         assert len(set(firsts)) < len(firsts)  # real prefix sharing: several requests start with the same block
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workload", "nope"], "unknown workload 'nope'"),
+        (["--trace", "/nonexistent/trace.csv"], "No such file"),
+        (["--policies", "rr,magic"], "unknown policy 'magic'"),
+        (["--profiles", "a100"], "unknown profile"),
+    ],
+    ids=["unknown-workload", "missing-trace", "unknown-policy", "unknown-profile"],
+)
+def test_bad_arguments_end_with_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*argv, "--requests", "50", "--endpoints", "2"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
