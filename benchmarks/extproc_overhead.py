@@ -23,15 +23,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.support.envoy import (
+from epp.gateway.testbed import (
     bootstrap,
     ext_proc_filter,
     listener,
     pool_cluster,
     processing_mode,
-    run_envoy,
     static_cluster,
 )
+from tests.support.envoy import run_envoy
 from tests.support.procs import epp_argv, free_port, http_ok, port_open, running, wait_until
 
 BODY = json.dumps(

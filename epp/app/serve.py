@@ -54,8 +54,13 @@ class PickerState:
     def failure_mode(self) -> FailureMode:
         return self.pool.failure_mode if self.pool is not None else FailureMode.FAIL_CLOSE
 
-    def ready(self) -> bool:
+    def source_ready(self) -> bool:
+        """The endpoint source has delivered its first complete view (readiness also needs leadership, if HA)."""
         return self.table.synced
+
+    def ready(self) -> bool:
+        """What readiness reports now: off before the source syncs and from the moment the picker is stopping."""
+        return self.health.ready
 
 
 def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
@@ -80,6 +85,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     scheduler = RandomScheduler()
     director = Director(state.table, scheduler, clock=time.monotonic, failure_mode=state.failure_mode, observer=metrics)
     processor = ExternalProcessor(director, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
+    metrics.open_streams.set_function(lambda: processor.open_streams)
 
     grpc_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     add_to_server(processor, grpc_server)
@@ -105,7 +111,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     await grpc_server.start()
     await health_server.start()
     await state.health.start()
-    await state.health.set_ready(state.ready())
+    await state.health.set_ready(state.source_ready())
     log.info(
         "epp serving: ext_proc on %s:%d, health on %d, metrics on %d; %d endpoints; pool %s (%s)",
         args.bind_address,
