@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from epp.errors import ConfigError
 
-_SUBCOMMANDS = ("epp.cli.serve", "epp.cli.sim")
+_SUBCOMMANDS = ("epp.cli.serve", "epp.cli.sim", "epp.cli.check_config")
 
 
 class _Parser(argparse.ArgumentParser):
