@@ -46,6 +46,7 @@ class PhaseSummary:
     unfinished: int  # cancelled at the drain deadline
     ttft_p50: float
     ttft_p90: float
+    ttft_p99: float
     e2e_p50: float
     e2e_p99: float
     throughput: float  # completed requests per wall second of the phase
@@ -79,6 +80,7 @@ def summarise(
         unfinished=sum(1 for o in sent if o.status < 0),
         ttft_p50=_pct(ttft, 50),
         ttft_p90=_pct(ttft, 90),
+        ttft_p99=_pct(ttft, 99),
         e2e_p50=_pct(e2e, 50),
         e2e_p99=_pct(e2e, 99),
         throughput=len(ok) / wall_s if wall_s > 0 else math.nan,

