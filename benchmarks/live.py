@@ -129,6 +129,8 @@ def virtual_rows(items: Sequence[Item], arrivals: np.ndarray, profiles: Sequence
 
 
 def _ms(x: float) -> str:
+    if math.isinf(x):
+        return "timeout"
     return "n/a" if math.isnan(x) else f"{x * 1e3:.0f}"
 
 

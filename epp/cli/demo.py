@@ -7,29 +7,38 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from epp.demo.config import DemoConfig
 from epp.errors import ConfigError
+
+_D = DemoConfig()
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="compare the picker with round robin on a simulated pool, on loopback")
-    p.add_argument("--seconds", type=float, default=30.0, help="traffic in all, half per listener (default 30)")
-    p.add_argument("--rate", type=float, default=12.0, help="requests per second per listener (default 12)")
+    p.add_argument(
+        "--seconds", type=float, default=_D.seconds, help=f"traffic in all, half per listener ({_D.seconds:g})"
+    )
+    p.add_argument("--rate", type=float, default=_D.rate, help=f"requests per second per listener ({_D.rate:g})")
     p.add_argument(
         "--profiles",
-        default="h100,h100,h100,l4",
-        help="one simulated server per entry: h100 or l4 (default h100,h100,h100,l4)",
+        default=",".join(_D.profiles),
+        help=f"one simulated server per entry, h100 or l4 ({','.join(_D.profiles)})",
     )
-    p.add_argument("--groups", type=int, default=24, help="customers sharing a context (default 24)")
-    p.add_argument("--context-tokens", type=int, default=4096, help="tokens of each customer's context (default 4096)")
-    p.add_argument("--output-tokens", type=int, default=64, help="tokens generated per request (default 64)")
-    p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall-clock second (default 1)")
-    p.add_argument("--drain", type=float, default=30.0, help="seconds to wait for answers after sending (default 30)")
+    p.add_argument("--groups", type=int, default=_D.groups, help=f"customers sharing a context ({_D.groups})")
+    p.add_argument(
+        "--context-tokens", type=int, default=_D.context_tokens, help=f"tokens per context ({_D.context_tokens})"
+    )
+    p.add_argument(
+        "--output-tokens", type=int, default=_D.output_tokens, help=f"tokens generated per request ({_D.output_tokens})"
+    )
+    p.add_argument("--speed", type=float, default=_D.speed, help=f"simulated seconds per wall second ({_D.speed:g})")
+    p.add_argument("--drain", type=float, default=_D.drain_s, help=f"seconds to wait after sending ({_D.drain_s:g})")
     p.add_argument("--workdir", help="keep logs and the Envoy config here (default: a temporary directory)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from epp.demo.run import DemoConfig, run_demo
+    from epp.demo.run import run_demo
     from epp.sim.profiles import PROFILES
 
     profiles = tuple(p.strip() for p in args.profiles.split(",") if p.strip())
@@ -51,5 +60,5 @@ def run(args: argparse.Namespace) -> int:
             workdir=Path(args.workdir) if args.workdir else None,
         )
     except ValueError as exc:
-        raise ConfigError(f"epp demo: {exc}") from None
+        raise ConfigError(str(exc)) from None
     return run_demo(config)

@@ -79,7 +79,10 @@ class Progress:
         self.out.flush()
 
 
-async def _one(session: aiohttp.ClientSession, url: str, shot: Shot, timeout_s: float) -> Outcome:
+async def _one(
+    session: aiohttp.ClientSession, url: str, shot: Shot, timeout_s: float, firsts: dict[int, float], key: int
+) -> Outcome:
+    """One request; its TTFT also goes into `firsts[key]` at once, so a request cancelled later keeps it."""
     started = time.perf_counter()
     first = float("nan")
     try:
@@ -92,7 +95,7 @@ async def _one(session: aiohttp.ClientSession, url: str, shot: Shot, timeout_s: 
             server = response.headers.get(SERVER_HEADER, "")
             async for chunk in response.content.iter_any():
                 if chunk and first != first:  # NaN: the first chunk
-                    first = time.perf_counter() - started
+                    first = firsts[key] = time.perf_counter() - started
             return Outcome(response.status, first, time.perf_counter() - started, server)
     except (aiohttp.ClientError, TimeoutError, OSError):
         return Outcome(0, first, float("nan"), "")
@@ -109,6 +112,7 @@ async def drive(
 ) -> list[Outcome]:
     """Send every shot planned before `send_s` at its time; wait at most `drain_s` more; one Outcome per shot."""
     outcomes: list[Outcome] = [NOT_SENT] * len(shots)
+    firsts: dict[int, float] = {}
     tasks: list[asyncio.Task[None]] = []
     loop = asyncio.get_running_loop()
     connector = aiohttp.TCPConnector(limit=connections, force_close=False)
@@ -116,7 +120,7 @@ async def drive(
         start = loop.time()
 
         async def fire(i: int) -> None:
-            outcome = await _one(session, url, shots[i], timeout_s)
+            outcome = await _one(session, url, shots[i], timeout_s, firsts, i)
             outcomes[i] = outcome
             if progress is not None:
                 progress.done += 1
@@ -141,7 +145,7 @@ async def drive(
             for i, task in enumerate(tasks):
                 if not task.done():
                     task.cancel()
-                    outcomes[i] = Outcome(-1, float("nan"), float("nan"), "")
+                    outcomes[i] = Outcome(-1, firsts.get(i, float("nan")), float("nan"), "")
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

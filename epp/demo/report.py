@@ -55,7 +55,10 @@ class PhaseSummary:
 
 
 def _pct(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q)) if values.size else math.nan
+    """Percentile where NaN (no answer by the deadline) counts as the slowest: +inf, shown as "timeout"."""
+    if not values.size:
+        return math.nan
+    return float(np.percentile(np.where(np.isnan(values), np.inf, values), q, method="higher"))
 
 
 def summarise(
@@ -68,8 +71,11 @@ def summarise(
 ) -> PhaseSummary:
     sent = [o for o in outcomes if o.sent]
     ok = [o for o in sent if o.ok]
-    ttft = np.array([o.ttft for o in ok if not math.isnan(o.ttft)])
-    e2e = np.array([o.e2e for o in ok])
+    # Latency over every request sent, not only the answered ones: leaving out the requests that failed or did
+    # not finish would flatter exactly the router that overloads a server. A missing value counts as +inf; an
+    # error answer counts as no first token at all (a quick 503 is not a fast response).
+    ttft = np.array([o.ttft if o.ok or o.status < 0 else math.nan for o in sent], dtype=np.float64)
+    e2e = np.array([o.e2e if o.ok else math.nan for o in sent], dtype=np.float64)
     counts = Counter(o.server for o in ok)
     queried = after[0] - before[0]
     return PhaseSummary(
@@ -90,6 +96,8 @@ def summarise(
 
 
 def _ms(seconds: float) -> str:
+    if math.isinf(seconds):
+        return "timeout"
     return "n/a" if math.isnan(seconds) else f"{seconds * 1e3:.0f} ms"
 
 

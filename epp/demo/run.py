@@ -11,45 +11,16 @@ import signal
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from epp.demo.config import DemoConfig
 from epp.demo.load import run_phase
 from epp.demo.report import PhaseSummary, prefix_counters, side_by_side, summarise
 from epp.demo.stack import Stack, stack, wait_idle
 from epp.demo.traffic import shared_prefix_chat
 from epp.sim.server import DEFAULT_MODEL
-
-
-@dataclass(frozen=True, slots=True)
-class DemoConfig:
-    seconds: float = 30.0  # traffic in all, split evenly between the two listeners
-    rate: float = 12.0  # requests per second offered to each listener
-    profiles: tuple[str, ...] = ("h100", "h100", "h100", "l4")
-    groups: int = 24
-    context_tokens: int = 4096
-    question_tokens: int = 128
-    output_tokens: int = 64
-    speed: float = 1.0
-    drain_s: float = 30.0
-    seed: int = 0
-    workdir: Path | None = None
-
-    def __post_init__(self) -> None:
-        if not self.seconds > 0 or not self.rate > 0 or not self.speed > 0 or self.drain_s < 0:
-            raise ValueError("seconds, rate and speed must be positive, drain_s not negative")
-        if not self.profiles:
-            raise ValueError("at least one server profile is needed")
-
-    @property
-    def phase_s(self) -> float:
-        return self.seconds / 2
-
-    @property
-    def requests(self) -> int:
-        return max(1, round(self.phase_s * self.rate))
 
 
 class _Stopped(KeyboardInterrupt):

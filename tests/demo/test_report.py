@@ -20,8 +20,19 @@ def test_summary_counts_every_kind_of_outcome_and_reads_hits_from_counter_deltas
     s = summarise("picker", outcomes, 2.0, ["sim-0", "sim-1", "sim-2"], before=(100.0, 40.0), after=(300.0, 190.0))
     assert (s.planned, s.ok, s.failed, s.unfinished) == (6, 3, 2, 1)
     assert s.per_server == {"sim-0": 2, "sim-1": 1, "sim-2": 0}
-    assert math.isclose(s.ttft_p50, 0.2) and s.throughput == 1.5
+    assert s.throughput == 1.5
     assert s.hit_rate == 0.75
+
+
+def test_failed_and_unfinished_requests_count_as_the_slowest_not_as_missing() -> None:
+    outcomes = [_ok(0.1, "sim-0"), _ok(0.2, "sim-0"), _ok(0.3, "sim-0"),
+                Outcome(-1, 0.05, NAN, ""),  # first token came, the stream did not end by the deadline
+                Outcome(503, NAN, NAN, "")]  # fmt: skip
+    s = summarise("round-robin", outcomes, 1.0, ["sim-0"], (0.0, 0.0), (1.0, 1.0))
+    assert math.isclose(s.ttft_p50, 0.2)
+    assert math.isinf(s.ttft_p90) and math.isinf(s.e2e_p99)
+    assert math.isclose(s.e2e_p50, 1.3)
+    assert "timeout" in side_by_side([s])
 
 
 def test_no_answer_at_all_reads_not_available_rather_than_zero() -> None:
