@@ -37,12 +37,14 @@ def shared_prefix_chat(
     salt: str = "",
     seed: int = 0,
 ) -> list[Shot]:
-    """`requests` streaming chat calls at a mean `rate` per second (Poisson), each to one of `groups` contexts."""
+    """`requests` streaming chat calls at a mean `rate` per second (Poisson gaps), each to one of `groups` contexts."""
     if requests <= 0 or rate <= 0 or groups <= 0:
         raise ValueError("requests, rate and groups must be positive")
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, requests))
     arrivals -= arrivals[0]
+    if requests > 1:  # Poisson gaps, stretched so the last request is sent at (requests - 1) / rate: all of them fit
+        arrivals *= (requests - 1) / rate / arrivals[-1]
     picks = rng.integers(0, groups, requests)
     contexts = [_text(f"{salt}ctx{g:04d} ", context_tokens) for g in range(groups)]
     shots: list[Shot] = []
