@@ -61,7 +61,7 @@ class MetricsSample:
 
 _FLOAT_COLUMNS = ("waiting", "running", "kv_usage", "max_lora", "block_size", "num_blocks", "scraped_at")
 _INT_COLUMNS = ("scrape_failures", "inflight", "picks_since_scrape")
-_BOOL_COLUMNS = ("present", "scrape_ok")
+_BOOL_COLUMNS = ("present", "scrape_ok", "healthy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +88,9 @@ class Snapshot:
     picks_since_scrape: IntArray  # own picks since the endpoint's last scrape: load the metrics cannot show yet
     running_adapters: tuple[frozenset[str], ...]
     waiting_adapters: tuple[frozenset[str], ...]
+    # Metrics fresh by the scraper's own rules (scraped recently, not failing); False until the first scrape.
+    # Defaulted so code that builds a Snapshot by hand keeps working.
+    healthy: BoolArray = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
 
     @property
     def slots(self) -> IntArray:
@@ -220,6 +223,7 @@ class EndpointTable:
         c["num_blocks"][slot] = sample.num_blocks
         c["scraped_at"][slot] = now
         c["scrape_ok"][slot] = True
+        c["healthy"][slot] = True
         c["scrape_failures"][slot] = 0
         c["picks_since_scrape"][slot] = 0
         running = frozenset(sample.running_adapters or ())
@@ -234,6 +238,18 @@ class EndpointTable:
         self._cols["scrape_ok"][slot] = False
         self._cols["scrape_failures"][slot] += 1
         return int(self._cols["scrape_failures"][slot])
+
+    def mark_stale(self, now: float, threshold_s: float, max_failures: int) -> list[int]:
+        """Clear `healthy` where metrics are older than the threshold or failing; returns the slots just cleared."""
+        n = self._high_water
+        healthy = self._cols["healthy"][:n]
+        with np.errstate(invalid="ignore"):
+            old = ~(now - self._cols["scraped_at"][:n] <= threshold_s)
+        stale = healthy & (old | (self._cols["scrape_failures"][:n] >= max_failures))
+        slots = np.flatnonzero(stale)
+        if slots.size:
+            healthy[slots] = False
+        return [int(s) for s in slots]
 
     def book_pick(self, slot: int) -> None:
         self._cols["inflight"][slot] += 1
@@ -280,4 +296,5 @@ class EndpointTable:
             picks_since_scrape=c["picks_since_scrape"][:n].copy(),
             running_adapters=adapters[0],
             waiting_adapters=adapters[1],
+            healthy=c["healthy"][:n].copy(),
         )
