@@ -177,7 +177,8 @@ def engines_from_config(parameters: Mapping[str, Any] | None, source: str = "con
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     engines = dict(BUILTIN_ENGINES)
-    configs = params.get("engineConfigs") or []
+    configs = params.get("engineConfigs")
+    configs = [] if configs is None else configs
     if not isinstance(configs, list):
         raise ConfigError(f"{where}.engineConfigs: must be a list")
     for i, cfg in enumerate(configs):
