@@ -13,7 +13,10 @@ from collections.abc import Sequence
 
 from epp.errors import ConfigError
 
-_SUBCOMMANDS = ("epp.cli.serve",)
+_SUBCOMMANDS = (
+    "epp.cli.serve",
+    "epp.cli.inspect_metrics",
+)
 
 
 class _Parser(argparse.ArgumentParser):
