@@ -15,6 +15,7 @@ from epp.errors import ConfigError
 
 _SUBCOMMANDS = (
     "epp.cli.serve",
+    "epp.cli.sim",
     "epp.cli.inspect_metrics",
 )
 
