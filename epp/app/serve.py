@@ -34,11 +34,10 @@ from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import PickerMetrics
+from epp.scrape.engines import EngineRegistry
+from epp.scrape.scraper import ScrapeService, ScrapeSettings
 
 log = logging.getLogger("epp")
-
-STALE_AFTER_S = 2.0  # metrics older than this read as stale in /debug/pool (the scraper's threshold)
-MAX_SCRAPE_FAILURES = 3
 
 
 @dataclass
@@ -56,6 +55,19 @@ class PickerState:
 
     def ready(self) -> bool:
         return self.table.synced
+
+
+def _scrape_settings(args: argparse.Namespace) -> ScrapeSettings:
+    """The scrape flags (epp/cli/scrape_flags.py); a namespace without them gets upstream's defaults."""
+    d = ScrapeSettings()
+    return ScrapeSettings(
+        interval_s=getattr(args, "refresh_metrics_interval", d.interval_s),
+        timeout_s=getattr(args, "metrics_scrape_timeout", d.timeout_s),
+        staleness_s=getattr(args, "metrics_staleness_threshold", d.staleness_s),
+        max_failures=getattr(args, "metrics_max_failures", d.max_failures),
+        max_page_bytes=getattr(args, "metrics_max_page_bytes", d.max_page_bytes),
+        concurrency=getattr(args, "metrics_scrape_concurrency", d.concurrency),
+    )
 
 
 def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
@@ -90,8 +102,14 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
     _bind(health_server, args.bind_address, args.grpc_health_port, "--grpc-health-port")
 
+    scrape = _scrape_settings(args)
+    # TODO(config loader): pass the core-metrics-extractor parameters through epp.scrape.engines_from_config.
+    scraper = ScrapeService(state.table, scrape, EngineRegistry())
+
     def report() -> dict[str, Any]:
-        return pool_report(state.table, state.pool, time.monotonic(), state.ready(), STALE_AFTER_S, MAX_SCRAPE_FAILURES)
+        return pool_report(
+            state.table, state.pool, time.monotonic(), state.ready(), scrape.staleness_s, scrape.max_failures
+        )
 
     http_runner = web.AppRunner(build_http_app(state.registry, report, state.ready), access_log=None)
     await http_runner.setup()
@@ -102,6 +120,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         await http_runner.cleanup()
         raise ConfigError(f"--metrics-port {args.metrics_port}: cannot listen ({exc.strerror})") from None
 
+    await scraper.start()
     await grpc_server.start()
     await health_server.start()
     await state.health.start()
@@ -124,6 +143,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         await grpc_server.stop(args.grace_period)
         await state.health.stopping()
         await health_server.stop(0)
+        await scraper.stop()
         await http_runner.cleanup()
         log.info("stopped")
     return 0

@@ -305,5 +305,5 @@ class EndpointTable:
             picks_since_scrape=ints[2],
             running_adapters=adapters[0],
             waiting_adapters=adapters[1],
-            healthy=c["healthy"][:n].copy(),
+            healthy=bools[2],
         )
