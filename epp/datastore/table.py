@@ -246,6 +246,33 @@ class EndpointTable:
         self._cols["scrape_failures"][slot] += 1
         return int(self._cols["scrape_failures"][slot])
 
+    # Columns a scraper in another process sends back, in this order (see `write_scrape_rows`).
+    SCRAPE_ROW = ("waiting", "running", "kv_usage", "max_lora", "block_size", "num_blocks", "scraped_at")
+
+    def write_scrape_rows(self, slots: IntArray, floats: FloatArray, ok: BoolArray, failures: IntArray) -> None:
+        """Vectorised `record_scrape`/`record_scrape_failure` for rows scraped elsewhere (a scrape process).
+
+        `floats` has one row per slot and the columns of `SCRAPE_ROW`. Rows whose `scraped_at` moved forward are
+        fresh pages: their in-flight-since-scrape count restarts and they turn healthy. Adapters go separately
+        (`set_adapters`): they change rarely and are strings.
+        """
+        if not len(slots):
+            return
+        fresh = floats[:, 6] > np.nan_to_num(self._cols["scraped_at"][slots], nan=-np.inf)
+        for i, name in enumerate(self.SCRAPE_ROW):
+            self._cols[name][slots] = floats[:, i]
+        self._cols["scrape_ok"][slots] = ok
+        self._cols["scrape_failures"][slots] = failures
+        self._cols["picks_since_scrape"][slots[fresh]] = 0
+        self._cols["healthy"][slots[fresh & ok]] = True
+
+    def set_adapters(self, slot: int, running: Iterable[str], waiting: Iterable[str]) -> None:
+        r, w = frozenset(running), frozenset(waiting)
+        if r != self._running_adapters[slot] or w != self._waiting_adapters[slot]:
+            self._running_adapters[slot] = r
+            self._waiting_adapters[slot] = w
+            self._adapters_cache = None
+
     def mark_stale(self, now: float, threshold_s: float, max_failures: int) -> list[int]:
         """Clear `healthy` where metrics are older than the threshold or failing; returns the slots just cleared."""
         n = self._high_water
