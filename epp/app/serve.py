@@ -35,6 +35,7 @@ from epp.extproc.stream import StreamSettings
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import PickerMetrics
 from epp.scrape.engines import EngineRegistry
+from epp.scrape.process import ScrapeProcess
 from epp.scrape.scraper import ScrapeService, ScrapeSettings
 
 log = logging.getLogger("epp")
@@ -104,7 +105,13 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
 
     scrape = _scrape_settings(args)
     # TODO(config loader): pass the core-metrics-extractor parameters through epp.scrape.engines_from_config.
-    scraper = ScrapeService(state.table, scrape, EngineRegistry())
+    # A child process by default: scraping hundreds of endpoints on the serving loop costs most of its core.
+    engines = EngineRegistry()
+    scraper: ScrapeService | ScrapeProcess
+    if getattr(args, "metrics_scrape_in_process", False):
+        scraper = ScrapeService(state.table, scrape, engines)
+    else:
+        scraper = ScrapeProcess(state.table, scrape, engines)
 
     def report() -> dict[str, Any]:
         return pool_report(

@@ -80,6 +80,12 @@ def add_scrape_flags(p: Any) -> None:
         default=d.concurrency,
         help="scrapes in flight at once, all endpoints together (default 512)",
     )
+    g.add_argument(
+        "--metrics-scrape-in-process",
+        action="store_true",
+        help="scrape on the picker's own event loop instead of a child process (costs serving CPU; see "
+        "benchmarks/RESULTS.md)",
+    )
 
 
 def scrape_settings_from_args(args: argparse.Namespace) -> ScrapeSettings:
