@@ -16,6 +16,7 @@ from epp.errors import ConfigError
 _SUBCOMMANDS = (
     "epp.cli.serve",
     "epp.cli.sim",
+    "epp.cli.check_config",
     "epp.cli.inspect_metrics",
 )
 

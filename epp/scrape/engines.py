@@ -229,6 +229,8 @@ def _series(page: ParsedPage, specs: tuple[SeriesSpec, ...], problems: list[str]
         matching = [s for s in page.of(spec.name) if spec.matches(s)]
         if not matching:
             continue
+        if len(matching) == 1:  # the common case: nothing to deduplicate or order
+            return matching
         by_labels: dict[tuple[tuple[str, str], ...], Sample] = {}
         for s in matching:
             key = tuple(sorted(s.labels.items()))

@@ -72,10 +72,22 @@ class ScrapeProcess:
         self._seen_version = -1
         self._status: dict[str, EndpointStatus] = {}
         self._warned_full = False
+        self._fallback: ScrapeService | None = None
 
     async def start(self) -> None:
-        if self._proc is not None:
+        if self._proc is not None or self._fallback is not None:
             return
+        try:
+            self._spawn()
+        except OSError as exc:  # no /dev/shm, no fork allowed...: scrape on this loop rather than not at all
+            log.warning("cannot start the scrape process (%s): scraping in the serving process instead", exc)
+            await self.stop()
+            self._fallback = ScrapeService(self.table, self.settings, self.engines)
+            await self._fallback.start()
+            return
+        self._task = asyncio.create_task(self._run(), name="scrape-process-apply")
+
+    def _spawn(self) -> None:
         self._shm = SharedMemory(create=True, size=self.rows * NCOL * 8)
         self._block = np.ndarray((self.rows, NCOL), dtype=np.float64, buffer=self._shm.buf)
         self._block[:] = 0.0
@@ -91,10 +103,12 @@ class ScrapeProcess:
         self._conn.send(("settings", self.settings, self.engines))
         asyncio.get_running_loop().add_reader(self._conn.fileno(), self._on_message)
         self._sync()
-        self._task = asyncio.create_task(self._run(), name="scrape-process-apply")
 
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
+        if self._fallback is not None:
+            await self._fallback.stop()
+            self._fallback = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -120,7 +134,7 @@ class ScrapeProcess:
             self._shm = None
 
     def status(self) -> dict[str, EndpointStatus]:
-        return dict(self._status)
+        return self._fallback.status() if self._fallback is not None else dict(self._status)
 
     # -- parent side --------------------------------------------------------------------------------------------
 

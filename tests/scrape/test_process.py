@@ -77,3 +77,23 @@ async def test_a_reused_slot_never_gets_the_old_endpoints_rows(servers) -> None:
         assert row(table, b.address)["waiting"] != 1.0
     finally:
         await proc.stop()
+
+
+async def test_without_shared_memory_it_scrapes_in_process(servers, monkeypatch: pytest.MonkeyPatch) -> None:
+    import epp.scrape.process as process
+
+    def no_shm(*args: object, **kwargs: object) -> None:
+        raise OSError("no /dev/shm here")
+
+    monkeypatch.setattr(process, "SharedMemory", no_shm)
+    a = await FakeMetricsServer(page=b"vllm:num_requests_waiting 6\n").start()
+    servers.append(a)
+    table = EndpointTable()
+    table.upsert(EndpointInfo(a.address))
+    proc = ScrapeProcess(table, FAST)
+    await proc.start()
+    try:
+        await wait_for(lambda: row(table, a.address)["waiting"] == 6.0)
+        assert proc.status()[a.address].scrapes > 0
+    finally:
+        await proc.stop()
