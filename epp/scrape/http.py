@@ -15,6 +15,7 @@ import zlib
 from typing import Protocol
 
 _MAX_HEADER_BYTES = 64 * 1024
+_CLOSED = "connection closed before a response"
 
 
 class ScrapeError(Exception):
@@ -66,7 +67,7 @@ class _Response(asyncio.Protocol):
                 except ScrapeError as err:
                     waiter.set_exception(err)
             else:
-                waiter.set_exception(ScrapeError("connection closed mid-response"))
+                waiter.set_exception(ScrapeError(_CLOSED if not self.buf else "connection closed mid-response"))
 
     def data_received(self, data: bytes) -> None:
         waiter = self.waiter
@@ -191,16 +192,16 @@ class HttpConnection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout_s):
-                proto = self._proto
-                if proto is None or not proto.open:
-                    _, proto = await loop.create_connection(lambda: _Response(max_bytes), self.host, self.port)
-                    self._proto = proto
-                proto.max_bytes = max_bytes
-                waiter: asyncio.Future[bytes] = loop.create_future()
-                proto.waiter = waiter
-                assert proto.transport is not None
-                proto.transport.write(self._request)
-                return await waiter
+                reused = self._proto is not None and self._proto.open
+                try:
+                    return await self._exchange(loop, max_bytes)
+                except ScrapeError as exc:
+                    # A kept-alive connection the server closed just before our request (idle timeout): one retry
+                    # on a fresh connection, not a failed scrape.
+                    if not reused or str(exc) != _CLOSED:
+                        raise
+                    self.close()
+                    return await self._exchange(loop, max_bytes)
         except TimeoutError:
             self.close()
             raise ScrapeError(f"timed out after {timeout_s:g}s") from None
@@ -210,6 +211,18 @@ class HttpConnection:
         except ScrapeError:
             self.close()
             raise
+
+    async def _exchange(self, loop: asyncio.AbstractEventLoop, max_bytes: int) -> bytes:
+        proto = self._proto
+        if proto is None or not proto.open:
+            _, proto = await loop.create_connection(lambda: _Response(max_bytes), self.host, self.port)
+            self._proto = proto
+        proto.max_bytes = max_bytes
+        waiter: asyncio.Future[bytes] = loop.create_future()
+        proto.waiter = waiter
+        assert proto.transport is not None
+        proto.transport.write(self._request)
+        return await waiter
 
     def close(self) -> None:
         proto, self._proto = self._proto, None

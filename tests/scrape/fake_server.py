@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class FakeMetricsServer:
-    """Serves `page` on every GET; `mode` picks how: ok, chunked, hang, status500, close, http10."""
+    """Serves `page` on every GET; `mode` picks how: ok, chunked, hang, status500, close, http10, idle_close."""
 
     page: bytes = b""
     mode: str = "ok"
@@ -37,6 +37,7 @@ class FakeMetricsServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        served_here = 0
         try:
             while True:
                 try:
@@ -44,7 +45,10 @@ class FakeMetricsServer:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 self.requests += 1
+                served_here += 1
                 body = self.page
+                if self.mode == "idle_close" and served_here > 1:
+                    return  # as a server whose keep-alive timer fired just as the request came: close, no answer
                 if self.mode == "hang":
                     await asyncio.sleep(3600)
                 elif self.mode == "status500":

@@ -96,6 +96,16 @@ async def test_keeps_one_connection_alive(servers, service_for) -> None:
     assert len(server._writers) == 1
 
 
+async def test_a_kept_alive_connection_closed_by_the_server_is_retried_not_failed(servers, service_for) -> None:
+    server = await serve(servers, vllm_page().encode(), "idle_close")
+    table = EndpointTable()
+    table.upsert(EndpointInfo(server.address))
+    svc = service_for(table)
+    await svc.start()
+    await wait_for(lambda: svc.status()[server.address].scrapes >= 5)
+    assert svc.status()[server.address].failures == 0
+
+
 async def test_dead_endpoint_goes_stale_and_comes_back_healthy(servers, service_for) -> None:
     server = await serve(servers, vllm_page().encode())
     table = EndpointTable()
