@@ -51,19 +51,37 @@ def _raise_fd_limit() -> None:
 
 
 def bench_parser(rounds: int = 5) -> dict[str, float]:
+    """Cold: the parser's line cache emptied before every page (a page never seen); warm: the same page again
+    (what repeated scrapes of an idle server look like). The ≥ 50× target is judged on cold."""
     engine = BUILTIN_ENGINES["vllm"]
-    ours, extract_us, ref = [], [], []
+    parser = engine.parser
+
+    def cold() -> None:
+        parser._cache.clear()
+        parser.parse(PAGE)
+
+    def cold_extract() -> None:
+        parser._cache.clear()
+        extract(PAGE, engine)
+
+    def best(fn: object, number: int) -> float:
+        return min(timeit.repeat(fn, number=number, repeat=3)) / number * 1e6  # type: ignore[arg-type]
+
+    ours, warm, extract_us, ref = [], [], [], []
     for _ in range(rounds):
-        ours.append(min(timeit.repeat(lambda: engine.parser.parse(PAGE), number=200, repeat=3)) / 200 * 1e6)
-        extract_us.append(min(timeit.repeat(lambda: extract(PAGE, engine), number=200, repeat=3)) / 200 * 1e6)
-        ref.append(min(timeit.repeat(lambda: list(text_string_to_metric_families(PAGE)), number=5, repeat=3)) / 5 * 1e6)
+        ours.append(best(cold, 200))
+        warm.append(best(lambda: parser.parse(PAGE), 200))
+        extract_us.append(best(cold_extract, 200))
+        ref.append(best(lambda: list(text_string_to_metric_families(PAGE)), 5))
     return {
         "page_lines": PAGE.count("\n"),
         "page_bytes": len(PAGE),
-        "ours_us": min(ours),
-        "extract_us": min(extract_us),
+        "ours_cold_us": min(ours),
+        "ours_warm_us": min(warm),
+        "extract_cold_us": min(extract_us),
         "prometheus_client_us": min(ref),
-        "ratio": min(ref) / min(ours),
+        "ratio_cold": min(ref) / min(ours),
+        "ratio_warm": min(ref) / min(warm),
     }
 
 

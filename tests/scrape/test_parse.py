@@ -253,3 +253,13 @@ _lines = st.one_of(
 def test_agrees_with_the_reference_on_generated_pages(lines: list[str]) -> None:
     text = "\n".join(lines)
     assert_agrees(text, set(_WANTED))
+
+
+def test_a_parser_reused_across_pages_answers_the_same() -> None:
+    parser = PageParser(["m"])
+    text = 'm{a="b"} 1\nm{a="b" 2\nm 3\n'
+    first = parser.parse(text)
+    again = parser.parse(text)  # every line now comes from the line cache
+    assert again.samples == first.samples
+    assert [(e.line_number, e.reason) for e in again.errors] == [(e.line_number, e.reason) for e in first.errors]
+    assert [e.line_number for e in again.errors] == [2]
