@@ -36,7 +36,7 @@ class Scheduler(Protocol):
 class DecisionObserver(Protocol):
     """What the director reports; the observability layer implements it (a no-op in unit tests)."""
 
-    def degraded(self, reason: str) -> None: ...
+    def degraded_decision(self, reason: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,8 @@ class Decision:
     slot: int
     degraded: bool = False
     body: bytes | None = None  # a rewritten body, when the decision changed it (model rewrite)
+    original_model: str = ""  # the model the client asked for
+    target_model: str = ""  # the model the endpoint is asked for (differs after a rewrite)
 
     @property
     def header_value(self) -> str:
@@ -54,7 +56,7 @@ class Decision:
 
 
 class _NullObserver:
-    def degraded(self, reason: str) -> None:
+    def degraded_decision(self, reason: str) -> None:
         pass
 
 
@@ -108,7 +110,7 @@ class Director:
                 log.exception("scheduling failed; refusing the request (FailClose)")
                 raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "scheduling failed") from exc
             log.exception("scheduling failed; routing to a random candidate (FailOpen)")
-            self._observer.degraded("scheduler-error")
+            self._observer.degraded_decision("scheduler-error")
             slots = self._fallback.pick(snapshot, candidates, request, now)
             degraded = True
         if not slots:
@@ -119,6 +121,8 @@ class Director:
             addresses=tuple(snapshot.addresses[s] for s in slots),
             slot=primary,
             degraded=degraded,
+            original_model=request.model,
+            target_model=request.model,
         )
 
     def complete(self, decision: Decision) -> None:
