@@ -28,6 +28,8 @@ from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode, PoolSpec
 from epp.director import Director, RandomScheduler
+from epp.discovery.kubernetes.settings import settings_from_flags
+from epp.discovery.kubernetes.source import KubernetesSource
 from epp.discovery.static import load_pool_file, parse_static_endpoints
 from epp.errors import ConfigError
 from epp.extproc.server import ExternalProcessor, add_to_server
@@ -50,16 +52,26 @@ class PickerState:
     pool: PoolSpec | None = None
     health: HealthState = field(default_factory=HealthState)
     registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
+    kubernetes: KubernetesSource | None = None
 
     def failure_mode(self) -> FailureMode:
         return self.pool.failure_mode if self.pool is not None else FailureMode.FAIL_CLOSE
 
     def ready(self) -> bool:
+        if self.kubernetes is not None:
+            return self.kubernetes.ready  # synced, pool present, leader (with --ha-enable-leader-election)
         return self.table.synced
 
 
 def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
-    """Cluster-free mode: the pool file (optional) and the static endpoint list."""
+    """Kubernetes (pool or standalone selector), or cluster-free: the pool file (optional) and the static list."""
+    k8s = settings_from_flags(args)
+    if k8s is not None:
+        if args.static_endpoints is not None or args.pool_file:
+            raise ConfigError("--static-endpoints/--pool-file and --pool-name/--endpoint-selector are exclusive")
+        state.kubernetes = KubernetesSource(state.table, state.objectives, k8s)
+        state.pool = state.kubernetes.pool_spec()
+        return
     if args.pool_file:
         state.pool = load_pool_file(args.pool_file)
     if args.static_endpoints is None:
@@ -76,6 +88,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     _endpoint_source(args, state)
     metrics = PickerMetrics(state.registry)
     pool_name = state.pool.name if state.pool is not None else "static"
+    if state.kubernetes is not None:
+        pool_name = state.kubernetes.settings.pool_name or "standalone"
     state.registry.register(PoolCollector(state.table, lambda: pool_name))
     scheduler = RandomScheduler()
     director = Director(state.table, scheduler, clock=time.monotonic, failure_mode=state.failure_mode, observer=metrics)
@@ -91,7 +105,10 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     _bind(health_server, args.bind_address, args.grpc_health_port, "--grpc-health-port")
 
     def report() -> dict[str, Any]:
-        return pool_report(state.table, state.pool, time.monotonic(), state.ready(), STALE_AFTER_S, MAX_SCRAPE_FAILURES)
+        extra = {"kubernetes": state.kubernetes.status()} if state.kubernetes is not None else None
+        return pool_report(
+            state.table, state.pool, time.monotonic(), state.ready(), STALE_AFTER_S, MAX_SCRAPE_FAILURES, extra
+        )
 
     http_runner = web.AppRunner(build_http_app(state.registry, report, state.ready), access_log=None)
     await http_runner.setup()
@@ -106,6 +123,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     await health_server.start()
     await state.health.start()
     await state.health.set_ready(state.ready())
+    if state.kubernetes is not None:
+        await _start_kubernetes(state.kubernetes, state)
     log.info(
         "epp serving: ext_proc on %s:%d, health on %d, metrics on %d; %d endpoints; pool %s (%s)",
         args.bind_address,
@@ -121,12 +140,29 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     finally:
         log.info("stopping: readiness off, %d open streams get %.1fs", processor.open_streams, args.grace_period)
         await state.health.set_ready(False)
+        if state.kubernetes is not None:
+            await state.kubernetes.stop()  # releases the Lease now, so a standby takes over during our grace period
         await grpc_server.stop(args.grace_period)
         await state.health.stopping()
         await health_server.stop(0)
         await http_runner.cleanup()
         log.info("stopped")
     return 0
+
+
+async def _start_kubernetes(source: KubernetesSource, state: PickerState) -> None:
+    """Start the watches; every change of the pool spec or readiness reaches `state` and the health service."""
+    pending: set[asyncio.Task[None]] = set()  # strong references until each health update is done
+
+    def changed() -> None:  # the source stops calling this once its stop() began
+        state.pool = source.pool_spec()
+        if state.health.ready != state.ready():
+            task = asyncio.ensure_future(state.health.set_ready(state.ready()))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+
+    source.subscribe(changed)
+    await source.start()
 
 
 def _bind(server: grpc.aio.Server, host: str, port: int, flag: str) -> None:

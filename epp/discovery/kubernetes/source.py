@@ -140,6 +140,7 @@ class KubernetesSource:
             self._spawn("lease", self._elector.run())
 
     async def stop(self) -> None:
+        self._listeners.clear()  # the owner is shutting down: no readiness flips from here on
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
