@@ -26,7 +26,10 @@ Recovery rules (kopf's, client-go's reflector's):
 - 404 on the list (the CRD is not installed) → an empty `Listed` once, then retry slowly;
 - no byte for `inactivity_timeout_s` (the socket read timeout) → the stream is presumed dead and is reopened.
 
-Every blocking client call runs in a worker thread (`asyncio.to_thread`), never on the event loop. Cancelling the
+Every blocking client call runs in a worker thread, never on the event loop: the list through `asyncio.to_thread`
+(short, bounded by its timeout), the stream reads in a thread of the watch's own, because a watch blocks a thread
+for minutes and a few watches would otherwise take every thread of the loop's default executor, starving the
+short calls (Lease renewals!) queued behind them. Cancelling the
 consuming task shuts the open socket down, so no worker thread is left blocked in a read.
 """
 
@@ -37,6 +40,7 @@ import json
 import logging
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -218,11 +222,19 @@ async def _watch_once(
         query["labelSelector"] = opts.label_selector
     if opts.field_selector:
         query["fieldSelector"] = opts.field_selector
-    response = await asyncio.to_thread(rest.open, "GET", ref.collection_path(), query, None, opts.inactivity_timeout_s)
+    loop = asyncio.get_running_loop()
+    reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"watch-{ref.plural}")
+    try:
+        response = await loop.run_in_executor(
+            reader, rest.open, "GET", ref.collection_path(), query, None, opts.inactivity_timeout_s
+        )
+    except BaseException:
+        reader.shutdown(wait=False)
+        raise
     lines = iter_lines(response)
     try:
         while True:
-            line = await asyncio.to_thread(_next_line, lines)
+            line = await loop.run_in_executor(reader, _next_line, lines)
             if isinstance(line, _Ended):
                 yield line
                 return
@@ -246,6 +258,7 @@ async def _watch_once(
         except Exception:  # already closed
             pass
         response.release_conn()
+        reader.shutdown(wait=False)
 
 
 def _next_line(lines: Iterator[bytes]) -> bytes | _Ended:
