@@ -57,10 +57,15 @@ class PickerState:
     def failure_mode(self) -> FailureMode:
         return self.pool.failure_mode if self.pool is not None else FailureMode.FAIL_CLOSE
 
-    def ready(self) -> bool:
+    def source_ready(self) -> bool:
+        """The endpoint source has delivered its first complete view (readiness also needs leadership, if HA)."""
         if self.kubernetes is not None:
             return self.kubernetes.ready  # synced, pool present, leader (with --ha-enable-leader-election)
         return self.table.synced
+
+    def ready(self) -> bool:
+        """What readiness reports now: off before the source syncs and from the moment the picker is stopping."""
+        return self.health.ready
 
 
 def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
@@ -94,6 +99,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     scheduler = RandomScheduler()
     director = Director(state.table, scheduler, clock=time.monotonic, failure_mode=state.failure_mode, observer=metrics)
     processor = ExternalProcessor(director, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
+    metrics.open_streams.set_function(lambda: processor.open_streams)
 
     grpc_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     add_to_server(processor, grpc_server)
@@ -122,7 +128,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     await grpc_server.start()
     await health_server.start()
     await state.health.start()
-    await state.health.set_ready(state.ready())
+    await state.health.set_ready(state.source_ready())
     if state.kubernetes is not None:
         await _start_kubernetes(state.kubernetes, state)
     log.info(
@@ -156,8 +162,8 @@ async def _start_kubernetes(source: KubernetesSource, state: PickerState) -> Non
 
     def changed() -> None:  # the source stops calling this once its stop() began
         state.pool = source.pool_spec()
-        if state.health.ready != state.ready():
-            task = asyncio.ensure_future(state.health.set_ready(state.ready()))
+        if state.health.ready != state.source_ready():
+            task = asyncio.ensure_future(state.health.set_ready(state.source_ready()))
             pending.add(task)
             task.add_done_callback(pending.discard)
 
