@@ -75,6 +75,7 @@ def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
         if args.static_endpoints is not None or args.pool_file:
             raise ConfigError("--static-endpoints/--pool-file and --pool-name/--endpoint-selector are exclusive")
         state.kubernetes = KubernetesSource(state.table, state.objectives, k8s)
+        state.kubernetes.connect()  # a bad --kubeconfig ends here, before any port is opened
         state.pool = state.kubernetes.pool_spec()
         return
     if args.pool_file:

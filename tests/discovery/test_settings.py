@@ -97,3 +97,31 @@ def test_bad_duration_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -
         flags("--pool-name", "p", "--leader-elect-lease-duration", "soon")
     assert exc.value.code == 2
     assert "not a duration" in capsys.readouterr().err
+
+
+def test_serve_with_an_unusable_kubeconfig_exits_2_with_one_line(tmp_path) -> None:
+    import subprocess
+
+    from tests.support.procs import epp_argv
+
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("this: is: not a kubeconfig")
+    argv = epp_argv(
+        "serve",
+        "--pool-name",
+        "p",
+        "--kubeconfig",
+        str(bad),
+        "--bind-address",
+        "127.0.0.1",
+        "--grpc-port",
+        "0",
+        "--grpc-health-port",
+        "0",
+        "--metrics-port",
+        "0",
+    )
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith(f"epp serve: error: --kubeconfig {bad}")
+    assert len(done.stderr.strip().splitlines()) == 1

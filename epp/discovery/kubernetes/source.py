@@ -110,11 +110,26 @@ class KubernetesSource:
             "endpoints": len(self.table),
         }
 
+    def connect(self) -> None:
+        """Load the client configuration (kubeconfig or in-cluster); ConfigError when there is none usable.
+
+        Blocking (reads a few files): call it at start-up, before serving, so a bad `--kubeconfig` ends the
+        process with one clear line instead of a half-started picker. `start()` calls it if nobody did.
+        """
+        if self._rest is not None:
+            return
+        try:
+            self._api_client = load_api_client(self.settings.kubeconfig)
+        except Exception as exc:  # ConfigException, OSError, YAML errors: all mean "cannot talk to the cluster"
+            where = f"--kubeconfig {self.settings.kubeconfig}" if self.settings.kubeconfig else "in-cluster config"
+            raise ConfigError(f"{where}: {' '.join(str(exc).split())}") from None  # one line for the pod log
+        self._rest = KubeRest(self._api_client)
+
     async def start(self) -> None:
         if self._rest is None:
-            self._api_client = await asyncio.to_thread(load_api_client, self.settings.kubeconfig)
-            self._rest = KubeRest(self._api_client)
+            await asyncio.to_thread(self.connect)
         rest = self._rest
+        assert rest is not None
         s = self.settings
         options = s.watch
         self._spawn("pods", self._follow(rest, ResourceRef("", "v1", "pods", s.namespace), options, self._on_pods))
