@@ -25,7 +25,7 @@ from typing import Any
 from epp.datastore.objectives import ObjectiveStore, RewriteRule
 from epp.datastore.pool import POOL_VERSION, PoolSpec, parse_pool
 from epp.datastore.table import EndpointInfo, EndpointTable
-from epp.discovery.kubernetes.endpoints import PodView, endpoints_of, pod_view, pool_endpoints
+from epp.discovery.kubernetes.endpoints import PodView, endpoints_of, pod_view
 from epp.discovery.kubernetes.lease import LeaderElector
 from epp.discovery.kubernetes.objectives import (
     OBJECTIVE_GROUPS,
@@ -296,7 +296,8 @@ class KubernetesSource:
                 self._contrib[name] = infos
                 for info in infos:
                     self._owners.setdefault(info.address, set()).add(name)
-        added, removed = self.table.replace_all(pool_endpoints(self._pods.values(), self._pool))
+        ordered = [info for name in sorted(self._contrib) for info in self._contrib[name]]
+        added, removed = self.table.replace_all(ordered)
         if added or removed:
             log.info("endpoints reconciled: %d added, %d removed, %d now", added, removed, len(self.table))
 
