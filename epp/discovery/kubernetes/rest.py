@@ -70,6 +70,8 @@ def load_api_client(kubeconfig: str | None = None) -> k8s_client.ApiClient:
             k8s_config.load_kube_config(client_configuration=configuration)
     # urllib3's own retries would hide a dead API server behind long stalls; the watch loop retries with backoff.
     configuration.retries = False
+    # Each watch holds a connection for minutes; leave room for lists and Lease renewals next to them.
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, 32)
     return k8s_client.ApiClient(configuration)
 
 
