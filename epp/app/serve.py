@@ -27,7 +27,7 @@ from epp.app.pool_metrics import PoolCollector
 from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode, PoolSpec
-from epp.director import Director, RandomScheduler
+from epp.director import Director
 from epp.discovery.kubernetes.settings import settings_from_flags
 from epp.discovery.kubernetes.source import KubernetesSource
 from epp.discovery.static import load_pool_file, parse_static_endpoints
@@ -36,6 +36,7 @@ from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import PickerMetrics
+from epp.scheduling import build_scheduler, load_config
 
 log = logging.getLogger("epp")
 
@@ -97,8 +98,16 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     if state.kubernetes is not None:
         pool_name = state.kubernetes.settings.pool_name or "standalone"
     state.registry.register(PoolCollector(state.table, lambda: pool_name))
-    scheduler = RandomScheduler()
-    director = Director(state.table, scheduler, clock=time.monotonic, failure_mode=state.failure_mode, observer=metrics)
+    # --config-file: an EndpointPickerConfig (refused with exit 2 and the reason); none: the built-in profile.
+    scheduler = build_scheduler(load_config(args.config_file) if args.config_file else None, seed=None)
+    director = Director(
+        state.table,
+        scheduler,
+        clock=time.monotonic,
+        failure_mode=state.failure_mode,
+        observer=metrics,
+        saturation=scheduler.saturation,
+    )
     processor = ExternalProcessor(director, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
     metrics.open_streams.set_function(lambda: processor.open_streams)
 
