@@ -4,7 +4,8 @@ Why not the typed API classes: the picker needs the same few verbs (list, watch,
 objects, custom objects (namespaced or cluster-scoped) and Leases, and wants plain dicts without building model
 objects for every pod event. `ApiClient` still does what matters: kubeconfig or in-cluster config, TLS, bearer
 token (refreshed from the projected token file), proxies. Every method here BLOCKS: callers on the event loop run
-them through `asyncio.to_thread`.
+them through `asyncio.to_thread`. The `kubernetes` package is imported on first use, not with this module: it
+takes ~0.5 s to import, which a picker without a Kubernetes source (and every restart's readiness) should not pay.
 """
 
 from __future__ import annotations
@@ -13,9 +14,6 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
 Obj = dict[str, Any]
 
@@ -58,8 +56,14 @@ class ApiError(Exception):
         self.body = body
 
 
-def load_api_client(kubeconfig: str | None = None) -> k8s_client.ApiClient:
-    """In-cluster config when running in a pod (and no kubeconfig given), else the kubeconfig (or $KUBECONFIG)."""
+def load_api_client(kubeconfig: str | None = None) -> Any:
+    """In-cluster config when running in a pod (and no kubeconfig given), else the kubeconfig (or $KUBECONFIG).
+
+    Returns a `kubernetes.client.ApiClient`.
+    """
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+
     configuration = k8s_client.Configuration()
     if kubeconfig:
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
@@ -78,7 +82,10 @@ def load_api_client(kubeconfig: str | None = None) -> k8s_client.ApiClient:
 class KubeRest:
     """Blocking JSON requests; one instance per ApiClient (its connection pool is thread-safe)."""
 
-    def __init__(self, api_client: k8s_client.ApiClient, connect_timeout_s: float = 5.0) -> None:
+    def __init__(self, api_client: Any, connect_timeout_s: float = 5.0) -> None:
+        from kubernetes.client import ApiException
+
+        self._api_exception = ApiException
         self._api = api_client
         self._connect_timeout_s = connect_timeout_s
 
@@ -106,7 +113,7 @@ class KubeRest:
         )
         try:
             answer = self._api.call_api(*request, _request_timeout=(self._connect_timeout_s, read_timeout_s))
-        except k8s_client.ApiException as exc:
+        except self._api_exception as exc:
             raise ApiError(int(exc.status or 0), str(exc.reason or "error"), str(exc.body or "")) from None
         except Exception as exc:  # urllib3 errors: no answer from the server
             raise ApiError(0, type(exc).__name__, str(exc)) from None
