@@ -17,10 +17,8 @@ _SUBCOMMANDS = (
     "epp.cli.serve",
     "epp.cli.sim",
     "epp.cli.check_config",
-_SUBCOMMANDS = (
     "epp.cli.envoy_config",
     "epp.cli.inspect_metrics",
-)
 )
 
 
