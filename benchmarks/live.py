@@ -167,7 +167,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--workload", default="mooncake", help=f"one of {', '.join(WORKLOADS)}")
     p.add_argument("--trace", help="an Azure CSV or Mooncake JSONL file (replaces the named workload's data)")
     p.add_argument("--load", type=float, default=0.8, help="fraction of the pool's capacity without cache hits")
-    p.add_argument("--requests", type=int, default=400, help="trace requests taken (from the start of the trace)")
+    p.add_argument("--requests", type=int, default=400, help="trace requests taken, from --offset on")
+    p.add_argument("--offset", type=int, default=0, help="first trace request of the slice (default 0)")
     p.add_argument("--seconds", type=float, default=60.0, help="send window per policy, wall seconds (default 60)")
     p.add_argument("--drain", type=float, default=60.0, help="wall seconds to wait for answers after the window")
     p.add_argument("--profiles", default="h100,h100,h100,h100", help="one simulated server per entry")
@@ -177,6 +178,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the rows as JSON here")
     p.add_argument("--markdown", help="write the tables as Markdown here")
+    p.add_argument("--virtual-only", action="store_true", help="only the virtual-time run of the same slice")
     p.add_argument("--workdir", help="keep the processes' logs here (default: a temporary directory)")
     return p.parse_args(argv)
 
@@ -185,15 +187,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
-    if unknown or args.load <= 0 or args.seconds <= 0 or args.speed <= 0 or args.requests <= 0:
-        print(f"benchmarks.live: error: bad policies {unknown} or non-positive load/seconds/speed", file=sys.stderr)
+    if args.virtual_only:
+        policies = []
+    if unknown or args.load <= 0 or args.seconds <= 0 or args.speed <= 0 or args.requests <= 0 or args.offset < 0:
+        print(
+            f"benchmarks.live: error: bad policies {unknown}, or a non-positive load/seconds/speed/requests, "
+            "or a negative offset",
+            file=sys.stderr,
+        )
         return 2
     if any(p in SGLANG_POLICY for p in policies) and not Path(args.sglang_router or "/nonexistent").is_file():
         print(f"note: sglang-router not found ({args.sglang_router!r}): its policies are skipped", file=sys.stderr)
         policies = [p for p in policies if p not in SGLANG_POLICY]
     profiles = [p.strip() for p in args.profiles.split(",")]
     try:
-        items = load(args.workload, args.requests, Path(args.trace) if args.trace else None, args.seed)
+        items = load(args.workload, args.offset + args.requests, Path(args.trace) if args.trace else None, args.seed)
+        items = items[args.offset :]
+        if not items:
+            raise ValueError(f"--offset {args.offset} is past the end of the trace")
         pool_capacity = sum(capacity(items, profile_named(p), seed=args.seed) for p in profiles)
     except (ValueError, OSError) as exc:
         print(f"benchmarks.live: error: {exc}", file=sys.stderr)
@@ -202,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arrivals = scaled_arrivals(items, rate)
     sent = int(np.searchsorted(arrivals, args.seconds * args.speed, side="right"))
     header = (
-        f"{args.workload}: {sent} of {len(items)} requests sent in {args.seconds:g} s wall at speed {args.speed:g}, "
+        f"{args.workload} from request {args.offset}: {sent} of {len(items)} requests sent in {args.seconds:g} s "
+        f"wall at speed {args.speed:g}, "
         f"load {args.load:g} of capacity {pool_capacity:.2f} req/s ({rate:.2f} req/s offered), pool {args.profiles}"
     )
     print(header, file=sys.stderr, flush=True)
