@@ -152,13 +152,15 @@ class SimServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._stepper
             self._stepper = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        # Release the handlers waiting on the engine first: with the stepper gone their futures never resolve, and
+        # the runner's cleanup would wait for them until aiohttp's shutdown timeout (60 s).
         pending: list[asyncio.Future[Any]] = [*self._first.values(), *self._done.values()]
         for fut in pending:
             if not fut.done():
                 fut.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
 
     # -- the engine, in real time ---------------------------------------------------------------------------
 
