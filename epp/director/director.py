@@ -8,7 +8,7 @@ to a random healthy candidate (counted as degraded), under FailClose it is refus
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,6 +19,7 @@ from epp.datastore.pool import FailureMode
 from epp.datastore.table import IntArray
 from epp.director.random_scheduler import RandomScheduler
 from epp.errors import EppError, ErrorCode
+from epp.federation.policy import Route
 from epp.requests import InferenceRequest
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,24 @@ class Scheduler(Protocol):
     def pick(
         self, snapshot: Snapshot, candidates: IntArray, request: InferenceRequest, now: float
     ) -> Sequence[int]: ...
+
+
+class Federation(Protocol):
+    """Residency and overflow across sites (epp.federation.policy.FederationRouter): narrows the local candidates
+    to allowed tiers, or sends the request to a remote site's gateway; raises EppError 503 when nothing is allowed."""
+
+    def route(
+        self,
+        snapshot: Snapshot,
+        candidates: IntArray,
+        model: str,
+        objective: str | None,
+        headers: Mapping[str, str],
+        now: float,
+        subset: Sequence[str] | None,
+    ) -> Route: ...
+
+    def release(self, site: str) -> None: ...
 
 
 class DecisionObserver(Protocol):
@@ -47,6 +66,7 @@ class Decision:
     slot: int
     degraded: bool = False
     body: bytes | None = None  # a rewritten body, when the decision changed it (model rewrite)
+    site: str | None = None  # a remote federated site took the request (slot is then -1)
 
     @property
     def header_value(self) -> str:
@@ -66,6 +86,7 @@ class Director:
         clock: Callable[[], float],
         failure_mode: Callable[[], FailureMode] = lambda: FailureMode.FAIL_CLOSE,
         observer: DecisionObserver | None = None,
+        federation: Federation | None = None,
     ) -> None:
         self._table = table
         self._scheduler = scheduler
@@ -73,6 +94,7 @@ class Director:
         self._failure_mode = failure_mode
         self._observer = observer or _NullObserver()
         self._fallback = RandomScheduler()
+        self._federation = federation  # None: no federation, every candidate is local
 
     @property
     def table(self) -> EndpointTable:
@@ -93,11 +115,18 @@ class Director:
         if subset is not None and not subset:
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "the gateway's endpoint subset is empty")
         candidates = self.candidates(snapshot, subset)
+        now = self._clock()
+        if self._federation is not None:
+            route = self._federation.route(
+                snapshot, candidates, request.model, request.objective, request.headers, now, subset
+            )
+            if route.site is not None:
+                return Decision(addresses=route.addresses, slot=-1, site=route.site)
+            candidates = route.local
         if candidates.size == 0:
             if subset is not None:
                 raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no pool endpoint matches the gateway's subset hint")
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no ready endpoint in the pool")
-        now = self._clock()
         degraded = False
         try:
             slots = self._scheduler.pick(snapshot, candidates, request, now)
@@ -123,6 +152,10 @@ class Director:
 
     def complete(self, decision: Decision) -> None:
         """The request ended (response done, stream closed or failed): release its in-flight booking."""
+        if decision.site is not None:
+            if self._federation is not None:
+                self._federation.release(decision.site)
+            return
         info = self._table.info(decision.slot)
         if info is not None and info.address == decision.addresses[0]:
             self._table.release_pick(decision.slot)
