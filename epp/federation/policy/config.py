@@ -164,7 +164,8 @@ def parse_federation(raw: object, source: str = "config") -> FederationConfig:
         ),
     )
 
-    sites_raw = top.get("sites") or {}
+    sites_raw = top.get("sites")
+    sites_raw = {} if sites_raw is None else sites_raw
     if not isinstance(sites_raw, Mapping):
         raise f.fail("federation.sites", "must map FederatedCluster names to ip:port")
     addresses: dict[str, str] = {}
@@ -216,7 +217,8 @@ def parse_federation(raw: object, source: str = "config") -> FederationConfig:
     default_tiers: frozenset[str] | None = None
     if "defaultTiers" in residency:
         default_tiers = frozenset(f.strings(residency["defaultTiers"], "federation.residency.defaultTiers"))
-    rules_raw = residency.get("rules") or []
+    rules_raw = residency.get("rules", [])
+    rules_raw = [] if rules_raw is None else rules_raw
     if not isinstance(rules_raw, list):
         raise f.fail("federation.residency.rules", "must be a list")
     rules: list[ResidencyRule] = []
