@@ -1,9 +1,154 @@
-"""Wires the picker's components for `epp serve` (filled in by the Foundation work)."""
+"""`epp serve`: wires the endpoint source, the table, the director and the servers, and stops them in order.
+
+Order on start: endpoint source → director → ext_proc gRPC server → health server → metrics HTTP server; readiness
+turns SERVING once the source has synced. On SIGTERM: readiness goes NOT_SERVING at once (gateways stop sending new
+streams), the gRPC server stops accepting and gives open streams `--grace-period` seconds to finish, then
+everything else stops and the process exits 0.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from epp.app.health import HealthState
+from epp.app.http import build_http_app, pool_report
+from epp.app.pool_metrics import PoolCollector
+from epp.datastore import EndpointTable
+from epp.datastore.objectives import ObjectiveStore
+from epp.datastore.pool import FailureMode, PoolSpec
+from epp.director import Director, RandomScheduler
+from epp.discovery.static import load_pool_file, parse_static_endpoints
+from epp.errors import ConfigError
+from epp.extproc.server import ExternalProcessor, add_to_server
+from epp.extproc.stream import StreamSettings
+from epp.observability.logs import configure_logging
+from epp.observability.metrics import PickerMetrics
+
+log = logging.getLogger("epp")
+
+STALE_AFTER_S = 2.0  # metrics older than this read as stale in /debug/pool (the scraper's threshold)
+MAX_SCRAPE_FAILURES = 3
+
+
+@dataclass
+class PickerState:
+    """What the running picker holds; the composition root owns it, components get only their part."""
+
+    table: EndpointTable = field(default_factory=EndpointTable)
+    objectives: ObjectiveStore = field(default_factory=ObjectiveStore)
+    pool: PoolSpec | None = None
+    health: HealthState = field(default_factory=HealthState)
+    registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
+
+    def failure_mode(self) -> FailureMode:
+        return self.pool.failure_mode if self.pool is not None else FailureMode.FAIL_CLOSE
+
+    def ready(self) -> bool:
+        return self.table.synced
+
+
+def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
+    """Cluster-free mode: the pool file (optional) and the static endpoint list."""
+    if args.pool_file:
+        state.pool = load_pool_file(args.pool_file)
+    if args.static_endpoints is None:
+        raise ConfigError("no endpoint source: give --static-endpoints ip:port,... (with an optional --pool-file)")
+    ports = state.pool.target_ports if state.pool is not None else ()
+    state.table.replace_all(parse_static_endpoints(args.static_endpoints, ports))
+    state.table.synced = True
+    if not len(state.table):
+        log.warning("the pool has no endpoints (--static-endpoints is empty): every request gets 503")
+
+
+async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
+    state = PickerState()
+    _endpoint_source(args, state)
+    metrics = PickerMetrics(state.registry)
+    pool_name = state.pool.name if state.pool is not None else "static"
+    state.registry.register(PoolCollector(state.table, lambda: pool_name))
+    scheduler = RandomScheduler()
+    director = Director(state.table, scheduler, clock=time.monotonic, failure_mode=state.failure_mode, observer=metrics)
+    processor = ExternalProcessor(director, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
+
+    grpc_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    add_to_server(processor, grpc_server)
+    _bind(grpc_server, args.bind_address, args.grpc_port, "--grpc-port")
+    health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    from grpc_health.v1 import health_pb2_grpc
+
+    health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
+    _bind(health_server, args.bind_address, args.grpc_health_port, "--grpc-health-port")
+
+    def report() -> dict[str, Any]:
+        return pool_report(state.table, state.pool, time.monotonic(), state.ready(), STALE_AFTER_S, MAX_SCRAPE_FAILURES)
+
+    http_runner = web.AppRunner(build_http_app(state.registry, report, state.ready), access_log=None)
+    await http_runner.setup()
+    site = web.TCPSite(http_runner, args.bind_address, args.metrics_port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await http_runner.cleanup()
+        raise ConfigError(f"--metrics-port {args.metrics_port}: cannot listen ({exc.strerror})") from None
+
+    await grpc_server.start()
+    await health_server.start()
+    await state.health.start()
+    await state.health.set_ready(state.ready())
+    log.info(
+        "epp serving: ext_proc on %s:%d, health on %d, metrics on %d; %d endpoints; pool %s (%s)",
+        args.bind_address,
+        args.grpc_port,
+        args.grpc_health_port,
+        args.metrics_port,
+        len(state.table),
+        pool_name,
+        state.failure_mode().value,
+    )
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping: readiness off, %d open streams get %.1fs", processor.open_streams, args.grace_period)
+        await state.health.set_ready(False)
+        await grpc_server.stop(args.grace_period)
+        await state.health.stopping()
+        await health_server.stop(0)
+        await http_runner.cleanup()
+        log.info("stopped")
+    return 0
+
+
+def _bind(server: grpc.aio.Server, host: str, port: int, flag: str) -> None:
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError:
+        bound = 0
+    if bound == 0 and port != 0:
+        raise ConfigError(f"{flag} {port}: cannot listen on {address} (in use?)")
+
+
+async def _main(args: argparse.Namespace) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return await _serve(args, stop)
 
 
 def serve_from_args(args: argparse.Namespace) -> int:
-    raise NotImplementedError
+    configure_logging(args.verbosity)
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(_main(args))
+    return 130

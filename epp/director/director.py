@@ -55,7 +55,7 @@ class Federation(Protocol):
 class DecisionObserver(Protocol):
     """What the director reports; the observability layer implements it (a no-op in unit tests)."""
 
-    def degraded(self, reason: str) -> None: ...
+    def degraded_decision(self, reason: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +66,8 @@ class Decision:
     slot: int
     degraded: bool = False
     body: bytes | None = None  # a rewritten body, when the decision changed it (model rewrite)
+    original_model: str = ""  # the model the client asked for
+    target_model: str = ""  # the model the endpoint is asked for (differs after a rewrite)
     site: str | None = None  # a remote federated site took the request (slot is then -1)
 
     @property
@@ -74,7 +76,7 @@ class Decision:
 
 
 class _NullObserver:
-    def degraded(self, reason: str) -> None:
+    def degraded_decision(self, reason: str) -> None:
         pass
 
 
@@ -121,7 +123,13 @@ class Director:
                 snapshot, candidates, request.model, request.objective, request.headers, now, subset
             )
             if route.site is not None:
-                return Decision(addresses=route.addresses, slot=-1, site=route.site)
+                return Decision(
+                    addresses=route.addresses,
+                    slot=-1,
+                    original_model=request.model,
+                    target_model=request.model,
+                    site=route.site,
+                )
             candidates = route.local
         if candidates.size == 0:
             if subset is not None:
@@ -137,7 +145,7 @@ class Director:
                 log.exception("scheduling failed; refusing the request (FailClose)")
                 raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "scheduling failed") from exc
             log.exception("scheduling failed; routing to a random candidate (FailOpen)")
-            self._observer.degraded("scheduler-error")
+            self._observer.degraded_decision("scheduler-error")
             slots = self._fallback.pick(snapshot, candidates, request, now)
             degraded = True
         if not slots:
@@ -148,6 +156,8 @@ class Director:
             addresses=tuple(snapshot.addresses[s] for s in slots),
             slot=primary,
             degraded=degraded,
+            original_model=request.model,
+            target_model=request.model,
         )
 
     def complete(self, decision: Decision) -> None:

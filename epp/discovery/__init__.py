@@ -1,1 +1,1 @@
-"""epp.discovery"""
+"""Endpoint sources: where the pool's endpoints come from (a static list, or Kubernetes watches)."""

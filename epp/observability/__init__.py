@@ -1,1 +1,1 @@
-"""epp.observability"""
+"""Metrics and logging set-up: what the picker reports about itself."""

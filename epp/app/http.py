@@ -1,0 +1,108 @@
+"""The metrics port: Prometheus `/metrics`, the operator's `/debug/pool`, and plain `/healthz` and `/readyz`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from epp.datastore import EndpointTable
+from epp.datastore.pool import PoolSpec
+
+
+def _num(value: float) -> float | None:
+    return None if math.isnan(value) else float(value)
+
+
+def pool_report(
+    table: EndpointTable,
+    pool: PoolSpec | None,
+    now: float,
+    ready: bool,
+    stale_after_s: float,
+    max_failures: int,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What `/debug/pool` shows: the pool, and each endpoint with its health and latest metrics."""
+    snap = table.snapshot()
+    stale = snap.stale(now, stale_after_s, max_failures)
+    endpoints = []
+    for slot in snap.slots:
+        info = snap.infos[slot]
+        assert info is not None
+        age = now - snap.scraped_at[slot]
+        endpoints.append(
+            {
+                "address": info.address,
+                "slot": int(slot),
+                "engine": info.engine,
+                "pod": info.pod_name,
+                "labels": dict(info.labels),
+                "healthy": not bool(stale[slot]),
+                "metrics": {
+                    "waiting": _num(snap.waiting[slot]),
+                    "running": _num(snap.running[slot]),
+                    "kvCacheUsage": _num(snap.kv_usage[slot]),
+                    "maxLora": _num(snap.max_lora[slot]),
+                    "blockSize": _num(snap.block_size[slot]),
+                    "numBlocks": _num(snap.num_blocks[slot]),
+                    "runningAdapters": sorted(snap.running_adapters[slot]),
+                    "waitingAdapters": sorted(snap.waiting_adapters[slot]),
+                },
+                "metricsAgeSeconds": _num(age),
+                "scrapeFailures": int(snap.scrape_failures[slot]),
+                "inflight": int(snap.inflight[slot]),
+            }
+        )
+    endpoints.sort(key=lambda e: e["address"])
+    report: dict[str, Any] = {
+        "pool": None
+        if pool is None
+        else {
+            "name": pool.name,
+            "namespace": pool.namespace,
+            "failureMode": pool.failure_mode.value,
+            "selector": dict(pool.selector),
+            "targetPorts": list(pool.target_ports),
+        },
+        "synced": table.synced,
+        "ready": ready,
+        "endpoints": endpoints,
+    }
+    if extra:
+        report.update(extra)
+    return report
+
+
+def build_http_app(
+    registry: CollectorRegistry,
+    report: Callable[[], dict[str, Any]],
+    ready: Callable[[], bool],
+) -> web.Application:
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def debug_pool(_: web.Request) -> web.Response:
+        return web.json_response(report(), dumps=_dumps)
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="ready\n") if ready() else web.Response(status=503, text="not ready\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/debug/pool", debug_pool)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+def _dumps(obj: Any) -> str:
+    import json
+
+    return json.dumps(obj, indent=2)

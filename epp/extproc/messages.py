@@ -1,0 +1,148 @@
+"""Builders for the ext_proc responses the picker sends, and readers for what Envoy sends.
+
+Kept apart from the state machine so that the protobuf shapes (which field carries what) live in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+
+from epp import wire
+from epp.errors import EppError
+
+MAX_CHUNK = 62_000  # Envoy's limit for one streamed body message is 64 KiB; upstream sends 62,000-byte chunks.
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+ProcessingRequest = pb.ProcessingRequest
+ProcessingResponse = pb.ProcessingResponse
+HeaderMutation = pb.HeaderMutation
+
+
+def headers_to_dict(header_map: base_pb2.HeaderMap) -> dict[str, str]:
+    """Envoy sends values in `raw_value` (bytes) in current versions and `value` in older ones; read both.
+
+    Names are lower-cased by Envoy already; a repeated header keeps its last value, which is all we read.
+    """
+    out: dict[str, str] = {}
+    for h in header_map.headers:
+        out[h.key] = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+    return out
+
+
+def subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
+    """The gateway's endpoint subset, if its filter metadata carries one; None when absent."""
+    if not request.HasField("metadata_context"):
+        return None
+    namespace = request.metadata_context.filter_metadata.get(wire.SUBSET_NAMESPACE)
+    if namespace is None or wire.SUBSET_KEY not in namespace.fields:
+        return None
+    value = namespace.fields[wire.SUBSET_KEY]
+    if value.HasField("list_value"):
+        return [v.string_value for v in value.list_value.values if v.string_value]
+    if value.HasField("string_value"):  # tolerate a comma-separated string
+        return [s.strip() for s in value.string_value.split(",") if s.strip()]
+    return []
+
+
+def served_endpoint(request: pb.ProcessingRequest, headers: dict[str, str] | None = None) -> str | None:
+    """The endpoint the gateway reports as having served the request (metadata, or a response header)."""
+    if request.HasField("metadata_context"):
+        lb = request.metadata_context.filter_metadata.get(wire.LB_NAMESPACE)
+        if lb is not None and wire.DESTINATION_SERVED_HEADER in lb.fields:
+            return lb.fields[wire.DESTINATION_SERVED_HEADER].string_value or None
+    if headers:
+        return headers.get(wire.DESTINATION_SERVED_HEADER)
+    return None
+
+
+def _set(key: str, value: str) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE
+    )
+
+
+def header_mutation(set_headers: Iterable[tuple[str, str]], remove: Sequence[str] = ()) -> pb.HeaderMutation:
+    return pb.HeaderMutation(set_headers=[_set(k, v) for k, v in set_headers], remove_headers=list(remove))
+
+
+def decision_metadata(response: pb.ProcessingResponse, destination: str) -> None:
+    """Write the decision into dynamic metadata `envoy.lb` (Envoy drops it unless the filter lists the namespace)."""
+    response.dynamic_metadata.fields[wire.LB_NAMESPACE].struct_value.fields[
+        wire.DESTINATION_HEADER
+    ].string_value = destination
+
+
+def request_headers_response(
+    mutation: pb.HeaderMutation | None = None, clear_route_cache: bool = False
+) -> pb.ProcessingResponse:
+    common = pb.CommonResponse(clear_route_cache=clear_route_cache)
+    if mutation is not None:
+        common.header_mutation.CopyFrom(mutation)
+    return pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common))
+
+
+def request_body_response(
+    mutation: pb.HeaderMutation | None = None, body: bytes | None = None, clear_route_cache: bool = False
+) -> pb.ProcessingResponse:
+    """BUFFERED mode: the answer to the whole body, optionally carrying the decision and a replaced body."""
+    common = pb.CommonResponse(clear_route_cache=clear_route_cache)
+    if mutation is not None:
+        common.header_mutation.CopyFrom(mutation)
+    if body is not None:
+        common.body_mutation.body = body
+    return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+
+
+def streamed_body_responses(body: bytes, end_of_stream: bool, request: bool = True) -> list[pb.ProcessingResponse]:
+    """FULL_DUPLEX_STREAMED: the body sent back in chunks of at most MAX_CHUNK bytes; the last carries eos."""
+    chunks = [body[i : i + MAX_CHUNK] for i in range(0, len(body), MAX_CHUNK)] or [b""]
+    out = []
+    for i, chunk in enumerate(chunks):
+        streamed = pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream and i == len(chunks) - 1)
+        common = pb.CommonResponse(body_mutation=pb.BodyMutation(streamed_response=streamed))
+        body_response = pb.BodyResponse(response=common)
+        out.append(
+            pb.ProcessingResponse(request_body=body_response)
+            if request
+            else pb.ProcessingResponse(response_body=body_response)
+        )
+    return out
+
+
+def request_trailers_response() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+
+
+def response_headers_response(mutation: pb.HeaderMutation | None = None) -> pb.ProcessingResponse:
+    common = pb.CommonResponse()
+    if mutation is not None:
+        common.header_mutation.CopyFrom(mutation)
+    return pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=common))
+
+
+def response_body_response(body: bytes | None = None) -> pb.ProcessingResponse:
+    """BUFFERED response mode: pass through, or replace the body."""
+    common = pb.CommonResponse()
+    if body is not None:
+        common.body_mutation.body = body
+    return pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))
+
+
+def response_trailers_response() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+
+
+def immediate_response(error: EppError) -> pb.ProcessingResponse:
+    """The clear HTTP answer Envoy sends the client instead of forwarding the request."""
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=error.code.http_status),
+            headers=header_mutation([("content-type", "text/plain; charset=utf-8")]),
+            body=error.body.encode(),
+            details=f"epp_{error.code.label}",
+        )
+    )

