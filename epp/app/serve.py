@@ -21,6 +21,7 @@ import grpc
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from epp.app.federation import build_federation, federation_section
 from epp.app.health import HealthState
 from epp.app.http import build_http_app, pool_report
 from epp.app.pool_metrics import PoolCollector
@@ -74,11 +75,19 @@ def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
 async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     state = PickerState()
     _endpoint_source(args, state)
+    federation = build_federation(args, state.failure_mode(), *federation_section(args.config_file))
     metrics = PickerMetrics(state.registry)
     pool_name = state.pool.name if state.pool is not None else "static"
     state.registry.register(PoolCollector(state.table, lambda: pool_name))
     scheduler = RandomScheduler()
-    director = Director(state.table, scheduler, clock=time.monotonic, failure_mode=state.failure_mode, observer=metrics)
+    director = Director(
+        state.table,
+        scheduler,
+        clock=time.monotonic,
+        failure_mode=state.failure_mode,
+        observer=metrics,
+        federation=federation.router if federation is not None else None,
+    )
     processor = ExternalProcessor(director, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
 
     grpc_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
@@ -91,7 +100,9 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     _bind(health_server, args.bind_address, args.grpc_health_port, "--grpc-health-port")
 
     def report() -> dict[str, Any]:
-        return pool_report(state.table, state.pool, time.monotonic(), state.ready(), STALE_AFTER_S, MAX_SCRAPE_FAILURES)
+        now = time.monotonic()
+        extra = federation.report(now) if federation is not None else None
+        return pool_report(state.table, state.pool, now, state.ready(), STALE_AFTER_S, MAX_SCRAPE_FAILURES, extra)
 
     http_runner = web.AppRunner(build_http_app(state.registry, report, state.ready), access_log=None)
     await http_runner.setup()

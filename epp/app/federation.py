@@ -1,0 +1,94 @@
+"""Wiring of the federation router for `epp serve`: flags and config → router, sites registry and their feed.
+
+Federation is on when the picker is told its tier (`--tier`), the config file has a `federation:` section, or
+`--federation-watch` asks to follow FederatedClusters; otherwise the director runs without it, exactly as before.
+The start-time residency check lives here too: a FailOpen pool whose local endpoints may not serve some restricted
+model is refused (or, with `--federation-allow-fail-open`, started with a loud warning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from epp.datastore.pool import FailureMode
+from epp.datastore.sites import SiteRegistry
+from epp.errors import ConfigError
+from epp.federation.policy import FederationConfig, FederationRouter, check_fail_open, parse_federation
+from epp.federation.watch import SiteFeed
+
+log = logging.getLogger("epp.federation")
+
+
+@dataclass
+class FederationParts:
+    config: FederationConfig
+    sites: SiteRegistry
+    router: FederationRouter
+    feed: SiteFeed
+    watch: bool  # follow FederatedClusters in the cluster
+
+    def report(self, now: float) -> dict[str, Any]:
+        """The `/debug/pool` section: the picker's tier, and every site with its recomputed phase."""
+        return {
+            "federation": {
+                "tier": self.router.local_tier,
+                "synced": self.sites.synced,
+                "rules": [r.name for r in self.config.rules],
+                "sites": self.router.debug_view(now),
+            }
+        }
+
+
+def federation_section(config_file: str | None) -> tuple[object, str]:
+    """The raw `federation:` section of the EndpointPickerConfig file (None when absent), and the file's name."""
+    if not config_file:
+        return None, "--config-file"
+    path = Path(config_file)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__})") from None
+    if doc is None:
+        return None, str(path)
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: not a YAML map")
+    return doc.get("federation"), str(path)
+
+
+def build_federation(
+    args: argparse.Namespace, failure_mode: FailureMode, raw: object = None, source: str = "--config-file"
+) -> FederationParts | None:
+    """The federation parts, or None when nothing asks for federation. Raises ConfigError for a bad section or a
+    FailOpen pool that would leak restricted traffic through the gateway's fallback."""
+    tier = str(getattr(args, "tier", "") or "")
+    watch = bool(getattr(args, "federation_watch", False))
+    if raw is None and not tier and not watch:
+        return None
+    config = parse_federation(raw, source)
+    warning = check_fail_open(
+        config, tier, failure_mode, bool(getattr(args, "federation_allow_fail_open", False)), source
+    )
+    if warning:
+        log.warning("RESIDENCY NOT ENFORCED ON THE FALLBACK PATH: %s", warning)
+    sites = SiteRegistry()
+    if not watch:
+        sites.synced = True  # no site source: the (empty) view is complete
+    router = FederationRouter(config, sites, local_tier=tier)
+    log.info(
+        "federation: tier %r, %d residency rule(s), stale sites %s, %s",
+        tier,
+        len(config.rules),
+        "as last resort" if config.stale_last_resort else "excluded",
+        "watching FederatedClusters" if watch else "no site watch",
+    )
+    return FederationParts(
+        config=config, sites=sites, router=router, feed=SiteFeed(sites, config.site_addresses), watch=watch
+    )
