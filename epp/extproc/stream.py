@@ -42,6 +42,7 @@ NONE = _Mode.NONE
 
 # Headers a client may send that only the picker (or the gateway) may set: removed from the forwarded request.
 _STRIP = tuple(h for h in wire.ROUTING_HEADERS if h != wire.DESTINATION_HEADER)
+_MAX_USAGE_BUFFER = 1 << 20  # response bytes kept to find `usage`; a larger JSON answer is not searched
 
 
 class Decider(Protocol):
@@ -260,17 +261,32 @@ class StreamProcessor:
         )
 
     def _read_usage(self, body: bytes, end_of_stream: bool) -> None:
-        """Token usage from a JSON body or an SSE chunk that carries `usage` (usually the last)."""
-        text = self._response_tail + body if self._response_sse else body
-        if b'"usage"' not in text:
-            if self._response_sse:
-                self._response_tail = text[-4096:]
-            return
-        candidates = (
-            [line[5:].strip() for line in text.split(b"\n") if line.startswith(b"data:") and b'"usage"' in line]
-            if self._response_sse
-            else [text]
-        )
+        """Token usage from a JSON body or the SSE event that carries `usage` (usually the last).
+
+        Chunks may split an event or a JSON document anywhere, so the unfinished part is carried to the next
+        chunk: for SSE only the incomplete last event, for JSON the body so far (up to _MAX_USAGE_BUFFER).
+        """
+        text = self._response_tail + body
+        if self._response_sse:
+            if end_of_stream:
+                complete, self._response_tail = text, b""
+            else:
+                head, sep, rest = text.rpartition(b"\n\n")
+                complete, self._response_tail = (head, rest) if sep else (b"", text)
+                self._response_tail = self._response_tail[-_MAX_USAGE_BUFFER:]
+            if b'"usage"' not in complete:
+                return
+            candidates = [
+                line[5:].strip() for line in complete.split(b"\n") if line.startswith(b"data:") and b'"usage"' in line
+            ]
+        else:
+            if not end_of_stream:
+                self._response_tail = text if len(text) <= _MAX_USAGE_BUFFER else b""
+                return
+            self._response_tail = b""
+            if b'"usage"' not in text:
+                return
+            candidates = [text]
         for raw in reversed(candidates):
             try:
                 usage = json.loads(raw).get("usage")

@@ -1,0 +1,46 @@
+"""`epp serve` as a process: health services, readiness, and a graceful stop on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import urllib.request
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.support.procs import epp_argv, free_port, http_ok, running, wait_until
+
+
+def health_status(port: int, service: str) -> int:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return int(stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status)
+
+
+def test_serve_reports_health_and_pool_then_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(
+        "apiVersion: inference.networking.k8s.io/v1\nkind: InferencePool\nmetadata: {name: p1}\n"
+        "spec: {selector: {matchLabels: {app: m}}, targetPorts: [{number: 8000}],"
+        " endpointPickerRef: {name: epp, failureMode: FailOpen}}\n"
+    )
+    argv = epp_argv(
+        "serve", "--bind-address", "127.0.0.1", "--grpc-port", str(grpc_port), "--grpc-health-port",
+        str(health_port), "--metrics-port", str(metrics_port), "--pool-file", str(pool),
+        "--static-endpoints", "127.10.0.1,127.10.0.2",
+    )  # fmt: skip
+    with running(argv, tmp_path / "serve.log") as proc:
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "serve", proc)
+        serving = health_pb2.HealthCheckResponse.SERVING
+        for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+            assert health_status(health_port, service) == serving
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/debug/pool") as response:
+            report = json.load(response)
+        assert report["pool"]["failureMode"] == "FailOpen"
+        assert [e["address"] for e in report["endpoints"]] == ["127.10.0.1:8000", "127.10.0.2:8000"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    assert "stopped" in (tmp_path / "serve.log").read_text()

@@ -1,0 +1,355 @@
+"""The ext_proc stream state machine, message by message, in every phase order Envoy can send."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf import struct_pb2
+from prometheus_client import CollectorRegistry
+
+from epp.datastore import EndpointInfo, EndpointTable
+from epp.director import Decision, Director, RandomScheduler
+from epp.errors import ErrorCode
+from epp.extproc.messages import MAX_CHUNK
+from epp.extproc.stream import StreamProcessor, StreamSettings
+from epp.observability.metrics import PickerMetrics
+from epp.requests import InferenceRequest
+
+Mode = processing_mode_pb2.ProcessingMode
+POOL = ["127.10.0.1:8000", "127.10.0.2:8000", "127.10.0.3:8000"]
+BODY = json.dumps({"model": "m1", "messages": [{"role": "user", "content": "héllo wörld ✓ “quotes” 日本語"}]}).encode()
+
+
+def make_director() -> Director:
+    table = EndpointTable()
+    table.replace_all(EndpointInfo(address=a) for a in POOL)
+    table.synced = True
+    return Director(table, RandomScheduler(seed=1), clock=lambda: 0.0)
+
+
+def make_stream(
+    director: Director | None = None, max_body: int = 1 << 20
+) -> tuple[StreamProcessor, Director, PickerMetrics]:
+    director = director or make_director()
+    metrics = PickerMetrics(CollectorRegistry())
+    return StreamProcessor(director, metrics, lambda: 0.0, StreamSettings(max_body_bytes=max_body)), director, metrics
+
+
+def config(request_mode: int, response_mode: int = Mode.NONE) -> pb.ProtocolConfiguration:
+    return pb.ProtocolConfiguration(request_body_mode=request_mode, response_body_mode=response_mode)  # type: ignore[arg-type]
+
+
+def headers_msg(
+    end_of_stream: bool = False,
+    mode: int | None = Mode.FULL_DUPLEX_STREAMED,
+    extra: dict[str, str] | None = None,
+    path: str = "/v1/chat/completions",
+    subset: Sequence[str] | None = None,
+) -> pb.ProcessingRequest:
+    values = {
+        ":method": "POST",
+        ":path": path,
+        "content-type": "application/json",
+        "x-request-id": "r1",
+        **(extra or {}),
+    }
+    header_map = base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in values.items()]
+    )
+    msg = pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=header_map, end_of_stream=end_of_stream))
+    if mode is not None:
+        msg.protocol_config.CopyFrom(config(mode, mode))
+    if subset is not None:
+        hint = struct_pb2.Struct()
+        hint.fields["x-gateway-destination-endpoint-subset"].list_value.extend(list(subset))
+        msg.metadata_context.filter_metadata["envoy.lb.subset_hint"].CopyFrom(hint)
+    return msg
+
+
+def body_msg(chunk: bytes, end_of_stream: bool) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=chunk, end_of_stream=end_of_stream))
+
+
+def destination(response: pb.ProcessingResponse) -> str:
+    common = getattr(response, response.WhichOneof("response")).response
+    values = {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
+    metadata = response.dynamic_metadata.fields["envoy.lb"].struct_value.fields["x-gateway-destination-endpoint"]
+    assert values["x-gateway-destination-endpoint"] == metadata.string_value
+    return metadata.string_value
+
+
+def streamed_body(responses: Sequence[pb.ProcessingResponse]) -> tuple[bytes, bool]:
+    body = b""
+    eos = False
+    for r in responses:
+        assert r.WhichOneof("response") == "request_body"
+        streamed = r.request_body.response.body_mutation.streamed_response
+        assert len(streamed.body) <= MAX_CHUNK
+        assert not eos, "nothing may follow end_of_stream"
+        body += streamed.body
+        eos = streamed.end_of_stream
+    return body, eos
+
+
+def immediate(responses: list[pb.ProcessingResponse]) -> tuple[int, str]:
+    assert len(responses) == 1 and responses[0].WhichOneof("response") == "immediate_response"
+    r = responses[0].immediate_response
+    return r.status.code, r.body.decode()
+
+
+def test_full_duplex_holds_headers_until_the_body_ends_then_answers_in_order() -> None:
+    stream, director, _ = make_stream()
+    assert stream.handle(headers_msg()) == []
+    assert stream.handle(body_msg(BODY[:10], False)) == []
+    out = stream.handle(body_msg(BODY[10:], True))
+    assert out[0].WhichOneof("response") == "request_headers"
+    assert out[0].request_headers.response.clear_route_cache
+    assert destination(out[0]) in POOL
+    assert streamed_body(out[1:]) == (BODY, True)
+    assert int(director.table.snapshot().inflight.sum()) == 1
+
+
+@pytest.mark.parametrize("split", range(1, len(BODY)), ids=lambda i: f"at-{i}")
+def test_full_duplex_body_split_anywhere_is_reassembled(split: int) -> None:
+    """Every split point, including inside multi-byte UTF-8 sequences and inside JSON strings."""
+    stream, _, _ = make_stream()
+    stream.handle(headers_msg())
+    assert stream.handle(body_msg(BODY[:split], False)) == []
+    out = stream.handle(body_msg(BODY[split:], True))
+    assert destination(out[0]) in POOL
+    assert streamed_body(out[1:]) == (BODY, True)
+
+
+def test_full_duplex_three_way_splits_and_empty_end_of_stream_chunk() -> None:
+    for a in range(0, len(BODY), 7):
+        for b in range(a, len(BODY), 11):
+            stream, _, _ = make_stream()
+            stream.handle(headers_msg())
+            for piece in (BODY[:a], BODY[a:b], BODY[b:]):
+                assert stream.handle(body_msg(piece, False)) == []
+            out = stream.handle(body_msg(b"", True))
+            assert streamed_body(out[1:]) == (BODY, True)
+
+
+def test_full_duplex_with_trailers_decides_on_trailers_and_answers_headers_body_trailers() -> None:
+    stream, _, _ = make_stream()
+    stream.handle(headers_msg())
+    assert stream.handle(body_msg(BODY, False)) == []
+    out = stream.handle(pb.ProcessingRequest(request_trailers=pb.HttpTrailers()))
+    kinds = [r.WhichOneof("response") for r in out]
+    assert kinds[0] == "request_headers" and kinds[-1] == "request_trailers"
+    assert streamed_body(out[1:-1]) == (BODY, False)
+
+
+def test_large_body_goes_back_in_chunks_of_at_most_62000_bytes() -> None:
+    big = json.dumps({"model": "m1", "prompt": "x" * 200_000}).encode()
+    stream, _, _ = make_stream()
+    stream.handle(headers_msg(path="/v1/completions"))
+    out = stream.handle(body_msg(big, True))
+    assert len(out) == 1 + 4
+    assert streamed_body(out[1:]) == (big, True)
+
+
+def test_buffered_mode_passes_headers_through_and_decides_on_the_body() -> None:
+    stream, _, _ = make_stream()
+    first = stream.handle(headers_msg(mode=Mode.BUFFERED))
+    assert [r.WhichOneof("response") for r in first] == ["request_headers"]
+    removed = list(first[0].request_headers.response.header_mutation.remove_headers)
+    assert "x-gateway-destination-endpoint-subset" in removed
+    out = stream.handle(body_msg(BODY, True))
+    assert [r.WhichOneof("response") for r in out] == ["request_body"]
+    assert destination(out[0]) in POOL
+    assert out[0].request_body.response.clear_route_cache
+
+
+def test_without_protocol_config_the_default_is_buffered() -> None:
+    stream, _, _ = make_stream()
+    assert [r.WhichOneof("response") for r in stream.handle(headers_msg(mode=None))] == ["request_headers"]
+    assert destination(stream.handle(body_msg(BODY, True))[0]) in POOL
+
+
+@pytest.mark.parametrize(
+    "mode", [Mode.FULL_DUPLEX_STREAMED, Mode.BUFFERED, Mode.NONE], ids=["duplex", "buffered", "none"]
+)
+def test_header_only_request_is_decided_at_once(mode: int) -> None:
+    stream, _, _ = make_stream()
+    out = stream.handle(headers_msg(end_of_stream=True, mode=mode, path="/v1/models"))
+    assert [r.WhichOneof("response") for r in out] == ["request_headers"]
+    assert destination(out[0]) in POOL
+
+
+def test_client_sent_routing_headers_are_overwritten_and_removed() -> None:
+    stream, _, _ = make_stream()
+    forged = {"x-gateway-destination-endpoint": "127.99.0.1:1", "x-gateway-destination-endpoint-subset": "127.99.0.1:1"}
+    out = stream.handle(headers_msg(end_of_stream=True, extra=forged, path="/v1/models"))
+    mutation = out[0].request_headers.response.header_mutation
+    option = next(h for h in mutation.set_headers if h.header.key == "x-gateway-destination-endpoint")
+    assert option.append_action == base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+    assert option.header.raw_value.decode() in POOL
+    assert "x-gateway-destination-endpoint-subset" in mutation.remove_headers
+
+
+@pytest.mark.parametrize(
+    ("subset", "expected"),
+    [
+        (["127.10.0.2:8000"], "127.10.0.2:8000"),
+        (["127.10.0.2:9999", "127.10.0.3:8000"], "127.10.0.3:8000"),
+    ],
+    ids=["one", "port-matters"],
+)
+def test_subset_hint_narrows_the_pick(subset: list[str], expected: str) -> None:
+    for _ in range(5):
+        stream, _, _ = make_stream()
+        out = stream.handle(headers_msg(end_of_stream=True, subset=subset, path="/v1/models"))
+        assert destination(out[0]) == expected
+
+
+@pytest.mark.parametrize("subset", [[], ["127.10.0.2:9999"]], ids=["empty", "no-match"])
+def test_subset_hint_with_no_eligible_endpoint_is_503(subset: list[str]) -> None:
+    stream, _, _ = make_stream()
+    status, body = immediate(stream.handle(headers_msg(end_of_stream=True, subset=subset, path="/v1/models")))
+    assert status == 503 and body.startswith("inference error: ServiceUnavailable - ")
+
+
+def test_body_over_the_limit_is_413_and_the_stream_ends() -> None:
+    stream, director, _ = make_stream(max_body=100)
+    stream.handle(headers_msg())
+    status, body = immediate(stream.handle(body_msg(b"x" * 101, False)))
+    assert status == 413 and "100 bytes" in body
+    assert stream.finished
+    assert stream.handle(body_msg(b"x", True)) == []
+    assert int(director.table.snapshot().inflight.sum()) == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [(b"{", 400), (b"[]", 400), (json.dumps({"model": "m"}).encode(), 400)],
+    ids=["truncated", "array", "no-messages"],
+)
+def test_unroutable_body_is_answered_with_its_status(body: bytes, status: int) -> None:
+    stream, _, _ = make_stream()
+    stream.handle(headers_msg())
+    assert immediate(stream.handle(body_msg(body, True)))[0] == status
+
+
+class _Exploding:
+    def decide(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
+        raise RuntimeError("bug")
+
+    def complete(self, decision: Decision) -> None:
+        raise AssertionError("nothing was decided")
+
+
+def test_a_bug_in_the_decider_becomes_a_500_not_a_broken_stream() -> None:
+    metrics = PickerMetrics(CollectorRegistry())
+    stream = StreamProcessor(_Exploding(), metrics, lambda: 0.0)  # type: ignore[arg-type]
+    status, body = immediate(stream.handle(headers_msg(end_of_stream=True, path="/v1/models")))
+    assert status == 500 and body.startswith("inference error: Internal - ")
+
+
+def test_unknown_message_kind_is_refused_clearly() -> None:
+    stream, _, _ = make_stream()
+    assert immediate(stream.handle(pb.ProcessingRequest()))[0] == 400
+
+
+def response_headers(content_type: str, end_of_stream: bool = False) -> pb.ProcessingRequest:
+    header_map = base_pb2.HeaderMap(
+        headers=[
+            base_pb2.HeaderValue(key=":status", raw_value=b"200"),
+            base_pb2.HeaderValue(key="content-type", raw_value=content_type.encode()),
+        ]
+    )
+    return pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=header_map, end_of_stream=end_of_stream))
+
+
+def response_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(response_body=pb.HttpBody(body=chunk, end_of_stream=end_of_stream))
+
+
+def test_streamed_sse_response_passes_through_untouched_and_usage_is_read() -> None:
+    stream, director, metrics = make_stream()
+    stream.handle(headers_msg())
+    stream.handle(body_msg(BODY, True))
+    assert [r.WhichOneof("response") for r in stream.handle(response_headers("text/event-stream"))] == [
+        "response_headers"
+    ]
+    chunks = [
+        b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n',
+        b'data: {"choices":[],"usage":{"prompt_tokens":',
+        b'7,"completion_tokens":2}}\n\ndata: [DONE]\n\n',
+    ]
+    echoed = b""
+    for i, chunk in enumerate(chunks):
+        out = stream.handle(response_body(chunk, i == len(chunks) - 1))
+        echoed += b"".join(r.response_body.response.body_mutation.streamed_response.body for r in out)
+    assert echoed == b"".join(chunks)
+    assert metrics.registry.get_sample_value("inference_objective_output_tokens_sum", {"model_name": "m1"}) == 2.0
+    assert int(director.table.snapshot().inflight.sum()) == 0
+
+
+def test_buffered_json_response_usage_is_read_and_in_flight_released() -> None:
+    stream, director, metrics = make_stream()
+    stream.handle(headers_msg(mode=Mode.BUFFERED))
+    stream.handle(body_msg(BODY, True))
+    stream.handle(response_headers("application/json"))
+    out = stream.handle(response_body(b'{"usage": {"prompt_tokens": 5, "completion_tokens": 9}}', True))
+    assert [r.WhichOneof("response") for r in out] == ["response_body"]
+    assert metrics.registry.get_sample_value("inference_objective_input_tokens_sum", {"model_name": "m1"}) == 5.0
+    assert int(director.table.snapshot().inflight.sum()) == 0
+
+
+def test_closing_the_stream_early_releases_the_in_flight_booking_once() -> None:
+    stream, director, _ = make_stream()
+    stream.handle(headers_msg())
+    stream.handle(body_msg(BODY, True))
+    assert int(director.table.snapshot().inflight.sum()) == 1
+    stream.close()
+    stream.close()
+    assert int(director.table.snapshot().inflight.sum()) == 0
+
+
+class _Rewriting:
+    """A director that rewrites the model, as the scheduling work's rewrite rules do."""
+
+    def __init__(self) -> None:
+        self.inner = make_director()
+
+    def decide(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
+        decision = self.inner.decide(request, subset)
+        assert request.body is not None
+        body = json.dumps({**request.body, "model": "m1-lora"}).encode()
+        return replace(decision, body=body, target_model="m1-lora")
+
+    def complete(self, decision: Decision) -> None:
+        self.inner.complete(decision)
+
+
+def test_model_rewrite_resends_the_new_body_with_its_length_and_restores_the_name_in_the_response() -> None:
+    stream = StreamProcessor(_Rewriting(), PickerMetrics(CollectorRegistry()), lambda: 0.0)  # type: ignore[arg-type]
+    stream.handle(headers_msg())
+    out = stream.handle(body_msg(BODY, True))
+    sent, _ = streamed_body(out[1:])
+    assert json.loads(sent)["model"] == "m1-lora"
+    lengths = [
+        h.header.raw_value
+        for h in out[0].request_headers.response.header_mutation.set_headers
+        if h.header.key == "content-length"
+    ]
+    assert lengths == [str(len(sent)).encode()]
+    removed = stream.handle(response_headers("application/json"))[
+        0
+    ].response_headers.response.header_mutation.remove_headers
+    assert "content-length" in removed
+    answer: Any = stream.handle(response_body(b'{"model":"m1-lora","choices":[]}', True))
+    assert answer[0].response_body.response.body_mutation.streamed_response.body == b'{"model":"m1","choices":[]}'
+
+
+def test_refusal_codes_map_to_http_statuses() -> None:
+    assert {c.http_status for c in ErrorCode} == {400, 413, 429, 500, 503}
