@@ -40,6 +40,25 @@ class Phase(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Deadlines:
+    """One heartbeat's verdicts over time: Connected in [not_before, connected_until], then Stale until
+    stale_until, Unreachable before not_before (a heartbeat too far in the future) and after stale_until."""
+
+    not_before: float
+    connected_until: float
+    stale_until: float
+
+    def phase(self, now: float) -> Phase:
+        if now < self.not_before:
+            return Phase.UNREACHABLE
+        if now <= self.connected_until:
+            return Phase.CONNECTED
+        if now <= self.stale_until:
+            return Phase.STALE
+        return Phase.UNREACHABLE
+
+
+@dataclass(frozen=True, slots=True)
 class PhaseRule:
     """The rule's knobs. The defaults are LLMKube ≥ 0.9.30's behaviour plus our bound on future heartbeats."""
 
@@ -56,21 +75,35 @@ class PhaseRule:
             interval = interval_s
         return max(interval, self.delivered_cadence_s)
 
+    def deadlines(self, last_heartbeat: float | None, interval_s: float | None) -> Deadlines | None:
+        """The rule as three instants (None without a heartbeat): what a router caches per site version, so a
+        phase at decision time costs two comparisons."""
+        if last_heartbeat is None or math.isnan(last_heartbeat):
+            return None
+        interval = self.effective_interval(interval_s)
+        return Deadlines(
+            not_before=last_heartbeat - self.max_future_skew_s,
+            connected_until=last_heartbeat + CONNECTED_FACTOR * interval,
+            stale_until=last_heartbeat + STALE_FACTOR * interval,
+        )
+
     def phase(self, last_heartbeat: float | None, interval_s: float | None, now: float) -> Phase:
-        return self.explain(last_heartbeat, interval_s, now)[0]
+        deadlines = self.deadlines(last_heartbeat, interval_s)
+        return Phase.UNREACHABLE if deadlines is None else deadlines.phase(now)
 
     def explain(self, last_heartbeat: float | None, interval_s: float | None, now: float) -> tuple[Phase, str]:
         """The phase and a short reason, for /debug/pool and the logs."""
+        phase = self.phase(last_heartbeat, interval_s, now)
         if last_heartbeat is None or math.isnan(last_heartbeat):
-            return Phase.UNREACHABLE, "no heartbeat"
+            return phase, "no heartbeat"
         age = now - last_heartbeat
         if age < 0:
-            if -age > self.max_future_skew_s:
-                return Phase.UNREACHABLE, f"heartbeat {-age:.0f}s in the future (more than the tolerated skew)"
-            age = 0.0
+            if phase is Phase.UNREACHABLE:
+                return phase, f"heartbeat {-age:.0f}s in the future (more than the tolerated skew)"
+            return phase, f"heartbeat {-age:.0f}s in the future (within the tolerated skew)"
         interval = self.effective_interval(interval_s)
-        if age <= CONNECTED_FACTOR * interval:
-            return Phase.CONNECTED, f"heartbeat {age:.0f}s ago ≤ 3×{interval:g}s"
-        if age <= STALE_FACTOR * interval:
-            return Phase.STALE, f"heartbeat {age:.0f}s ago > 3×{interval:g}s"
-        return Phase.UNREACHABLE, f"heartbeat {age:.0f}s ago > 10×{interval:g}s"
+        if phase is Phase.CONNECTED:
+            return phase, f"heartbeat {age:.0f}s ago ≤ 3×{interval:g}s"
+        if phase is Phase.STALE:
+            return phase, f"heartbeat {age:.0f}s ago > 3×{interval:g}s"
+        return phase, f"heartbeat {age:.0f}s ago > 10×{interval:g}s"

@@ -15,15 +15,13 @@ overflow spreads instead of herding onto one site.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from epp.datastore import Snapshot
 from epp.datastore.sites import Site
 from epp.datastore.table import IntArray
-from epp.federation.phase import Phase, PhaseRule
+from epp.federation.phase import Deadlines, Phase, PhaseRule
 from epp.federation.policy.config import OverflowWeights, SaturationConfig
 from epp.federation.policy.residency import Allowance
 
@@ -32,13 +30,16 @@ def locally_saturated(snapshot: Snapshot, candidates: IntArray, now: float, conf
     """True when no candidate has capacity (an empty candidate set is saturated too)."""
     if candidates.size == 0:
         return True
-    with np.errstate(invalid="ignore"):
-        fresh = now - snapshot.scraped_at[candidates] <= config.metrics_staleness_threshold_s  # NaN → not fresh
-    fresh &= snapshot.scrape_ok[candidates]
-    waiting = np.nan_to_num(snapshot.waiting[candidates], nan=0.0) + snapshot.picks_since_scrape[candidates]
-    kv = np.nan_to_num(snapshot.kv_usage[candidates], nan=0.0)  # an engine without KV metrics is not "full"
-    has_capacity = fresh & (waiting < config.queue_depth_threshold) & (kv < config.kv_cache_util_threshold)
-    return not bool(has_capacity.any())
+    # NaN compares False both ways: `~(x >= threshold)` reads an unknown signal as "not over the threshold" (an
+    # engine without KV metrics is not full), while `age <= staleness` reads a never-scraped row as not fresh.
+    # Whole columns (short, contiguous) and one gather at the end: cheaper than gathering every column.
+    has_capacity = (
+        (now - snapshot.scraped_at <= config.metrics_staleness_threshold_s)
+        & snapshot.scrape_ok
+        & ~(snapshot.waiting + snapshot.picks_since_scrape >= config.queue_depth_threshold)
+        & ~(snapshot.kv_usage >= config.kv_cache_util_threshold)
+    )
+    return not bool(has_capacity[candidates].any())
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,44 +66,85 @@ def why_ineligible(view: SiteView, allowance: Allowance) -> str:
     return ""
 
 
-def eligible_sites(
-    views: Sequence[SiteView], allowance: Allowance, stale_last_resort: bool, subset: frozenset[str] | None
-) -> list[SiteView]:
-    """Connected eligible sites; or, when there are none and the config allows it, Stale eligible ones."""
-    usable = [v for v in views if not why_ineligible(v, allowance) and (subset is None or v.site.address in subset)]
-    connected = [v for v in usable if v.phase is Phase.CONNECTED]
-    if connected or not stale_last_resort:
-        return connected
-    return [v for v in usable if v.phase is Phase.STALE]
+@dataclass(frozen=True, slots=True)
+class SiteEntry:
+    """A site with what does not change until its object does: the phase deadlines and the static score part."""
+
+    site: Site
+    deadlines: Deadlines | None
+    static_score: float  # free GPUs and ready services relative to the best site, minus the failed-service ratio
+    ready: float
 
 
-def rank_sites(views: Sequence[SiteView], weights: OverflowWeights) -> list[SiteView]:
-    """Best first; ties go to fewer in-flight requests, then the name (deterministic)."""
-    if len(views) <= 1:
-        return list(views)
-    gpus = [float(v.site.gpus_allocatable or 0) for v in views]
-    ready = [float(v.site.services_ready or 0) for v in views]
-    load = [v.inflight / max(ready[i], 1.0) for i, v in enumerate(views)]
-    top_gpus, top_ready, top_load = max(gpus), max(ready), max(load)
-
-    def score(i: int) -> float:
-        site = views[i].site
+def index_sites(sites: Sequence[Site], rule: PhaseRule, weights: OverflowWeights) -> tuple[SiteEntry, ...]:
+    """Built once per change of the registry (its version), not per request."""
+    gpus = [float(s.gpus_allocatable or 0) for s in sites]
+    ready = [float(s.services_ready or 0) for s in sites]
+    top_gpus, top_ready = max(gpus, default=0.0), max(ready, default=0.0)
+    entries = []
+    for i, site in enumerate(sites):
         failed = float(site.services_failed or 0)
         total = float(site.services_total or 0) or failed + ready[i]
-        return (
+        static = (
             weights.free_gpus * (gpus[i] / top_gpus if top_gpus > 0 else 0.0)
             + weights.ready_services * (ready[i] / top_ready if top_ready > 0 else 0.0)
             - weights.failed_services * (failed / total if total > 0 else 0.0)
-            - weights.inflight * (load[i] / top_load if top_load > 0 else 0.0)
         )
+        deadlines = rule.deadlines(site.last_heartbeat, site.heartbeat_interval_s)
+        entries.append(SiteEntry(site=site, deadlines=deadlines, static_score=static, ready=ready[i]))
+    return tuple(entries)
 
-    order = sorted(range(len(views)), key=lambda i: (-score(i), views[i].inflight, views[i].site.name))
-    return [views[i] for i in order]
+
+def choose_sites(
+    entries: Sequence[SiteEntry],
+    inflight: Callable[[str], int],
+    allowance: Allowance,
+    stale_last_resort: bool,
+    subset: frozenset[str] | None,
+    now: float,
+    weights: OverflowWeights,
+) -> list[Site]:
+    """Eligible sites, best first: Connected ones; or, when there are none and the config allows it, Stale ones.
+    Ties go to fewer in-flight requests, then the name (deterministic)."""
+    connected: list[SiteEntry] = []
+    stale: list[SiteEntry] = []
+    for entry in entries:
+        site = entry.site
+        if (
+            site.address is None
+            or not site.services_ready
+            or entry.deadlines is None
+            or not allowance.allows(site.tier)
+            or (subset is not None and site.address not in subset)
+        ):
+            continue
+        phase = entry.deadlines.phase(now)
+        if phase is Phase.CONNECTED:
+            connected.append(entry)
+        elif phase is Phase.STALE:
+            stale.append(entry)
+    chosen = connected if connected or not stale_last_resort else stale
+    if len(chosen) <= 1:
+        return [e.site for e in chosen]
+    counts = [inflight(e.site.name) for e in chosen]
+    load = [c / max(e.ready, 1.0) for c, e in zip(counts, chosen, strict=True)]
+    top_load = max(load)
+    scores = [
+        e.static_score - (weights.inflight * load[i] / top_load if top_load > 0 else 0.0) for i, e in enumerate(chosen)
+    ]
+    order = sorted(range(len(chosen)), key=lambda i: (-scores[i], counts[i], chosen[i].site.name))
+    return [chosen[i].site for i in order]
 
 
-def view_sites(sites: Sequence[Site], inflight: Sequence[int], rule: PhaseRule, now: float) -> list[SiteView]:
+def view_sites(
+    sites: Sequence[Site], inflight: Sequence[int], rule: PhaseRule, now: float, explain: bool = False
+) -> list[SiteView]:
+    """Each site with its phase at `now`; the reasons (strings) only when asked, for /debug/pool."""
     views = []
     for site, count in zip(sites, inflight, strict=True):
-        phase, reason = rule.explain(site.last_heartbeat, site.heartbeat_interval_s, now)
+        if explain:
+            phase, reason = rule.explain(site.last_heartbeat, site.heartbeat_interval_s, now)
+        else:
+            phase, reason = rule.phase(site.last_heartbeat, site.heartbeat_interval_s, now), ""
         views.append(SiteView(site=site, phase=phase, phase_reason=reason, inflight=count))
     return views

@@ -46,7 +46,11 @@ UNRESTRICTED = Allowance(tiers=None)
 
 
 def allowance_for(config: FederationConfig, model: str, objective: str | None, headers: Mapping[str, str]) -> Allowance:
-    """The allowance of one request, from its model, objective and headers."""
+    """The allowance of one request, from its model, objective and headers (uncached; see `Residency`)."""
+    return _narrow(_rules_allowance(config, model, objective), headers)
+
+
+def _rules_allowance(config: FederationConfig, model: str, objective: str | None) -> Allowance:
     tiers: frozenset[str] | None = None
     names: list[str] = []
     for rule in config.rules:
@@ -56,12 +60,33 @@ def allowance_for(config: FederationConfig, model: str, objective: str | None, h
     if not names and config.default_tiers is not None:
         tiers = config.default_tiers
         names.append("defaultTiers")
-    narrowed = False
+    return UNRESTRICTED if tiers is None else Allowance(tiers=tiers, rules=tuple(names))
+
+
+def _narrow(allowance: Allowance, headers: Mapping[str, str]) -> Allowance:
     raw = headers.get(TIER_HEADER)
-    if raw is not None:
-        wanted = frozenset(t.strip() for t in raw.split(",") if t.strip())
-        tiers = wanted if tiers is None else tiers & wanted
-        narrowed = True
-    if tiers is None:
-        return UNRESTRICTED
-    return Allowance(tiers=tiers, rules=tuple(names), header=narrowed)
+    if raw is None:
+        return allowance
+    wanted = frozenset(t.strip() for t in raw.split(",") if t.strip())
+    tiers = wanted if allowance.tiers is None else allowance.tiers & wanted
+    return Allowance(tiers=tiers, rules=allowance.rules, header=True)
+
+
+class Residency:
+    """`allowance_for` with the rules' answer cached per (model, objective): a request then costs one dict lookup
+    (plus the header, which is per request). The cache is bounded: a client inventing model names cannot grow it
+    without limit; when full it starts over."""
+
+    def __init__(self, config: FederationConfig, max_cached: int = 4096) -> None:
+        self._config = config
+        self._max = max_cached
+        self._cache: dict[tuple[str, str | None], Allowance] = {}
+
+    def allowance(self, model: str, objective: str | None, headers: Mapping[str, str]) -> Allowance:
+        key = (model, objective)
+        base = self._cache.get(key)
+        if base is None:
+            if len(self._cache) >= self._max:
+                self._cache.clear()
+            base = self._cache[key] = _rules_allowance(self._config, model, objective)
+        return _narrow(base, headers)

@@ -29,13 +29,14 @@ from epp.datastore.table import IntArray
 from epp.errors import ConfigError, EppError, ErrorCode
 from epp.federation.policy.config import FederationConfig
 from epp.federation.policy.overflow import (
-    eligible_sites,
+    SiteEntry,
+    choose_sites,
+    index_sites,
     locally_saturated,
-    rank_sites,
     view_sites,
     why_ineligible,
 )
-from epp.federation.policy.residency import UNRESTRICTED, Allowance, allowance_for
+from epp.federation.policy.residency import UNRESTRICTED, Allowance, Residency
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -65,6 +66,9 @@ class FederationRouter:
         self._config = config
         self._sites = sites
         self._local_tier = local_tier
+        self._residency = Residency(config)
+        self._index: tuple[SiteEntry, ...] = ()
+        self._index_version = -1
         self._saturated = saturated or (lambda snap, cands, now: locally_saturated(snap, cands, now, config.saturation))
 
     @property
@@ -87,26 +91,36 @@ class FederationRouter:
     ) -> Route:
         """`model`, `objective` and `headers` are the request's as the client sent them (before any rewrite: the
         data is the client's, whatever model finally serves it)."""
-        allowance = allowance_for(self._config, model, objective, headers)
+        allowance = self._residency.allowance(model, objective, headers)
         local_allowed = allowance.allows(self._local_tier)
         local = candidates if local_allowed else _EMPTY
         if local.size and not self._saturated(snapshot, local, now):
             return Route(local=local, allowance=allowance)
-        sites = self._sites.sites()
-        if sites:
+        if len(self._sites):
             wanted = frozenset(s.strip() for s in subset) if subset is not None else None
-            views = view_sites(sites, [self._sites.inflight(s.name) for s in sites], self._config.phase_rule, now)
-            ranked = rank_sites(
-                eligible_sites(views, allowance, self._config.stale_last_resort, wanted), self._config.weights
+            ranked = choose_sites(
+                self._entries(),
+                self._sites.inflight,
+                allowance,
+                self._config.stale_last_resort,
+                wanted,
+                now,
+                self._config.weights,
             )
             if ranked:
-                best = ranked[0].site.name
+                best = ranked[0].name
                 self._sites.book(best)
-                addresses = tuple(v.site.address for v in ranked if v.site.address is not None)
+                addresses = tuple(s.address for s in ranked if s.address is not None)
                 return Route(local=_EMPTY, site=best, addresses=addresses, allowance=allowance)
         if local.size:
             return Route(local=local, allowance=allowance)
         raise EppError(ErrorCode.SERVICE_UNAVAILABLE, self._no_candidate_reason(model, allowance, local_allowed))
+
+    def _entries(self) -> tuple[SiteEntry, ...]:
+        if self._index_version != self._sites.version:
+            self._index = index_sites(self._sites.sites(), self._config.phase_rule, self._config.weights)
+            self._index_version = self._sites.version
+        return self._index
 
     def release(self, site: str) -> None:
         """A request routed to `site` ended: it no longer counts against that site."""
@@ -128,7 +142,8 @@ class FederationRouter:
     def debug_view(self, now: float) -> list[dict[str, Any]]:
         """Every site with its recomputed phase, the reported one, and why it is (not) routable — for /debug/pool."""
         sites = self._sites.sites()
-        views = view_sites(sites, [self._sites.inflight(s.name) for s in sites], self._config.phase_rule, now)
+        inflight = [self._sites.inflight(s.name) for s in sites]
+        views = view_sites(sites, inflight, self._config.phase_rule, now, explain=True)
         out = []
         for v in views:
             s = v.site
