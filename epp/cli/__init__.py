@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from epp.errors import ConfigError
 
-_SUBCOMMANDS = ("epp.cli.serve",)
+_SUBCOMMANDS = ("epp.cli.serve", "epp.cli.sim")
 
 
 class _Parser(argparse.ArgumentParser):
