@@ -6,7 +6,7 @@ The director calls `route()` once per request, after the gateway's subset hint a
 2. local endpoints are candidates only if the picker's own tier (`--tier`) is allowed;
 3. unsaturated local candidates → the scheduler picks among them, as without federation;
 4. otherwise the best eligible remote site in an allowed tier takes the request: its gateway address is the
-   destination, the other eligible sites follow as fallbacks, and the site is booked in flight;
+   destination (one address, like a local pick), and the site is booked in flight;
 5. no eligible site, but allowed local candidates → stay local (they queue; admission may answer 429);
 6. nothing at all → EppError 503 whose reason names the rule — whatever the pool's failureMode, because a
    FailOpen fallback would take the request where the rule forbids it.
@@ -110,8 +110,11 @@ class FederationRouter:
             if ranked:
                 best = ranked[0].name
                 self._sites.book(best)
-                addresses = tuple(s.address for s in ranked if s.address is not None)
-                return Route(local=_EMPTY, site=best, addresses=addresses, allowance=allowance)
+                # One address, like a local pick: an ORIGINAL_DST cluster cannot parse a fallback list (measured with
+                # Envoy 1.40: "no original_dst"), and a retry to another site would bypass its in-flight booking.
+                address = ranked[0].address
+                assert address is not None  # choose_sites keeps only sites with an address
+                return Route(local=_EMPTY, site=best, addresses=(address,), allowance=allowance)
         if local.size:
             return Route(local=local, allowance=allowance)
         raise EppError(ErrorCode.SERVICE_UNAVAILABLE, self._no_candidate_reason(model, allowance, local_allowed))
