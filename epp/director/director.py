@@ -69,6 +69,7 @@ class Decision:
     original_model: str = ""  # the model the client asked for
     target_model: str = ""  # the model the endpoint is asked for (differs after a rewrite)
     site: str | None = None  # a remote federated site took the request (slot is then -1)
+    headers: tuple[tuple[str, str], ...] = ()  # request headers the gateway adds before forwarding
 
     @property
     def header_value(self) -> str:
@@ -129,6 +130,7 @@ class Director:
                     original_model=request.model,
                     target_model=request.model,
                     site=route.site,
+                    headers=route.headers,
                 )
             candidates = route.local
         if candidates.size == 0:

@@ -64,6 +64,7 @@ sites = st.lists(
     header=st.one_of(st.none(), st.lists(st.sampled_from([*TIERS[:3], "mars"]), max_size=3)),
     subset_pick=st.one_of(st.none(), st.lists(st.integers(0, 7), max_size=6)),
     repeats=st.integers(1, 3),
+    hop=st.booleans(),
 )
 def test_no_pick_outside_allowed_tiers_and_no_candidate_is_503(
     site_specs: list[dict[str, Any]],
@@ -80,6 +81,7 @@ def test_no_pick_outside_allowed_tiers_and_no_candidate_is_503(
     header: list[str] | None,
     subset_pick: list[int] | None,
     repeats: int,
+    hop: bool,
 ) -> None:
     residency: dict[str, Any] = {"rules": []}
     for i, r in enumerate(rule_specs):
@@ -111,6 +113,8 @@ def test_no_pick_outside_allowed_tiers_and_no_candidate_is_503(
         None if subset_pick is None else [all_addresses[i % len(all_addresses)] for i in subset_pick if all_addresses]
     )
     headers = {} if header is None else {"x-epp-allowed-tiers": ",".join(header)}
+    if hop:  # the request already came from another site: it may not be forwarded again
+        headers["x-epp-federated-from"] = "elsewhere"
     req = request(model, objective, **{k.replace("-", "_"): v for k, v in headers.items()})
     d = director(table, router(reg, local_tier, config), mode=mode, scheduler=_FlakyScheduler() if flaky else None)
 
@@ -134,7 +138,8 @@ def test_no_pick_outside_allowed_tiers_and_no_candidate_is_503(
         last = None if s["age"] is None else NOW - s["age"]
         phase = rule.phase(last, 30.0, NOW)
         site_ok[address] = (
-            s["has_address"]
+            not hop
+            and s["has_address"]
             and tier_ok(s["tier"])
             and bool(s["ready"])
             and phase is not Phase.UNREACHABLE
@@ -157,7 +162,9 @@ def test_no_pick_outside_allowed_tiers_and_no_candidate_is_503(
             else:
                 assert site_ok[address], f"{address} is not an eligible site in an allowed tier"
         if decision.site is not None:
-            assert decision.slot == -1
+            assert decision.slot == -1 and dict(decision.headers).get("x-epp-federated-from") == (
+                local_tier or "unknown"
+            )
     if not any_candidate:
         try:
             d.decide(req, subset)

@@ -181,3 +181,20 @@ def test_fail_open_pool_serving_a_model_local_may_not_serve(tier: str, mode: str
         return
     warning = check_fail_open(cfg, tier, FailureMode(mode), allow, "epp.yaml")
     assert bool(warning) is (outcome == "warned")
+
+
+def test_a_remote_pick_marks_the_request_so_the_next_site_never_forwards_it_again() -> None:
+    sites = registry(site("dc", "dc", 1))
+    d = director(local_table(1, waiting=50), router(sites, "eu"))
+    decision = _decide(d, request())
+    assert decision.site == "dc" and decision.headers == (("x-epp-federated-from", "eu"),)
+    # The same request arriving with the marker (at the next site's picker) stays on its local endpoints.
+    again = _decide(d, request(x_epp_federated_from="eu"))
+    assert again.site is None and again.headers == ()
+
+
+def test_a_forwarded_request_with_no_local_candidate_is_503_saying_why() -> None:
+    d = director(local_table(0), router(registry(site("dc", "dc", 1))))
+    with pytest.raises(EppError) as exc:
+        _decide(d, request(x_epp_federated_from="eu"))
+    assert "not forwarded again" in exc.value.message

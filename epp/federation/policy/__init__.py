@@ -1,6 +1,7 @@
 """Residency and overflow across federated sites (pure decision code: `now` is an argument, no I/O)."""
 
 from epp.federation.policy.config import (
+    HOP_HEADER,
     TIER_HEADER,
     FederationConfig,
     OverflowWeights,
@@ -14,6 +15,7 @@ from epp.federation.policy.residency import UNRESTRICTED, Allowance, allowance_f
 from epp.federation.policy.router import FederationRouter, Route, check_fail_open, fail_open_conflicts
 
 __all__ = [
+    "HOP_HEADER",
     "TIER_HEADER",
     "UNRESTRICTED",
     "Allowance",

@@ -32,6 +32,9 @@ from epp.errors import ConfigError
 from epp.federation.phase import PhaseRule
 
 TIER_HEADER = "x-epp-allowed-tiers"  # a client may narrow its request's tiers (comma list), never widen them
+# Set by a picker on a request it sends to a remote site (value: its tier). A picker never sends such a request to
+# another site again: one hop at most, so two saturated sites cannot bounce a request between them.
+HOP_HEADER = "x-epp-federated-from"
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ The director calls `route()` once per request, after the gateway's subset hint a
 3. unsaturated local candidates → the scheduler picks among them, as without federation;
 4. otherwise the best eligible remote site in an allowed tier takes the request: its gateway address is the
    destination (one address, like a local pick), and the site is booked in flight;
+   A request that already came from another site (`x-epp-federated-from`) is never sent to a site again;
 5. no eligible site, but allowed local candidates → stay local (they queue; admission may answer 429);
 6. nothing at all → EppError 503 whose reason names the rule — whatever the pool's failureMode, because a
    FailOpen fallback would take the request where the rule forbids it.
@@ -27,7 +28,7 @@ from epp.datastore.pool import FailureMode
 from epp.datastore.sites import SiteRegistry
 from epp.datastore.table import IntArray
 from epp.errors import ConfigError, EppError, ErrorCode
-from epp.federation.policy.config import FederationConfig
+from epp.federation.policy.config import HOP_HEADER, FederationConfig
 from epp.federation.policy.overflow import (
     SiteEntry,
     choose_sites,
@@ -51,6 +52,7 @@ class Route:
     site: str | None = None
     addresses: tuple[str, ...] = ()
     allowance: Allowance = UNRESTRICTED
+    headers: tuple[tuple[str, str], ...] = ()  # request headers to add (the hop marker, on a remote pick)
 
 
 class FederationRouter:
@@ -96,7 +98,8 @@ class FederationRouter:
         local = candidates if local_allowed else _EMPTY
         if local.size and not self._saturated(snapshot, local, now):
             return Route(local=local, allowance=allowance)
-        if len(self._sites):
+        forwarded = HOP_HEADER in headers
+        if len(self._sites) and not forwarded:
             wanted = frozenset(s.strip() for s in subset) if subset is not None else None
             ranked = choose_sites(
                 self._entries(),
@@ -114,10 +117,14 @@ class FederationRouter:
                 # Envoy 1.40: "no original_dst"), and a retry to another site would bypass its in-flight booking.
                 address = ranked[0].address
                 assert address is not None  # choose_sites keeps only sites with an address
-                return Route(local=_EMPTY, site=best, addresses=(address,), allowance=allowance)
+                hop = ((HOP_HEADER, self._local_tier or "unknown"),)
+                return Route(local=_EMPTY, site=best, addresses=(address,), allowance=allowance, headers=hop)
         if local.size:
             return Route(local=local, allowance=allowance)
-        raise EppError(ErrorCode.SERVICE_UNAVAILABLE, self._no_candidate_reason(model, allowance, local_allowed))
+        reason = self._no_candidate_reason(model, allowance, local_allowed)
+        if forwarded:
+            reason += f" (already forwarded by a site, {HOP_HEADER}: not forwarded again)"
+        raise EppError(ErrorCode.SERVICE_UNAVAILABLE, reason)
 
     def _entries(self) -> tuple[SiteEntry, ...]:
         if self._index_version != self._sites.version:
