@@ -11,16 +11,14 @@ from __future__ import annotations
 import argparse
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from epp.datastore.pool import FailureMode
 from epp.datastore.sites import SiteRegistry
-from epp.errors import ConfigError
 from epp.federation.policy import FederationConfig, FederationRouter, check_fail_open, parse_federation
+from epp.federation.policy.router import SaturationCheck
 from epp.federation.watch import SiteFeed
+from epp.scheduling.config import EndpointPickerConfig
 
 log = logging.getLogger("epp.federation")
 
@@ -45,29 +43,18 @@ class FederationParts:
         }
 
 
-def federation_section(config_file: str | None) -> tuple[object, str]:
-    """The raw `federation:` section of the EndpointPickerConfig file (None when absent), and the file's name."""
-    if not config_file:
-        return None, "--config-file"
-    path = Path(config_file)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__})") from None
-    if doc is None:
-        return None, str(path)
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: not a YAML map")
-    return doc.get("federation"), str(path)
-
-
 def build_federation(
-    args: argparse.Namespace, failure_mode: FailureMode, raw: object = None, source: str = "--config-file"
+    args: argparse.Namespace,
+    failure_mode: FailureMode,
+    picker_config: EndpointPickerConfig | None = None,
+    saturated: SaturationCheck | None = None,
 ) -> FederationParts | None:
-    """The federation parts, or None when nothing asks for federation. Raises ConfigError for a bad section or a
-    FailOpen pool that would leak restricted traffic through the gateway's fallback."""
+    """The federation parts, or None when nothing asks for federation. The rules are the `federation:` section of
+    the EndpointPickerConfig (kept raw by the config loader); `saturated` is the scheduler's saturation detector, so
+    overflow starts exactly when shedding would. Raises ConfigError for a bad section or a FailOpen pool that would
+    leak restricted traffic through the gateway's fallback."""
+    raw = picker_config.federation if picker_config is not None else None
+    source = picker_config.source if picker_config is not None else "--config-file"
     tier = str(getattr(args, "tier", "") or "")
     watch = bool(getattr(args, "federation_watch", False))
     if raw is None and not tier and not watch:
@@ -81,7 +68,7 @@ def build_federation(
     sites = SiteRegistry()
     if not watch:
         sites.synced = True  # no site source: the (empty) view is complete
-    router = FederationRouter(config, sites, local_tier=tier)
+    router = FederationRouter(config, sites, local_tier=tier, saturated=saturated)
     log.info(
         "federation: tier %r, %d residency rule(s), stale sites %s, %s",
         tier,

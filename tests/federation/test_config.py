@@ -12,7 +12,6 @@ FULL = """
 staleSites: lastResort
 heartbeat: {deliveredCadenceSeconds: 10, maxFutureSkewSeconds: 2}
 sites: {dc-1: "127.0.0.1:8081", dc-6: "[::1]:8082"}
-saturation: {queueDepthThreshold: 3, kvCacheUtilThreshold: 0.9, metricsStalenessThresholdSeconds: 1}
 overflow: {weights: {freeGpus: 2, inflight: 3}}
 residency:
   defaultTiers: [eu-west]
@@ -31,7 +30,6 @@ def test_full_section_is_parsed() -> None:
     assert cfg.phase_rule.delivered_cadence_s == 10.0
     assert cfg.phase_rule.max_future_skew_s == 2.0
     assert dict(cfg.site_addresses) == {"dc-1": "127.0.0.1:8081", "dc-6": "[::1]:8082"}
-    assert cfg.saturation.queue_depth_threshold == 3.0
     assert cfg.weights.free_gpus == 2.0 and cfg.weights.inflight == 3.0 and cfg.weights.ready_services == 1.0
     assert cfg.default_tiers == frozenset({"eu-west"})
     (rule,) = cfg.rules
@@ -65,7 +63,8 @@ BAD = [
     ({"sites": {"dc-1": "127.0.0.1"}}, "federation.sites.dc-1: must be ip:port", "site-no-port"),
     ({"sites": {"dc-1": "127.0.0.1:99999"}}, "federation.sites.dc-1: port must be", "site-bad-port"),
     ({"overflow": {"weights": {"gpus": 1}}}, "federation.overflow.weights.gpus: unknown field", "unknown-weight"),
-    ({"saturation": {"queueDepthThreshold": True}}, "queueDepthThreshold: must be a number", "bool-number"),
+    ({"overflow": {"weights": {"inflight": True}}}, "weights.inflight: must be a number", "bool-number"),
+    ({"saturation": {}}, "federation.saturation: unknown field", "saturation-is-the-scheduler's"),
     ({"residency": {"rules": {}}}, "federation.residency.rules: must be a list", "rules-not-list"),
     ({"residency": {"defaultTiers": "eu"}}, "federation.residency.defaultTiers: must be a list", "default-not-list"),
     ({"residency": {"rules": [_rule(name=None)]}}, "rules[0].name: is missing", "rule-without-name"),

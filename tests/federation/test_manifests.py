@@ -8,6 +8,7 @@ import yaml
 
 from epp.federation.policy import parse_federation
 from epp.federation.watch import GROUP, PLURAL, site_from_object
+from epp.scheduling.build import load_config
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "federation"
 
@@ -29,9 +30,9 @@ def test_sample_sites_are_valid_against_the_real_crd_and_routable(shared_referen
     assert len({s.tier for s in sites}) == 2
 
 
-def test_sample_config_parses() -> None:
-    (doc,) = _docs("epp-config.yaml")
-    config = parse_federation(doc["federation"], "epp-config.yaml")
+def test_sample_config_loads_with_the_picker_config_loader() -> None:
+    picker_config = load_config(MANIFESTS / "epp-config.yaml")
+    config = parse_federation(picker_config.federation, picker_config.source)
     assert {r.name for r in config.rules} == {"patient-records", "critical-stays-home"}
 
 

@@ -5,14 +5,17 @@ from pathlib import Path
 
 import pytest
 
-from epp.app.federation import build_federation, federation_section
+from epp.app.federation import build_federation
 from epp.cli import main
 from epp.datastore.pool import FailureMode
 from epp.errors import ConfigError
+from epp.scheduling.build import load_config
 
 FED = """
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
+plugins: [{type: queue-scorer}]
+schedulingProfiles: [{name: default, plugins: [{pluginRef: queue-scorer}]}]
 federation:
   sites: {dc-1: "127.30.0.1:8080"}
   residency:
@@ -45,26 +48,20 @@ def test_tier_alone_turns_it_on_with_no_rules() -> None:
     assert parts.report(0.0)["federation"]["sites"] == []
 
 
-def test_config_section_is_read_from_the_config_file(tmp_path: Path) -> None:
+def test_config_section_comes_from_the_picker_config(tmp_path: Path) -> None:
     path = tmp_path / "epp.yaml"
     path.write_text(FED)
-    raw, source = federation_section(str(path))
-    parts = build_federation(_args(tier="eu", federation_watch=True), FailureMode.FAIL_CLOSE, raw, source)
+    parts = build_federation(_args(tier="eu", federation_watch=True), FailureMode.FAIL_CLOSE, load_config(path))
     assert parts is not None and not parts.sites.synced  # the watch has not listed yet
     assert [r.name for r in parts.config.rules] == ["eu-data"]
     assert dict(parts.config.site_addresses) == {"dc-1": "127.30.0.1:8080"}
 
 
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [("- a\n", "not a YAML map"), ("a: [\n", "not valid YAML"), ("federation: {tiers: x}\n", "federation.tiers")],
-    ids=["list", "broken-yaml", "bad-field"],
-)
-def test_bad_config_file_names_file_and_field(tmp_path: Path, text: str, message: str) -> None:
+def test_bad_section_names_file_and_field(tmp_path: Path) -> None:
     path = tmp_path / "epp.yaml"
-    path.write_text(text)
-    with pytest.raises(ConfigError, match=message) as exc:
-        build_federation(_args(tier="eu"), FailureMode.FAIL_CLOSE, *federation_section(str(path)))
+    path.write_text(FED.replace("sites: {", "site: {"))
+    with pytest.raises(ConfigError, match=r"federation\.site: unknown field") as exc:
+        build_federation(_args(tier="eu"), FailureMode.FAIL_CLOSE, load_config(path))
     assert str(path) in str(exc.value)
 
 

@@ -8,7 +8,6 @@ has the full example):
       staleSites: exclude            # or lastResort: Stale sites only when no Connected site is eligible
       heartbeat: {deliveredCadenceSeconds: 30, maxFutureSkewSeconds: 10}
       sites: {acme-datacenter-1: "127.0.0.1:8081"}    # gateway addresses by FederatedCluster name
-      saturation: {queueDepthThreshold: 5, kvCacheUtilThreshold: 0.8, metricsStalenessThresholdSeconds: 2}
       overflow: {weights: {freeGpus: 1, readyServices: 1, failedServices: 1, inflight: 1}}
       residency:
         defaultTiers: [eu-west, eu-central]   # absent: a model no rule names may go anywhere
@@ -55,8 +54,8 @@ class ResidencyRule:
 
 @dataclass(frozen=True, slots=True)
 class SaturationConfig:
-    """When local endpoints count as saturated (upstream's saturation detector defaults, but a staleness bound that
-    suits a scrape interval of tens of milliseconds on a shared machine)."""
+    """When local endpoints count as saturated, for a router built without the scheduler's saturation detector
+    (`epp serve` always passes that one: overflow then starts exactly when shedding would)."""
 
     queue_depth_threshold: float = 5.0
     kv_cache_util_threshold: float = 0.8
@@ -78,7 +77,6 @@ class FederationConfig:
     stale_last_resort: bool = False
     phase_rule: PhaseRule = field(default_factory=PhaseRule)
     site_addresses: Mapping[str, str] = field(default_factory=dict)
-    saturation: SaturationConfig = field(default_factory=SaturationConfig)
     weights: OverflowWeights = field(default_factory=OverflowWeights)
 
 
@@ -140,7 +138,7 @@ class _Fields:
         return tuple(value)
 
 
-_TOP = frozenset({"staleSites", "heartbeat", "sites", "saturation", "overflow", "residency"})
+_TOP = frozenset({"staleSites", "heartbeat", "sites", "overflow", "residency"})
 _RULE = frozenset({"name", "models", "modelPrefixes", "objectives", "tiers"})
 
 
@@ -177,26 +175,6 @@ def parse_federation(raw: object, source: str = "config") -> FederationConfig:
             addresses[str(name)] = parse_address(address)
         except ValueError as exc:
             raise f.fail(f"federation.sites.{name}", str(exc)) from None
-
-    sat = f.mapping(
-        top.get("saturation"),
-        "federation.saturation",
-        frozenset({"queueDepthThreshold", "kvCacheUtilThreshold", "metricsStalenessThresholdSeconds"}),
-    )
-    d_sat = SaturationConfig()
-    saturation = SaturationConfig(
-        queue_depth_threshold=f.number(
-            sat.get("queueDepthThreshold"), "federation.saturation.queueDepthThreshold", d_sat.queue_depth_threshold
-        ),
-        kv_cache_util_threshold=f.number(
-            sat.get("kvCacheUtilThreshold"), "federation.saturation.kvCacheUtilThreshold", d_sat.kv_cache_util_threshold
-        ),
-        metrics_staleness_threshold_s=f.number(
-            sat.get("metricsStalenessThresholdSeconds"),
-            "federation.saturation.metricsStalenessThresholdSeconds",
-            d_sat.metrics_staleness_threshold_s,
-        ),
-    )
 
     overflow = f.mapping(top.get("overflow"), "federation.overflow", frozenset({"weights"}))
     w = f.mapping(
@@ -258,6 +236,5 @@ def parse_federation(raw: object, source: str = "config") -> FederationConfig:
         stale_last_resort=stale == "lastResort",
         phase_rule=phase_rule,
         site_addresses=addresses,
-        saturation=saturation,
         weights=weights,
     )

@@ -28,7 +28,7 @@ from epp.datastore.pool import FailureMode
 from epp.datastore.sites import SiteRegistry
 from epp.datastore.table import IntArray
 from epp.errors import ConfigError, EppError, ErrorCode
-from epp.federation.policy.config import HOP_HEADER, FederationConfig
+from epp.federation.policy.config import HOP_HEADER, FederationConfig, SaturationConfig
 from epp.federation.policy.overflow import (
     SiteEntry,
     choose_sites,
@@ -71,7 +71,8 @@ class FederationRouter:
         self._residency = Residency(config)
         self._index: tuple[SiteEntry, ...] = ()
         self._index_version = -1
-        self._saturated = saturated or (lambda snap, cands, now: locally_saturated(snap, cands, now, config.saturation))
+        default = SaturationConfig()
+        self._saturated = saturated or (lambda snap, cands, now: locally_saturated(snap, cands, now, default))
 
     @property
     def config(self) -> FederationConfig:
