@@ -2,8 +2,9 @@
 
     .venv/bin/python -m benchmarks.federation_overhead [--requests 20000]
 
-Cases: the director without federation; with federation and no rule applying (local unsaturated); a restricted
-model served locally; and the overflow path (local saturated, 8 sites ranked per request). Bounded by the request
+Cases: the director without federation; with federation but no site registered (a restricted model, served
+locally); with 8 sites and no rule applying (local unsaturated); a restricted model served locally; and the
+overflow path (local saturated, 8 sites ranked per request). Bounded by the request
 count; prints µs per decision and the ratio to the plain director.
 """
 
@@ -72,14 +73,15 @@ def main() -> None:
     args = parser.parse_args()
     config = parse_federation(RULES)
 
-    def director(waiting: float, fed: bool) -> Director:
-        router = FederationRouter(config, _sites(8), local_tier="eu") if fed else None
+    def director(waiting: float, fed: bool, sites: int = 8) -> Director:
+        router = FederationRouter(config, _sites(sites), local_tier="eu") if fed else None
         return Director(_table(args.endpoints, waiting), RandomScheduler(seed=1), clock=lambda: NOW, federation=router)
 
     free = InferenceRequest(request_id="r", api=ApiKind.COMPLETIONS, model="llama", prompt="x")
     restricted = InferenceRequest(request_id="r", api=ApiKind.COMPLETIONS, model="m9/llama", prompt="x")
     cases = [
         ("plain director", director(0.0, False), free, 0.0),
+        ("federation, no site registered", director(0.0, True, sites=0), restricted, 0.0),
         ("federation, no rule applies", director(0.0, True), free, 0.0),
         ("federation, restricted, local", director(0.0, True), restricted, 0.0),
         ("federation, overflow to 8 sites", director(50.0, True), free, 50.0),

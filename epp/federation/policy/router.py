@@ -97,10 +97,11 @@ class FederationRouter:
         allowance = self._residency.allowance(model, objective, headers)
         local_allowed = allowance.allows(self._local_tier)
         local = candidates if local_allowed else _EMPTY
-        if local.size and not self._saturated(snapshot, local, now):
+        may_overflow = len(self._sites) > 0 and HOP_HEADER not in headers
+        # Saturation is computed only when a site could take the overflow: without sites it is free.
+        if local.size and (not may_overflow or not self._saturated(snapshot, local, now)):
             return Route(local=local, allowance=allowance)
-        forwarded = HOP_HEADER in headers
-        if len(self._sites) and not forwarded:
+        if may_overflow:
             wanted = frozenset(s.strip() for s in subset) if subset is not None else None
             ranked = choose_sites(
                 self._entries(),
@@ -123,7 +124,7 @@ class FederationRouter:
         if local.size:
             return Route(local=local, allowance=allowance)
         reason = self._no_candidate_reason(model, allowance, local_allowed)
-        if forwarded:
+        if HOP_HEADER in headers:
             reason += f" (already forwarded by a site, {HOP_HEADER}: not forwarded again)"
         raise EppError(ErrorCode.SERVICE_UNAVAILABLE, reason)
 
