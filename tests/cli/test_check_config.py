@@ -18,7 +18,7 @@ schedulingProfiles:
     weight: 2
   - pluginRef: prefix-cache-scorer
 federation:
-  residency: []
+  residency: {rules: []}
 """
 
 

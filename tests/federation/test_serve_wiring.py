@@ -74,3 +74,15 @@ def test_serve_refuses_a_fail_open_pool_that_would_leak(tmp_path: Path, capsys: 
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "FailOpen" in err and "eu-data" in err and "--federation-allow-fail-open" in err
+
+
+def test_check_config_gives_the_servers_verdict_on_the_federation_section(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(FED)
+    bad.write_text(FED.replace("tiers: [eu]", "tiers: eu"))
+    assert main(["check-config", str(good)]) == 0
+    assert "federation: residency rules eu-data; stale sites excluded" in capsys.readouterr().out
+    assert main(["check-config", str(bad)]) == 1
+    assert "federation.residency.rules[0].tiers: must be a list" in capsys.readouterr().out
