@@ -9,15 +9,17 @@ model is refused (or, with `--federation-allow-fail-open`, started with a loud w
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from epp.datastore.pool import FailureMode
 from epp.datastore.sites import SiteRegistry
+from epp.errors import ConfigError
 from epp.federation.policy import FederationConfig, FederationRouter, check_fail_open, parse_federation
 from epp.federation.policy.router import SaturationCheck
-from epp.federation.watch import SiteFeed
+from epp.federation.watch import GROUP, PLURAL, VERSION, SiteFeed
 from epp.scheduling.config import EndpointPickerConfig
 
 log = logging.getLogger("epp.federation")
@@ -30,6 +32,43 @@ class FederationParts:
     router: FederationRouter
     feed: SiteFeed
     watch: bool  # follow FederatedClusters in the cluster
+    _rest: Any = None
+
+    def connect(self, kubeconfig: str = "") -> None:
+        """Load the Kubernetes client configuration for the watch (kubeconfig, else in-cluster, else $KUBECONFIG).
+
+        Blocking: called at start-up, so a bad `--kubeconfig` ends `epp serve` with one line before serving."""
+        if not self.watch or self._rest is not None:
+            return
+        from epp.discovery.kubernetes.rest import KubeRest, load_api_client
+
+        try:
+            self._rest = KubeRest(load_api_client(kubeconfig or None))
+        except Exception as exc:  # ConfigException, OSError, YAML errors: all mean "cannot talk to the cluster"
+            where = f"--kubeconfig {kubeconfig}" if kubeconfig else "in-cluster config"
+            raise ConfigError(f"--federation-watch: {where}: {' '.join(str(exc).split())}") from None
+
+    async def run_watch(self) -> None:
+        """Follow FederatedClusters until cancelled, with the pool watch's recovery rules (re-list on 410, backoff,
+        inactivity timeout; a missing CRD is an empty list, looked for again later)."""
+        from epp.discovery.kubernetes.rest import ResourceRef
+        from epp.discovery.kubernetes.watch import Listed, watch_objects
+
+        if self._rest is None:
+            await asyncio.to_thread(self.connect)
+        async for item in watch_objects(self._rest, ResourceRef(GROUP, VERSION, PLURAL)):
+            if isinstance(item, Listed):
+                self.feed.listed(item.objects)
+            else:
+                self.feed.changed(item.type, item.object)
+
+    def start(self) -> asyncio.Task[None] | None:
+        """The watch task when `--federation-watch` asked for one (cancel it to stop)."""
+        if not self.watch:
+            return None
+        task = asyncio.create_task(self.run_watch(), name="federatedcluster-watch")
+        task.add_done_callback(_log_crash)
+        return task
 
     def report(self, now: float) -> dict[str, Any]:
         """The `/debug/pool` section: the picker's tier, and every site with its recomputed phase."""
@@ -41,6 +80,11 @@ class FederationParts:
                 "sites": self.router.debug_view(now),
             }
         }
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the FederatedCluster watch stopped; sites are no longer updated", exc_info=task.exception())
 
 
 def build_federation(
