@@ -30,8 +30,11 @@ def test_sample_sites_are_valid_against_the_real_crd_and_routable(shared_referen
     assert len({s.tier for s in sites}) == 2
 
 
-def test_sample_config_loads_with_the_picker_config_loader() -> None:
-    picker_config = load_config(MANIFESTS / "epp-config.yaml")
+def test_sample_config_loads_with_the_picker_config_loader(tmp_path: Path) -> None:
+    (config_map,) = _docs("epp-config.yaml")
+    path = tmp_path / "federation.yaml"
+    path.write_text(config_map["data"]["federation.yaml"])
+    picker_config = load_config(path)
     config = parse_federation(picker_config.federation, picker_config.source)
     assert {r.name for r in config.rules} == {"patient-records", "critical-stays-home"}
 
