@@ -37,11 +37,11 @@ from epp.extproc.stream import StreamSettings
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import PickerMetrics
 from epp.scheduling import build_scheduler, load_config
+from epp.scrape.engines import EngineRegistry, engines_from_config
+from epp.scrape.process import ScrapeProcess
+from epp.scrape.scraper import ScrapeService, ScrapeSettings
 
 log = logging.getLogger("epp")
-
-STALE_AFTER_S = 2.0  # metrics older than this read as stale in /debug/pool (the scraper's threshold)
-MAX_SCRAPE_FAILURES = 3
 
 
 @dataclass
@@ -67,6 +67,19 @@ class PickerState:
     def ready(self) -> bool:
         """What readiness reports now: off before the source syncs and from the moment the picker is stopping."""
         return self.health.ready
+
+
+def _scrape_settings(args: argparse.Namespace) -> ScrapeSettings:
+    """The scrape flags (epp/cli/scrape_flags.py); a namespace without them gets upstream's defaults."""
+    d = ScrapeSettings()
+    return ScrapeSettings(
+        interval_s=getattr(args, "refresh_metrics_interval", d.interval_s),
+        timeout_s=getattr(args, "metrics_scrape_timeout", d.timeout_s),
+        staleness_s=getattr(args, "metrics_staleness_threshold", d.staleness_s),
+        max_failures=getattr(args, "metrics_max_failures", d.max_failures),
+        max_page_bytes=getattr(args, "metrics_max_page_bytes", d.max_page_bytes),
+        concurrency=getattr(args, "metrics_scrape_concurrency", d.concurrency),
+    )
 
 
 def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
@@ -99,7 +112,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         pool_name = state.kubernetes.settings.pool_name or "standalone"
     state.registry.register(PoolCollector(state.table, lambda: pool_name))
     # --config-file: an EndpointPickerConfig (refused with exit 2 and the reason); none: the built-in profile.
-    scheduler = build_scheduler(load_config(args.config_file) if args.config_file else None, seed=None)
+    config = load_config(args.config_file) if args.config_file else None
+    scheduler = build_scheduler(config, seed=None)
     director = Director(
         state.table,
         scheduler,
@@ -120,10 +134,21 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
     _bind(health_server, args.bind_address, args.grpc_health_port, "--grpc-health-port")
 
+    scrape = _scrape_settings(args)
+    # Metric names per engine: built-in, or the config's core-metrics-extractor parameters (upstream's format).
+    extractor = next((p for p in config.plugins if p.type == "core-metrics-extractor"), None) if config else None
+    engines = engines_from_config(extractor.parameters, config.source) if extractor and config else EngineRegistry()
+    # A child process by default: scraping hundreds of endpoints on the serving loop costs most of its core.
+    scraper: ScrapeService | ScrapeProcess
+    if getattr(args, "metrics_scrape_in_process", False):
+        scraper = ScrapeService(state.table, scrape, engines)
+    else:
+        scraper = ScrapeProcess(state.table, scrape, engines)
+
     def report() -> dict[str, Any]:
         extra = {"kubernetes": state.kubernetes.status()} if state.kubernetes is not None else None
         return pool_report(
-            state.table, state.pool, time.monotonic(), state.ready(), STALE_AFTER_S, MAX_SCRAPE_FAILURES, extra
+            state.table, state.pool, time.monotonic(), state.ready(), scrape.staleness_s, scrape.max_failures, extra
         )
 
     http_runner = web.AppRunner(build_http_app(state.registry, report, state.ready), access_log=None)
@@ -135,6 +160,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         await http_runner.cleanup()
         raise ConfigError(f"--metrics-port {args.metrics_port}: cannot listen ({exc.strerror})") from None
 
+    await scraper.start()
     await grpc_server.start()
     await health_server.start()
     await state.health.start()
@@ -161,6 +187,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         await grpc_server.stop(args.grace_period)
         await state.health.stopping()
         await health_server.stop(0)
+        await scraper.stop()
         await http_runner.cleanup()
         log.info("stopped")
     return 0

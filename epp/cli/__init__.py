@@ -18,6 +18,7 @@ _SUBCOMMANDS = (
     "epp.cli.sim",
     "epp.cli.check_config",
     "epp.cli.envoy_config",
+    "epp.cli.inspect_metrics",
 )
 
 

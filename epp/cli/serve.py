@@ -6,6 +6,8 @@ import argparse
 import re
 from typing import Any
 
+from epp.cli.scrape_flags import add_scrape_flags
+
 
 def _port(text: str) -> int:
     try:
@@ -100,6 +102,7 @@ def register(sub: Any) -> None:
         default=10.0,
         help="seconds open streams get to finish after SIGTERM (default 10)",
     )
+    add_scrape_flags(p)
     p.add_argument("-v", "--verbosity", type=int, default=1, help="log level: 0 warnings, 1 info, 2+ debug")
     _register_kubernetes(p)
     p.set_defaults(func=run)
