@@ -124,10 +124,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             "--grace-period=1",
         )
         try:
-            with (
+            with (  # the picker boots while the sites' Envoys start
+                running(picker_argv, tmp / "picker.log", env={"KUBECONFIG": str(kubeconfig)}) as picker,
                 run_envoy(tmp, _site_gateway(site_ports["site-a"], _port(sim_addresses["sim-1"])), "site-a"),
                 run_envoy(tmp, _site_gateway(site_ports["site-b"], _port(sim_addresses["sim-2"])), "site-b"),
-                running(picker_argv, tmp / "picker.log", env={"KUBECONFIG": str(kubeconfig)}) as picker,
             ):
                 debug_url = f"http://127.0.0.1:{metrics_port}/debug/pool"
                 wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "epp serve", picker)
