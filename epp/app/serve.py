@@ -27,13 +27,14 @@ from epp.app.pool_metrics import PoolCollector
 from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode, PoolSpec
-from epp.director import Director, RandomScheduler
+from epp.director import Director
 from epp.discovery.static import load_pool_file, parse_static_endpoints
 from epp.errors import ConfigError
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import PickerMetrics
+from epp.scheduling import build_scheduler, load_config
 
 log = logging.getLogger("epp")
 
@@ -54,8 +55,13 @@ class PickerState:
     def failure_mode(self) -> FailureMode:
         return self.pool.failure_mode if self.pool is not None else FailureMode.FAIL_CLOSE
 
-    def ready(self) -> bool:
+    def source_ready(self) -> bool:
+        """The endpoint source has delivered its first complete view (readiness also needs leadership, if HA)."""
         return self.table.synced
+
+    def ready(self) -> bool:
+        """What readiness reports now: off before the source syncs and from the moment the picker is stopping."""
+        return self.health.ready
 
 
 def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
@@ -77,9 +83,18 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     metrics = PickerMetrics(state.registry)
     pool_name = state.pool.name if state.pool is not None else "static"
     state.registry.register(PoolCollector(state.table, lambda: pool_name))
-    scheduler = RandomScheduler()
-    director = Director(state.table, scheduler, clock=time.monotonic, failure_mode=state.failure_mode, observer=metrics)
+    # --config-file: an EndpointPickerConfig (refused with exit 2 and the reason); none: the built-in profile.
+    scheduler = build_scheduler(load_config(args.config_file) if args.config_file else None, seed=None)
+    director = Director(
+        state.table,
+        scheduler,
+        clock=time.monotonic,
+        failure_mode=state.failure_mode,
+        observer=metrics,
+        saturation=scheduler.saturation,
+    )
     processor = ExternalProcessor(director, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
+    metrics.open_streams.set_function(lambda: processor.open_streams)
 
     grpc_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     add_to_server(processor, grpc_server)
@@ -105,7 +120,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     await grpc_server.start()
     await health_server.start()
     await state.health.start()
-    await state.health.set_ready(state.ready())
+    await state.health.set_ready(state.source_ready())
     log.info(
         "epp serving: ext_proc on %s:%d, health on %d, metrics on %d; %d endpoints; pool %s (%s)",
         args.bind_address,

@@ -59,6 +59,7 @@ class MetricsSample:
     waiting_adapters: tuple[str, ...] | None = None
 
 
+# The order of these tuples is the row order of the blocks; `snapshot()` indexes rows by position.
 _FLOAT_COLUMNS = ("waiting", "running", "kv_usage", "max_lora", "block_size", "num_blocks", "scraped_at")
 _INT_COLUMNS = ("scrape_failures", "inflight", "picks_since_scrape")
 _BOOL_COLUMNS = ("present", "scrape_ok")
@@ -112,13 +113,12 @@ class EndpointTable:
         self._infos: list[EndpointInfo | None] = []
         self._running_adapters: list[frozenset[str]] = []
         self._waiting_adapters: list[frozenset[str]] = []
+        # One 2-D block per dtype (a row per column name): a snapshot is three copies, not fifteen.
+        self._floats = np.full((len(_FLOAT_COLUMNS), self._capacity), NAN)
+        self._ints = np.zeros((len(_INT_COLUMNS), self._capacity), dtype=np.int64)
+        self._bools = np.zeros((len(_BOOL_COLUMNS), self._capacity), dtype=np.bool_)
         self._cols: dict[str, np.ndarray] = {}
-        for name in _FLOAT_COLUMNS:
-            self._cols[name] = np.full(self._capacity, NAN)
-        for name in _INT_COLUMNS:
-            self._cols[name] = np.zeros(self._capacity, dtype=np.int64)
-        for name in _BOOL_COLUMNS:
-            self._cols[name] = np.zeros(self._capacity, dtype=np.bool_)
+        self._bind_columns()
         self.version = 0  # bumps on every membership change
         self._members_cache: tuple[int, tuple[str, ...], tuple[EndpointInfo | None, ...]] | None = None
         self._adapters_cache: tuple[tuple[frozenset[str], ...], tuple[frozenset[str], ...]] | None = None
@@ -190,20 +190,27 @@ class EndpointTable:
 
     def _grow(self) -> None:
         new_capacity = self._capacity * 2
-        for name, col in self._cols.items():
-            fill = NAN if name in _FLOAT_COLUMNS else 0
-            grown = np.full(new_capacity, fill, dtype=col.dtype)
-            grown[: self._capacity] = col
-            self._cols[name] = grown
+        old = self._capacity
+        floats = np.full((len(_FLOAT_COLUMNS), new_capacity), NAN)
+        ints = np.zeros((len(_INT_COLUMNS), new_capacity), dtype=np.int64)
+        bools = np.zeros((len(_BOOL_COLUMNS), new_capacity), dtype=np.bool_)
+        floats[:, :old] = self._floats
+        ints[:, :old] = self._ints
+        bools[:, :old] = self._bools
+        self._floats, self._ints, self._bools = floats, ints, bools
         self._capacity = new_capacity
+        self._bind_columns()
+
+    def _bind_columns(self) -> None:
+        """Name each row of the blocks: `self._cols["waiting"]` is a view into the float block."""
+        for block, names in ((self._floats, _FLOAT_COLUMNS), (self._ints, _INT_COLUMNS), (self._bools, _BOOL_COLUMNS)):
+            for i, name in enumerate(names):
+                self._cols[name] = block[i]
 
     def _reset_row(self, slot: int) -> None:
-        for name in _FLOAT_COLUMNS:
-            self._cols[name][slot] = NAN
-        for name in _INT_COLUMNS:
-            self._cols[name][slot] = 0
-        for name in _BOOL_COLUMNS:
-            self._cols[name][slot] = False
+        self._floats[:, slot] = NAN
+        self._ints[:, slot] = 0
+        self._bools[:, slot] = False
         self._running_adapters[slot] = frozenset()
         self._waiting_adapters[slot] = frozenset()
         self._adapters_cache = None
@@ -252,7 +259,6 @@ class EndpointTable:
     def snapshot(self) -> Snapshot:
         """Copies of every column; the per-slot tuples are rebuilt only when membership or adapters change."""
         n = self._high_water
-        c = self._cols
         members = self._members_cache
         if members is None or members[0] != self.version or len(members[1]) != n:
             infos = tuple(self._infos[:n])
@@ -262,22 +268,25 @@ class EndpointTable:
         if adapters is None or len(adapters[0]) != n:
             adapters = (tuple(self._running_adapters[:n]), tuple(self._waiting_adapters[:n]))
             self._adapters_cache = adapters
+        floats = self._floats[:, :n].copy()
+        ints = self._ints[:, :n].copy()
+        bools = self._bools[:, :n].copy()
         return Snapshot(
             version=self.version,
             addresses=members[1],
             infos=members[2],
-            present=c["present"][:n].copy(),
-            waiting=c["waiting"][:n].copy(),
-            running=c["running"][:n].copy(),
-            kv_usage=c["kv_usage"][:n].copy(),
-            max_lora=c["max_lora"][:n].copy(),
-            block_size=c["block_size"][:n].copy(),
-            num_blocks=c["num_blocks"][:n].copy(),
-            scraped_at=c["scraped_at"][:n].copy(),
-            scrape_ok=c["scrape_ok"][:n].copy(),
-            scrape_failures=c["scrape_failures"][:n].copy(),
-            inflight=c["inflight"][:n].copy(),
-            picks_since_scrape=c["picks_since_scrape"][:n].copy(),
+            present=bools[0],
+            waiting=floats[0],
+            running=floats[1],
+            kv_usage=floats[2],
+            max_lora=floats[3],
+            block_size=floats[4],
+            num_blocks=floats[5],
+            scraped_at=floats[6],
+            scrape_ok=bools[1],
+            scrape_failures=ints[0],
+            inflight=ints[1],
+            picks_since_scrape=ints[2],
             running_adapters=adapters[0],
             waiting_adapters=adapters[1],
         )

@@ -15,9 +15,11 @@ from typing import Protocol
 import numpy as np
 
 from epp.datastore import EndpointTable, Snapshot
+from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.datastore.table import IntArray
 from epp.director.random_scheduler import RandomScheduler
+from epp.director.rewrite import ModelRewriter
 from epp.errors import EppError, ErrorCode
 from epp.requests import InferenceRequest
 
@@ -31,6 +33,12 @@ class Scheduler(Protocol):
     def pick(
         self, snapshot: Snapshot, candidates: IntArray, request: InferenceRequest, now: float
     ) -> Sequence[int]: ...
+
+
+class SaturationSignal(Protocol):
+    """The pool's saturation (≥ 1.0 = saturated), read before admitting a sheddable request."""
+
+    def saturation(self, snapshot: Snapshot, candidates: IntArray, now: float) -> float: ...
 
 
 class DecisionObserver(Protocol):
@@ -68,13 +76,24 @@ class Director:
         clock: Callable[[], float],
         failure_mode: Callable[[], FailureMode] = lambda: FailureMode.FAIL_CLOSE,
         observer: DecisionObserver | None = None,
+        objectives: ObjectiveStore | None = None,
+        saturation: SaturationSignal | None = None,
+        seed: int | None = None,
     ) -> None:
+        """`objectives` gives priorities and model rewrites (none: every request priority 0, no rewrite);
+        `saturation` decides shedding (none: the scheduler's own `.saturation` if it has one, else no shedding);
+        `seed` makes weighted rewrite choices reproducible."""
         self._table = table
         self._scheduler = scheduler
         self._clock = clock
         self._failure_mode = failure_mode
         self._observer = observer or _NullObserver()
         self._fallback = RandomScheduler()
+        self._objectives = objectives
+        if saturation is None:
+            saturation = getattr(scheduler, "saturation", None)
+        self._saturation = saturation
+        self._rewriter = ModelRewriter(objectives, seed)
 
     @property
     def table(self) -> EndpointTable:
@@ -100,6 +119,9 @@ class Director:
                 raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no pool endpoint matches the gateway's subset hint")
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no ready endpoint in the pool")
         now = self._clock()
+        self._admit(request, snapshot, candidates, now)
+        original_model = request.model
+        request, body = self._rewriter.rewrite(request)
         degraded = False
         try:
             slots = self._scheduler.pick(snapshot, candidates, request, now)
@@ -121,9 +143,22 @@ class Director:
             addresses=tuple(snapshot.addresses[s] for s in slots),
             slot=primary,
             degraded=degraded,
-            original_model=request.model,
+            body=body,
+            original_model=original_model,
             target_model=request.model,
         )
+
+    def _admit(self, request: InferenceRequest, snapshot: Snapshot, candidates: IntArray, now: float) -> None:
+        """Shedding: a sheddable request (its objective's priority < 0) is refused with 429 while the pool is
+        saturated. Saturation is computed only for sheddable requests, so the common path pays nothing."""
+        if self._objectives is None or self._saturation is None or not request.objective:
+            return
+        priority = self._objectives.priority_of(request.objective)
+        if priority < 0 and self._saturation.saturation(snapshot, candidates, now) >= 1.0:
+            raise EppError(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                f"pool saturated: sheddable request (objective {request.objective!r}, priority {priority}) dropped",
+            )
 
     def complete(self, decision: Decision) -> None:
         """The request ended (response done, stream closed or failed): release its in-flight booking."""

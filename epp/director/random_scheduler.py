@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
-
-import numpy as np
 
 from epp.datastore import Snapshot
 from epp.datastore.table import IntArray
@@ -15,9 +14,9 @@ class RandomScheduler:
     """Picks uniformly among the candidates; seeded so tests and benchmarks are reproducible."""
 
     def __init__(self, seed: int | None = None) -> None:
-        self._rng = np.random.default_rng(seed)
+        self._rng = random.Random(seed)
 
     def pick(self, snapshot: Snapshot, candidates: IntArray, request: InferenceRequest, now: float) -> Sequence[int]:
         if candidates.size == 0:
             return ()
-        return (int(candidates[self._rng.integers(candidates.size)]),)
+        return (int(candidates[self._rng.randrange(candidates.size)]),)

@@ -59,14 +59,14 @@ def served_endpoint(request: pb.ProcessingRequest, headers: dict[str, str] | Non
     return None
 
 
-def _set(key: str, value: str) -> base_pb2.HeaderValueOption:
-    return base_pb2.HeaderValueOption(
-        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE
-    )
-
-
 def header_mutation(set_headers: Iterable[tuple[str, str]], remove: Sequence[str] = ()) -> pb.HeaderMutation:
-    return pb.HeaderMutation(set_headers=[_set(k, v) for k, v in set_headers], remove_headers=list(remove))
+    mutation = pb.HeaderMutation(remove_headers=remove)
+    for key, value in set_headers:
+        option = mutation.set_headers.add()
+        option.header.key = key
+        option.header.raw_value = value.encode()
+        option.append_action = _OVERWRITE
+    return mutation
 
 
 def decision_metadata(response: pb.ProcessingResponse, destination: str) -> None:
@@ -76,40 +76,55 @@ def decision_metadata(response: pb.ProcessingResponse, destination: str) -> None
     ].string_value = destination
 
 
+# Builders fill messages through attribute paths: with the upb backend that writes in place, where nested
+# constructor arguments would copy each sub-message.
+
+
 def request_headers_response(
     mutation: pb.HeaderMutation | None = None, clear_route_cache: bool = False
 ) -> pb.ProcessingResponse:
-    common = pb.CommonResponse(clear_route_cache=clear_route_cache)
+    response = pb.ProcessingResponse()
+    common = response.request_headers.response
     if mutation is not None:
         common.header_mutation.CopyFrom(mutation)
-    return pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common))
+    if clear_route_cache:
+        common.clear_route_cache = True
+    return response
 
 
 def request_body_response(
     mutation: pb.HeaderMutation | None = None, body: bytes | None = None, clear_route_cache: bool = False
 ) -> pb.ProcessingResponse:
     """BUFFERED mode: the answer to the whole body, optionally carrying the decision and a replaced body."""
-    common = pb.CommonResponse(clear_route_cache=clear_route_cache)
+    response = pb.ProcessingResponse()
+    common = response.request_body.response
     if mutation is not None:
         common.header_mutation.CopyFrom(mutation)
     if body is not None:
         common.body_mutation.body = body
-    return pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+    if clear_route_cache:
+        common.clear_route_cache = True
+    if mutation is None and body is None:
+        response.request_body.SetInParent()
+    return response
 
 
 def streamed_body_responses(body: bytes, end_of_stream: bool, request: bool = True) -> list[pb.ProcessingResponse]:
     """FULL_DUPLEX_STREAMED: the body sent back in chunks of at most MAX_CHUNK bytes; the last carries eos."""
-    chunks = [body[i : i + MAX_CHUNK] for i in range(0, len(body), MAX_CHUNK)] or [b""]
+    size = len(body)
+    starts = range(0, size, MAX_CHUNK) if size else (0,)
+    last = starts[-1]
     out = []
-    for i, chunk in enumerate(chunks):
-        streamed = pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream and i == len(chunks) - 1)
-        common = pb.CommonResponse(body_mutation=pb.BodyMutation(streamed_response=streamed))
-        body_response = pb.BodyResponse(response=common)
-        out.append(
-            pb.ProcessingResponse(request_body=body_response)
-            if request
-            else pb.ProcessingResponse(response_body=body_response)
-        )
+    for start in starts:
+        response = pb.ProcessingResponse()
+        body_response = response.request_body if request else response.response_body
+        streamed = body_response.response.body_mutation.streamed_response
+        streamed.body = body[start : start + MAX_CHUNK] if size > MAX_CHUNK else body
+        if end_of_stream and start == last:
+            streamed.end_of_stream = True
+        else:
+            streamed.SetInParent()
+        out.append(response)
     return out
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import orjson
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 
 from epp import wire
@@ -289,7 +290,7 @@ class StreamProcessor:
             candidates = [text]
         for raw in reversed(candidates):
             try:
-                usage = json.loads(raw).get("usage")
+                usage = orjson.loads(raw).get("usage")
             except (ValueError, AttributeError):
                 continue
             if isinstance(usage, dict):

@@ -6,6 +6,8 @@ hot path calls a few cheap counter methods and knows nothing of Prometheus.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from epp.errors import ErrorCode
@@ -70,13 +72,17 @@ class PickerMetrics:
         )
         self.open_streams = Gauge("epp_open_streams", "ext_proc streams open now.", registry=registry)
         self._routed = self.requests.labels("routed", "OK")
+        self._by_model: dict[tuple[str, str], Any] = {}  # label children, looked up once per model pair
 
     # StreamObserver -------------------------------------------------------------------------------------------
 
     def request_done(self, code: ErrorCode | None, model: str, target_model: str) -> None:
         if code is None:
             self._routed.inc()
-            self.objective_requests.labels(model, target_model).inc()
+            child = self._by_model.get((model, target_model))
+            if child is None:
+                child = self._by_model[(model, target_model)] = self.objective_requests.labels(model, target_model)
+            child.inc()
         else:
             self.requests.labels("refused", code.label).inc()
             self.objective_errors.labels(model, target_model, code.label).inc()

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from epp.errors import EppError, ErrorCode
 
 HEADER_OBJECTIVE = "x-gateway-inference-objective"
@@ -141,11 +143,9 @@ def parse_request(request_id: str, path: str, headers: Mapping[str, str], body: 
             return InferenceRequest(api=api, model="", **common)  # type: ignore[arg-type]
         raise _bad(f"{api.value} requests need a JSON body")
     try:
-        parsed = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _bad(f"body is not valid JSON ({exc.__class__.__name__})") from None
-    except RecursionError:
-        raise _bad("body is nested too deeply") from None
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise _bad(f"body is not valid JSON ({str(exc).split(':', 1)[0]})") from None
     if not isinstance(parsed, dict):
         raise _bad("body must be a JSON object")
     model = parsed.get("model")

@@ -44,3 +44,48 @@ def test_serve_reports_health_and_pool_then_stops_cleanly_on_sigterm(tmp_path: P
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
     assert "stopped" in (tmp_path / "serve.log").read_text()
+
+
+def test_sigterm_lets_an_open_stream_finish_then_exits_0(tmp_path: Path) -> None:
+    """Readiness goes off at once, but a stream already open still gets its decision within the grace period."""
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+    from tests.extproc.test_stream import BODY, body_msg, destination, headers_msg
+
+    grpc_port, metrics_port = free_port(), free_port()
+    argv = epp_argv(
+        "serve", "--bind-address", "127.0.0.1", "--grpc-port", str(grpc_port), "--grpc-health-port",
+        str(free_port()), "--metrics-port", str(metrics_port), "--static-endpoints", "127.10.0.1:8000",
+        "--grace-period", "10",
+    )  # fmt: skip
+    with running(argv, tmp_path / "serve.log") as proc:
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "serve", proc)
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            sent: list[object] = [headers_msg()]
+            import queue
+            import threading
+
+            outbox: queue.Queue[object] = queue.Queue()
+            outbox.put(sent[0])
+            release = threading.Event()
+
+            def requests():  # type: ignore[no-untyped-def]
+                yield outbox.get()
+                release.wait(10)
+                yield body_msg(BODY, True)
+
+            responses = stub.Process(requests(), timeout=15)
+            metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+            wait_until(
+                lambda: "epp_open_streams 1.0" in urllib.request.urlopen(metrics_url).read().decode(),
+                10,
+                "stream open",
+                proc,
+            )
+            proc.send_signal(signal.SIGTERM)
+            wait_until(lambda: not http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 10, "readiness off", proc)
+            release.set()
+            first = next(responses)
+            assert destination(first) == "127.10.0.1:8000"  # type: ignore[arg-type]
+        assert proc.wait(20) == 0

@@ -1,83 +1,23 @@
-"""Starting and stopping the processes a test needs: by PID, always, even when the test fails."""
+"""Process helpers for tests: the same ones the demo uses, run from the repository root."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from epp.demo.processes import epp_argv, free_port, http_ok, port_open, stop, wait_until
+from epp.demo.processes import running as _running
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel just handed out; racy in theory, fine on loopback in practice."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(
-    check: Callable[[], bool], timeout_s: float, what: str, proc: subprocess.Popen[bytes] | None = None
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what}: process exited with {proc.returncode}")
-        with contextlib.suppress(Exception):
-            if check():
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"{what}: not ready after {timeout_s}s")
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def port_open(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
-
-
-def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> int:
-    """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
+__all__ = ["ROOT", "epp_argv", "free_port", "http_ok", "port_open", "running", "stop", "wait_until"]
 
 
 @contextlib.contextmanager
 def running(
     argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A child process whose output goes to `log_path`; stopped by PID when the block ends."""
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            list(argv), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=ROOT
-        )
-        try:
-            yield proc
-        finally:
-            stop(proc)
-
-
-def epp_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "epp", *args]
+    with _running(argv, log_path, env, cwd=ROOT) as proc:
+        yield proc

@@ -1,0 +1,154 @@
+"""Routing policies side by side in the quality benchmark.
+
+`epp` (and any `--config` profile) is the picker's own code: the real `epp.director.Director` over a real
+`EndpointTable` fed by simulated scrapes, with the scheduler the picker builds. The others are what users run
+instead (round-robin, random, least-queue) and an oracle that sees every server's true queue and cache contents
+and picks the lowest predicted TTFT. They live here, not in epp/scheduling: they are yardsticks, not features.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.workloads import Item, prompt_text
+from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
+from epp.director import Director, RandomScheduler, Scheduler
+from epp.requests import ApiKind, InferenceRequest
+from epp.sim.engine import Engine, SimRequest
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def picker_scheduler(config: Path | None, seed: int) -> Scheduler:
+    """The scheduler `epp serve` runs. Swap in epp.scheduling's builder here (one line) once it lands on main."""
+    return RandomScheduler(seed)
+
+
+class Policy:
+    """One routing policy. `pick` returns a server index; `done` is called when a request finishes there."""
+
+    name = "policy"
+    reads_scrapes = False
+
+    def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
+        raise NotImplementedError
+
+    def done(self, server: int, index: int) -> None:
+        pass
+
+    def scrape(self, engines: Sequence[Engine], now: float) -> None:
+        pass
+
+
+class RoundRobin(Policy):
+    name = "rr"
+
+    def __init__(self, n: int, seed: int) -> None:
+        self._next = itertools.cycle(range(n))
+
+    def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
+        return next(self._next)
+
+
+class Random(Policy):
+    name = "random"
+
+    def __init__(self, n: int, seed: int) -> None:
+        self._rng = np.random.default_rng(seed)
+        self._n = n
+
+    def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
+        return int(self._rng.integers(self._n))
+
+
+class LeastQueue(Policy):
+    """Fewest requests in flight as the router itself counts them (Envoy LEAST_REQUEST with a full scan): exact
+    and instant, so it is the strongest load-only baseline, with no staleness to hide behind."""
+
+    name = "least-queue"
+
+    def __init__(self, n: int, seed: int) -> None:
+        self._inflight = np.zeros(n, dtype=np.int64)
+        self._rng = np.random.default_rng(seed)
+
+    def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
+        least = np.flatnonzero(self._inflight == self._inflight.min())
+        server = int(least[self._rng.integers(least.size)])
+        self._inflight[server] += 1
+        return server
+
+    def done(self, server: int, index: int) -> None:
+        self._inflight[server] -= 1
+
+
+class Oracle(Policy):
+    """Perfect, instant knowledge of every queue and cache; picks the lowest predicted TTFT (greedy, myopic)."""
+
+    name = "oracle"
+
+    def __init__(self, engines: Sequence[Engine], seed: int) -> None:
+        self._engines = engines
+        self._rng = np.random.default_rng(seed)
+
+    def predicted_ttft(self, engine: Engine, req: SimRequest) -> float:
+        p = engine.profile
+        own = max(1, req.prompt_tokens - engine.cached_units(req) * req.unit_tokens)
+        tokens = engine.queued_prefill_tokens() + own
+        per_step = max(1, p.max_batched_tokens - engine.num_running)
+        steps = -(-tokens // per_step)
+        return steps * engine.step_estimate(min(tokens, per_step))
+
+    def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
+        ttft = np.array([self.predicted_ttft(e, req) for e in self._engines])
+        best = np.flatnonzero(ttft <= ttft.min() * (1 + 1e-9))
+        return int(best[self._rng.integers(best.size)])
+
+
+class Picker(Policy):
+    """The picker's director and scheduler, reading only scraped metrics and its own in-flight bookkeeping."""
+
+    reads_scrapes = True
+
+    def __init__(self, name: str, n: int, scheduler: Scheduler, clock: Callable[[], float]) -> None:
+        self.name = name
+        self.table = EndpointTable()
+        self.slots = [
+            self.table.upsert(EndpointInfo(address=f"127.10.0.{i + 1}:8000", pod_name=f"sim-{i}")) for i in range(n)
+        ]
+        self.table.synced = True
+        self._server_of = {slot: i for i, slot in enumerate(self.slots)}
+        self._director = Director(self.table, scheduler, clock)
+        self._decisions: dict[int, object] = {}
+
+    def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
+        request = InferenceRequest(
+            request_id=str(index), api=ApiKind.COMPLETIONS, model=MODEL, prompt=prompt_text(index, item)
+        )
+        decision = self._director.decide(request)
+        self._decisions[index] = decision
+        return self._server_of[decision.slot]
+
+    def done(self, server: int, index: int) -> None:
+        self._director.complete(self._decisions.pop(index))  # type: ignore[arg-type]
+
+    def scrape(self, engines: Sequence[Engine], now: float) -> None:
+        for slot, e in zip(self.slots, engines, strict=True):
+            p = e.profile
+            sample = MetricsSample(
+                waiting=float(e.num_waiting),
+                running=float(e.num_running),
+                kv_usage=e.kv_usage,
+                max_lora=float(p.max_loras),
+                block_size=float(p.block_size),
+                num_blocks=float(p.num_blocks),
+                running_adapters=(),
+                waiting_adapters=(),
+            )
+            self.table.record_scrape(slot, sample, now)
+
+
+BASELINES = {"rr": RoundRobin, "random": Random, "least-queue": LeastQueue}

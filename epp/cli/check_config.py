@@ -1,0 +1,44 @@
+"""`epp check-config FILE...`: the verdict the server would reach on an EndpointPickerConfig, without serving.
+
+Exit 0 when every file loads (each printed with the profile it builds), 1 when any is refused (with the reason
+the server would log at start-up: the file, the plugin and why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from epp.errors import ConfigError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("check-config", help="validate EndpointPickerConfig files (exit 0 loads, 1 refused)")
+    p.add_argument("files", nargs="+", metavar="FILE", help="EndpointPickerConfig YAML file(s)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from epp.scheduling import build_scheduler, read_config
+
+    refused = 0
+    for path in args.files:
+        try:
+            config = read_config(path)
+            scheduler = build_scheduler(config, seed=0)
+        except ConfigError as exc:
+            refused += 1
+            print(f"refused: {exc}", file=sys.stdout)
+            continue
+        print(f"ok: {path}: {scheduler.profile.describe()}")
+        t = config.saturation
+        print(
+            f"    saturation: queueDepthThreshold {t.queue_depth:g}, kvCacheUtilThreshold {t.kv_util:g}, "
+            f"metricsStalenessThreshold {t.staleness_s * 1000:g}ms, headroom {t.headroom:g}"
+        )
+        if config.federation is not None:
+            print(f"    federation: {len(config.federation)} key(s), passed to the federation policy")
+        for note in config.notes:
+            print(f"    note: {note}")
+    return 1 if refused else 0

@@ -1,0 +1,77 @@
+"""`epp sim`: simulated vLLM-compatible model servers on loopback ports, until interrupted (or --duration)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from typing import Any
+
+from epp.errors import ConfigError
+from epp.sim.metrics import ENGINES
+from epp.sim.pool import SimulatedPool
+from epp.sim.profiles import PROFILES, profile_named
+from epp.sim.server import DEFAULT_MODEL
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("sim", help="run simulated model servers (vLLM API and metrics) on loopback")
+    p.add_argument("--servers", type=int, default=8, help="number of servers (default 8)")
+    p.add_argument("--base-port", type=int, default=8100, help="server i listens on base-port + i (default 8100)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument(
+        "--profiles",
+        default="h100",
+        help=f"comma list of performance profiles, cycled over the servers ({', '.join(sorted(PROFILES))})",
+    )
+    p.add_argument("--engine", default="vllm", choices=ENGINES, help="metric names to export (default vllm)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="served model name")
+    p.add_argument("--lora", default="", help="comma list of LoRA adapter names served as models")
+    p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall-clock second")
+    p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: until signalled)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        profiles = [profile_named(n.strip()) for n in args.profiles.split(",") if n.strip()]
+        pool = SimulatedPool(
+            servers=args.servers,
+            base_port=args.base_port,
+            host=args.host,
+            profiles=profiles,
+            engine=args.engine,
+            model=args.model,
+            lora_adapters=[n.strip() for n in args.lora.split(",") if n.strip()],
+            speed=args.speed,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"epp sim: {exc}") from None
+    return asyncio.run(_serve(pool, args.duration))
+
+
+async def _serve(pool: SimulatedPool, duration: float) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await pool.start()
+    except OSError as exc:
+        print(f"epp sim: error: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    try:
+        for server in pool.servers:
+            print(f"{server.config.name} {server.address} {server.config.profile.name} {server.config.engine}")
+        sys.stdout.flush()
+        if duration > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), duration)
+        else:
+            await stop.wait()
+    finally:
+        await pool.stop()
+    return 0

@@ -1,0 +1,68 @@
+"""Label filters: keep endpoints whose labels satisfy a predicate (a pool subset, or llm-d's P/D roles).
+
+Labels change only with membership, so the keep-mask over all slots is computed once per snapshot version and a
+pick costs one boolean index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from epp.datastore import Snapshot
+from epp.datastore.table import BoolArray, IntArray
+from epp.scheduling.framework import CycleState
+
+ROLE_LABEL = "llm-d.ai/role"  # llm-d's prefill/decode role label
+
+LabelPredicate = Callable[[Mapping[str, str]], bool]
+
+
+def match_labels(wanted: Mapping[str, str]) -> LabelPredicate:
+    items = tuple(wanted.items())
+    return lambda labels: all(labels.get(k) == v for k, v in items)
+
+
+def label_in(label: str, valid: tuple[str, ...], allow_missing: bool) -> LabelPredicate:
+    allowed = frozenset(valid)
+
+    def predicate(labels: Mapping[str, str]) -> bool:
+        value = labels.get(label)
+        return allow_missing if value is None else value in allowed
+
+    return predicate
+
+
+class LabelFilter:
+    """Keeps candidates whose endpoint labels satisfy `predicate`; may return none (no endpoint fits)."""
+
+    def __init__(self, type_name: str, name: str, predicate: LabelPredicate) -> None:
+        self.type_name = type_name
+        self.name = name
+        self._predicate = predicate
+        self._version = -1
+        self._mask: BoolArray = np.zeros(0, dtype=np.bool_)
+
+    def _keep_mask(self, snapshot: Snapshot) -> BoolArray:
+        if snapshot.version != self._version or self._mask.size != len(snapshot.infos):
+            self._mask = np.fromiter(
+                (info is not None and self._predicate(info.labels) for info in snapshot.infos),
+                dtype=np.bool_,
+                count=len(snapshot.infos),
+            )
+            self._version = snapshot.version
+        return self._mask
+
+    def filter(self, state: CycleState, candidates: IntArray) -> IntArray:
+        return candidates[self._keep_mask(state.snapshot)[candidates]]
+
+
+def decode_filter(name: str) -> LabelFilter:
+    """llm-d's `decode-filter`: role decode or both; an endpoint without the role label serves decode too."""
+    return LabelFilter("decode-filter", name, label_in(ROLE_LABEL, ("decode", "both"), allow_missing=True))
+
+
+def prefill_filter(name: str) -> LabelFilter:
+    """llm-d's `prefill-filter`: only endpoints labelled for prefill."""
+    return LabelFilter("prefill-filter", name, label_in(ROLE_LABEL, ("prefill",), allow_missing=False))

@@ -1,0 +1,109 @@
+"""The four extension points of a scheduling profile (upstream's words) and the per-pick state they share.
+
+A pick runs filters → scorers → picker over *candidate slots* of one endpoint-table snapshot. Every plugin works on
+whole numpy columns indexed by the candidate array, so a pick costs a fixed number of vector operations whatever the
+pool size. `CycleState` carries what one pick computes once and several plugins read (the prompt's block hashes),
+so a 128 KB prompt is hashed once per pick, not once per plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from epp.datastore import Snapshot
+from epp.datastore.table import FloatArray, IntArray
+
+
+class SchedulingRequest(Protocol):
+    """What scheduling reads of a request. Declared here, not imported: the request parser sits in a layer above
+    (epp.requests), and `epp.requests.InferenceRequest` satisfies this structurally."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def prompt(self) -> str: ...
+
+    @property
+    def session_token(self) -> str | None: ...
+
+
+class CycleState:
+    """One pick's inputs plus a scratch dict for values computed once per pick (e.g. prompt block hashes)."""
+
+    __slots__ = ("_whole", "candidates", "now", "request", "scratch", "snapshot")
+
+    def __init__(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> None:
+        self.snapshot = snapshot
+        self.candidates = candidates
+        self.request = request
+        self.now = now
+        self.scratch: dict[str, Any] = {}
+        # Candidates are distinct present slots in ascending order; as many as the snapshot has slots means every
+        # slot, in order, so a column can be used as is instead of gathered (the common case: no subset hint, no
+        # free slots).
+        self._whole = candidates.size == snapshot.present.size
+
+    def effective_queue(self) -> FloatArray:
+        """Per slot, last scraped `waiting` + own picks since that scrape (NaN where waiting is unknown).
+
+        Computed once per pick over the whole table and shared by the saturation filter and the in-flight scorer.
+        """
+        queue: FloatArray | None = self.scratch.get("effective_queue")
+        if queue is None:
+            queue = self.snapshot.waiting + self.snapshot.picks_since_scrape
+            self.scratch["effective_queue"] = queue
+        return queue
+
+    def take(self, column: npt.NDArray[Any], candidates: IntArray) -> npt.NDArray[Any]:
+        """`column[candidates]`, without the gather when `candidates` is the whole table. Read-only result."""
+        if self._whole and candidates is self.candidates:
+            return column
+        return column[candidates]
+
+
+class Plugin(Protocol):
+    """Every plugin has the type name it was registered under and the name the config gave it."""
+
+    type_name: str
+    name: str
+
+
+class Filter(Plugin, Protocol):
+    """Narrows the candidate slots. Returning an empty array means no candidate fits the request."""
+
+    def filter(self, state: CycleState, candidates: IntArray) -> IntArray: ...
+
+
+class Scorer(Plugin, Protocol):
+    """Scores candidate slots; one float per candidate, in [0, 1], higher is better; a new array (the runner may
+    write into it).
+
+    Each scorer applies its own NaN policy (unknown → neutral, documented per scorer). Scorers whose class sets
+    `UNIT_INTERVAL = True` guarantee [0, 1] by construction (the property tests check it); the runner clamps any
+    other scorer's output, and maps a NaN total to 0, so a scorer bug can bias a pick but never poison it."""
+
+    def score(self, state: CycleState, candidates: IntArray) -> FloatArray: ...
+
+
+class Picker(Plugin, Protocol):
+    """Chooses slots from scored candidates, best first; extra slots are the gateway's fallbacks."""
+
+    def pick(self, state: CycleState, candidates: IntArray, scores: FloatArray) -> Sequence[int]: ...
+
+
+class PickObserver(Plugin, Protocol):
+    """Learns from the final pick (upstream's PreRequest): the prefix index records the prompt's blocks there."""
+
+    def picked(self, state: CycleState, slot: int) -> None: ...
+
+
+def sanitize(scores: FloatArray) -> FloatArray:
+    """Clamp to [0, 1] in place; NaN → 0 (`fmax` prefers the number). Two ufunc calls, no Python-level checks."""
+    np.fmax(scores, 0.0, out=scores)
+    np.fmin(scores, 1.0, out=scores)
+    return scores

@@ -1,0 +1,132 @@
+"""Typed reading of a plugin's `parameters` mapping, with errors that name the file, the plugin and the field.
+
+Upstream decodes parameters with Go's json.Unmarshal, which silently ignores misspelt fields; we refuse them
+instead, because a typo in `lruCapacityPerServer` that silently falls back to the default is a production incident
+nobody can see. Every field a plugin reads must be consumed; `finish()` refuses the rest.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from epp.errors import ConfigError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|µs|ms|s|m|h)\s*$")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: object) -> float:
+    """A Go/Kubernetes duration ("150ms", "2s", "1.5m") or a bare number of seconds → seconds.
+
+    Raises ValueError with the reason; compound forms like "1m30s" are accepted too.
+    """
+    if isinstance(text, bool):
+        raise ValueError("expected a duration such as '200ms', got a boolean")
+    if isinstance(text, int | float):
+        if not math.isfinite(text) or text < 0:
+            raise ValueError(f"expected a non-negative duration, got {text}")
+        return float(text)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"expected a duration such as '200ms', got {text!r}")
+    total = 0.0
+    rest = text.strip()
+    for part in re.findall(r"[\d.]+\s*[a-zµ]+", rest):
+        m = _DURATION.match(part)
+        if m is None:
+            raise ValueError(f"not a duration: {text!r}")
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+    if re.sub(r"[\d.]+\s*[a-zµ]+", "", rest).strip():
+        raise ValueError(f"not a duration: {text!r} (use e.g. '200ms', '2s')")
+    return total
+
+
+class Params:
+    """Reads one plugin's parameters; each getter removes the key so `finish()` can name the leftovers."""
+
+    def __init__(self, raw: Mapping[str, Any] | None, where: str) -> None:
+        self._left = dict(raw or {})
+        self.where = where  # e.g. "config.yaml: plugin 'prefix' (prefix-cache-scorer)"
+
+    def error(self, field: str, why: str) -> ConfigError:
+        return ConfigError(f"{self.where}: parameter '{field}': {why}")
+
+    def _take(self, field: str) -> Any:
+        return self._left.pop(field, None)
+
+    def integer(self, field: str, default: int, minimum: int | None = None) -> int:
+        value = self._take(field)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+            raise self.error(field, f"expected an integer, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise self.error(field, f"must be >= {minimum}, got {value}")
+        return int(value)
+
+    def number(self, field: str, default: float, minimum: float | None = None, maximum: float | None = None) -> float:
+        value = self._take(field)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise self.error(field, f"expected a number, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise self.error(field, f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise self.error(field, f"must be <= {maximum}, got {value}")
+        return float(value)
+
+    def flag(self, field: str, default: bool) -> bool:
+        value = self._take(field)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.error(field, f"expected true or false, got {value!r}")
+        return value
+
+    def text(self, field: str, default: str) -> str:
+        value = self._take(field)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self.error(field, f"expected a string, got {value!r}")
+        return value
+
+    def duration(self, field: str, default: float) -> float:
+        value = self._take(field)
+        if value is None:
+            return default
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            raise self.error(field, str(exc)) from None
+
+    def mapping(self, field: str) -> dict[str, str]:
+        value = self._take(field)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise self.error(field, f"expected a mapping of strings, got {value!r}")
+        return {k: str(v) for k, v in value.items()}
+
+    def strings(self, field: str) -> tuple[str, ...]:
+        value = self._take(field)
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            return (value,)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.error(field, f"expected a list of strings, got {value!r}")
+        return tuple(value)
+
+    def ignore(self, *fields: str) -> None:
+        """Fields upstream accepts that have no effect here (documented where they are ignored)."""
+        for field in fields:
+            self._left.pop(field, None)
+
+    def finish(self) -> None:
+        if self._left:
+            names = ", ".join(sorted(map(str, self._left)))
+            raise ConfigError(f"{self.where}: unknown parameter(s) {names}")

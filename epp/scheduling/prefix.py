@@ -1,0 +1,216 @@
+"""Prefix-cache affinity: an approximate index of which endpoint holds which prompt blocks, and its scorer.
+
+The model servers' real caches are invisible to us, so we remember what we sent where (upstream's approach): after
+each pick the chosen endpoint is assumed to hold the request's blocks, up to a per-endpoint capacity.
+
+Index layout, chosen for the hot path:
+- `holders[h]` is a Python int used as a bit set of slots holding block hash h. Matching a prompt is one dict lookup
+  and one AND per block, and the AND narrows to the endpoints that match *every* leading block (chained hashes make
+  "holds block i" imply "held blocks < i", so contiguity is what a real prefix cache gives).
+- Eviction is a two-generation approximation of LRU per endpoint: blocks sent (or re-sent) land in the `young`
+  set; when it reaches half the capacity, the old generation minus anything refreshed is evicted. Retention stays
+  between capacity/2 and capacity blocks, with no per-hit bookkeeping beyond a C-level `set.update`.
+- Slots are reused by the endpoint table, so the index remembers each slot's address and forgets a slot whose
+  address changed (checked only when the snapshot's membership version moves).
+
+Pure: no clock, no I/O; state changes only in `add` (called with the final pick) and on membership changes.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import repeat
+
+import numpy as np
+
+from epp.datastore import Snapshot
+from epp.datastore.table import FloatArray, IntArray
+from epp.scheduling.framework import CycleState
+from epp.scheduling.hashing import BlockHasher
+
+AVERAGE_BYTES_PER_TOKEN = 4
+_LOOP_BITS = 24  # upstream's characters-per-token estimate, applied to UTF-8 bytes
+
+
+class PrefixIndex:
+    """Which slots hold which block hashes; bounded per slot."""
+
+    def __init__(self, default_capacity: int) -> None:
+        self.default_capacity = max(2, default_capacity)
+        self._holders: dict[int, int] = {}
+        self._young: dict[int, set[int]] = {}
+        self._old: dict[int, set[int]] = {}
+        self._owner: dict[int, str] = {}
+        self._version = -1
+        self.reach = 0  # blocks of the last matched prompt held by at least one endpoint
+
+    def __len__(self) -> int:
+        return len(self._holders)
+
+    def blocks_held(self, slot: int) -> int:
+        return len(self._young.get(slot, set()) | self._old.get(slot, set()))
+
+    def sync(self, snapshot: Snapshot) -> None:
+        """Forget slots whose endpoint left or was replaced; cheap unless membership changed."""
+        if snapshot.version == self._version:
+            return
+        self._version = snapshot.version
+        addresses = snapshot.addresses
+        for slot in [s for s, owner in self._owner.items() if s >= len(addresses) or addresses[s] != owner]:
+            self.forget(slot)
+
+    def forget(self, slot: int) -> None:
+        keep = ~(1 << slot)
+        for h in self._young.pop(slot, set()) | self._old.pop(slot, set()):
+            self._clear(h, keep)
+        self._owner.pop(slot, None)
+
+    def _clear(self, h: int, keep: int) -> None:
+        mask = self._holders.get(h, 0) & keep
+        if mask:
+            self._holders[h] = mask
+        else:
+            self._holders.pop(h, None)
+
+    def match(self, hashes: list[int], size: int) -> FloatArray:
+        """Per slot (array of `size`), how many leading blocks of `hashes` it holds.
+
+        Holding block i implies holding every block before it (chained hashes are inserted and refreshed as whole
+        prefixes, and a generation evicts the deeper blocks first), so the holder sets shrink with depth and take
+        only a few distinct values. Each run of equal holder sets is found by binary search: a handful of dict
+        lookups per distinct set instead of one per block; a prompt nobody has seen costs a single lookup.
+        """
+        matched = np.zeros(size)
+        get = self._holders.get
+        n = len(hashes)
+        segments: list[tuple[int, int]] = []
+        depth = 0
+        current = get(hashes[0], 0) if n else 0
+        while current:
+            lo, hi = depth, n - 1  # the run of blocks whose holders are exactly `current` ends in [lo, hi]
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if get(hashes[mid], 0) == current:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            depth = lo + 1
+            deeper = get(hashes[depth], 0) & current if depth < n else 0
+            segments.append((depth, current & ~deeper))  # these slots hold exactly `depth` leading blocks
+            current = deeper
+        self.reach = depth
+        for seg_length, mask in segments:
+            if mask.bit_length() > size:  # slots beyond this snapshot: the index is ahead of it
+                mask &= (1 << size) - 1
+            if mask.bit_count() <= _LOOP_BITS:  # few holders: walking the bits beats four numpy calls
+                while mask:
+                    low = mask & -mask
+                    matched[low.bit_length() - 1] = seg_length
+                    mask ^= low
+            else:
+                raw = np.frombuffer(mask.to_bytes((size + 7) // 8, "little"), dtype=np.uint8)
+                matched[np.unpackbits(raw, bitorder="little")[:size].view(np.bool_)] = seg_length
+        return matched
+
+    def add(
+        self, slot: int, address: str, hashes: list[int], already_held: int, capacity: int, reach: int | None = None
+    ) -> None:
+        """Record that `slot` now holds `hashes`.
+
+        Its first `already_held` blocks were held before (no bit to set). `reach` is how far *any* endpoint matched
+        (from `match`): blocks beyond it have no holder at all, because holding block i implies holding every block
+        before it, so they are inserted with one C-level `dict.update` instead of a read-modify-write each.
+        """
+        if not hashes:
+            return
+        if self._owner.get(slot) != address:
+            self.forget(slot)
+            self._owner[slot] = address
+            already_held = 0
+        bit = 1 << slot
+        holders = self._holders
+        shared_until = len(hashes) if reach is None else max(already_held, reach)
+        for h in hashes[already_held:shared_until]:
+            holders[h] = holders.get(h, 0) | bit
+        if shared_until < len(hashes):
+            holders.update(zip(hashes[shared_until:], repeat(bit)))
+        young = self._young.setdefault(slot, set())
+        young.update(hashes)
+        if len(young) >= max(1, capacity // 2):
+            old = self._old.get(slot, set())
+            keep = ~bit
+            for h in old - young:
+                self._clear(h, keep)
+            self._old[slot] = young
+            self._young[slot] = set()
+
+
+class PrefixCacheScorer:
+    """`prefix-cache-scorer`: score = leading blocks the endpoint is believed to hold / blocks in the prompt.
+
+    Parameters as upstream: blockSize (bytes of prompt per block, default 64 = 16 tokens × 4), maxPrefixBlocksToMatch
+    (256), lruCapacityPerServer (31250 blocks), autoTune (true: block size = the engine's `cache_config_info`
+    block_size × 4, capacity = its num_gpu_blocks, when scraped). Never NaN: no match is a plain 0.
+    """
+
+    type_name = "prefix-cache-scorer"
+    UNIT_INTERVAL = True
+
+    def __init__(
+        self,
+        name: str = "prefix-cache-scorer",
+        block_size: int = 64,
+        max_blocks: int = 256,
+        lru_capacity: int = 31250,
+        auto_tune: bool = True,
+    ) -> None:
+        self.name = name
+        self.block_size = block_size
+        self.max_blocks = max_blocks
+        self.auto_tune = auto_tune
+        self.index = PrefixIndex(lru_capacity)
+        self._hashers: dict[int, BlockHasher] = {}
+        self._key = f"prefix-cache:{name}"
+
+    def _hasher(self, snapshot: Snapshot, candidates: IntArray) -> BlockHasher:
+        block = self.block_size
+        if self.auto_tune and candidates.size:
+            tokens = float(snapshot.block_size[candidates[0]])  # one pool, one engine config: upstream reads pod 0
+            if math.isfinite(tokens) and tokens > 0:
+                block = int(tokens) * AVERAGE_BYTES_PER_TOKEN
+        hasher = self._hashers.get(block)
+        if hasher is None:
+            hasher = self._hashers[block] = BlockHasher(block, self.max_blocks)
+        return hasher
+
+    def _state(self, state: CycleState, candidates: IntArray) -> tuple[list[int], FloatArray, int]:
+        cached: tuple[list[int], FloatArray, int] | None = state.scratch.get(self._key)
+        if cached is None:
+            request = state.request
+            hasher = self._hasher(state.snapshot, candidates)
+            hashes: list[int] = hasher.hash_prompt(request.prompt, request.model).tolist()
+            self.index.sync(state.snapshot)
+            matched = self.index.match(hashes, state.snapshot.present.size) if hashes else _NO_MATCH
+            cached = state.scratch[self._key] = (hashes, matched, self.index.reach if hashes else 0)
+        return cached
+
+    def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
+        hashes, matched, reach = self._state(state, candidates)
+        if not reach:  # nobody holds even the first block (or the prompt is shorter than one block)
+            return np.zeros(candidates.size)
+        return state.take(matched, candidates) * (1.0 / len(hashes))
+
+    def picked(self, state: CycleState, slot: int) -> None:
+        hashes, matched, reach = self._state(state, state.candidates)
+        if not hashes:
+            return
+        snapshot = state.snapshot
+        capacity = self.index.default_capacity
+        if self.auto_tune:
+            gpu_blocks = float(snapshot.num_blocks[slot])
+            if math.isfinite(gpu_blocks) and gpu_blocks > 0:
+                capacity = int(gpu_blocks)
+        self.index.add(slot, snapshot.addresses[slot], hashes, int(matched[slot]), capacity, reach)
+
+
+_NO_MATCH: FloatArray = np.zeros(0)

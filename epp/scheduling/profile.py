@@ -1,0 +1,84 @@
+"""The profile runner: filters → weighted scorers → picker, then the plugins that learn from the pick.
+
+`ProfileScheduler.pick` satisfies the director's `Scheduler` protocol. It is pure apart from the plugins' own
+learned state (prefix index, session table, picker RNGs), takes `now` as an argument and reads no clock, so the
+virtual-time benchmark drives exactly this code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from epp.datastore import Snapshot
+from epp.datastore.table import FloatArray, IntArray
+from epp.scheduling.framework import CycleState, Filter, Picker, PickObserver, SchedulingRequest, Scorer, sanitize
+from epp.scheduling.saturation import SaturationDetector
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedScorer:
+    scorer: Scorer
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingProfile:
+    name: str
+    filters: tuple[Filter, ...]
+    scorers: tuple[WeightedScorer, ...]
+    picker: Picker
+    observers: tuple[PickObserver, ...] = ()
+
+    def describe(self) -> str:
+        parts = [f"profile {self.name!r}:"]
+        if self.filters:
+            parts.append("filters " + ", ".join(f.name for f in self.filters) + ";")
+        parts.append("scorers " + (", ".join(f"{s.scorer.name}×{s.weight:g}" for s in self.scorers) or "none") + ";")
+        parts.append(f"picker {self.picker.name}")
+        return " ".join(parts)
+
+
+class ProfileScheduler:
+    """Runs one scheduling profile (upstream's single-profile-handler) and carries the pool's saturation detector."""
+
+    def __init__(self, profile: SchedulingProfile, saturation: SaturationDetector | None = None) -> None:
+        self.profile = profile
+        self.saturation = saturation or SaturationDetector()
+        self._filters = profile.filters
+        self._scorers = tuple(
+            (s.scorer, s.weight, bool(getattr(s.scorer, "UNIT_INTERVAL", False)))
+            for s in profile.scorers
+            if s.weight > 0
+        )
+        self._picker = profile.picker
+        self._observers = profile.observers
+
+    def pick(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> Sequence[int]:
+        state = CycleState(snapshot, candidates, request, now)
+        for f in self._filters:
+            candidates = f.filter(state, candidates)
+            if candidates.size == 0:
+                return ()
+        total: FloatArray | None = None
+        for scorer, weight, bounded in self._scorers:
+            scores = scorer.score(state, candidates)
+            if not bounded:
+                scores = sanitize(np.array(scores, dtype=np.float64))
+            scores *= weight
+            if total is None:
+                total = scores
+            else:
+                total += scores
+        if total is None:
+            total = np.zeros(candidates.size)
+        else:
+            np.fmax(total, 0.0, out=total)  # a NaN that slipped through counts as 0, not as "best"
+        slots = self._picker.pick(state, candidates, total)
+        if slots:
+            primary = int(slots[0])
+            for observer in self._observers:
+                observer.picked(state, primary)
+        return slots

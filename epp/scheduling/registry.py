@@ -1,0 +1,181 @@
+"""Plugin types by name: each a factory from (name, parameters, build context) to a plugin object.
+
+Registration is explicit (`register_builtins`), never a side effect of importing a module, so the set of types a
+binary accepts is written in one place and a test can build a registry with only the types it wants.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from epp.scheduling import affinity, filters, pickers, prefix, saturation, scorers
+from epp.scheduling.params import Params
+
+
+class Kind(enum.Enum):
+    FILTER = "filter"
+    SCORER = "scorer"
+    PICKER = "picker"
+    PROFILE_HANDLER = "profile handler"
+    PARSER = "parser"
+
+
+@dataclass(slots=True)
+class BuildContext:
+    """What factories may use: a seed source so every randomised plugin gets its own reproducible stream."""
+
+    seed_sequence: np.random.SeedSequence
+    saturation: saturation.SaturationThresholds
+
+    def next_seed(self) -> int:
+        return int(self.seed_sequence.spawn(1)[0].generate_state(1)[0])
+
+
+Factory = Callable[[str, Params, BuildContext], object]
+
+
+@dataclass(frozen=True, slots=True)
+class PluginType:
+    type_name: str
+    kind: Kind
+    factory: Factory
+    summary: str
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._types: dict[str, PluginType] = {}
+
+    def register(self, type_name: str, kind: Kind, factory: Factory, summary: str) -> None:
+        if type_name in self._types:
+            raise ValueError(f"plugin type {type_name!r} registered twice")
+        self._types[type_name] = PluginType(type_name, kind, factory, summary)
+
+    def get(self, type_name: str) -> PluginType | None:
+        return self._types.get(type_name)
+
+    def names(self) -> list[str]:
+        return sorted(self._types)
+
+
+# -- factories ----------------------------------------------------------------------------------------------------
+
+
+def _no_params(cls: Callable[[str], object]) -> Factory:
+    def factory(name: str, params: Params, ctx: BuildContext) -> object:
+        params.finish()
+        return cls(name)
+
+    return factory
+
+
+def _prefix(name: str, params: Params, ctx: BuildContext) -> object:
+    scorer = prefix.PrefixCacheScorer(
+        name,
+        block_size=params.integer("blockSize", 64, minimum=1),
+        max_blocks=params.integer("maxPrefixBlocksToMatch", 256, minimum=1),
+        lru_capacity=params.integer("lruCapacityPerServer", 31250, minimum=2),
+        auto_tune=params.flag("autoTune", True),
+    )
+    params.finish()
+    return scorer
+
+
+def _session(name: str, params: Params, ctx: BuildContext) -> object:
+    scorer = affinity.SessionAffinityScorer(name, max_sessions=params.integer("maxSessions", 100_000, minimum=1))
+    params.finish()
+    return scorer
+
+
+def _picker(cls: Callable[..., object]) -> Factory:
+    def factory(name: str, params: Params, ctx: BuildContext) -> object:
+        k = params.integer("maxNumOfEndpoints", 1, minimum=1)
+        params.finish()
+        return cls(name, max_endpoints=k, seed=ctx.next_seed())
+
+    return factory
+
+
+def _saturation_filter(name: str, params: Params, ctx: BuildContext) -> object:
+    base = ctx.saturation  # the config's saturationDetector block, overridable per filter
+    thresholds = saturation.SaturationThresholds(
+        queue_depth=params.number("queueDepthThreshold", base.queue_depth, minimum=0),
+        kv_util=params.number("kvCacheUtilThreshold", base.kv_util, minimum=0, maximum=1),
+        staleness_s=params.duration("metricsStalenessThreshold", base.staleness_s),
+        headroom=params.number("headroom", base.headroom, minimum=0, maximum=1),
+    )
+    params.finish()
+    return saturation.SaturationFilter(name, thresholds)
+
+
+def _label_filter(name: str, params: Params, ctx: BuildContext) -> object:
+    wanted = params.mapping("matchLabels")
+    params.finish()
+    if not wanted:
+        raise params.error("matchLabels", "required: the labels an endpoint must carry")
+    return filters.LabelFilter("label-filter", name, filters.match_labels(wanted))
+
+
+def _by_label(name: str, params: Params, ctx: BuildContext) -> object:
+    label = params.text("label", "")
+    valid = params.strings("validValues")
+    allow_missing = params.flag("allowsNoLabel", False)
+    params.finish()
+    if not label:
+        raise params.error("label", "required: the label to test")
+    return filters.LabelFilter("by-label", name, filters.label_in(label, valid, allow_missing))
+
+
+def _role_filter(make: Callable[[str], object]) -> Factory:
+    def factory(name: str, params: Params, ctx: BuildContext) -> object:
+        params.finish()
+        return make(name)
+
+    return factory
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """A plugin with no behaviour of its own here: the single profile handler, the OpenAI parser."""
+
+    type_name: str
+    name: str
+
+
+def _marker(type_name: str) -> Factory:
+    def factory(name: str, params: Params, ctx: BuildContext) -> object:
+        params.finish()
+        return Marker(type_name, name)
+
+    return factory
+
+
+def register_builtins(registry: Registry) -> Registry:
+    r = registry.register
+    r("queue-scorer", Kind.SCORER, _no_params(scorers.QueueScorer), "min-max of waiting requests")
+    r("kv-cache-utilization-scorer", Kind.SCORER, _no_params(scorers.KvCacheUtilizationScorer), "1 - KV usage")
+    r("running-requests-size-scorer", Kind.SCORER, _no_params(scorers.RunningRequestsScorer), "min-max of running")
+    r("inflight-load-scorer", Kind.SCORER, _no_params(scorers.InflightLoadScorer), "waiting + own unscraped picks")
+    r("prefix-cache-scorer", Kind.SCORER, _prefix, "approximate prefix-cache affinity")
+    r("lora-affinity-scorer", Kind.SCORER, _no_params(affinity.LoraAffinityScorer), "LoRA adapter affinity")
+    r("session-affinity-scorer", Kind.SCORER, _session, "x-session-token stickiness")
+    r("utilization-detector", Kind.FILTER, _saturation_filter, "drops saturated or stale endpoints")
+    r("saturation-filter", Kind.FILTER, _saturation_filter, "alias of utilization-detector")
+    r("label-filter", Kind.FILTER, _label_filter, "keeps endpoints carrying matchLabels")
+    r("by-label", Kind.FILTER, _by_label, "llm-d: label value in validValues")
+    r("decode-filter", Kind.FILTER, _role_filter(filters.decode_filter), "llm-d: decode or both role")
+    r("prefill-filter", Kind.FILTER, _role_filter(filters.prefill_filter), "llm-d: prefill role")
+    r("max-score-picker", Kind.PICKER, _picker(pickers.MaxScorePicker), "highest score, random tie-break")
+    r("random-picker", Kind.PICKER, _picker(pickers.RandomPicker), "uniform")
+    r("weighted-random-picker", Kind.PICKER, _picker(pickers.WeightedRandomPicker), "proportional to score")
+    r("single-profile-handler", Kind.PROFILE_HANDLER, _marker("single-profile-handler"), "runs the one profile")
+    r("openai-parser", Kind.PARSER, _marker("openai-parser"), "OpenAI request bodies (always on)")
+    return registry
+
+
+def builtin_registry() -> Registry:
+    return register_builtins(Registry())

@@ -1,0 +1,399 @@
+"""One simulated model server over HTTP: the OpenAI API of vLLM, answered at the engine model's pace.
+
+The engine model decides when each request gets its first token and when it finishes; this module only turns that
+into HTTP: a stepping task sleeps for each planned step and resolves the waiting handlers. Prompts become engine
+requests by a cheap approximation of a tokenizer (4 characters per token) and chain hashes of block-sized slices of
+the text, so two prompts that share leading text share cached blocks, as they would in vLLM.
+
+Every response names the server that served it in `x-sim-server`, so a load test can count requests per endpoint
+without trusting the router under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from epp.sim.engine import Engine, Finished, SimRequest
+from epp.sim.metrics import ENGINES, LatencyStats, render
+from epp.sim.profiles import H100_LLAMA_8B, EngineProfile
+
+log = logging.getLogger(__name__)
+
+SERVER_HEADER = "x-sim-server"
+CHARS_PER_TOKEN = 4
+DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+DEFAULT_MAX_TOKENS = 128
+STREAM_INTERVAL_S = 0.02  # how often a streaming response flushes the tokens generated meanwhile
+EMBEDDING_DIM = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    name: str
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: any free port (read it back from `SimServer.port`)
+    profile: EngineProfile = H100_LLAMA_8B
+    engine: str = "vllm"
+    model: str = DEFAULT_MODEL
+    lora_adapters: tuple[str, ...] = ()
+    speed: float = 1.0  # simulated seconds per wall-clock second (2.0: everything twice as fast)
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; choose from {', '.join(ENGINES)}")
+        if not self.speed > 0:
+            raise ValueError("speed must be positive")
+
+
+def prompt_units(text: str, block_size: int) -> tuple[int, tuple[int, ...]]:
+    """(prompt tokens, chain hashes of the full blocks) for a prompt text, at CHARS_PER_TOKEN characters a token."""
+    tokens = max(1, -(-len(text) // CHARS_PER_TOKEN))
+    step = block_size * CHARS_PER_TOKEN
+    hashes: list[int] = []
+    h = 0
+    for start in range(0, len(text) - step + 1, step):
+        h = hash((h, text[start : start + step]))
+        hashes.append(h)
+    return tokens, tuple(hashes)
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    kind = "NotFoundError" if status == 404 else "BadRequestError"
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.json_response(body, status=status)
+
+
+def _text_of(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(_text_of(v) for v in value)
+    if isinstance(value, dict):
+        return _text_of(value.get("text", ""))
+    return ""
+
+
+def _prompt_text(kind: str, body: dict[str, Any]) -> str:
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _BadRequest("'messages' must be a non-empty list")
+        return "".join(f"<{m.get('role', '')}>{_text_of(m.get('content'))}" for m in messages if isinstance(m, dict))
+    key = "prompt" if kind == "completion" else "input"
+    value = body.get(key)
+    if value in (None, "", []):
+        raise _BadRequest(f"'{key}' is required")
+    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+        return " " * (CHARS_PER_TOKEN * len(value))  # token ids: only their count matters here
+    return _text_of(value)
+
+
+class SimServer:
+    """A simulated server: `await start()`, `await stop()`; `address` is "host:port" once started."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.engine = Engine(config.profile)
+        self.stats = LatencyStats()
+        self._ids = itertools.count(1)
+        self._first: dict[int, asyncio.Future[float]] = {}
+        self._done: dict[int, asyncio.Future[Finished]] = {}
+        self._prompt_tokens: dict[int, int] = {}
+        self._wake = asyncio.Event()
+        self._stepper: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+        self.port = config.port
+        self.served = 0
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/health_generate", self._health)
+        return app
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port, reuse_address=True)
+        await site.start()
+        if self.port == 0:
+            sockets: list[Any] = list(getattr(site._server, "sockets", None) or ())  # the bound socket is only here
+            self.port = int(sockets[0].getsockname()[1])
+        self._stepper = asyncio.create_task(self._step_loop(), name=f"sim-{self.config.name}")
+
+    async def stop(self) -> None:
+        if self._stepper is not None:
+            self._stepper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._stepper
+            self._stepper = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        pending: list[asyncio.Future[Any]] = [*self._first.values(), *self._done.values()]
+        for fut in pending:
+            if not fut.done():
+                fut.cancel()
+
+    # -- the engine, in real time ---------------------------------------------------------------------------
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time() * self.config.speed
+
+    async def _step_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
+        while True:
+            if not self.engine.busy:
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = loop.time()
+            duration = self.engine.begin_step(deadline * self.config.speed)
+            deadline = max(deadline + duration / self.config.speed, loop.time() - 0.05)
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            outcome = self.engine.end_step(deadline * self.config.speed)
+            for rid in outcome.first_tokens:
+                first = self._first.pop(rid, None)
+                if first is not None and not first.done():
+                    first.set_result(deadline)
+            for fin in outcome.finished:
+                done = self._done.pop(fin.request_id, None)
+                if done is not None and not done.done():
+                    done.set_result(fin)
+
+    def _submit(
+        self, prompt: str, output_tokens: int, lora: str | None
+    ) -> tuple[int, asyncio.Future[float], asyncio.Future[Finished]]:
+        block = self.config.profile.block_size
+        tokens, hashes = prompt_units(prompt, block)
+        rid = next(self._ids)
+        self._prompt_tokens[rid] = tokens
+        req = SimRequest(rid, tokens, output_tokens, prefix=hashes, unit_tokens=block, lora=lora)
+        try:
+            self.engine.submit(req, self._now())
+        except ValueError as exc:
+            del self._prompt_tokens[rid]
+            raise _BadRequest(str(exc)) from None
+        loop = asyncio.get_running_loop()
+        first: asyncio.Future[float] = loop.create_future()
+        done: asyncio.Future[Finished] = loop.create_future()
+        self._first[rid] = first
+        self._done[rid] = done
+        self._wake.set()
+        return rid, first, done
+
+    # -- handlers -------------------------------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        return {SERVER_HEADER: self.config.name}
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="", headers=self._headers())
+
+    async def _models(self, request: web.Request) -> web.Response:
+        created = int(time.time())
+        names = (self.config.model, *self.config.lora_adapters)
+        data = [{"id": n, "object": "model", "created": created, "owned_by": "epp-sim"} for n in names]
+        return web.json_response({"object": "list", "data": data}, headers=self._headers())
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        page = render(
+            self.config.engine,
+            self.config.model,
+            self.engine,
+            self.stats,
+            time.time(),
+            self.config.lora_adapters,
+        )
+        return web.Response(text=page, content_type="text/plain", charset="utf-8", headers=self._headers())
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def _read(self, request: web.Request, kind: str) -> tuple[dict[str, Any], str, str | None]:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise _BadRequest("body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise _BadRequest("body must be a JSON object")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise _BadRequest("'model' is required")
+        if model != self.config.model and model not in self.config.lora_adapters:
+            raise _BadRequest(f"The model `{model}` does not exist.", status=404)
+        lora = model if model in self.config.lora_adapters else None
+        return body, _prompt_text(kind, body), lora
+
+    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        started = asyncio.get_running_loop().time()
+        try:
+            body, prompt, lora = await self._read(request, kind)
+            max_tokens = body.get("max_completion_tokens", body.get("max_tokens", DEFAULT_MAX_TOKENS))
+            if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
+                raise _BadRequest("'max_tokens' must be a positive integer")
+            rid, first, done = self._submit(prompt, max_tokens, lora)
+        except _BadRequest as exc:
+            return _error(str(exc), exc.status)
+        model = body["model"]
+        if body.get("stream") is True:
+            include_usage = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage")
+            return await self._stream(request, kind, model, rid, first, done, started, bool(include_usage))
+        fin = await done
+        self._observe(started, await first, fin)
+        text = "tok " * fin.output_tokens
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+        if kind == "chat":
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return web.json_response(
+            {
+                "id": f"cmpl-{self.config.name}-{rid}",
+                "object": "chat.completion" if kind == "chat" else "text_completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [choice],
+                "usage": self._usage(rid, fin),
+            },
+            headers=self._headers(),
+        )
+
+    def _usage(self, rid: int, fin: Finished) -> dict[str, int]:
+        prompt = self._prompt_tokens.pop(rid, 0)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": fin.output_tokens,
+            "total_tokens": prompt + fin.output_tokens,
+        }
+
+    def _observe(self, started: float, first_at: float, fin: Finished) -> None:
+        loop_now = asyncio.get_running_loop().time()
+        self.stats.ttft.observe(max(0.0, first_at - started))
+        self.stats.e2e.observe(max(0.0, loop_now - started))
+        self.served += 1
+
+    async def _stream(
+        self,
+        request: web.Request,
+        kind: str,
+        model: str,
+        rid: int,
+        first: asyncio.Future[float],
+        done: asyncio.Future[Finished],
+        started: float,
+        include_usage: bool,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={**self._headers(), "Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        created = int(time.time())
+
+        def chunk(n: int, finish: str | None) -> bytes:
+            text = "tok " * n
+            if kind == "chat":
+                choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text, "finish_reason": finish}
+            payload = {"id": f"cmpl-{self.config.name}-{rid}", "object": obj, "created": created, "model": model}
+            payload["choices"] = [choice]
+            return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+        try:
+            first_at = await first
+            await self._stream_body(response, kind, chunk, rid, done, obj, created, model, include_usage)
+        except ConnectionResetError:  # the client went away; the engine still finishes the work, as it was admitted
+            self._prompt_tokens.pop(rid, None)
+            return response
+        self._observe(started, first_at, done.result())
+        return response
+
+    async def _stream_body(
+        self,
+        response: web.StreamResponse,
+        kind: str,
+        chunk: Callable[[int, str | None], bytes],
+        rid: int,
+        done: asyncio.Future[Finished],
+        obj: str,
+        created: int,
+        model: str,
+        include_usage: bool,
+    ) -> None:
+        if kind == "chat":
+            role = {"id": f"cmpl-{self.config.name}-{rid}", "object": obj, "created": created, "model": model}
+            role["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+            await response.write(b"data: " + json.dumps(role).encode() + b"\n\n")
+        sent = 0
+        async for total in self._progress(rid, done):
+            if total > sent:
+                await response.write(chunk(total - sent, None))
+                sent = total
+        fin = done.result()
+        await response.write(chunk(fin.output_tokens - sent, "length"))
+        if include_usage:
+            usage = {"id": f"cmpl-{self.config.name}-{rid}", "object": obj, "created": created, "model": model}
+            usage["choices"] = []
+            usage["usage"] = self._usage(rid, fin)
+            await response.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+
+    async def _progress(self, rid: int, done: asyncio.Future[Finished]) -> AsyncIterator[int]:
+        """Tokens generated so far, every STREAM_INTERVAL_S until the request finishes."""
+        while not done.done():
+            yield self.engine.tokens_generated(rid)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(done), STREAM_INTERVAL_S / self.config.speed)
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        started = asyncio.get_running_loop().time()
+        try:
+            body, prompt, lora = await self._read(request, "embedding")
+            rid, first, done = self._submit(prompt, 1, lora)
+        except _BadRequest as exc:
+            return _error(str(exc), exc.status)
+        first_at = await first
+        fin = await done
+        self._observe(started, first_at, fin)
+        n_inputs = (
+            len(body["input"])
+            if isinstance(body["input"], list) and body["input"] and isinstance(body["input"][0], str)
+            else 1
+        )
+        vector = [((rid * 31 + i) % 97) / 97.0 for i in range(EMBEDDING_DIM)]
+        data = [{"object": "embedding", "index": i, "embedding": vector} for i in range(n_inputs)]
+        usage = self._usage(rid, fin)
+        usage.pop("completion_tokens")
+        usage["total_tokens"] = usage["prompt_tokens"]
+        return web.json_response(
+            {"object": "list", "data": data, "model": body["model"], "usage": usage}, headers=self._headers()
+        )

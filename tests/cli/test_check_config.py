@@ -1,0 +1,47 @@
+from pathlib import Path
+
+import pytest
+
+from epp.cli import main
+
+GOOD = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: prefix-cache-scorer
+  parameters: {blockSize: 32}
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: prefix-cache-scorer
+federation:
+  residency: []
+"""
+
+
+def test_a_good_file_exits_0_and_describes_the_profile(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "good.yaml"
+    path.write_text(GOOD)
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "ok: " in out and "queue-scorer×2" in out and "federation" in out
+
+
+def test_a_refused_file_exits_1_with_the_reason(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(GOOD.replace("- type: queue-scorer\n", "- name: queue-scorer\n  type: queue-scorerr\n"))
+    assert main(["check-config", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"refused: {path}: plugin 'queue-scorer': type 'queue-scorerr': not implemented" in out
+
+
+@pytest.mark.parametrize(
+    ("name", "rc"),
+    [("gie-integration-default-config.yaml", 0), ("llmd-router-pd-epp-config.yaml", 1)],
+    ids=["loads", "refused"],
+)
+def test_reference_configs(shared_reference: Path, name, rc, capsys) -> None:
+    assert main(["check-config", str(shared_reference / "epp-configs" / name)]) == rc

@@ -1,0 +1,115 @@
+"""The director's priority, shedding and model-rewrite steps, driving the real default scheduler."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from epp.datastore import EndpointTable
+from epp.datastore.objectives import ObjectiveStore, RewriteRule, RewriteTarget
+from epp.datastore.table import EndpointInfo, MetricsSample
+from epp.director import Director
+from epp.errors import EppError, ErrorCode
+from epp.requests import parse_request
+from epp.scheduling import build_scheduler
+
+NOW = 50.0
+
+
+def _table(waiting: float) -> EndpointTable:
+    table = EndpointTable()
+    for i in range(2):
+        slot = table.upsert(EndpointInfo(address=f"127.10.0.{i + 1}:8000"))
+        table.record_scrape(slot, MetricsSample(waiting=waiting, kv_usage=0.1), now=NOW)
+    return table
+
+
+def _request(model: str = "base", **headers: str):
+    body = json.dumps({"model": model, "prompt": "hello there", "max_tokens": 3}).encode()
+    return parse_request("r1", "/v1/completions", headers, body)
+
+
+def _director(table: EndpointTable, store: ObjectiveStore, seed: int = 0) -> Director:
+    return Director(table, build_scheduler(None, seed=seed), clock=lambda: NOW, objectives=store, seed=seed)
+
+
+SHEDDING = [
+    pytest.param(-1, 10.0, ErrorCode.RESOURCE_EXHAUSTED, id="sheddable-saturated-429"),
+    pytest.param(-1, 0.0, None, id="sheddable-idle-served"),
+    pytest.param(0, 10.0, None, id="default-priority-saturated-served"),
+    pytest.param(5, 10.0, None, id="critical-saturated-served"),
+]
+
+
+@pytest.mark.parametrize(("priority", "waiting", "refused"), SHEDDING)
+def test_shedding_by_priority_and_saturation(priority, waiting, refused) -> None:
+    store = ObjectiveStore()
+    store.put_objective("batch", priority)
+    director = _director(_table(waiting), store)
+    request = _request(**{"x-gateway-inference-objective": "batch"})
+    if refused is None:
+        assert director.decide(request).addresses
+        return
+    with pytest.raises(EppError) as err:
+        director.decide(request)
+    assert err.value.code is refused and err.value.code.http_status == 429
+    assert "batch" in err.value.body
+
+
+def test_unknown_objective_is_priority_zero_and_never_shed() -> None:
+    director = _director(_table(10.0), ObjectiveStore())
+    assert director.decide(_request(**{"x-gateway-inference-objective": "nobody"})).addresses
+
+
+def test_header_rewrite_changes_body_model_and_keeps_the_original() -> None:
+    director = _director(_table(0.0), ObjectiveStore())
+    decision = director.decide(_request("base", **{"x-gateway-model-name-rewrite": "base-v2"}))
+    assert decision.original_model == "base"
+    assert decision.target_model == "base-v2"
+    assert decision.body is not None
+    body = json.loads(decision.body)
+    assert body == {"model": "base-v2", "prompt": "hello there", "max_tokens": 3}
+
+
+def test_rewrite_rules_pick_weighted_targets_reproducibly() -> None:
+    store = ObjectiveStore()
+    rule = RewriteRule("base", (RewriteTarget("canary", 1), RewriteTarget("stable", 3)))
+    store.put_rewrite("default/split", (rule,))
+    director = _director(_table(0.0), store, seed=4)
+    targets = [director.decide(_request("base")).target_model for _ in range(2000)]
+    share = targets.count("stable") / len(targets)
+    assert 0.7 < share < 0.8
+    again = _director(_table(0.0), store, seed=4)
+    assert [again.decide(_request("base")).target_model for _ in range(50)] == targets[:50]
+
+
+def test_no_rewrite_means_no_new_body() -> None:
+    store = ObjectiveStore()
+    store.put_rewrite("default/other", (RewriteRule("other", (RewriteTarget("x"),)),))
+    decision = _director(_table(0.0), store).decide(_request("base"))
+    assert decision.body is None
+    assert decision.original_model == decision.target_model == "base"
+
+
+def test_decisions_book_the_pick_in_flight_and_complete_releases_it() -> None:
+    table = _table(0.0)
+    director = _director(table, ObjectiveStore())
+    decision = director.decide(_request())
+    assert table.snapshot().inflight[decision.slot] == 1
+    director.complete(decision)
+    assert table.snapshot().inflight[decision.slot] == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(subset=st.sets(st.integers(0, 7), min_size=1), prompt=st.text(max_size=200))
+def test_a_decision_stays_inside_the_gateway_subset_hint(subset, prompt) -> None:
+    table = EndpointTable()
+    for i in range(8):
+        slot = table.upsert(EndpointInfo(address=f"127.10.0.{i + 1}:8000"))
+        table.record_scrape(slot, MetricsSample(waiting=float(i % 3), kv_usage=0.1 * i), now=NOW)
+    director = _director(table, ObjectiveStore())
+    hint = [f"127.10.0.{i + 1}:8000" for i in subset]
+    body = json.dumps({"model": "m", "prompt": prompt or "x"}).encode()
+    decision = director.decide(parse_request("r", "/v1/completions", {}, body), hint)
+    assert set(decision.addresses) <= set(hint)

@@ -1,0 +1,117 @@
+"""Phase two: plugin objects, upstream's defaults, and refusals that name the plugin."""
+
+import pytest
+
+from epp.errors import ConfigError
+from epp.scheduling import build_scheduler, default_config, parse_config, upstream_default_config
+from epp.scheduling.pickers import MaxScorePicker, RandomPicker
+
+BASE = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
+
+
+def _config(plugins, profile_plugins, **kw):
+    return parse_config(
+        {**BASE, "plugins": plugins, "schedulingProfiles": [{"name": "p", "plugins": profile_plugins}], **kw},
+        "cfg.yaml",
+    )
+
+
+def test_defaults_weight_one_and_max_score_picker() -> None:
+    scheduler = build_scheduler(_config([{"type": "queue-scorer"}], [{"pluginRef": "queue-scorer"}]))
+    (scorer,) = scheduler.profile.scorers
+    assert scorer.weight == 1.0
+    assert isinstance(scheduler.profile.picker, MaxScorePicker)
+
+
+def test_parameters_reach_the_plugin() -> None:
+    scheduler = build_scheduler(
+        _config(
+            [{"name": "pick", "type": "random-picker", "parameters": {"maxNumOfEndpoints": 3}}],
+            [{"pluginRef": "pick"}],
+            saturationDetector={"queueDepthThreshold": 9},
+        )
+    )
+    assert isinstance(scheduler.profile.picker, RandomPicker)
+    assert scheduler.profile.picker.max_endpoints == 3
+    assert scheduler.saturation.thresholds.queue_depth == 9
+
+
+REFUSALS = [
+    pytest.param(
+        [{"name": "x", "type": "magic-scorer"}], [{"pluginRef": "x"}], "plugin 'x': type 'magic-scorer'", id="unknown"
+    ),
+    pytest.param(
+        [{"name": "pc", "type": "prefix-cache-scorer", "parameters": {"blocksize": 4}}],
+        [{"pluginRef": "pc"}],
+        "plugin 'pc' (prefix-cache-scorer): unknown parameter(s) blocksize",
+        id="misspelt-parameter",
+    ),
+    pytest.param(
+        [{"name": "pc", "type": "prefix-cache-scorer", "parameters": {"blockSize": "big"}}],
+        [{"pluginRef": "pc"}],
+        "parameter 'blockSize': expected an integer",
+        id="bad-parameter-type",
+    ),
+    pytest.param(
+        [{"type": "max-score-picker"}, {"type": "random-picker"}],
+        [{"pluginRef": "max-score-picker"}, {"pluginRef": "random-picker"}],
+        "more than one picker",
+        id="two-pickers",
+    ),
+    pytest.param(
+        [{"type": "max-score-picker"}],
+        [{"pluginRef": "max-score-picker", "weight": 2}],
+        "a weight applies to scorers only",
+        id="weight-on-picker",
+    ),
+    pytest.param(
+        [{"type": "single-profile-handler"}],
+        [{"pluginRef": "single-profile-handler"}],
+        "profile handler cannot be part of a profile",
+        id="handler-in-profile",
+    ),
+    pytest.param(
+        [{"name": "lf", "type": "label-filter"}], [{"pluginRef": "lf"}], "matchLabels", id="label-filter-no-labels"
+    ),
+]
+
+
+@pytest.mark.parametrize(("plugins", "refs", "words"), REFUSALS)
+def test_build_refusals_name_file_plugin_and_why(plugins, refs, words) -> None:
+    with pytest.raises(ConfigError) as err:
+        build_scheduler(_config(plugins, refs))
+    assert str(err.value).startswith("cfg.yaml: ")
+    assert words in str(err.value)
+
+
+def test_two_profiles_are_refused_as_not_implemented() -> None:
+    config = parse_config(
+        {
+            **BASE,
+            "plugins": [{"type": "queue-scorer"}],
+            "schedulingProfiles": [
+                {"name": "prefill", "plugins": [{"pluginRef": "queue-scorer"}]},
+                {"name": "decode", "plugins": [{"pluginRef": "queue-scorer"}]},
+            ],
+        },
+        "cfg.yaml",
+    )
+    with pytest.raises(ConfigError, match="only a single profile"):
+        build_scheduler(config)
+
+
+def test_upstream_default_profile_is_unchanged() -> None:
+    profile = build_scheduler(upstream_default_config()).profile
+    assert [(s.scorer.type_name, s.weight) for s in profile.scorers] == [
+        ("queue-scorer", 2.0),
+        ("kv-cache-utilization-scorer", 2.0),
+        ("prefix-cache-scorer", 3.0),
+    ]
+    assert not profile.filters
+
+
+def test_our_default_adds_inflight_load_and_saturation_filter() -> None:
+    profile = build_scheduler(None).profile
+    assert [f.type_name for f in profile.filters] == ["utilization-detector"]
+    assert ("inflight-load-scorer", 2.0) in [(s.scorer.type_name, s.weight) for s in profile.scorers]
+    assert default_config().source == "<built-in default>"

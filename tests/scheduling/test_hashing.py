@@ -1,0 +1,50 @@
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from epp.scheduling.hashing import BlockHasher
+
+
+def test_only_whole_blocks_are_hashed_and_capped() -> None:
+    hasher = BlockHasher(64, max_blocks=4)
+    assert hasher.hash_prompt("x" * 63, "m").size == 0
+    assert hasher.hash_prompt("x" * 130, "m").size == 2
+    assert hasher.hash_prompt("x" * 10_000, "m").size == 4
+
+
+def test_model_name_seeds_the_chain() -> None:
+    hasher = BlockHasher(64, 16)
+    a = hasher.hash_prompt("p" * 256, "llama")
+    b = hasher.hash_prompt("p" * 256, "mistral")
+    assert not np.intersect1d(a, b).size
+
+
+def test_hashes_are_stable_across_instances() -> None:
+    # Two replicas (or two benchmark runs) must agree on every key: no per-process salt.
+    assert (
+        BlockHasher(64, 8).hash_prompt("q" * 512, "m").tolist()
+        == BlockHasher(64, 8).hash_prompt("q" * 512, "m").tolist()
+    )
+
+
+def test_non_ascii_and_lone_surrogates_do_not_fail() -> None:
+    assert BlockHasher(8, 64).hash_prompt("é€😀\ud800" * 20, "m").size > 0
+
+
+@given(st.text(min_size=128, max_size=600), st.text(min_size=1, max_size=200))
+def test_a_shared_prefix_gives_shared_leading_hashes(prefix, tail) -> None:
+    hasher = BlockHasher(16, 64)
+    a = hasher.hash_prompt(prefix + tail, "m")
+    b = hasher.hash_prompt(prefix, "m")
+    common = b.size  # every whole block of `prefix` is also a whole block of `prefix + tail`
+    assert a[:common].tolist() == b.tolist()
+
+
+@given(st.text(alphabet="abcdefgh", min_size=64, max_size=64), st.integers(0, 63))
+def test_changing_one_byte_changes_that_block_and_every_later_one(text, position) -> None:
+    hasher = BlockHasher(8, 8)
+    changed = text[:position] + ("x" if text[position] != "x" else "y") + text[position + 1 :]
+    a, b = hasher.hash_prompt(text, "m"), hasher.hash_prompt(changed, "m")
+    block = position // 8
+    assert a[:block].tolist() == b[:block].tolist()
+    assert (a[block:] != b[block:]).all()
