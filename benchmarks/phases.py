@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -24,11 +25,16 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from epp.demo.processes import free_port, http_ok, port_open, wait_until
+from epp.demo.processes import running as _running
+from epp.gateway.binary import find_envoy
 
-from epp.gateway.binary import find_envoy  # noqa: E402
-from tests.support.procs import free_port, http_ok, port_open, running, wait_until  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def running(argv: list[str], log: Path) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+    return _running(argv, log, cwd=ROOT)
+
 
 CONFIGS = [
     # name, --body-mode, --response-phases
