@@ -248,8 +248,9 @@ def first_followed(timeline: Timeline) -> float:
 
 def report(name: str, timeline: Timeline) -> None:
     down = timeline.down()
+    span = max(o.ended for o in timeline.outcomes) - min(o.started for o in timeline.outcomes)
     print(
-        f"\n[{name}] {len(timeline.outcomes)} requests in {LOAD_S:.0f}s at c={CONCURRENCY}; "
+        f"\n[{name}] {len(timeline.outcomes)} requests in {span:.1f}s at c={CONCURRENCY}; "
         f"down window {timeline.restarting - timeline.killed:.2f}s with {len(down)} requests, "
         f"p99 there {p99([o.ended - o.started for o in down]) * 1000:.1f} ms; "
         f"picker ready {timeline.ready - timeline.restarting:.2f}s after restart, routing by it again "
