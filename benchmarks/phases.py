@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def messages_sent(admin: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin}/stats?filter=ext_proc.epp.stream_msgs_sent$") as r:
+        return int(r.read().decode().rsplit(":", 1)[1])
+
+
 @dataclass
 class Result:
     name: str
@@ -81,6 +87,7 @@ class Result:
     wall_s: float
     picker_cpu_s: float
     idle_cpu_per_s: float  # the picker's own background cost (loop, health, metrics), measured before the load
+    messages: int  # ext_proc messages Envoy sent the picker during the load (its own counter)
 
     @property
     def cpu_us_per_request(self) -> float:
@@ -149,10 +156,12 @@ def run_config(tmp: Path, name: str, body_mode: str, phases: str, backend: str, 
             idle_start, idle_cpu = time.monotonic(), cpu_seconds(picker.pid)
             time.sleep(args.idle_seconds)
             idle_rate = (cpu_seconds(picker.pid) - idle_cpu) / (time.monotonic() - idle_start)
+            sent_before = messages_sent(admin)
             before = cpu_seconds(picker.pid)
             done, failed, wall = asyncio.run(drive(url, args.requests, args.concurrency, args.max_seconds))
             cpu = cpu_seconds(picker.pid) - before
-    return Result(name, done, failed, wall, cpu, idle_rate)
+            sent = messages_sent(admin) - sent_before
+    return Result(name, done, failed, wall, cpu, idle_rate, sent)
 
 
 def main() -> int:
@@ -189,12 +198,12 @@ def main() -> int:
     )
     print(
         f"{'configuration':45} {'done':>5} {'fail':>5} {'req/s':>7} {'idle CPU %':>10} "
-        f"{'picker CPU µs/req':>18} {'vs first':>9}"
+        f"{'msgs/req':>8} {'picker CPU µs/req':>18} {'vs first':>9}"
     )
     for r in results:
         print(
             f"{r.name:45} {r.requests:5d} {r.failed:5d} {r.requests / r.wall_s:7.1f} {r.idle_cpu_per_s * 100:10.2f} "
-            f"{r.cpu_us_per_request:18.0f} {r.cpu_us_per_request / base:8.2f}x"
+            f"{r.messages / max(r.requests, 1):8.1f} {r.cpu_us_per_request:18.0f} {r.cpu_us_per_request / base:8.2f}x"
         )
     print("picker CPU µs/req = (CPU during the load - idle CPU rate x load seconds) / requests")
     return 0
