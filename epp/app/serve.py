@@ -124,6 +124,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         clock=time.monotonic,
         failure_mode=state.failure_mode,
         observer=metrics,
+        objectives=state.objectives,  # priorities (shedding) and model rewrites, as the watches last saw them
         saturation=scheduler.saturation,
         federation=federation.router if federation is not None else None,
     )
