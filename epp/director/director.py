@@ -44,7 +44,7 @@ class Federation(Protocol):
         self,
         snapshot: Snapshot,
         candidates: IntArray,
-        model: str,
+        models: tuple[str, ...],
         objective: str | None,
         headers: Mapping[str, str],
         now: float,
@@ -138,16 +138,20 @@ class Director:
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "the gateway's endpoint subset is empty")
         candidates = self.candidates(snapshot, subset)
         now = self._clock()
+        original_model = request.model
+        request, body = self._rewriter.rewrite(request)
         if self._federation is not None:
+            # Residency rules apply to the client's model and to the model it is rewritten to (fail-closed).
+            models = (original_model, request.model)
             route = self._federation.route(
-                snapshot, candidates, request.model, request.objective, request.headers, now, subset
+                snapshot, candidates, models, request.objective, request.headers, now, subset
             )
-            if route.site is not None:
+            if route.site is not None:  # the client's own body goes to the site, whose picker does its own rewrite
                 return Decision(
                     addresses=route.addresses,
                     slot=-1,
-                    original_model=request.model,
-                    target_model=request.model,
+                    original_model=original_model,
+                    target_model=original_model,
                     site=route.site,
                     headers=route.headers,
                 )
@@ -157,8 +161,6 @@ class Director:
                 raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no pool endpoint matches the gateway's subset hint")
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no ready endpoint in the pool")
         self._admit(request, snapshot, candidates, now)
-        original_model = request.model
-        request, body = self._rewriter.rewrite(request)
         degraded = False
         try:
             slots = self._scheduler.pick(snapshot, candidates, request, now)

@@ -63,5 +63,5 @@ def test_residency_cache_answers_like_the_uncached_rules_and_stays_bounded() -> 
     for i in range(50):
         for model in (f"eu/{i}", f"us/{i}"):
             for headers in ({}, {"x-epp-allowed-tiers": "eu"}):
-                assert residency.allowance(model, None, headers) == allowance_for(cfg, model, None, headers)
+                assert residency.allowance((model,), None, headers) == allowance_for(cfg, model, None, headers)
     assert len(residency._cache) <= 8

@@ -1,5 +1,7 @@
 """The federation step through the director: local first, overflow to the best eligible site, residency fail-closed."""
 
+import dataclasses
+
 import pytest
 
 from epp.datastore.pool import FailureMode
@@ -198,3 +200,23 @@ def test_a_forwarded_request_with_no_local_candidate_is_503_saying_why() -> None
     with pytest.raises(EppError) as exc:
         _decide(d, request(x_epp_federated_from="eu"))
     assert "not forwarded again" in exc.value.message
+
+
+@pytest.mark.parametrize(
+    ("asked", "rewritten_to"),
+    [("chat", "eu/med"), ("eu/med", "chat")],
+    ids=["rewritten-onto-a-restricted-model", "restricted-model-renamed"],
+)
+def test_a_rewrite_never_escapes_a_rule(asked: str, rewritten_to: str) -> None:
+    from epp.datastore.objectives import ObjectiveStore, RewriteRule, RewriteTarget
+    from epp.director import Director, RandomScheduler
+
+    store = ObjectiveStore()
+    store.put_rewrite("default/r", (RewriteRule(asked, (RewriteTarget(rewritten_to),)),))
+    fed = router(registry(site("dc", "dc", 1)), "us", EU_ONLY)
+    d = Director(local_table(1), RandomScheduler(seed=1), clock=lambda: NOW, objectives=store, federation=fed)
+    req = dataclasses.replace(request(asked), body={"model": asked, "prompt": "hi"})
+    with pytest.raises(EppError) as exc:  # local tier us and the only site in dc: eu-only traffic has nowhere to go
+        d.decide(req)
+    assert "residency rule 'eu-data'" in exc.value.message
+    assert d.decide(request("free")).site is None  # an unrelated model is unaffected

@@ -45,16 +45,21 @@ class Allowance:
 UNRESTRICTED = Allowance(tiers=None)
 
 
-def allowance_for(config: FederationConfig, model: str, objective: str | None, headers: Mapping[str, str]) -> Allowance:
-    """The allowance of one request, from its model, objective and headers (uncached; see `Residency`)."""
-    return _narrow(_rules_allowance(config, model, objective), headers)
+def allowance_for(
+    config: FederationConfig, models: str | tuple[str, ...], objective: str | None, headers: Mapping[str, str]
+) -> Allowance:
+    """The allowance of one request, from its model(s), objective and headers (uncached; see `Residency`).
+
+    Several models (the client's and its rewrite target): every rule that names any of them applies."""
+    names = (models,) if isinstance(models, str) else models
+    return _narrow(_rules_allowance(config, names, objective), headers)
 
 
-def _rules_allowance(config: FederationConfig, model: str, objective: str | None) -> Allowance:
+def _rules_allowance(config: FederationConfig, models: tuple[str, ...], objective: str | None) -> Allowance:
     tiers: frozenset[str] | None = None
     names: list[str] = []
     for rule in config.rules:
-        if rule.matches(model, objective):
+        if any(rule.matches(model, objective) for model in models):
             tiers = rule.tiers if tiers is None else tiers & rule.tiers
             names.append(rule.name)
     if not names and config.default_tiers is not None:
@@ -73,20 +78,20 @@ def _narrow(allowance: Allowance, headers: Mapping[str, str]) -> Allowance:
 
 
 class Residency:
-    """`allowance_for` with the rules' answer cached per (model, objective): a request then costs one dict lookup
+    """`allowance_for` with the rules' answer cached per (models, objective): a request then costs one dict lookup
     (plus the header, which is per request). The cache is bounded: a client inventing model names cannot grow it
     without limit; when full it starts over."""
 
     def __init__(self, config: FederationConfig, max_cached: int = 4096) -> None:
         self._config = config
         self._max = max_cached
-        self._cache: dict[tuple[str, str | None], Allowance] = {}
+        self._cache: dict[tuple[tuple[str, ...], str | None], Allowance] = {}
 
-    def allowance(self, model: str, objective: str | None, headers: Mapping[str, str]) -> Allowance:
-        key = (model, objective)
+    def allowance(self, models: tuple[str, ...], objective: str | None, headers: Mapping[str, str]) -> Allowance:
+        key = (models, objective)
         base = self._cache.get(key)
         if base is None:
             if len(self._cache) >= self._max:
                 self._cache.clear()
-            base = self._cache[key] = _rules_allowance(self._config, model, objective)
+            base = self._cache[key] = _rules_allowance(self._config, models, objective)
         return _narrow(base, headers)

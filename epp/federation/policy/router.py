@@ -86,15 +86,15 @@ class FederationRouter:
         self,
         snapshot: Snapshot,
         candidates: IntArray,
-        model: str,
+        models: Sequence[str],
         objective: str | None,
         headers: Mapping[str, str],
         now: float,
         subset: Sequence[str] | None = None,
     ) -> Route:
-        """`model`, `objective` and `headers` are the request's as the client sent them (before any rewrite: the
-        data is the client's, whatever model finally serves it)."""
-        allowance = self._residency.allowance(model, objective, headers)
+        """`models`: the model the client asked for, then the model a rewrite turns it into (if any). A rule that
+        names any of them applies: neither renaming a restricted model nor rewriting onto one escapes a rule."""
+        allowance = self._residency.allowance(tuple(models), objective, headers)
         local_allowed = allowance.allows(self._local_tier)
         local = candidates if local_allowed else _EMPTY
         may_overflow = len(self._sites) > 0 and HOP_HEADER not in headers
@@ -123,7 +123,7 @@ class FederationRouter:
                 return Route(local=_EMPTY, site=best, addresses=(address,), allowance=allowance, headers=hop)
         if local.size:
             return Route(local=local, allowance=allowance)
-        reason = self._no_candidate_reason(model, allowance, local_allowed)
+        reason = self._no_candidate_reason(models[0] if models else "", allowance, local_allowed)
         if HOP_HEADER in headers:
             reason += f" (already forwarded by a site, {HOP_HEADER}: not forwarded again)"
         raise EppError(ErrorCode.SERVICE_UNAVAILABLE, reason)
