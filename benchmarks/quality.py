@@ -194,12 +194,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, OSError) as exc:  # a bad flag value or a missing/unreadable trace: one line, exit 2
+        print(f"benchmarks.quality: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
     workloads = list(WORKLOADS) if args.workload == "all" else [w.strip() for w in args.workload.split(",")]
     loads = [float(x) for x in args.load.split(",")]
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if args.config:
         policies.append(f"epp:{Path(args.config).stem}")
     profiles = [profile_named(n.strip()) for n in args.profiles.split(",")]
+    for policy in policies:  # fail before minutes of simulation, not after
+        policy_factory(policy, args.endpoints, args.seed, None)
     pool = [profiles[i % len(profiles)] for i in range(args.endpoints)]
     rows: list[Row] = []
     capacities: dict[str, float] = {}

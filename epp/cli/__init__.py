@@ -17,6 +17,7 @@ _SUBCOMMANDS = (
     "epp.cli.serve",
     "epp.cli.sim",
     "epp.cli.check_config",
+    "epp.cli.envoy_config",
     "epp.cli.inspect_metrics",
 )
 

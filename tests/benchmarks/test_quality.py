@@ -1,0 +1,112 @@
+"""The quality benchmark's parts on a tiny pool: trace formats, synthetic text sharing, every policy completes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.quality import main, policy_factory
+from benchmarks.virtual_time import capacity, simulate
+from benchmarks.workloads import UNIT_TOKENS, Item, load_trace, prompt_text, scaled_arrivals, shared_prefix
+from epp.sim.profiles import H100_LLAMA_8B
+
+
+def test_azure_csv_and_mooncake_jsonl_are_read(tmp_path: Path) -> None:
+    azure = tmp_path / "a.csv"
+    azure.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:47.1805900,9,1\n"
+    )
+    moon = tmp_path / "m.jsonl"
+    rows = [{"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 2]}]
+    rows.append({"timestamp": 250, "input_length": 600, "output_length": 2, "hash_ids": [0, 9]})
+    moon.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert load_trace(azure) == [Item(0.0, 374, 44), Item(0.5, 9, 1)]
+    assert load_trace(moon) == [Item(0.0, 1100, 5, (0, 1)), Item(0.25, 600, 2, (0,))]  # full 512-token units only
+
+
+def test_a_file_in_neither_format_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "x.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="neither Azure CSV"):
+        load_trace(bad)
+
+
+def test_prompt_text_shares_exactly_the_shared_units() -> None:
+    a, b = Item(0, 2 * UNIT_TOKENS + 10, 1, (7, 8)), Item(0, 2 * UNIT_TOKENS + 10, 1, (7, 9))
+    ta, tb = prompt_text(1, a), prompt_text(2, b)
+    assert len(ta) == (2 * UNIT_TOKENS + 10) * 4
+    unit_chars = UNIT_TOKENS * 4
+    assert ta[:unit_chars] == tb[:unit_chars] and ta[unit_chars : 2 * unit_chars] != tb[unit_chars : 2 * unit_chars]
+
+
+def test_arrivals_are_scaled_to_the_requested_rate() -> None:
+    items = shared_prefix(1000, seed=3)
+    t = scaled_arrivals(items, rate=50.0)
+    assert t[0] == 0 and (len(t) - 1) / t[-1] == pytest.approx(50.0)
+
+
+@pytest.mark.parametrize("policy", ["rr", "random", "least-queue", "epp", "oracle"])
+def test_every_policy_completes_every_request(policy: str) -> None:
+    items = shared_prefix(300, groups=8, prefix_tokens=2048, question_tokens=64, output_tokens=16, seed=1)
+    pool = [H100_LLAMA_8B] * 2
+    rate = 0.8 * 2 * capacity(items, H100_LLAMA_8B, sample=100)
+    result = simulate(items, scaled_arrivals(items, rate), pool, policy_factory(policy, 2, 0, None))
+    assert not np.isnan(result.ttft).any() and (result.server >= 0).all()
+    assert (result.ttft <= result.e2e).all()
+
+
+def test_the_oracle_finds_cached_prefixes_round_robin_does_not() -> None:
+    items = shared_prefix(400, groups=40, prefix_tokens=4096, question_tokens=64, output_tokens=16, seed=2)
+    small = dataclasses.replace(H100_LLAMA_8B, num_blocks=4096)  # 64k tokens: a quarter of the groups fit
+    pool = [small] * 4
+    arrivals = scaled_arrivals(items, 20.0)
+    rr = simulate(items, arrivals, pool, policy_factory("rr", 4, 0, None))
+    oracle = simulate(items, arrivals, pool, policy_factory("oracle", 4, 0, None))
+    assert oracle.hit_tokens > 1.5 * rr.hit_tokens
+
+
+def test_the_command_writes_json_markdown_and_targets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "q.json"
+    md = tmp_path / "q.md"
+    argv = ["--workload", "shared-prefix", "--load", "0.5", "--requests", "200", "--endpoints", "2"]
+    assert main([*argv, "--policies", "rr,epp", "--json", str(out), "--markdown", str(md)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["policy"] for r in rows] == ["rr", "epp"]
+    assert "shared-prefix 80%: epp p90 TTFT ≤ 1.5 × oracle: n/a" in md.read_text()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["AzureLLMInferenceTrace_conv.csv", "AzureLLMInferenceTrace_code.csv", "mooncake-synthetic_trace.jsonl"],
+    ids=["azure-conv", "azure-code", "mooncake"],
+)
+def test_the_reference_traces_load(shared_reference: Path, name: str) -> None:
+    items = load_trace(shared_reference / "traces" / name, 200)
+    assert len(items) == 200
+    assert all(i.prompt_tokens >= 1 and i.output_tokens >= 1 for i in items)
+    assert [i.arrival for i in items] == sorted(i.arrival for i in items)
+    if name.startswith("mooncake"):
+        firsts = [i.units[0] for i in items if i.units]
+        assert len(set(firsts)) < len(firsts)  # real prefix sharing: several requests start with the same block
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workload", "nope"], "unknown workload 'nope'"),
+        (["--trace", "/nonexistent/trace.csv"], "No such file"),
+        (["--policies", "rr,magic"], "unknown policy 'magic'"),
+        (["--profiles", "a100"], "unknown profile"),
+    ],
+    ids=["unknown-workload", "missing-trace", "unknown-policy", "unknown-profile"],
+)
+def test_bad_arguments_end_with_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*argv, "--requests", "50", "--endpoints", "2"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
