@@ -21,12 +21,14 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from epp.scheduling import build_scheduler, read_config
+    from epp.scrape.engines import engines_of_config
 
     refused = 0
     for path in args.files:
         try:
             config = read_config(path)
             scheduler = build_scheduler(config, seed=0)
+            engines_of_config(config)  # metric names per engine, as the scraper will read them
         except ConfigError as exc:
             refused += 1
             print(f"refused: {exc}", file=sys.stdout)
