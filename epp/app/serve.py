@@ -38,7 +38,7 @@ from epp.extproc.stream import StreamSettings
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import PickerMetrics
 from epp.scheduling import build_scheduler, load_config
-from epp.scrape.engines import EngineRegistry, engines_from_config
+from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
 from epp.scrape.scraper import ScrapeService, ScrapeSettings
 
@@ -142,8 +142,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
 
     scrape = _scrape_settings(args)
     # Metric names per engine: built-in, or the config's core-metrics-extractor parameters (upstream's format).
-    extractor = next((p for p in config.plugins if p.type == "core-metrics-extractor"), None) if config else None
-    engines = engines_from_config(extractor.parameters, config.source) if extractor and config else EngineRegistry()
+    engines = engines_of_config(config)
     # A child process by default: scraping hundreds of endpoints on the serving loop costs most of its core.
     scraper: ScrapeService | ScrapeProcess
     if getattr(args, "metrics_scrape_in_process", False):

@@ -22,12 +22,14 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from epp.federation.policy import parse_federation
     from epp.scheduling import build_scheduler, read_config
+    from epp.scrape.engines import engines_of_config
 
     refused = 0
     for path in args.files:
         try:
             config = read_config(path)
             scheduler = build_scheduler(config, seed=0)
+            engines_of_config(config)  # metric names per engine, as the scraper will read them
             federation = parse_federation(config.federation, config.source) if config.federation is not None else None
         except ConfigError as exc:
             refused += 1
