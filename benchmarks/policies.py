@@ -16,16 +16,17 @@ import numpy as np
 
 from benchmarks.workloads import Item, prompt_text
 from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
-from epp.director import Director, RandomScheduler, Scheduler
+from epp.director import Director, Scheduler
 from epp.requests import ApiKind, InferenceRequest
+from epp.scheduling import build_scheduler, load_config
 from epp.sim.engine import Engine, SimRequest
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def picker_scheduler(config: Path | None, seed: int) -> Scheduler:
-    """The scheduler `epp serve` runs. Swap in epp.scheduling's builder here (one line) once it lands on main."""
-    return RandomScheduler(seed)
+    """The scheduler `epp serve` runs: the config's profile, or the built-in default profile."""
+    return build_scheduler(load_config(config) if config is not None else None, seed=seed)
 
 
 class Policy:
