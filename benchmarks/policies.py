@@ -1,7 +1,8 @@
 """Routing policies side by side in the quality benchmark.
 
-`epp` (and any `--config` profile) is the picker's own code: the real `epp.director.Director` over a real
-`EndpointTable` fed by simulated scrapes, with the scheduler the picker builds. The others are what users run
+`epp` (and any `--config` profile, and `upstream`: upstream's default profile run by our code) is the picker's own
+code: the real `epp.director.Director` over a real `EndpointTable` fed by simulated scrapes, with the scheduler
+`epp serve` builds (epp.scheduling.build_scheduler), booking and releasing in-flight picks as the director does. The others are what users run
 instead (round-robin, random, least-queue) and an oracle that sees every server's true queue and cache contents
 and picks the lowest predicted TTFT. They live here, not in epp/scheduling: they are yardsticks, not features.
 """
@@ -16,16 +17,19 @@ import numpy as np
 
 from benchmarks.workloads import Item, prompt_text
 from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
-from epp.director import Director, RandomScheduler, Scheduler
+from epp.director import Director
 from epp.requests import ApiKind, InferenceRequest
+from epp.scheduling import ProfileScheduler, build_scheduler, load_config, upstream_default_config
 from epp.sim.engine import Engine, SimRequest
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-def picker_scheduler(config: Path | None, seed: int) -> Scheduler:
-    """The scheduler `epp serve` runs. Swap in epp.scheduling's builder here (one line) once it lands on main."""
-    return RandomScheduler(seed)
+def picker_scheduler(config: Path | None, seed: int, upstream: bool = False) -> ProfileScheduler:
+    """The scheduler `epp serve` builds: from a config file, else the built-in profile (or upstream's, to compare)."""
+    if config is not None:
+        return build_scheduler(load_config(config), seed=seed)
+    return build_scheduler(upstream_default_config() if upstream else None, seed=seed)
 
 
 class Policy:
@@ -113,7 +117,7 @@ class Picker(Policy):
 
     reads_scrapes = True
 
-    def __init__(self, name: str, n: int, scheduler: Scheduler, clock: Callable[[], float]) -> None:
+    def __init__(self, name: str, n: int, scheduler: ProfileScheduler, clock: Callable[[], float]) -> None:
         self.name = name
         self.table = EndpointTable()
         self.slots = [
@@ -121,7 +125,7 @@ class Picker(Policy):
         ]
         self.table.synced = True
         self._server_of = {slot: i for i, slot in enumerate(self.slots)}
-        self._director = Director(self.table, scheduler, clock)
+        self._director = Director(self.table, scheduler, clock, saturation=scheduler.saturation)  # as epp serve
         self._decisions: dict[int, object] = {}
 
     def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:

@@ -28,7 +28,7 @@ from benchmarks.workloads import WORKLOADS, Item, load, scaled_arrivals
 from epp.sim.engine import Engine
 from epp.sim.profiles import EngineProfile, profile_named
 
-DEFAULT_POLICIES = "rr,random,least-queue,epp,oracle"
+DEFAULT_POLICIES = "rr,random,least-queue,upstream,epp,oracle"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +55,9 @@ def policy_factory(name: str, n: int, seed: int, config: Path | None) -> Callabl
         return lambda engines, clock: BASELINES[name](n, seed)
     if name == "oracle":
         return lambda engines, clock: Oracle(engines, seed)
-    if name == "epp" or name.startswith("epp:"):
-        return lambda engines, clock: Picker(name, n, picker_scheduler(config, seed), clock)  # type: ignore[arg-type]
+    if name in ("epp", "upstream") or name.startswith("epp:"):
+        upstream = name == "upstream"
+        return lambda engines, clock: Picker(name, n, picker_scheduler(config, seed, upstream), clock)  # type: ignore[arg-type]
     raise ValueError(f"unknown policy {name!r}")
 
 

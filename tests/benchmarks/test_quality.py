@@ -49,7 +49,7 @@ def test_arrivals_are_scaled_to_the_requested_rate() -> None:
     assert t[0] == 0 and (len(t) - 1) / t[-1] == pytest.approx(50.0)
 
 
-@pytest.mark.parametrize("policy", ["rr", "random", "least-queue", "epp", "oracle"])
+@pytest.mark.parametrize("policy", ["rr", "random", "least-queue", "upstream", "epp", "oracle"])
 def test_every_policy_completes_every_request(policy: str) -> None:
     items = shared_prefix(300, groups=8, prefix_tokens=2048, question_tokens=64, output_tokens=16, seed=1)
     pool = [H100_LLAMA_8B] * 2
