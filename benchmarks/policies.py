@@ -2,9 +2,10 @@
 
 `epp` (and any `--config` profile, and `upstream`: upstream's default profile run by our code) is the picker's own
 code: the real `epp.director.Director` over a real `EndpointTable` fed by simulated scrapes, with the scheduler
-`epp serve` builds (epp.scheduling.build_scheduler), booking and releasing in-flight picks as the director does. The others are what users run
-instead (round-robin, random, least-queue) and an oracle that sees every server's true queue and cache contents
-and picks the lowest predicted TTFT. They live here, not in epp/scheduling: they are yardsticks, not features.
+`epp serve` builds (epp.scheduling.build_scheduler), booking and releasing in-flight picks as the director does.
+The others are what users run instead (round-robin, random, least-queue) and an oracle that sees every server's
+true queue and cache contents and picks the lowest predicted TTFT. They live here, not in epp/scheduling: they
+are yardsticks, not features.
 """
 
 from __future__ import annotations

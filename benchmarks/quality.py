@@ -157,8 +157,10 @@ def chart(rows: Sequence[Row], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     workloads = list(dict.fromkeys(r.workload for r in rows))
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.6), squeeze=False)
-    for ax, w in zip(axes[0], workloads, strict=True):
+    cols = min(2, len(workloads))
+    nrows = -(-len(workloads) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 3.8 * nrows), squeeze=False)
+    for ax, w in zip(axes.flat, workloads, strict=False):
         for policy in dict.fromkeys(r.policy for r in rows):
             pts = sorted((r.load, r.ttft_p90) for r in rows if r.workload == w and r.policy == policy)
             if pts:
@@ -168,6 +170,8 @@ def chart(rows: Sequence[Row], path: Path) -> None:
         ax.set_ylabel("p90 TTFT (ms)")
         ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(workloads) :]:
+        ax.set_visible(False)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -190,6 +194,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--json", help="write rows as JSON here")
     p.add_argument("--markdown", help="write the table and targets as Markdown here")
     p.add_argument("--chart", help="write a PNG of p90 TTFT vs load here")
+    p.add_argument("--replot", help="only redraw --chart from a --json file of an earlier run")
     return p.parse_args(argv)
 
 
@@ -203,6 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.replot:
+        rows = [Row(**r) for r in json.loads(Path(args.replot).read_text())["rows"]]
+        chart(rows, Path(args.chart or "benchmarks/quality.png"))
+        return 0
     workloads = list(WORKLOADS) if args.workload == "all" else [w.strip() for w in args.workload.split(",")]
     loads = [float(x) for x in args.load.split(",")]
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
