@@ -28,6 +28,8 @@ from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode, PoolSpec
 from epp.director import Director
+from epp.discovery.kubernetes.settings import settings_from_flags
+from epp.discovery.kubernetes.source import KubernetesSource
 from epp.discovery.static import load_pool_file, parse_static_endpoints
 from epp.errors import ConfigError
 from epp.extproc.server import ExternalProcessor, add_to_server
@@ -35,11 +37,11 @@ from epp.extproc.stream import StreamSettings
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import PickerMetrics
 from epp.scheduling import build_scheduler, load_config
+from epp.scrape.engines import EngineRegistry, engines_from_config
+from epp.scrape.process import ScrapeProcess
+from epp.scrape.scraper import ScrapeService, ScrapeSettings
 
 log = logging.getLogger("epp")
-
-STALE_AFTER_S = 2.0  # metrics older than this read as stale in /debug/pool (the scraper's threshold)
-MAX_SCRAPE_FAILURES = 3
 
 
 @dataclass
@@ -51,12 +53,15 @@ class PickerState:
     pool: PoolSpec | None = None
     health: HealthState = field(default_factory=HealthState)
     registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
+    kubernetes: KubernetesSource | None = None
 
     def failure_mode(self) -> FailureMode:
         return self.pool.failure_mode if self.pool is not None else FailureMode.FAIL_CLOSE
 
     def source_ready(self) -> bool:
         """The endpoint source has delivered its first complete view (readiness also needs leadership, if HA)."""
+        if self.kubernetes is not None:
+            return self.kubernetes.ready  # synced, pool present, leader (with --ha-enable-leader-election)
         return self.table.synced
 
     def ready(self) -> bool:
@@ -64,8 +69,29 @@ class PickerState:
         return self.health.ready
 
 
+def _scrape_settings(args: argparse.Namespace) -> ScrapeSettings:
+    """The scrape flags (epp/cli/scrape_flags.py); a namespace without them gets upstream's defaults."""
+    d = ScrapeSettings()
+    return ScrapeSettings(
+        interval_s=getattr(args, "refresh_metrics_interval", d.interval_s),
+        timeout_s=getattr(args, "metrics_scrape_timeout", d.timeout_s),
+        staleness_s=getattr(args, "metrics_staleness_threshold", d.staleness_s),
+        max_failures=getattr(args, "metrics_max_failures", d.max_failures),
+        max_page_bytes=getattr(args, "metrics_max_page_bytes", d.max_page_bytes),
+        concurrency=getattr(args, "metrics_scrape_concurrency", d.concurrency),
+    )
+
+
 def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
-    """Cluster-free mode: the pool file (optional) and the static endpoint list."""
+    """Kubernetes (pool or standalone selector), or cluster-free: the pool file (optional) and the static list."""
+    k8s = settings_from_flags(args)
+    if k8s is not None:
+        if args.static_endpoints is not None or args.pool_file:
+            raise ConfigError("--static-endpoints/--pool-file and --pool-name/--endpoint-selector are exclusive")
+        state.kubernetes = KubernetesSource(state.table, state.objectives, k8s)
+        state.kubernetes.connect()  # a bad --kubeconfig ends here, before any port is opened
+        state.pool = state.kubernetes.pool_spec()
+        return
     if args.pool_file:
         state.pool = load_pool_file(args.pool_file)
     if args.static_endpoints is None:
@@ -82,9 +108,12 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     _endpoint_source(args, state)
     metrics = PickerMetrics(state.registry)
     pool_name = state.pool.name if state.pool is not None else "static"
+    if state.kubernetes is not None:
+        pool_name = state.kubernetes.settings.pool_name or "standalone"
     state.registry.register(PoolCollector(state.table, lambda: pool_name))
     # --config-file: an EndpointPickerConfig (refused with exit 2 and the reason); none: the built-in profile.
-    scheduler = build_scheduler(load_config(args.config_file) if args.config_file else None, seed=None)
+    config = load_config(args.config_file) if args.config_file else None
+    scheduler = build_scheduler(config, seed=None)
     director = Director(
         state.table,
         scheduler,
@@ -105,8 +134,22 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
     _bind(health_server, args.bind_address, args.grpc_health_port, "--grpc-health-port")
 
+    scrape = _scrape_settings(args)
+    # Metric names per engine: built-in, or the config's core-metrics-extractor parameters (upstream's format).
+    extractor = next((p for p in config.plugins if p.type == "core-metrics-extractor"), None) if config else None
+    engines = engines_from_config(extractor.parameters, config.source) if extractor and config else EngineRegistry()
+    # A child process by default: scraping hundreds of endpoints on the serving loop costs most of its core.
+    scraper: ScrapeService | ScrapeProcess
+    if getattr(args, "metrics_scrape_in_process", False):
+        scraper = ScrapeService(state.table, scrape, engines)
+    else:
+        scraper = ScrapeProcess(state.table, scrape, engines)
+
     def report() -> dict[str, Any]:
-        return pool_report(state.table, state.pool, time.monotonic(), state.ready(), STALE_AFTER_S, MAX_SCRAPE_FAILURES)
+        extra = {"kubernetes": state.kubernetes.status()} if state.kubernetes is not None else None
+        return pool_report(
+            state.table, state.pool, time.monotonic(), state.ready(), scrape.staleness_s, scrape.max_failures, extra
+        )
 
     http_runner = web.AppRunner(build_http_app(state.registry, report, state.ready), access_log=None)
     await http_runner.setup()
@@ -117,10 +160,13 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         await http_runner.cleanup()
         raise ConfigError(f"--metrics-port {args.metrics_port}: cannot listen ({exc.strerror})") from None
 
+    await scraper.start()
     await grpc_server.start()
     await health_server.start()
     await state.health.start()
     await state.health.set_ready(state.source_ready())
+    if state.kubernetes is not None:
+        await _start_kubernetes(state.kubernetes, state)
     log.info(
         "epp serving: ext_proc on %s:%d, health on %d, metrics on %d; %d endpoints; pool %s (%s)",
         args.bind_address,
@@ -136,12 +182,30 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     finally:
         log.info("stopping: readiness off, %d open streams get %.1fs", processor.open_streams, args.grace_period)
         await state.health.set_ready(False)
+        if state.kubernetes is not None:
+            await state.kubernetes.stop()  # releases the Lease now, so a standby takes over during our grace period
         await grpc_server.stop(args.grace_period)
         await state.health.stopping()
         await health_server.stop(0)
+        await scraper.stop()
         await http_runner.cleanup()
         log.info("stopped")
     return 0
+
+
+async def _start_kubernetes(source: KubernetesSource, state: PickerState) -> None:
+    """Start the watches; every change of the pool spec or readiness reaches `state` and the health service."""
+    pending: set[asyncio.Task[None]] = set()  # strong references until each health update is done
+
+    def changed() -> None:  # the source stops calling this once its stop() began
+        state.pool = source.pool_spec()
+        if state.health.ready != state.source_ready():
+            task = asyncio.ensure_future(state.health.set_ready(state.source_ready()))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+
+    source.subscribe(changed)
+    await source.start()
 
 
 def _bind(server: grpc.aio.Server, host: str, port: int, flag: str) -> None:

@@ -13,7 +13,13 @@ from collections.abc import Sequence
 
 from epp.errors import ConfigError
 
-_SUBCOMMANDS = ("epp.cli.serve", "epp.cli.sim", "epp.cli.check_config")
+_SUBCOMMANDS = (
+    "epp.cli.serve",
+    "epp.cli.sim",
+    "epp.cli.check_config",
+    "epp.cli.envoy_config",
+    "epp.cli.inspect_metrics",
+)
 
 
 class _Parser(argparse.ArgumentParser):

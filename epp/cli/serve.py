@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
+
+from epp.cli.scrape_flags import add_scrape_flags
 
 
 def _port(text: str) -> int:
@@ -24,6 +27,58 @@ def _positive_bytes(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive: {value}")
     return value
+
+
+def _bool(text: str) -> bool:
+    """Go-style boolean flag values, so `--ha-enable-leader-election=false` from upstream manifests works."""
+    lowered = text.strip().lower()
+    if lowered in ("1", "t", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "f", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+
+
+def _duration(text: str) -> float:
+    """Seconds from a Go duration ("15s", "1.5s", "500ms", "1m") or a bare number of seconds."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration (like 15s, 500ms, 1m): {text!r}")
+    value = float(match.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2) or "s"]
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def _register_kubernetes(p: argparse.ArgumentParser) -> None:
+    """Upstream's names; lease tuning as client-go components name it (upstream uses client-go's defaults)."""
+    k = p.add_argument_group("Kubernetes (see docs/kubernetes.md)")
+    k.add_argument("--pool-name", default="", help="name of the InferencePool this picker serves")
+    k.add_argument(
+        "--pool-namespace", default="", help="namespace of the InferencePool (default: env NAMESPACE, else default)"
+    )
+    k.add_argument(
+        "--pool-group",
+        default="inference.networking.k8s.io",
+        help="API group of the InferencePool (default inference.networking.k8s.io)",
+    )
+    k.add_argument("--kubeconfig", default="", help="kubeconfig file (default: in-cluster config, else $KUBECONFIG)")
+    k.add_argument("--endpoint-selector", default="", help="standalone mode, no pool object: pod labels k=v,k2=v2")
+    k.add_argument("--endpoint-target-ports", default="", help="standalone mode: model-server ports, e.g. 8000,8001")
+    k.add_argument(
+        "--ha-enable-leader-election",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="active-passive replicas: only the holder of the Lease reports readiness",
+    )
+    k.add_argument("--leader-elect-lease-duration", type=_duration, default=15.0, help="lease duration (default 15s)")
+    k.add_argument("--leader-elect-renew-deadline", type=_duration, default=10.0, help="renew deadline (default 10s)")
+    k.add_argument("--leader-elect-retry-period", type=_duration, default=2.0, help="retry period (default 2s)")
 
 
 def register(sub: Any) -> None:
@@ -47,7 +102,9 @@ def register(sub: Any) -> None:
         default=10.0,
         help="seconds open streams get to finish after SIGTERM (default 10)",
     )
+    add_scrape_flags(p)
     p.add_argument("-v", "--verbosity", type=int, default=1, help="log level: 0 warnings, 1 info, 2+ debug")
+    _register_kubernetes(p)
     p.set_defaults(func=run)
 
 

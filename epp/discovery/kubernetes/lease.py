@@ -1,0 +1,152 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, with client-go's rules (active-passive replicas).
+
+Only the leader reports readiness, so the gateway sends traffic to one picker whose in-flight bookkeeping sees
+every request. The rules, as client-go's `leaderelection` package applies them:
+- a candidate takes the Lease when it does not exist, has no holder, or has not changed for the holder's
+  `leaseDurationSeconds` as measured on the candidate's own monotonic clock since it last saw the record change
+  (never by comparing `renewTime` with the local wall clock: clocks of two nodes disagree);
+- the leader renews every `retry_period`; when it could not renew for `renew_deadline` it steps down, before a
+  follower may take over (renew_deadline < lease_duration), so two leaders never serve at once;
+- every write carries the Lease's resourceVersion: of two candidates racing, one gets 409 Conflict and stays a
+  follower;
+- on a clean stop the leader releases the Lease (empty holder, 1 s duration) so a follower takes over at once.
+Every API call blocks, so it runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from epp.discovery.kubernetes.rest import ApiError, KubeRest, ResourceRef
+from epp.discovery.kubernetes.settings import LeaseTiming
+
+log = logging.getLogger(__name__)
+
+
+def _micro_time() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    """Campaigns for one Lease until cancelled; `is_leader` is the current answer, `on_change` hears flips."""
+
+    def __init__(
+        self,
+        rest: KubeRest,
+        namespace: str,
+        name: str,
+        identity: str,
+        timing: LeaseTiming,
+        on_change: Callable[[bool], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._rest = rest
+        self._ref = ResourceRef("coordination.k8s.io", "v1", "leases", namespace=namespace)
+        self.name = name
+        self.identity = identity
+        self._timing = timing
+        self._on_change = on_change
+        self._clock = clock
+        self.is_leader = False
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+        self._last_renewal = 0.0
+        self._resource_version = ""
+        self._transitions = 0
+
+    async def run(self) -> None:
+        """Acquire, then renew, forever; cancel to stop (then call `release()`)."""
+        while True:
+            ok = await self._try_acquire_or_renew()
+            now = self._clock()
+            if ok:
+                self._last_renewal = now
+                self._set_leader(True)
+            elif self.is_leader and now - self._last_renewal >= self._timing.renew_deadline_s:
+                log.warning("lease %s: not renewed for %.1fs; stepping down", self.name, now - self._last_renewal)
+                self._set_leader(False)
+            delay = self._timing.retry_period_s
+            await asyncio.sleep(delay if self.is_leader else delay * random.uniform(1.0, 1.2))
+
+    async def release(self) -> None:
+        """Give the Lease up if we hold it (best effort: the follower takes over after lease_duration anyway)."""
+        if not self.is_leader:
+            return
+        self._set_leader(False)
+        body = self._lease_body(holder="", duration_s=1, acquire_time=_micro_time(), transitions=None)
+        try:
+            await asyncio.to_thread(self._rest.call, "PUT", self._ref.item_path(self.name), None, body, 2.0)
+        except ApiError as exc:
+            log.info("lease %s: release failed (%s); it expires by itself", self.name, exc)
+
+    def _set_leader(self, leader: bool) -> None:
+        if leader != self.is_leader:
+            self.is_leader = leader
+            log.info("lease %s: %s is %s", self.name, self.identity, "now the leader" if leader else "a follower")
+            if self._on_change is not None:
+                self._on_change(leader)
+
+    def _lease_body(self, holder: str, duration_s: int, acquire_time: str, transitions: int | None) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": duration_s,
+            "acquireTime": acquire_time,
+            "renewTime": _micro_time(),
+        }
+        spec["leaseTransitions"] = transitions if transitions is not None else self._transitions
+        meta: dict[str, Any] = {"name": self.name, "namespace": self._ref.namespace}
+        if self._resource_version:
+            meta["resourceVersion"] = self._resource_version
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
+
+    async def _try_acquire_or_renew(self) -> bool:
+        timeout = max(1.0, self._timing.retry_period_s)
+        duration = max(1, round(self._timing.lease_duration_s))
+        try:
+            lease = await asyncio.to_thread(self._rest.call, "GET", self._ref.item_path(self.name), None, None, timeout)
+        except ApiError as exc:
+            if exc.status != 404:
+                log.info("lease %s: get failed: %s", self.name, exc)
+                return False
+            self._resource_version = ""
+            self._transitions = 0
+            body = self._lease_body(self.identity, duration, _micro_time(), 0)
+            return await self._write("POST", self._ref.collection_path(), body, timeout)
+        spec = lease.get("spec") or {}
+        self._resource_version = str((lease.get("metadata") or {}).get("resourceVersion") or "")
+        record = tuple(spec.get(k) for k in ("holderIdentity", "renewTime", "acquireTime", "leaseTransitions"))
+        now = self._clock()
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
+        holder = spec.get("holderIdentity") or ""
+        held_for = float(spec.get("leaseDurationSeconds") or duration)
+        if holder and holder != self.identity and now < self._observed_at + held_for:
+            self._set_leader(False)  # someone else holds a live lease (we lost it while partitioned)
+            return False
+        transitions = int(spec.get("leaseTransitions") or 0)
+        if holder == self.identity:
+            acquire_time = str(spec.get("acquireTime") or _micro_time())
+        else:
+            acquire_time, transitions = _micro_time(), transitions + 1
+        self._transitions = transitions
+        body = self._lease_body(self.identity, duration, acquire_time, transitions)
+        return await self._write("PUT", self._ref.item_path(self.name), body, timeout)
+
+    async def _write(self, method: str, path: str, body: dict[str, Any], timeout: float) -> bool:
+        try:
+            written = await asyncio.to_thread(self._rest.call, method, path, None, body, timeout)
+        except ApiError as exc:
+            if exc.status != 409:
+                log.info("lease %s: %s failed: %s", self.name, method, exc)
+            return False  # 409: another candidate won the race
+        spec = written.get("spec") or {}
+        self._resource_version = str((written.get("metadata") or {}).get("resourceVersion") or "")
+        self._observed = tuple(spec.get(k) for k in ("holderIdentity", "renewTime", "acquireTime", "leaseTransitions"))
+        self._observed_at = self._clock()
+        return True

@@ -1,0 +1,97 @@
+"""InferenceObjective (priority) and InferenceModelRewrite (rules) objects → what the ObjectiveStore holds.
+
+Both kinds exist in two API groups with the same schema (inference.networking.x-k8s.io, and llm-d.ai where the
+llm-d router moved them); we watch both. Only objects whose `spec.poolRef` names our pool count. When the same
+name exists in both groups, inference.networking.x-k8s.io wins (it is listed first in `OBJECTIVE_GROUPS`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from epp.datastore.objectives import RewriteRule, RewriteTarget
+from epp.datastore.pool import POOL_GROUP
+
+log = logging.getLogger(__name__)
+
+OBJECTIVE_GROUPS = ("inference.networking.x-k8s.io", "llm-d.ai")
+OBJECTIVE_VERSION = "v1alpha2"
+OBJECTIVES_PLURAL = "inferenceobjectives"
+REWRITES_PLURAL = "inferencemodelrewrites"
+
+
+def refers_to_pool(obj: Mapping[str, Any], pool_name: str, pool_group: str = POOL_GROUP) -> bool:
+    """`spec.poolRef` names our pool (group and kind default as the CRD defaults them)."""
+    ref = (obj.get("spec") or {}).get("poolRef")
+    if not isinstance(ref, Mapping):
+        return False
+    return (
+        ref.get("name") == pool_name
+        and (ref.get("group") or POOL_GROUP) == pool_group
+        and (ref.get("kind") or "InferencePool") == "InferencePool"
+    )
+
+
+def objective_priorities(objects: Iterable[Mapping[str, Any]], pool_name: str, pool_group: str) -> dict[str, int]:
+    """name → priority of the objectives for our pool; an unset priority is 0, as the CRD says."""
+    out: dict[str, int] = {}
+    for obj in objects:
+        if not refers_to_pool(obj, pool_name, pool_group):
+            continue
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        priority = (obj.get("spec") or {}).get("priority")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            if priority is not None:
+                log.warning("InferenceObjective %s: priority %r is not an integer; using 0", name, priority)
+            priority = 0
+        if name:
+            out.setdefault(name, priority)
+    return out
+
+
+def rewrite_rules(obj: Mapping[str, Any]) -> tuple[RewriteRule, ...]:
+    """One RewriteRule per matched model of each rule; malformed rules are skipped with a warning."""
+    name = (obj.get("metadata") or {}).get("name")
+    rules: list[RewriteRule] = []
+    for i, rule in enumerate((obj.get("spec") or {}).get("rules") or []):
+        if not isinstance(rule, Mapping):
+            continue
+        targets: list[RewriteTarget] = []
+        for target in rule.get("targets") or []:
+            if not isinstance(target, Mapping) or not isinstance(target.get("modelRewrite"), str):
+                continue
+            weight = target.get("weight", 1)
+            if not isinstance(weight, int) or isinstance(weight, bool) or weight < 1:
+                weight = 1
+            targets.append(RewriteTarget(model=target["modelRewrite"], weight=weight))
+        sources = [
+            m["model"]["value"]
+            for m in rule.get("matches") or []
+            if isinstance(m, Mapping)
+            and isinstance(m.get("model"), Mapping)
+            and isinstance(m["model"].get("value"), str)
+            and (m["model"].get("type") or "Exact") == "Exact"
+        ]
+        if not targets or not sources:
+            log.warning("InferenceModelRewrite %s: rules[%d] has no exact model match or no target; skipped", name, i)
+            continue
+        rules.extend(RewriteRule(source_model=s, targets=tuple(targets)) for s in sources)
+    return tuple(rules)
+
+
+def pool_rewrites(
+    objects: Iterable[Mapping[str, Any]], pool_name: str, pool_group: str
+) -> dict[str, tuple[RewriteRule, ...]]:
+    """ "namespace/name" → rules of the rewrites for our pool."""
+    out: dict[str, tuple[RewriteRule, ...]] = {}
+    for obj in objects:
+        if not refers_to_pool(obj, pool_name, pool_group):
+            continue
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+        rules = rewrite_rules(obj)
+        if rules:
+            out.setdefault(key, rules)
+    return out

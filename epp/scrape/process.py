@@ -1,0 +1,335 @@
+"""The scrape service in a child process, writing back through shared memory.
+
+Why: measured in benchmarks/scrape.py (RESULTS.md), scraping 256 endpoints every 100 ms inside the picker's
+process took most of a core and cut the gRPC picker's throughput by far more than the 20% the issue allows. The
+picker's process is GIL-bound; a second process scrapes on another core.
+
+How:
+- The child (`python -m epp.scrape.process`) runs the ordinary `ScrapeService` on a private table that mirrors
+  the parent's membership, and every few milliseconds publishes changed rows into one shared float64 block,
+  indexed by the parent's slot: `[token, waiting, running, kv_usage, max_lora, block_size, num_blocks,
+  scraped_at, ok, failures, version]`.
+- Each row is a seqlock: `version` is odd while the child writes it. The parent copies the block, keeps rows whose
+  version was even and unchanged across the copy, and whose `token` matches the endpoint now in that slot (a
+  slot reused by another endpoint gets a new token, so late rows of the old one are ignored). Applying them is a
+  handful of vector operations (`EndpointTable.write_scrape_rows`), ~100 times a second.
+- Membership goes to the child, LoRA adapter changes and per-endpoint statuses come back, as pickled messages on
+  a socket pair. If the parent dies, the child sees the socket close and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import sys
+from multiprocessing.connection import Connection
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import numpy as np
+
+from epp.datastore.table import EndpointInfo, EndpointTable
+from epp.scrape.engines import EngineRegistry
+from epp.scrape.scraper import EndpointStatus, ScrapeService, ScrapeSettings
+
+log = logging.getLogger(__name__)
+
+TOKEN, VALUES, OK, FAILURES, VERSION = 0, slice(1, 8), 8, 9, 10
+NCOL = 11
+PUBLISH_S = 0.005  # child → shared memory
+APPLY_S = 0.01  # shared memory → table
+STATUS_S = 1.0
+
+
+class ScrapeProcess:
+    """Same interface as `ScrapeService` (start/stop/status), scraping in a child process."""
+
+    def __init__(
+        self,
+        table: EndpointTable,
+        settings: ScrapeSettings | None = None,
+        engines: EngineRegistry | None = None,
+        *,
+        max_endpoints: int = 65536,
+    ) -> None:
+        self.table = table
+        self.settings = settings or ScrapeSettings()
+        self.engines = engines or EngineRegistry()
+        self.rows = max_endpoints
+        self._shm: SharedMemory | None = None
+        self._block: np.ndarray = np.zeros((0, NCOL))
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._tokens = np.full(max_endpoints, -1.0)
+        self._applied = np.zeros(max_endpoints)
+        self._members: dict[int, tuple[EndpointInfo, int]] = {}
+        self._next_token = 0
+        self._seen_version = -1
+        self._status: dict[str, EndpointStatus] = {}
+        self._warned_full = False
+        self._fallback: ScrapeService | None = None
+
+    async def start(self) -> None:
+        if self._proc is not None or self._fallback is not None:
+            return
+        try:
+            self._spawn()
+        except OSError as exc:  # no /dev/shm, no fork allowed...: scrape on this loop rather than not at all
+            log.warning("cannot start the scrape process (%s): scraping in the serving process instead", exc)
+            await self.stop()
+            self._fallback = ScrapeService(self.table, self.settings, self.engines)
+            await self._fallback.start()
+            return
+        self._task = asyncio.create_task(self._run(), name="scrape-process-apply")
+
+    def _spawn(self) -> None:
+        self._shm = SharedMemory(create=True, size=self.rows * NCOL * 8)
+        self._block = np.ndarray((self.rows, NCOL), dtype=np.float64, buffer=self._shm.buf)
+        self._block[:] = 0.0
+        self._block[:, TOKEN] = -1.0
+        ours, theirs = socket.socketpair()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "epp.scrape.process", self._shm.name, str(self.rows), str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+        )
+        theirs.close()
+        ours.setblocking(True)
+        self._conn = Connection(ours.detach())
+        self._conn.send(("settings", self.settings, self.engines))
+        asyncio.get_running_loop().add_reader(self._conn.fileno(), self._on_message)
+        self._sync()
+
+    async def stop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._fallback is not None:
+            await self._fallback.stop()
+            self._fallback = None
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._conn is not None:
+            loop.remove_reader(self._conn.fileno())
+            with contextlib.suppress(OSError):
+                self._conn.send(("stop",))
+            self._conn.close()
+            self._conn = None
+        if self._proc is not None:
+            proc, self._proc = self._proc, None
+            try:
+                await loop.run_in_executor(None, proc.wait, 5.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                await loop.run_in_executor(None, proc.wait, 5.0)
+        if self._shm is not None:
+            self._block = np.zeros((0, NCOL))
+            self._shm.close()
+            self._shm.unlink()
+            self._shm = None
+
+    def status(self) -> dict[str, EndpointStatus]:
+        return self._fallback.status() if self._fallback is not None else dict(self._status)
+
+    # -- parent side --------------------------------------------------------------------------------------------
+
+    def _sync(self) -> None:
+        table = self.table
+        if table.version == self._seen_version or self._conn is None:
+            return
+        self._seen_version = table.version
+        members: dict[int, tuple[EndpointInfo, int]] = {}
+        for address in table.addresses():
+            slot = table.slot_of(address)
+            info = table.info(slot) if slot is not None else None
+            if slot is None or info is None:
+                continue
+            if slot >= self.rows:
+                if not self._warned_full:
+                    log.warning("more than %d endpoints: the rest are not scraped", self.rows)
+                    self._warned_full = True
+                continue
+            old = self._members.get(slot)
+            if old is not None and old[0] == info:
+                members[slot] = old
+            else:
+                members[slot] = (info, self._next_token)
+                self._tokens[slot] = self._next_token
+                self._next_token += 1
+        for slot in set(self._members) - set(members):
+            self._tokens[slot] = -1.0
+        self._members = members
+        wanted = {info.address for info, _ in members.values()}
+        self._status = {a: s for a, s in self._status.items() if a in wanted}
+        for info, _ in members.values():
+            self._status.setdefault(
+                info.address, EndpointStatus(info.address, self.engines.for_engine(info.engine).name)
+            )
+        with contextlib.suppress(OSError):
+            self._conn.send(("members", [(slot, token, info) for slot, (info, token) in members.items()]))
+
+    def apply(self) -> int:
+        """Copy consistent, current rows from shared memory into the table; returns how many were applied."""
+        self._sync()  # tokens must match the table as it is now, or a reused slot could take the old rows
+        n = min(len(self.table.column("present")), self.rows)
+        if n == 0 or self._shm is None:
+            return 0
+        live = self._block[:n]
+        before = live[:, VERSION].copy()
+        data = live.copy()
+        ok = (before == live[:, VERSION]) & (before % 2 == 0) & (data[:, TOKEN] == self._tokens[:n])
+        ok &= data[:, VERSION] > self._applied[:n]
+        slots = np.flatnonzero(ok)
+        if slots.size:
+            rows = data[slots]
+            self.table.write_scrape_rows(slots, rows[:, VALUES], rows[:, OK] > 0, rows[:, FAILURES].astype(np.int64))
+            self._applied[slots] = rows[:, VERSION]
+        return int(slots.size)
+
+    async def _run(self) -> None:
+        s = self.settings
+        while True:
+            await asyncio.sleep(APPLY_S)
+            self._sync()
+            self.apply()
+            self.table.mark_stale(asyncio.get_running_loop().time(), s.staleness_s, s.max_failures)
+            if self._proc is not None and self._proc.poll() is not None:
+                log.error("scrape process exited with %s; metrics will go stale", self._proc.returncode)
+                self._proc = None
+
+    def _on_message(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            while conn.poll():
+                self._handle(conn.recv())
+        except (EOFError, OSError):
+            asyncio.get_running_loop().remove_reader(conn.fileno())
+
+    def _handle(self, msg: tuple[Any, ...]) -> None:
+        if msg[0] == "adapters":
+            for slot, token, running, waiting in msg[1]:
+                if self._tokens[slot] == token:
+                    self.table.set_adapters(slot, running, waiting)
+        elif msg[0] == "status":
+            for address, status in msg[1].items():
+                if address in self._status:
+                    self._status[address] = status
+
+
+# -- child side -------------------------------------------------------------------------------------------------
+
+
+async def _child(block: np.ndarray, conn: Connection) -> None:
+    loop = asyncio.get_running_loop()
+    first = conn.recv()
+    settings: ScrapeSettings = first[1]
+    engines: EngineRegistry = first[2]
+    table = EndpointTable()
+    svc = ScrapeService(table, settings, engines)
+    stop = asyncio.Event()
+    by_address: dict[str, tuple[int, int]] = {}  # address → (parent slot, token)
+
+    def on_message() -> None:
+        nonlocal by_address
+        try:
+            while conn.poll():
+                msg = conn.recv()
+                if msg[0] == "members":
+                    by_address = {info.address: (slot, token) for slot, token, info in msg[1]}
+                    table.replace_all(info for _, _, info in msg[1])
+                    table.version += 1  # a token may change with the same membership: remap
+                elif msg[0] == "stop":
+                    stop.set()
+        except (EOFError, OSError):
+            stop.set()
+
+    loop.add_reader(conn.fileno(), on_message)
+    await svc.start()
+    next_status = loop.time() + STATUS_S
+    mapped = -1
+    parent = np.zeros(0, dtype=np.int64)
+    tokens = np.zeros(0)
+    last_at = np.zeros(0)
+    last_failures = np.zeros(0, dtype=np.int64)
+    adapters: list[tuple[frozenset[str], frozenset[str]] | None] = []
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), PUBLISH_S)
+            snap = table.snapshot()
+            n = len(snap.present)
+            if snap.version != mapped:  # membership changed: map local slots to parent rows, republish all
+                mapped = snap.version
+                parent = np.full(n, -1, dtype=np.int64)
+                tokens = np.full(n, -1.0)
+                for local, address in enumerate(snap.addresses):
+                    where = by_address.get(address)
+                    if where is not None and snap.present[local]:
+                        parent[local], tokens[local] = where
+                last_at = np.full(n, -np.inf)
+                last_failures = np.full(n, -1, dtype=np.int64)
+                adapters = [None] * n
+            at = np.nan_to_num(snap.scraped_at, nan=-1.0)
+            changed = np.flatnonzero((parent >= 0) & ((at != last_at) | (snap.scrape_failures != last_failures)))
+            if changed.size:
+                rows = parent[changed]
+                values = np.stack(
+                    (snap.waiting, snap.running, snap.kv_usage, snap.max_lora, snap.block_size, snap.num_blocks,
+                     snap.scraped_at), axis=1,
+                )[changed]  # fmt: skip
+                block[rows, VERSION] += 1  # odd: being written
+                block[rows, TOKEN] = tokens[changed]
+                block[rows, VALUES] = values
+                block[rows, OK] = snap.scrape_ok[changed]
+                block[rows, FAILURES] = snap.scrape_failures[changed]
+                block[rows, VERSION] += 1  # even: complete
+                last_at[changed] = at[changed]
+                last_failures[changed] = snap.scrape_failures[changed]
+                news = []
+                for local in changed.tolist():
+                    pair = (snap.running_adapters[local], snap.waiting_adapters[local])
+                    if snap.scrape_ok[local] and adapters[local] != pair:
+                        adapters[local] = pair
+                        news.append((int(parent[local]), float(tokens[local]), sorted(pair[0]), sorted(pair[1])))
+                if news:
+                    conn.send(("adapters", news))
+            if loop.time() >= next_status:
+                next_status = loop.time() + STATUS_S
+                conn.send(("status", svc.status()))
+    except (EOFError, OSError):
+        pass
+    finally:
+        loop.remove_reader(conn.fileno())
+        await svc.stop()
+
+
+def _child_main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.WARNING, format="epp-scrape %(levelname)s %(name)s: %(message)s")
+    shm = SharedMemory(name=argv[1], create=False)
+    # Python < 3.13 registers an attached segment with this process's resource tracker, which would unlink it
+    # when the child exits; the parent owns it.
+    with contextlib.suppress(Exception):
+        from multiprocessing import resource_tracker
+
+        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    try:
+        block = np.ndarray((int(argv[2]), NCOL), dtype=np.float64, buffer=shm.buf)
+        conn = Connection(int(argv[3]))
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_child(block, conn))
+        del block
+    finally:
+        shm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(_child_main(sys.argv))

@@ -1,0 +1,236 @@
+"""The scraper: one async poller per endpoint, writing each page's signals into the endpoint table.
+
+Each endpoint gets its own task and its own kept-alive connection, so a server that hangs only delays itself (its
+scrape times out after `timeout_s`; the others keep their pace). Polls start at a random phase and every interval
+carries jitter, so hundreds of endpoints do not fire in lockstep. A failed scrape backs off exponentially, up to
+`backoff_max_s`. The service follows the table's membership (`EndpointTable.version`), whoever changed it.
+
+What a page turns into:
+- page parsed, all wanted lines fine: `record_scrape` (healthy);
+- some wanted lines malformed or duplicated: the signals that parsed are recorded, and the endpoint's status
+  carries the problem (partial pages keep what parsed);
+- no page (connect/timeout/HTTP error/too large), or a page with problems and no signal at all (binary garbage):
+  `record_scrape_failure`; the old values stay and age.
+A sweep every interval clears `healthy` for endpoints whose data is older than `staleness_s` or that failed
+`max_failures` times in a row; scorers treat those as unknown, the saturation logic as saturated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from epp.datastore.table import EndpointInfo, EndpointTable
+from epp.scrape.engines import EngineRegistry, extract
+from epp.scrape.http import HttpConnection, MetricsClient, ScrapeError
+
+log = logging.getLogger(__name__)
+
+ClientFactory = Callable[[EndpointInfo], MetricsClient]
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeSettings:
+    """Scrape tuning; defaults follow upstream (50 ms interval, 1 s timeout)."""
+
+    interval_s: float = 0.05
+    timeout_s: float = 1.0
+    staleness_s: float = 2.0
+    max_failures: int = 3
+    max_page_bytes: int = 8 * 1024 * 1024
+    concurrency: int = 512  # scrapes in flight at once, all endpoints together
+    jitter: float = 0.1  # each interval varies by ±10%
+    backoff_max_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0 or self.timeout_s <= 0 or self.staleness_s <= 0:
+            raise ValueError("scrape interval, timeout and staleness threshold must be positive")
+        if self.max_failures < 1 or self.concurrency < 1 or self.max_page_bytes < 1:
+            raise ValueError("max failures, concurrency and page size limit must be at least 1")
+
+
+@dataclass(slots=True)
+class EndpointStatus:
+    """Per endpoint, for /debug/pool and inspect tools: what the last scrape said."""
+
+    address: str
+    engine: str
+    scrapes: int = 0
+    failures: int = 0  # total failed scrapes
+    streak: int = 0  # failures in a row
+    last_ok_at: float | None = None
+    last_error: str | None = None  # None: the last page was clean
+    signals_found: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "address": self.address,
+            "engine": self.engine,
+            "scrapes": self.scrapes,
+            "failures": self.failures,
+            "failure_streak": self.streak,
+            "last_ok_at": self.last_ok_at,
+            "last_error": self.last_error,
+            "signals_found": self.signals_found,
+        }
+
+
+def _default_client(info: EndpointInfo) -> MetricsClient:
+    return HttpConnection(info.host, info.port, info.metrics_path or "/metrics")
+
+
+class ScrapeService:
+    """Keeps the table's metric columns fresh. `await start()` once the loop runs; `await stop()` on shutdown."""
+
+    def __init__(
+        self,
+        table: EndpointTable,
+        settings: ScrapeSettings | None = None,
+        engines: EngineRegistry | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        client_factory: ClientFactory = _default_client,
+        seed: int | None = None,
+    ) -> None:
+        self.table = table
+        self.settings = settings or ScrapeSettings()
+        self.engines = engines or EngineRegistry()
+        self._clock = clock
+        self._client_factory = client_factory
+        self._rng = random.Random(seed)
+        self._pollers: dict[str, tuple[EndpointInfo, asyncio.Task[None]]] = {}
+        self._status: dict[str, EndpointStatus] = {}
+        self._seen_version = -1
+        self._supervisor: asyncio.Task[None] | None = None
+        self._sem: asyncio.Semaphore | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._supervisor is not None:
+            return
+        self._sem = asyncio.Semaphore(self.settings.concurrency)
+        self.sync()
+        self._supervisor = asyncio.create_task(self._supervise(), name="scrape-supervisor")
+
+    async def stop(self) -> None:
+        tasks = [task for _, task in self._pollers.values()]
+        if self._supervisor is not None:
+            tasks.append(self._supervisor)
+            self._supervisor = None
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._pollers.clear()
+
+    def status(self) -> dict[str, EndpointStatus]:
+        return dict(self._status)
+
+    # -- membership -------------------------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Start pollers for new endpoints, stop those of removed ones, restart changed ones (engine, path)."""
+        table = self.table
+        if table.version == self._seen_version:
+            return
+        self._seen_version = table.version
+        wanted: dict[str, EndpointInfo] = {}
+        for address in table.addresses():
+            slot = table.slot_of(address)
+            info = table.info(slot) if slot is not None else None
+            if info is not None:
+                wanted[address] = info
+        for address in [a for a, (info, _) in self._pollers.items() if wanted.get(a) != info]:
+            _, task = self._pollers.pop(address)
+            task.cancel()
+            if address not in wanted:
+                self._status.pop(address, None)
+        for address, info in wanted.items():
+            if address not in self._pollers:
+                engine = self.engines.for_engine(info.engine).name
+                self._status.setdefault(address, EndpointStatus(address, engine)).engine = engine
+                task = asyncio.create_task(self._poll(info), name=f"scrape {address}")
+                self._pollers[address] = (info, task)
+
+    async def _supervise(self) -> None:
+        s = self.settings
+        while True:
+            await asyncio.sleep(min(s.interval_s, 0.05))
+            self.sync()
+            for slot in self.table.mark_stale(self._clock(), s.staleness_s, s.max_failures):
+                info = self.table.info(slot)
+                log.info("endpoint %s metrics stale: scores treat it as unknown", info.address if info else slot)
+
+    # -- one endpoint -----------------------------------------------------------------------------------------
+
+    async def _poll(self, info: EndpointInfo) -> None:
+        s = self.settings
+        engine = self.engines.for_engine(info.engine)
+        status = self._status.setdefault(info.address, EndpointStatus(info.address, engine.name))
+        client = self._client_factory(info)
+        assert self._sem is not None
+        sem = self._sem
+        delay = self._rng.uniform(0, s.interval_s)  # random phase
+        try:
+            while True:
+                await asyncio.sleep(delay)
+                started = self._clock()
+                async with sem:
+                    ok = await self._scrape_once(info, engine.name, client, status)
+                if ok:
+                    delay = s.interval_s * (1 + s.jitter * self._rng.uniform(-1, 1))
+                else:
+                    backoff = min(s.backoff_max_s, s.interval_s * 2 ** min(status.streak, 16))
+                    delay = backoff * (1 + s.jitter * self._rng.uniform(-1, 1))
+                delay = max(0.0, delay - (self._clock() - started))
+        finally:
+            client.close()
+
+    async def _scrape_once(
+        self, info: EndpointInfo, engine_name: str, client: MetricsClient, st: EndpointStatus
+    ) -> bool:
+        s = self.settings
+        st.scrapes += 1
+        problem: str
+        try:
+            body = await client.get(s.timeout_s, s.max_page_bytes)
+            text = body.decode("utf-8", errors="replace")
+            result = extract(text, self.engines.for_engine(engine_name))
+        except ScrapeError as exc:
+            problem = str(exc)
+        except Exception as exc:  # a bug or a surprise must cost one scrape, never the poller
+            log.exception("scrape of %s failed unexpectedly", info.address)
+            problem = f"internal error: {type(exc).__name__}: {exc}"
+        else:
+            problems = list(result.problems)
+            if "\ufffd" in text:
+                problems.insert(0, "page is not valid UTF-8")
+            if result.signals_found or not problems:
+                slot = self.table.slot_of(info.address)
+                if slot is None:
+                    return True  # removed meanwhile; sync() cancels this poller
+                self.table.record_scrape(slot, result.sample, self._clock())
+                st.streak = 0
+                st.last_ok_at = self._clock()
+                st.signals_found = result.signals_found
+                st.last_error = "; ".join(problems[:3]) if problems else None
+                if not result.signals_found and st.scrapes == 1:
+                    log.warning("%s: page has none of engine %r's metrics", info.address, engine_name)
+                return True
+            problem = "; ".join(problems[:3])
+        slot = self.table.slot_of(info.address)
+        st.failures += 1
+        st.streak += 1
+        st.last_error = problem
+        if slot is not None:
+            self.table.record_scrape_failure(slot)
+        if st.streak == 1:
+            log.info("scrape of %s failed: %s", info.address, problem)
+        return False

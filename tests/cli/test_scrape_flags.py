@@ -1,0 +1,54 @@
+"""The scrape flags of `epp serve`: Go-style durations, upstream defaults, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from epp.cli import build_parser
+from epp.cli.scrape_flags import parse_duration, scrape_settings_from_args
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("50ms", 0.05), ("1s", 1.0), ("1m30s", 90.0), ("1.5s", 1.5), ("0.05", 0.05), ("2", 2.0), ("250us", 0.00025)],
+    ids=["ms", "s", "m-s", "fraction", "plain-fraction", "plain-int", "us"],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "fast", "5 ms", "-1s", "0", "1d", "ms"], ids=str)
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_duration(text)
+
+
+def test_defaults_follow_upstream() -> None:
+    args = build_parser().parse_args(["serve"])
+    s = scrape_settings_from_args(args)
+    assert (s.interval_s, s.staleness_s, s.timeout_s) == (0.05, 2.0, 1.0)
+
+
+def test_flags_reach_the_settings() -> None:
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--refresh-metrics-interval",
+            "100ms",
+            "--metrics-staleness-threshold",
+            "200ms",
+            "--metrics-max-failures",
+            "5",
+        ]
+    )
+    s = scrape_settings_from_args(args)
+    assert (s.interval_s, s.staleness_s, s.max_failures) == (0.1, 0.2, 5)
+
+
+def test_a_bad_flag_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["serve", "--refresh-metrics-interval", "soon"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1

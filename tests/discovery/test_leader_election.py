@@ -1,0 +1,121 @@
+"""Leader election on a Lease: exactly one ready picker; failover when the leader stops renewing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import pytest
+
+from epp.discovery.kubernetes.lease import LeaderElector
+from epp.discovery.kubernetes.rest import KubeRest
+from epp.discovery.kubernetes.settings import LeaseTiming
+from tests.discovery.k8s_objects import pod, pool
+from tests.discovery.pickers import eventually, served_picker
+from tests.fakes.apiserver import FakeApiServer
+
+FAST = LeaseTiming(lease_duration_s=2.0, renew_deadline_s=1.5, retry_period_s=0.25)
+
+
+async def _run_until(predicate, timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def campaigning(elector: LeaderElector):
+    task = asyncio.create_task(elector.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_one_of_two_candidates_leads_and_a_clean_stop_hands_over_at_once(
+    apiserver: FakeApiServer, rest: KubeRest
+) -> None:
+    electors = {name: LeaderElector(rest, "default", "epp-lease", name, FAST) for name in ("a", "b")}
+    tasks = {name: asyncio.create_task(e.run()) for name, e in electors.items()}
+    try:
+        await _run_until(lambda: any(e.is_leader for e in electors.values()))
+        await asyncio.sleep(FAST.retry_period_s * 3)
+        assert [e.is_leader for e in electors.values()].count(True) == 1
+        leader = next(n for n, e in electors.items() if e.is_leader)
+        follower = electors["b" if leader == "a" else "a"]
+        tasks[leader].cancel()  # stop as the source does: cancel the campaign, then release
+        with contextlib.suppress(asyncio.CancelledError):
+            await tasks[leader]
+        started = time.monotonic()
+        await electors[leader].release()
+        await _run_until(lambda: follower.is_leader, FAST.lease_duration_s)
+        assert time.monotonic() - started < FAST.lease_duration_s  # handed over, not expired
+    finally:
+        for task in tasks.values():
+            task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+    lease = apiserver.get("coordination.k8s.io/v1", "Lease", "default", "epp-lease")
+    assert lease is not None and lease["spec"]["leaseTransitions"] >= 1
+
+
+async def test_leader_steps_down_when_it_cannot_renew(apiserver: FakeApiServer, rest: KubeRest) -> None:
+    flips: list[bool] = []
+    a = LeaderElector(rest, "default", "epp-lease", "a", FAST, on_change=flips.append)
+    async with campaigning(a):
+        await _run_until(lambda: a.is_leader)
+        apiserver.token = "revoked"  # every renewal now fails
+        await _run_until(lambda: not a.is_leader, FAST.renew_deadline_s + 2)
+    assert flips == [True, False]
+
+
+async def test_a_live_lease_held_by_another_is_respected(apiserver: FakeApiServer, rest: KubeRest) -> None:
+    apiserver.apply(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "epp-lease", "namespace": "default"},
+            "spec": {"holderIdentity": "someone", "leaseDurationSeconds": 30, "renewTime": "2026-01-01T00:00:00.0Z"},
+        }
+    )
+    a = LeaderElector(rest, "default", "epp-lease", "a", FAST)
+    async with campaigning(a):
+        await asyncio.sleep(FAST.lease_duration_s)  # far less than the holder's 30 s, observed locally
+        assert not a.is_leader
+
+
+@pytest.mark.e2e
+def test_two_picker_processes_exactly_one_ready_and_failover_after_kill(tmp_path: Path) -> None:
+    lease, renew = 2.0, 1.5
+    flags = (
+        "--pool-name",
+        "pool",
+        "--pool-namespace",
+        "default",
+        "--ha-enable-leader-election",
+        "--leader-elect-lease-duration",
+        f"{lease}s",
+        "--leader-elect-renew-deadline",
+        f"{renew}s",
+        "--leader-elect-retry-period",
+        "250ms",
+    )
+    with FakeApiServer() as api:
+        api.apply(pool())
+        api.apply(pod("vllm-0", ip="127.10.0.1"))
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        with (
+            served_picker(kubeconfig, tmp_path / "a.log", *flags) as a,
+            served_picker(kubeconfig, tmp_path / "b.log", *flags) as b,
+        ):
+            eventually(lambda: a.readiness() or b.readiness(), 10, lambda: "no picker became ready")
+            time.sleep(1.0)  # several retry periods: a second leader would show up now
+            assert [a.readiness(), b.readiness()].count(True) == 1
+            assert a.endpoints() == b.endpoints() == {"127.10.0.1:8000"}  # the standby is hot
+            leader, standby = (a, b) if a.readiness() else (b, a)
+            leader.proc.kill()  # no release: the standby must wait for the lease to expire
+            leader.proc.wait(5)
+            eventually(standby.readiness, lease + renew, lambda: "the standby did not take over in time")

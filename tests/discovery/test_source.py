@@ -1,0 +1,111 @@
+"""KubernetesSource on the test's event loop: what reaches the ObjectiveStore, standalone mode, readiness."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from epp.datastore import EndpointTable
+from epp.datastore.objectives import ObjectiveStore, RewriteTarget
+from epp.datastore.pool import FailureMode
+from epp.discovery.kubernetes.rest import KubeRest
+from epp.discovery.kubernetes.settings import KubernetesSettings
+from epp.discovery.kubernetes.source import KubernetesSource
+from epp.discovery.kubernetes.watch import WatchOptions
+from tests.discovery.k8s_objects import objective, pod, pool, rewrite
+from tests.fakes.apiserver import FakeApiServer
+
+FAST = WatchOptions(backoff_initial_s=0.02, backoff_max_s=0.1, inactivity_timeout_s=5, absent_retry_s=0.2)
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def start(rest: KubeRest) -> AsyncIterator[Callable[..., KubernetesSource]]:
+    sources: list[KubernetesSource] = []
+
+    async def make(**settings) -> KubernetesSource:
+        source = KubernetesSource(
+            EndpointTable(), ObjectiveStore(), KubernetesSettings(watch=FAST, **settings), rest=rest
+        )
+        await source.start()
+        sources.append(source)
+        return source
+
+    yield make
+    for source in sources:
+        await source.stop()
+
+
+async def test_objectives_and_rewrites_of_our_pool_reach_the_store(apiserver: FakeApiServer, start) -> None:
+    apiserver.apply(pool())
+    apiserver.apply(objective("critical", 10))
+    apiserver.apply(objective("unset", None))
+    apiserver.apply(objective("elsewhere", 99, pool_name="other"))
+    apiserver.apply(objective("legacy", -5, group="llm-d.ai"))
+    apiserver.apply(rewrite("canary", "llama", {"llama-v1": 90, "llama-v2": 10}))
+    apiserver.apply(rewrite("other", "gpt", {"x": 1}, pool_name="other", group="llm-d.ai"))
+    source = await start(pool_name="pool")
+    store = source.objectives
+    await until(lambda: store.objectives() == {"critical": 10, "unset": 0, "legacy": -5})
+    await until(lambda: store.rewrite_rule_for("llama") is not None)
+    rule = store.rewrite_rule_for("llama")
+    assert rule.targets == (RewriteTarget("llama-v1", 90), RewriteTarget("llama-v2", 10))
+    assert store.rewrite_rule_for("gpt") is None
+    apiserver.delete("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective", "default", "critical")
+    apiserver.delete("inference.networking.x-k8s.io/v1alpha2", "InferenceModelRewrite", "default", "canary")
+    await until(lambda: "critical" not in store.objectives() and store.rewrite_rule_for("llama") is None)
+
+
+async def test_standalone_mode_selects_pods_without_a_pool_object(apiserver: FakeApiServer, start) -> None:
+    apiserver.apply(pod("a", ip="127.10.0.1", labels={"role": "llm"}))
+    apiserver.apply(pod("b", ip="127.10.0.2", labels={"role": "other"}))
+    source = await start(endpoint_selector={"role": "llm"}, endpoint_target_ports=(8000, 8002))
+    assert await source.wait_ready(5)
+    assert set(source.table.addresses()) == {"127.10.0.1:8000", "127.10.0.1:8002"}
+    assert not any(c.path.endswith("inferencepools") for c in apiserver.calls)
+
+
+async def test_not_ready_until_the_pool_exists_then_failure_mode_follows_it(apiserver: FakeApiServer, start) -> None:
+    flips: list[bool] = []
+    source = await start(pool_name="pool")
+    source.subscribe(lambda: flips.append(source.ready))
+    await until(lambda: source.table.synced)
+    assert not source.ready and source.pool_spec() is None
+    apiserver.apply(pool(failure_mode="FailOpen"))
+    await until(lambda: source.ready)
+    assert source.pool_spec().failure_mode is FailureMode.FAIL_OPEN
+    assert flips[-1] is True
+
+
+async def test_an_invalid_pool_update_keeps_the_previous_spec(apiserver: FakeApiServer, start) -> None:
+    apiserver.apply(pool(ports=(8000,)))
+    apiserver.apply(pod("a", ip="127.10.0.1"))
+    source = await start(pool_name="pool")
+    await until(lambda: source.ready)
+    broken = pool()
+    broken["spec"]["targetPorts"] = []
+    apiserver.apply(broken)
+    apiserver.apply(pod("b", ip="127.10.0.2"))  # an event after the bad one: the watch is still alive
+    await until(lambda: len(source.table) == 2)
+    assert source.pool_spec().target_ports == (8000,)
+
+
+async def test_metrics_survive_pod_updates_that_keep_the_address(apiserver: FakeApiServer, start) -> None:
+    from epp.datastore import MetricsSample
+
+    apiserver.apply(pool())
+    apiserver.apply(pod("a", ip="127.10.0.1"))
+    source = await start(pool_name="pool")
+    await until(lambda: len(source.table) == 1)
+    slot = source.table.slot_of("127.10.0.1:8000")
+    source.table.record_scrape(slot, MetricsSample(waiting=3), now=1.0)
+    apiserver.apply(pod("a", ip="127.10.0.1", labels={"app": "vllm", "rev": "2"}))
+    await until(lambda: source.table.info(slot).labels.get("rev") == "2")
+    assert source.table.snapshot().waiting[slot] == 3
