@@ -330,8 +330,11 @@ class SimServer:
         try:
             first_at = await first
             await self._stream_body(response, kind, chunk, rid, done, obj, created, model, include_usage)
-        except ConnectionResetError:  # the client went away; the engine still finishes the work, as it was admitted
+        except ConnectionResetError:  # the client went away: drop the request, as vLLM aborts it
+            self.engine.abort(rid)
             self._prompt_tokens.pop(rid, None)
+            self._first.pop(rid, None)
+            self._done.pop(rid, None)
             return response
         self._observe(started, first_at, done.result())
         return response

@@ -173,6 +173,12 @@ async def test_a_client_leaving_mid_stream_does_not_disturb_the_server(
     async with http.post(f"http://{pool.addresses[0]}/v1/completions", json=body) as resp:
         assert resp.status == 200
         assert (await resp.json())["usage"]["completion_tokens"] == 2
+    engine = pool.servers[0].engine
+    for _ in range(500):  # the hang-up shows at the stream's next write; bounded wait, no timing asserted
+        if engine.requests_aborted:
+            break
+        await asyncio.sleep(0.01)
+    assert engine.requests_aborted == 1  # dropped, as vLLM aborts a request whose client left
 
 
 async def test_an_http2_attempt_is_refused_at_once_and_http11_still_works(
