@@ -12,23 +12,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from epp.demo.processes import free_port, http_ok, port_open, wait_until
+from epp.demo.processes import running as _running
+from epp.gateway.binary import find_envoy
 
-from epp.gateway.binary import find_envoy  # noqa: E402
-from tests.support.procs import free_port, http_ok, port_open, running, wait_until  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def running(argv: list[str], log: Path) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+    return _running(argv, log, cwd=ROOT)
+
 
 CONFIGS = [
     # name, --body-mode, --response-phases
@@ -67,6 +74,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def messages_sent(admin: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin}/stats?filter=ext_proc.epp.stream_msgs_sent$") as r:
+        return int(r.read().decode().rsplit(":", 1)[1])
+
+
 @dataclass
 class Result:
     name: str
@@ -75,6 +87,7 @@ class Result:
     wall_s: float
     picker_cpu_s: float
     idle_cpu_per_s: float  # the picker's own background cost (loop, health, metrics), measured before the load
+    messages: int  # ext_proc messages Envoy sent the picker during the load (its own counter)
 
     @property
     def cpu_us_per_request(self) -> float:
@@ -143,10 +156,12 @@ def run_config(tmp: Path, name: str, body_mode: str, phases: str, backend: str, 
             idle_start, idle_cpu = time.monotonic(), cpu_seconds(picker.pid)
             time.sleep(args.idle_seconds)
             idle_rate = (cpu_seconds(picker.pid) - idle_cpu) / (time.monotonic() - idle_start)
+            sent_before = messages_sent(admin)
             before = cpu_seconds(picker.pid)
             done, failed, wall = asyncio.run(drive(url, args.requests, args.concurrency, args.max_seconds))
             cpu = cpu_seconds(picker.pid) - before
-    return Result(name, done, failed, wall, cpu, idle_rate)
+            sent = messages_sent(admin) - sent_before
+    return Result(name, done, failed, wall, cpu, idle_rate, sent)
 
 
 def main() -> int:
@@ -183,12 +198,12 @@ def main() -> int:
     )
     print(
         f"{'configuration':45} {'done':>5} {'fail':>5} {'req/s':>7} {'idle CPU %':>10} "
-        f"{'picker CPU µs/req':>18} {'vs first':>9}"
+        f"{'msgs/req':>8} {'picker CPU µs/req':>18} {'vs first':>9}"
     )
     for r in results:
         print(
             f"{r.name:45} {r.requests:5d} {r.failed:5d} {r.requests / r.wall_s:7.1f} {r.idle_cpu_per_s * 100:10.2f} "
-            f"{r.cpu_us_per_request:18.0f} {r.cpu_us_per_request / base:8.2f}x"
+            f"{r.messages / max(r.requests, 1):8.1f} {r.cpu_us_per_request:18.0f} {r.cpu_us_per_request / base:8.2f}x"
         )
     print("picker CPU µs/req = (CPU during the load - idle CPU rate x load seconds) / requests")
     return 0

@@ -9,7 +9,7 @@ and the table snapshot are not included (they are the same for every profile).
 
 Each cell runs both our default profile and upstream's default profile (queue 2, kv 2, prefix 3, max-score) on the
 same table and prompts, and a uniform random pick as the floor (the cost of calling into a scheduler at all).
-Reported: the best 50-pick batch (the least disturbed by other processes on a shared machine) and the median.
+Reported: the best 10-pick batch (the least disturbed by other processes on a shared machine) and the median.
 Bounded: N picks per cell and profile (default 2,000) after 200 warm-up picks; no network.
 """
 
@@ -80,7 +80,7 @@ def bench_cell(n: int, kb: int, picks: int, profile: str) -> tuple[float, float]
     for req in requests[:200]:  # warm the prefix index
         scheduler.pick(snapshot, candidates, req, now)
     samples = []
-    batch = 50
+    batch = 10
     perf = time.perf_counter
     for start in range(200, 200 + picks, batch):
         t0 = perf()
@@ -96,7 +96,7 @@ def main() -> None:
     args = parser.parse_args()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"python {platform.python_version()}, numpy {np.__version__}, {os.cpu_count()} CPUs, load {load:.2f}")
-    print(f"µs per pick: best 50-pick batch (median in brackets); {args.picks} picks per cell and profile")
+    print(f"µs per pick: best 10-pick batch (median in brackets); {args.picks} picks per cell and profile")
     print(f"{'endpoints':>9} {'prompt':>7} {'ours':>16} {'upstream profile':>18} {'random floor':>14}")
     best: dict[tuple[int, int], float] = {}
     for n in ENDPOINTS:

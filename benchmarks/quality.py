@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     workloads = list(WORKLOADS) if args.workload == "all" else [w.strip() for w in args.workload.split(",")]
     loads = [float(x) for x in args.load.split(",")]
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if args.config:
+    if args.config and f"epp:{Path(args.config).stem}" not in policies:
         policies.append(f"epp:{Path(args.config).stem}")
     profiles = [profile_named(n.strip()) for n in args.profiles.split(",")]
     for policy in policies:  # fail before minutes of simulation, not after

@@ -120,6 +120,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         clock=time.monotonic,
         failure_mode=state.failure_mode,
         observer=metrics,
+        objectives=state.objectives,  # priorities (shedding) and model rewrites, as the watches last saw them
         saturation=scheduler.saturation,
     )
     processor = ExternalProcessor(director, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))

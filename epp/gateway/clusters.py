@@ -69,7 +69,6 @@ def _dns_or_static(cluster: cluster_pb2.Cluster, hosts: list[HostPort], refresh_
         return
     cluster.type = cluster_pb2.Cluster.STRICT_DNS
     cluster.dns_refresh_rate.CopyFrom(duration(refresh_s))
-    cluster.respect_dns_ttl = False
 
 
 def epp_cluster(options: GatewayOptions) -> cluster_pb2.Cluster:

@@ -26,6 +26,7 @@ U64Array = npt.NDArray[np.uint64]
 
 WORD = 8
 _MAX_WORDS_PER_BLOCK = 4096
+_MAX_WORDS = 1 << 22  # 32 MiB of prompt at most: bounds the multiplier table whatever the config or metrics say
 _SHIFT = np.uint64(29)
 _EMPTY: U64Array = np.zeros(0, dtype=np.uint64)
 
@@ -46,7 +47,7 @@ class BlockHasher:
         self.block_bytes = -(-block_bytes // WORD) * WORD
         self.words = min(self.block_bytes // WORD, _MAX_WORDS_PER_BLOCK)
         self.block_bytes = self.words * WORD
-        self.max_blocks = max(1, max_blocks)
+        self.max_blocks = max(1, min(max_blocks, _MAX_WORDS // self.words))
         self._k = _multipliers(self.words * self.max_blocks)
         self._seeds: dict[str, np.uint64] = {}
 

@@ -29,6 +29,8 @@ from epp.scheduling.framework import CycleState
 from epp.scheduling.hashing import BlockHasher
 
 AVERAGE_BYTES_PER_TOKEN = 4
+# A scraped num_gpu_blocks above this is treated as this: one bad metric must not switch eviction off.
+MAX_TUNED_CAPACITY = 1_000_000
 _LOOP_BITS = 24  # upstream's characters-per-token estimate, applied to UTF-8 bytes
 
 
@@ -180,6 +182,8 @@ class PrefixCacheScorer:
                 block = int(tokens) * AVERAGE_BYTES_PER_TOKEN
         hasher = self._hashers.get(block)
         if hasher is None:
+            if len(self._hashers) >= 8:  # block sizes come from scraped metrics: bound what they can allocate
+                self._hashers.clear()
             hasher = self._hashers[block] = BlockHasher(block, self.max_blocks)
         return hasher
 
@@ -209,7 +213,7 @@ class PrefixCacheScorer:
         if self.auto_tune:
             gpu_blocks = float(snapshot.num_blocks[slot])
             if math.isfinite(gpu_blocks) and gpu_blocks > 0:
-                capacity = int(gpu_blocks)
+                capacity = min(int(gpu_blocks), MAX_TUNED_CAPACITY)
         self.index.add(slot, snapshot.addresses[slot], hashes, int(matched[slot]), capacity, reach)
 
 

@@ -57,6 +57,8 @@ class ProfileScheduler:
         self._observers = profile.observers
 
     def pick(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> Sequence[int]:
+        """Slots best first (empty: a filter left no candidate). `candidates` are distinct present slots in
+        ascending order, as the director builds them (`CycleState.take` relies on it to skip gathers)."""
         state = CycleState(snapshot, candidates, request, now)
         for f in self._filters:
             candidates = f.filter(state, candidates)

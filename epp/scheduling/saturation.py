@@ -101,12 +101,13 @@ class SaturationFilter:
         ):
             return candidates
         # NaN compares False: an unknown signal is not "over".
-        drop: BoolArray = queue >= queue_limit
-        drop |= kv >= kv_limit
-        fresh = scraped_at >= cutoff  # never scraped: NaN → not fresh → stale
-        fresh &= failures < MAX_SCRAPE_FAILURES
-        np.logical_or(drop, ~fresh, out=drop)
-        dropped = np.count_nonzero(drop)
-        if dropped == 0 or dropped == candidates.size:
+        over: BoolArray = queue >= queue_limit
+        over |= kv >= kv_limit
+        fresh: BoolArray = scraped_at >= cutoff  # never scraped: NaN → not fresh
+        if np.maximum.reduce(failures) >= MAX_SCRAPE_FAILURES:
+            fresh &= failures < MAX_SCRAPE_FAILURES
+        keep = np.greater(fresh, over)  # booleans: fresh and not over, in one pass
+        kept = np.count_nonzero(keep)
+        if kept == 0 or kept == candidates.size:
             return candidates
-        return candidates[~drop]
+        return candidates[keep]

@@ -28,7 +28,7 @@ def lower_is_better(values: FloatArray) -> FloatArray:
         hi = np.maximum.reduce(values)
         if hi > lo:
             out: FloatArray = hi - values
-            out *= 1.0 / (hi - lo)
+            out /= hi - lo  # a division, not a reciprocal: 1 / a subnormal range overflows to inf
             return out
         return np.ones(values.size)  # all equal → 1.0 (upstream)
     lo, hi = np.fmin.reduce(values), np.fmax.reduce(values)

@@ -16,10 +16,12 @@ from hypothesis import strategies as st
 
 from epp.datastore import EndpointTable, Snapshot
 from epp.datastore.pool import FailureMode
-from epp.datastore.table import EndpointInfo, IntArray
+from epp.datastore.table import EndpointInfo, IntArray, MetricsSample
 from epp.director import Director, RandomScheduler
 from epp.errors import EppError, ErrorCode
 from epp.requests import ApiKind, InferenceRequest
+from epp.scheduling import build_scheduler
+from epp.scheduling.build import default_config, upstream_default_config
 
 ADDRESSES = [f"127.10.0.{i}:8000" for i in range(1, 7)]
 REQUEST = InferenceRequest(request_id="r1", api=ApiKind.CHAT, model="m1", prompt="hi")
@@ -123,4 +125,32 @@ def test_missing_metrics_never_block_a_decision(mode: FailureMode) -> None:
     decision = d.decide(REQUEST)
     assert decision.addresses[0] in ADDRESSES
     assert not decision.degraded
+    assert observer.reasons == []
+
+
+def stale_table() -> EndpointTable:
+    """Scraped once long ago (now = 100 s later) and failing since: every metric is stale."""
+    table = table_of(ADDRESSES)
+    for i, address in enumerate(ADDRESSES):
+        slot = table.slot_of(address)
+        assert slot is not None
+        table.record_scrape(slot, MetricsSample(waiting=float(i), running=1.0, kv_usage=0.5), now=0.0)
+        for _ in range(10):
+            table.record_scrape_failure(slot)
+    return table
+
+
+@pytest.mark.parametrize("config", [default_config, upstream_default_config], ids=["ours", "upstream-default"])
+@pytest.mark.parametrize("metrics", [lambda: table_of(ADDRESSES), stale_table], ids=["never-scraped", "stale"])
+@pytest.mark.parametrize("mode", list(FailureMode), ids=lambda m: m.value)
+def test_the_real_profiles_decide_on_missing_or_stale_metrics(
+    mode: FailureMode, metrics: object, config: object
+) -> None:
+    scheduler = build_scheduler(config(), seed=3)  # type: ignore[operator]
+    d, observer = director(mode, scheduler, metrics())  # type: ignore[operator]
+    for _ in range(20):
+        decision = d.decide(REQUEST)
+        assert decision.addresses[0] in ADDRESSES
+        assert not decision.degraded
+        d.complete(decision)
     assert observer.reasons == []

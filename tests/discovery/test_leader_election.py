@@ -119,3 +119,33 @@ def test_two_picker_processes_exactly_one_ready_and_failover_after_kill(tmp_path
             leader.proc.kill()  # no release: the standby must wait for the lease to expire
             leader.proc.wait(5)
             eventually(standby.readiness, lease + renew, lambda: "the standby did not take over in time")
+
+
+@pytest.mark.e2e
+def test_sigterm_releases_the_lease_so_the_standby_takes_over_before_it_expires(tmp_path: Path) -> None:
+    lease = 15.0  # long: a takeover sooner than this can only come from the release
+    flags = (
+        "--pool-name",
+        "pool",
+        "--ha-enable-leader-election",
+        "--leader-elect-retry-period",
+        "250ms",
+        "--leader-elect-lease-duration",
+        f"{lease}s",
+        "--leader-elect-renew-deadline",
+        "10s",
+    )
+    with FakeApiServer() as api:
+        api.apply(pool())
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        with (
+            served_picker(kubeconfig, tmp_path / "a.log", *flags) as a,
+            served_picker(kubeconfig, tmp_path / "b.log", *flags) as b,
+        ):
+            eventually(lambda: a.readiness() or b.readiness(), 10, lambda: "no picker became ready")
+            leader, standby = (a, b) if a.readiness() else (b, a)
+            started = time.monotonic()
+            leader.proc.terminate()
+            eventually(standby.readiness, lease, lambda: "the standby did not take over")
+            assert time.monotonic() - started < lease
+            assert leader.proc.wait(10) == 0

@@ -248,8 +248,9 @@ def first_followed(timeline: Timeline) -> float:
 
 def report(name: str, timeline: Timeline) -> None:
     down = timeline.down()
+    span = max(o.ended for o in timeline.outcomes) - min(o.started for o in timeline.outcomes)
     print(
-        f"\n[{name}] {len(timeline.outcomes)} requests in {LOAD_S:.0f}s at c={CONCURRENCY}; "
+        f"\n[{name}] {len(timeline.outcomes)} requests in {span:.1f}s at c={CONCURRENCY}; "
         f"down window {timeline.restarting - timeline.killed:.2f}s with {len(down)} requests, "
         f"p99 there {p99([o.ended - o.started for o in down]) * 1000:.1f} ms; "
         f"picker ready {timeline.ready - timeline.restarting:.2f}s after restart, routing by it again "
@@ -282,6 +283,9 @@ async def test_fail_modes_under_load_with_the_picker_killed_and_restarted(
         assert [o for o in outcomes if o.status != 200] == []
         assert all(o.picker_header is None for o in down)
         assert {upstreams[o.request_id] for o in down} <= set(backends.pool)
+        # ...because Envoy failed open, not because the picker somehow answered.
+        stats = await envoy_stats(gateway.admin)
+        assert stats["http.inference.ext_proc.epp.failure_mode_allowed"] >= len(down)
     else:
         # Refused at the gateway with the configured status; nothing was sent to a backend.
         assert {o.status for o in down} == {503}
@@ -289,7 +293,8 @@ async def test_fail_modes_under_load_with_the_picker_killed_and_restarted(
         assert all(o.served_by is None for o in down)
         # Fast, not by waiting out the message timeout: the refusals are the picker's failed streams.
         stats = await envoy_stats(gateway.admin)
-        assert stats.get("http.inference.ext_proc.epp.message_timeouts", 0) == 0
+        assert stats["http.inference.ext_proc.epp.message_timeouts"] == 0
+        assert stats["http.inference.ext_proc.epp.streams_failed"] >= len(down)
         assert [o for o in outcomes if o.status not in (200, 503)] == []
 
     # Both modes: before the kill and once the picker is ready again, every request follows its decision.

@@ -131,3 +131,10 @@ def test_file_level_refusals(tmp_path: Path, content, words) -> None:
 def test_missing_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         read_config(tmp_path / "absent.yaml")
+
+
+def test_benchmark_configs_load() -> None:
+    configs = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "configs").glob("*.yaml"))
+    assert configs
+    for path in configs:
+        load_config(path)

@@ -48,3 +48,8 @@ def test_changing_one_byte_changes_that_block_and_every_later_one(text, position
     block = position // 8
     assert a[:block].tolist() == b[:block].tolist()
     assert (a[block:] != b[block:]).all()
+
+
+def test_absurd_block_settings_are_bounded() -> None:
+    hasher = BlockHasher(10**9, max_blocks=10**9)  # e.g. from a garbage cache_config_info
+    assert hasher.words * hasher.max_blocks <= 1 << 22

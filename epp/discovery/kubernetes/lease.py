@@ -79,9 +79,15 @@ class LeaderElector:
         if not self.is_leader:
             return
         self._set_leader(False)
-        body = self._lease_body(holder="", duration_s=1, acquire_time=_micro_time(), transitions=None)
+        path = self._ref.item_path(self.name)
         try:
-            await asyncio.to_thread(self._rest.call, "PUT", self._ref.item_path(self.name), None, body, 2.0)
+            # Read first: a renewal cancelled mid-flight may still have landed, leaving our resourceVersion stale.
+            current = await asyncio.to_thread(self._rest.call, "GET", path, None, None, 2.0)
+            if (current.get("spec") or {}).get("holderIdentity") != self.identity:
+                return
+            self._resource_version = str((current.get("metadata") or {}).get("resourceVersion") or "")
+            body = self._lease_body(holder="", duration_s=1, acquire_time=_micro_time(), transitions=None)
+            await asyncio.to_thread(self._rest.call, "PUT", path, None, body, 2.0)
         except ApiError as exc:
             log.info("lease %s: release failed (%s); it expires by itself", self.name, exc)
 
