@@ -194,3 +194,12 @@ async def test_an_http2_attempt_is_refused_at_once_and_http11_still_works(
     writer.close()
     async with http.get(f"http://{pool.addresses[0]}/health", headers={"Upgrade": "h2c", "Connection": "Upgrade"}) as r:
         assert r.status == 200 and r.version == aiohttp.HttpVersion11
+
+
+@pytest.mark.parametrize("path", ["/get_model_info", "/model_info", "/get_server_info", "/server_info"])
+async def test_sglang_gateway_discovery_endpoints_answer(
+    pool: SimulatedPool, http: aiohttp.ClientSession, path: str
+) -> None:
+    async with http.get(f"http://{pool.addresses[0]}{path}") as resp:
+        assert resp.status == 200
+        assert (await resp.json())["model_path"] == DEFAULT_MODEL
