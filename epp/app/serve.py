@@ -21,6 +21,7 @@ import grpc
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from epp.app.federation import build_federation
 from epp.app.health import HealthState
 from epp.app.http import build_http_app, pool_report
 from epp.app.pool_metrics import PoolCollector
@@ -37,7 +38,7 @@ from epp.extproc.stream import StreamSettings
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import PickerMetrics
 from epp.scheduling import build_scheduler, load_config
-from epp.scrape.engines import EngineRegistry, engines_from_config
+from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
 from epp.scrape.scraper import ScrapeService, ScrapeSettings
 
@@ -114,6 +115,9 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     # --config-file: an EndpointPickerConfig (refused with exit 2 and the reason); none: the built-in profile.
     config = load_config(args.config_file) if args.config_file else None
     scheduler = build_scheduler(config, seed=None)
+    federation = build_federation(args, state.failure_mode(), config, scheduler.saturation.saturated)
+    if federation is not None:
+        federation.connect(getattr(args, "kubeconfig", "") or "")
     director = Director(
         state.table,
         scheduler,
@@ -122,6 +126,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         observer=metrics,
         objectives=state.objectives,  # priorities (shedding) and model rewrites, as the watches last saw them
         saturation=scheduler.saturation,
+        federation=federation.router if federation is not None else None,
     )
     processor = ExternalProcessor(director, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
     metrics.open_streams.set_function(lambda: processor.open_streams)
@@ -137,8 +142,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
 
     scrape = _scrape_settings(args)
     # Metric names per engine: built-in, or the config's core-metrics-extractor parameters (upstream's format).
-    extractor = next((p for p in config.plugins if p.type == "core-metrics-extractor"), None) if config else None
-    engines = engines_from_config(extractor.parameters, config.source) if extractor and config else EngineRegistry()
+    engines = engines_of_config(config)
     # A child process by default: scraping hundreds of endpoints on the serving loop costs most of its core.
     scraper: ScrapeService | ScrapeProcess
     if getattr(args, "metrics_scrape_in_process", False):
@@ -147,9 +151,12 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         scraper = ScrapeProcess(state.table, scrape, engines)
 
     def report() -> dict[str, Any]:
-        extra = {"kubernetes": state.kubernetes.status()} if state.kubernetes is not None else None
+        now = time.monotonic()
+        extra: dict[str, Any] = {"kubernetes": state.kubernetes.status()} if state.kubernetes is not None else {}
+        if federation is not None:
+            extra.update(federation.report(now))
         return pool_report(
-            state.table, state.pool, time.monotonic(), state.ready(), scrape.staleness_s, scrape.max_failures, extra
+            state.table, state.pool, now, state.ready(), scrape.staleness_s, scrape.max_failures, extra or None
         )
 
     http_runner = web.AppRunner(build_http_app(state.registry, report, state.ready), access_log=None)
@@ -178,9 +185,14 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         pool_name,
         state.failure_mode().value,
     )
+    site_watch = federation.start() if federation is not None else None
     try:
         await stop.wait()
     finally:
+        if site_watch is not None:
+            site_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await site_watch
         log.info("stopping: readiness off, %d open streams get %.1fs", processor.open_streams, args.grace_period)
         await state.health.set_ready(False)
         if state.kubernetes is not None:

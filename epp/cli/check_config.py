@@ -20,13 +20,17 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from epp.federation.policy import parse_federation
     from epp.scheduling import build_scheduler, read_config
+    from epp.scrape.engines import engines_of_config
 
     refused = 0
     for path in args.files:
         try:
             config = read_config(path)
             scheduler = build_scheduler(config, seed=0)
+            engines_of_config(config)  # metric names per engine, as the scraper will read them
+            federation = parse_federation(config.federation, config.source) if config.federation is not None else None
         except ConfigError as exc:
             refused += 1
             print(f"refused: {exc}", file=sys.stdout)
@@ -37,8 +41,10 @@ def run(args: argparse.Namespace) -> int:
             f"    saturation: queueDepthThreshold {t.queue_depth:g}, kvCacheUtilThreshold {t.kv_util:g}, "
             f"metricsStalenessThreshold {t.staleness_s * 1000:g}ms, headroom {t.headroom:g}"
         )
-        if config.federation is not None:
-            print(f"    federation: {len(config.federation)} key(s), passed to the federation policy")
+        if federation is not None:
+            rules = ", ".join(r.name for r in federation.rules) or "none"
+            stale = "as last resort" if federation.stale_last_resort else "excluded"
+            print(f"    federation: residency rules {rules}; stale sites {stale}")
         for note in config.notes:
             print(f"    note: {note}")
     return 1 if refused else 0

@@ -103,6 +103,18 @@ def register(sub: Any) -> None:
         help="seconds open streams get to finish after SIGTERM (default 10)",
     )
     add_scrape_flags(p)
+    fed = p.add_argument_group("federation (LLMKube FederatedCluster sites, data residency, tier overflow)")
+    fed.add_argument("--tier", default="", help="this picker's own data-residency tier (local endpoints are in it)")
+    fed.add_argument(
+        "--federation-watch",
+        action="store_true",
+        help="follow FederatedClusters (federation.llmkube.dev/v1alpha1) as remote sites for overflow",
+    )
+    fed.add_argument(
+        "--federation-allow-fail-open",
+        action="store_true",
+        help="start even though a FailOpen pool's fallback path would bypass a residency rule (logged loudly)",
+    )
     p.add_argument("-v", "--verbosity", type=int, default=1, help="log level: 0 warnings, 1 info, 2+ debug")
     _register_kubernetes(p)
     p.set_defaults(func=run)

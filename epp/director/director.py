@@ -8,7 +8,7 @@ to a random healthy candidate (counted as degraded), under FailClose it is refus
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,6 +21,7 @@ from epp.datastore.table import IntArray
 from epp.director.random_scheduler import RandomScheduler
 from epp.director.rewrite import ModelRewriter
 from epp.errors import EppError, ErrorCode
+from epp.federation.policy import Route
 from epp.requests import InferenceRequest
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,24 @@ class Scheduler(Protocol):
     def pick(
         self, snapshot: Snapshot, candidates: IntArray, request: InferenceRequest, now: float
     ) -> Sequence[int]: ...
+
+
+class Federation(Protocol):
+    """Residency and overflow across sites (epp.federation.policy.FederationRouter): narrows the local candidates
+    to allowed tiers, or sends the request to a remote site's gateway; raises EppError 503 when nothing is allowed."""
+
+    def route(
+        self,
+        snapshot: Snapshot,
+        candidates: IntArray,
+        models: tuple[str, ...],
+        objective: str | None,
+        headers: Mapping[str, str],
+        now: float,
+        subset: Sequence[str] | None,
+    ) -> Route: ...
+
+    def release(self, site: str) -> None: ...
 
 
 class SaturationSignal(Protocol):
@@ -57,6 +76,8 @@ class Decision:
     body: bytes | None = None  # a rewritten body, when the decision changed it (model rewrite)
     original_model: str = ""  # the model the client asked for
     target_model: str = ""  # the model the endpoint is asked for (differs after a rewrite)
+    site: str | None = None  # a remote federated site took the request (slot is then -1)
+    headers: tuple[tuple[str, str], ...] = ()  # request headers the gateway adds before forwarding
 
     @property
     def header_value(self) -> str:
@@ -79,6 +100,7 @@ class Director:
         objectives: ObjectiveStore | None = None,
         saturation: SaturationSignal | None = None,
         seed: int | None = None,
+        federation: Federation | None = None,
     ) -> None:
         """`objectives` gives priorities and model rewrites (none: every request priority 0, no rewrite);
         `saturation` decides shedding (none: the scheduler's own `.saturation` if it has one, else no shedding);
@@ -94,6 +116,7 @@ class Director:
             saturation = getattr(scheduler, "saturation", None)
         self._saturation = saturation
         self._rewriter = ModelRewriter(objectives, seed)
+        self._federation = federation  # None: no federation, every candidate is local
 
     @property
     def table(self) -> EndpointTable:
@@ -114,14 +137,30 @@ class Director:
         if subset is not None and not subset:
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "the gateway's endpoint subset is empty")
         candidates = self.candidates(snapshot, subset)
+        now = self._clock()
+        original_model = request.model
+        request, body = self._rewriter.rewrite(request)
+        if self._federation is not None:
+            # Residency rules apply to the client's model and to the model it is rewritten to (fail-closed).
+            models = (original_model, request.model)
+            route = self._federation.route(
+                snapshot, candidates, models, request.objective, request.headers, now, subset
+            )
+            if route.site is not None:  # the client's own body goes to the site, whose picker does its own rewrite
+                return Decision(
+                    addresses=route.addresses,
+                    slot=-1,
+                    original_model=original_model,
+                    target_model=original_model,
+                    site=route.site,
+                    headers=route.headers,
+                )
+            candidates = route.local
         if candidates.size == 0:
             if subset is not None:
                 raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no pool endpoint matches the gateway's subset hint")
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no ready endpoint in the pool")
-        now = self._clock()
         self._admit(request, snapshot, candidates, now)
-        original_model = request.model
-        request, body = self._rewriter.rewrite(request)
         degraded = False
         try:
             slots = self._scheduler.pick(snapshot, candidates, request, now)
@@ -162,6 +201,10 @@ class Director:
 
     def complete(self, decision: Decision) -> None:
         """The request ended (response done, stream closed or failed): release its in-flight booking."""
+        if decision.site is not None:
+            if self._federation is not None:
+                self._federation.release(decision.site)
+            return
         info = self._table.info(decision.slot)
         if info is not None and info.address == decision.addresses[0]:
             self._table.release_pick(decision.slot)

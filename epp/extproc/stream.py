@@ -211,6 +211,7 @@ class StreamProcessor:
         self._decision = decision
         self._observer.decision_latency(self._clock() - started)
         set_headers.append((wire.DESTINATION_HEADER, decision.header_value))
+        set_headers.extend(decision.headers)
         if decision.body is not None:
             set_headers.append(("content-length", str(len(decision.body))))
         if decision.target_model and decision.target_model != decision.original_model:

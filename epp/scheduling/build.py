@@ -142,8 +142,9 @@ def build_scheduler(
     if config.parser_ref is not None and built[config.parser_ref][0] is not Kind.PARSER:
         raise ConfigError(f"{config.source}: parser, plugin '{config.parser_ref}': is not a parser plugin")
     for ref in config.data_source_refs:
-        _, _, spec = built[ref]
-        raise ConfigError(f"{config.source}: data layer, plugin '{ref}' ({spec.type}): is not a data source here")
+        kind, _, spec = built[ref]
+        if kind is not Kind.DATA_LAYER:
+            raise ConfigError(f"{config.source}: data layer, plugin '{ref}' ({spec.type}): is not a data source here")
     profile = _profile(config, config.profiles[0], built, ctx.next_seed())
     return ProfileScheduler(profile, SaturationDetector(config.saturation))
 

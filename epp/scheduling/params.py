@@ -53,6 +53,11 @@ class Params:
     def error(self, field: str, why: str) -> ConfigError:
         return ConfigError(f"{self.where}: parameter '{field}': {why}")
 
+    def rest(self) -> dict[str, Any]:
+        """Everything not read yet, handed on whole (for plugins whose parameters another layer checks)."""
+        rest, self._left = self._left, {}
+        return rest
+
     def _take(self, field: str) -> Any:
         return self._left.pop(field, None)
 

@@ -22,6 +22,7 @@ class Kind(enum.Enum):
     PICKER = "picker"
     PROFILE_HANDLER = "profile handler"
     PARSER = "parser"
+    DATA_LAYER = "data-layer plugin"
 
 
 @dataclass(slots=True)
@@ -154,6 +155,26 @@ def _marker(type_name: str) -> Factory:
     return factory
 
 
+@dataclass(frozen=True, slots=True)
+class DataLayerPlugin:
+    """A data-layer plugin (upstream's metrics source and extractor): the scraper, not the scheduler, uses it.
+
+    Its parameters are kept raw here, because the decision layer may not import the scraper: the composition
+    root hands them to `epp.scrape.engines.engines_from_config`, which checks them field by field.
+    """
+
+    type_name: str
+    name: str
+    parameters: dict[str, object]
+
+
+def _data_layer(type_name: str) -> Factory:
+    def factory(name: str, params: Params, ctx: BuildContext) -> object:
+        return DataLayerPlugin(type_name, name, params.rest())
+
+    return factory
+
+
 def register_builtins(registry: Registry) -> Registry:
     r = registry.register
     r("queue-scorer", Kind.SCORER, _no_params(scorers.QueueScorer), "min-max of waiting requests")
@@ -174,6 +195,13 @@ def register_builtins(registry: Registry) -> Registry:
     r("weighted-random-picker", Kind.PICKER, _picker(pickers.WeightedRandomPicker), "proportional to score")
     r("single-profile-handler", Kind.PROFILE_HANDLER, _marker("single-profile-handler"), "runs the one profile")
     r("openai-parser", Kind.PARSER, _marker("openai-parser"), "OpenAI request bodies (always on)")
+    r("metrics-data-source", Kind.DATA_LAYER, _data_layer("metrics-data-source"), "the /metrics scraper (always on)")
+    r(
+        "core-metrics-extractor",
+        Kind.DATA_LAYER,
+        _data_layer("core-metrics-extractor"),
+        "model-server metric names per engine (read by the scraper)",
+    )
     return registry
 
 

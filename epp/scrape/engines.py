@@ -26,6 +26,7 @@ from typing import Any
 
 from epp.datastore.table import MetricsSample
 from epp.errors import ConfigError
+from epp.scheduling.config import EndpointPickerConfig
 from epp.scrape.parse import PageParser, ParsedPage, Sample
 
 DEFAULT_ENGINE = "vllm"
@@ -309,3 +310,12 @@ def extract(text: str, engine: EngineSpec) -> Extraction:
         found += 1
     problems[:0] = [str(e) for e in page.errors]
     return Extraction(out, tuple(problems), found)
+
+
+def engines_of_config(config: EndpointPickerConfig | None) -> EngineRegistry:
+    """The engine table an EndpointPickerConfig asks for: its `core-metrics-extractor` plugin's parameters, else
+    the built-in names. One place, so `epp check-config` and `epp serve` reach the same verdict."""
+    if config is None:
+        return EngineRegistry()
+    extractor = next((p for p in config.plugins if p.type == "core-metrics-extractor"), None)
+    return engines_from_config(extractor.parameters, config.source) if extractor is not None else EngineRegistry()

@@ -26,6 +26,7 @@ import os
 import socket
 import subprocess
 import sys
+from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
@@ -43,6 +44,21 @@ NCOL = 11
 PUBLISH_S = 0.005  # child → shared memory
 APPLY_S = 0.01  # shared memory → table
 STATUS_S = 1.0
+
+
+def _untrack(shm: SharedMemory) -> None:
+    """Python < 3.13 hands every segment to a resource tracker that unlinks it when *this* process exits; the
+    lifetime here is managed explicitly (see `ScrapeProcess._spawn`)."""
+    with contextlib.suppress(Exception):
+        from multiprocessing import resource_tracker
+
+        resource_tracker.unregister(getattr(shm, "_name"), "shared_memory")  # noqa: B009
+
+
+def _unlink_name(shm: SharedMemory) -> None:
+    """Remove the segment's name without touching the resource tracker (`SharedMemory.unlink` would)."""
+    with contextlib.suppress(FileNotFoundError):
+        getattr(shared_memory, "_posixshmem").shm_unlink(getattr(shm, "_name"))  # noqa: B009
 
 
 class ScrapeProcess:
@@ -89,6 +105,9 @@ class ScrapeProcess:
 
     def _spawn(self) -> None:
         self._shm = SharedMemory(create=True, size=self.rows * NCOL * 8)
+        # Its lifetime is ours: the child unlinks the name as soon as it has mapped the block (the mappings stay),
+        # so a picker killed with SIGKILL leaves nothing behind in /dev/shm; no resource tracker is needed.
+        _untrack(self._shm)
         self._block = np.ndarray((self.rows, NCOL), dtype=np.float64, buffer=self._shm.buf)
         self._block[:] = 0.0
         self._block[:, TOKEN] = -1.0
@@ -130,7 +149,7 @@ class ScrapeProcess:
         if self._shm is not None:
             self._block = np.zeros((0, NCOL))
             self._shm.close()
-            self._shm.unlink()
+            _unlink_name(self._shm)  # normally the child did already
             self._shm = None
 
     def status(self) -> dict[str, EndpointStatus]:
@@ -313,12 +332,8 @@ async def _child(block: np.ndarray, conn: Connection) -> None:
 def _child_main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="epp-scrape %(levelname)s %(name)s: %(message)s")
     shm = SharedMemory(name=argv[1], create=False)
-    # Python < 3.13 registers an attached segment with this process's resource tracker, which would unlink it
-    # when the child exits; the parent owns it.
-    with contextlib.suppress(Exception):
-        from multiprocessing import resource_tracker
-
-        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    _untrack(shm)
+    _unlink_name(shm)  # both sides have it mapped: drop the name
     try:
         block = np.ndarray((int(argv[2]), NCOL), dtype=np.float64, buffer=shm.buf)
         conn = Connection(int(argv[3]))

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from epp.datastore.table import EndpointInfo, EndpointTable
-from epp.scrape.engines import EngineRegistry, extract
+from epp.scrape.engines import EngineRegistry, EngineSpec, extract
 from epp.scrape.http import HttpConnection, MetricsClient, ScrapeError
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class ScrapeService:
                 await asyncio.sleep(delay)
                 started = self._clock()
                 async with sem:
-                    ok = await self._scrape_once(info, engine.name, client, status)
+                    ok = await self._scrape_once(info, engine, client, status)
                 if ok:
                     delay = s.interval_s * (1 + s.jitter * self._rng.uniform(-1, 1))
                 else:
@@ -194,15 +194,18 @@ class ScrapeService:
             client.close()
 
     async def _scrape_once(
-        self, info: EndpointInfo, engine_name: str, client: MetricsClient, st: EndpointStatus
+        self, info: EndpointInfo, engine: EngineSpec, client: MetricsClient, st: EndpointStatus
     ) -> bool:
         s = self.settings
         st.scrapes += 1
         problem: str
         try:
             body = await client.get(s.timeout_s, s.max_page_bytes)
-            text = body.decode("utf-8", errors="replace")
-            result = extract(text, self.engines.for_engine(engine_name))
+            try:
+                text, bad_utf8 = body.decode("utf-8"), False
+            except UnicodeDecodeError:  # keep what parses; binary garbage ends with no signal and fails below
+                text, bad_utf8 = body.decode("utf-8", errors="replace"), True
+            result = extract(text, engine)
         except ScrapeError as exc:
             problem = str(exc)
         except Exception as exc:  # a bug or a surprise must cost one scrape, never the poller
@@ -210,7 +213,7 @@ class ScrapeService:
             problem = f"internal error: {type(exc).__name__}: {exc}"
         else:
             problems = list(result.problems)
-            if "\ufffd" in text:
+            if bad_utf8:
                 problems.insert(0, "page is not valid UTF-8")
             if result.signals_found or not problems:
                 slot = self.table.slot_of(info.address)
@@ -222,7 +225,7 @@ class ScrapeService:
                 st.signals_found = result.signals_found
                 st.last_error = "; ".join(problems[:3]) if problems else None
                 if not result.signals_found and st.scrapes == 1:
-                    log.warning("%s: page has none of engine %r's metrics", info.address, engine_name)
+                    log.warning("%s: page has none of engine %r's metrics", info.address, engine.name)
                 return True
             problem = "; ".join(problems[:3])
         slot = self.table.slot_of(info.address)

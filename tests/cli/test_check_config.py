@@ -18,7 +18,7 @@ schedulingProfiles:
     weight: 2
   - pluginRef: prefix-cache-scorer
 federation:
-  residency: []
+  residency: {rules: []}
 """
 
 
@@ -45,3 +45,34 @@ def test_a_refused_file_exits_1_with_the_reason(tmp_path: Path, capsys) -> None:
 )
 def test_reference_configs(shared_reference: Path, name, rc, capsys) -> None:
     assert main(["check-config", str(shared_reference / "epp-configs" / name)]) == rc
+
+
+EXTRACTOR = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: metrics-data-source
+- type: core-metrics-extractor
+  parameters:
+    defaultEngine: vllm
+    engineConfigs:
+    - name: my-engine
+      queuedRequestsSpec: "my_queue_depth"
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+"""
+
+
+def test_engine_metric_names_from_the_config_are_accepted_and_checked(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "extractor.yaml"
+    path.write_text(EXTRACTOR)
+    assert main(["check-config", str(path)]) == 0
+    path.write_text(EXTRACTOR.replace("queuedRequestsSpec", "queuedRequestSpec"))
+    assert main(["check-config", str(path)]) == 1
+    assert "queuedRequestSpec" in capsys.readouterr().out

@@ -43,6 +43,7 @@ CRD_FILES = {
     ),
     ("llm-d.ai/v1alpha2", "InferenceObjective"): "llm-d.ai_inferenceobjectives.yaml",
     ("llm-d.ai/v1alpha2", "InferenceModelRewrite"): "llm-d.ai_inferencemodelrewrites.yaml",
+    ("federation.llmkube.dev/v1alpha1", "FederatedCluster"): "federation.llmkube.dev_federatedclusters.yaml",
 }
 CORE_MODELS = {
     ("v1", "ServiceAccount"): k8s.V1ServiceAccount,
@@ -51,6 +52,8 @@ CORE_MODELS = {
     ("apps/v1", "Deployment"): k8s.V1Deployment,
     ("rbac.authorization.k8s.io/v1", "Role"): k8s.V1Role,
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.V1RoleBinding,
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): k8s.V1ClusterRole,
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): k8s.V1ClusterRoleBinding,
 }
 # Gateway vendors' policy kinds live in manifests/gateways/ and are checked by tests/gateway/test_manifests.py.
 VENDOR_GROUPS = {"gateway.envoyproxy.io", "networking.istio.io", "gateway.kgateway.dev"}

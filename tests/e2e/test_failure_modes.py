@@ -109,10 +109,16 @@ class Gateway:
     def upstreams(self, expected: int) -> dict[str, str | None]:
         """request id → the upstream host Envoy sent it to (None: none), from Envoy's own access log."""
         entries: dict[str, str | None] = {}
-        deadline = time.monotonic() + 10  # Envoy flushes its access log about once a second
+        deadline = time.monotonic() + 30  # Envoy flushes its access log about once a second; slower under load
         while time.monotonic() < deadline:
             lines = self.access_log.read_text().splitlines() if self.access_log.exists() else []
-            entries = {e["request_id"]: e["upstream_host"] for e in map(json.loads, lines)}
+            entries = {}
+            for line in lines:
+                try:  # the last line may be half-written while Envoy flushes
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                entries[entry["request_id"]] = entry["upstream_host"]
             if len(entries) >= expected:
                 break
             time.sleep(0.2)
