@@ -1,9 +1,11 @@
 """Routing policies side by side in the quality benchmark.
 
-`epp` (and any `--config` profile) is the picker's own code: the real `epp.director.Director` over a real
-`EndpointTable` fed by simulated scrapes, with the scheduler the picker builds. The others are what users run
-instead (round-robin, random, least-queue) and an oracle that sees every server's true queue and cache contents
-and picks the lowest predicted TTFT. They live here, not in epp/scheduling: they are yardsticks, not features.
+`epp` (and any `--config` profile, and `upstream`: upstream's default profile run by our code) is the picker's own
+code: the real `epp.director.Director` over a real `EndpointTable` fed by simulated scrapes, with the scheduler
+`epp serve` builds (epp.scheduling.build_scheduler), booking and releasing in-flight picks as the director does.
+The others are what users run instead (round-robin, random, least-queue) and an oracle that sees every server's
+true queue and cache contents and picks the lowest predicted TTFT. They live here, not in epp/scheduling: they
+are yardsticks, not features.
 """
 
 from __future__ import annotations
@@ -16,17 +18,19 @@ import numpy as np
 
 from benchmarks.workloads import Item, prompt_text
 from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
-from epp.director import Director, Scheduler
+from epp.director import Director
 from epp.requests import ApiKind, InferenceRequest
-from epp.scheduling import build_scheduler, load_config
+from epp.scheduling import ProfileScheduler, build_scheduler, load_config, upstream_default_config
 from epp.sim.engine import Engine, SimRequest
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-def picker_scheduler(config: Path | None, seed: int) -> Scheduler:
-    """The scheduler `epp serve` runs: the config's profile, or the built-in default profile."""
-    return build_scheduler(load_config(config) if config is not None else None, seed=seed)
+def picker_scheduler(config: Path | None, seed: int, upstream: bool = False) -> ProfileScheduler:
+    """The scheduler `epp serve` builds: from a config file, else the built-in profile (or upstream's, to compare)."""
+    if config is not None:
+        return build_scheduler(load_config(config), seed=seed)
+    return build_scheduler(upstream_default_config() if upstream else None, seed=seed)
 
 
 class Policy:
@@ -114,7 +118,7 @@ class Picker(Policy):
 
     reads_scrapes = True
 
-    def __init__(self, name: str, n: int, scheduler: Scheduler, clock: Callable[[], float]) -> None:
+    def __init__(self, name: str, n: int, scheduler: ProfileScheduler, clock: Callable[[], float]) -> None:
         self.name = name
         self.table = EndpointTable()
         self.slots = [
@@ -122,7 +126,7 @@ class Picker(Policy):
         ]
         self.table.synced = True
         self._server_of = {slot: i for i, slot in enumerate(self.slots)}
-        self._director = Director(self.table, scheduler, clock)
+        self._director = Director(self.table, scheduler, clock, saturation=scheduler.saturation)  # as epp serve
         self._decisions: dict[int, object] = {}
 
     def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:

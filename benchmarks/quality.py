@@ -28,7 +28,7 @@ from benchmarks.workloads import WORKLOADS, Item, load, scaled_arrivals
 from epp.sim.engine import Engine
 from epp.sim.profiles import EngineProfile, profile_named
 
-DEFAULT_POLICIES = "rr,random,least-queue,epp,oracle"
+DEFAULT_POLICIES = "rr,random,least-queue,upstream,epp,oracle"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +55,9 @@ def policy_factory(name: str, n: int, seed: int, config: Path | None) -> Callabl
         return lambda engines, clock: BASELINES[name](n, seed)
     if name == "oracle":
         return lambda engines, clock: Oracle(engines, seed)
-    if name == "epp" or name.startswith("epp:"):
-        return lambda engines, clock: Picker(name, n, picker_scheduler(config, seed), clock)  # type: ignore[arg-type]
+    if name in ("epp", "upstream") or name.startswith("epp:"):
+        upstream = name == "upstream"
+        return lambda engines, clock: Picker(name, n, picker_scheduler(config, seed, upstream), clock)  # type: ignore[arg-type]
     raise ValueError(f"unknown policy {name!r}")
 
 
@@ -156,8 +157,10 @@ def chart(rows: Sequence[Row], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     workloads = list(dict.fromkeys(r.workload for r in rows))
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.6), squeeze=False)
-    for ax, w in zip(axes[0], workloads, strict=True):
+    cols = min(2, len(workloads))
+    nrows = -(-len(workloads) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 3.8 * nrows), squeeze=False)
+    for ax, w in zip(axes.flat, workloads, strict=False):
         for policy in dict.fromkeys(r.policy for r in rows):
             pts = sorted((r.load, r.ttft_p90) for r in rows if r.workload == w and r.policy == policy)
             if pts:
@@ -167,6 +170,8 @@ def chart(rows: Sequence[Row], path: Path) -> None:
         ax.set_ylabel("p90 TTFT (ms)")
         ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(workloads) :]:
+        ax.set_visible(False)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,6 +194,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--json", help="write rows as JSON here")
     p.add_argument("--markdown", help="write the table and targets as Markdown here")
     p.add_argument("--chart", help="write a PNG of p90 TTFT vs load here")
+    p.add_argument("--replot", help="only redraw --chart from a --json file of an earlier run")
     return p.parse_args(argv)
 
 
@@ -202,10 +208,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.replot:
+        rows = [Row(**r) for r in json.loads(Path(args.replot).read_text())["rows"]]
+        chart(rows, Path(args.chart or "benchmarks/quality.png"))
+        return 0
     workloads = list(WORKLOADS) if args.workload == "all" else [w.strip() for w in args.workload.split(",")]
     loads = [float(x) for x in args.load.split(",")]
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if args.config:
+    if args.config and f"epp:{Path(args.config).stem}" not in policies:
         policies.append(f"epp:{Path(args.config).stem}")
     profiles = [profile_named(n.strip()) for n in args.profiles.split(",")]
     for policy in policies:  # fail before minutes of simulation, not after

@@ -97,6 +97,8 @@ class Engine:
         self._plan: list[tuple[_Seq, int]] | None = None
         self._plan_decodes = 0
         self._loras_resident: OrderedDict[str, None] = OrderedDict()
+        self._aborts: list[int] = []  # asked for while a step was in flight; applied before the next one
+        self.requests_aborted = 0
         # counters, as the metrics page reports them
         self.prefix_queries_tokens = 0
         self.prefix_hits_tokens = 0
@@ -189,12 +191,45 @@ class Engine:
         self._seqs[req.request_id] = seq
         self._waiting.append(seq)
 
+    def abort(self, request_id: int) -> bool:
+        """Drop a request (its client went away), freeing its seat and blocks, as vLLM does; False if unknown.
+
+        While a step is in flight the request may be part of it, so the drop waits for the step's end.
+        """
+        if request_id not in self._seqs:
+            return False
+        if self._plan is None:
+            self._drop(self._seqs[request_id])
+        else:
+            self._aborts.append(request_id)
+        return True
+
+    def _drop(self, seq: _Seq) -> None:
+        rid = seq.req.request_id
+        if rid in self._decoding:
+            del self._decoding[rid]  # its finish-heap entry is skipped when it comes up
+            self._ctx_tokens -= seq.req.prompt_tokens + self.tokens_generated(rid)
+            self._release(seq)
+        elif seq in self._prefilling:
+            self._prefilling.remove(seq)
+            self._release(seq)
+        else:
+            self._waiting.remove(seq)
+            self._waiting_estimate -= seq.queued_estimate
+        del self._seqs[rid]
+        self.requests_aborted += 1
+
     # -- stepping -----------------------------------------------------------------------------------------------
 
     def begin_step(self, now: float) -> float:
         """Plan the next step (admissions, prefill chunks, decodes); returns its duration. Call only when busy."""
         if self._plan is not None:
             raise RuntimeError("begin_step called twice without end_step")
+        for rid in self._aborts:
+            seq = self._seqs.get(rid)
+            if seq is not None:
+                self._drop(seq)
+        self._aborts.clear()
         p = self.profile
         budget = p.max_batched_tokens - len(self._decoding)
         plan: list[tuple[_Seq, int]] = []
@@ -268,7 +303,9 @@ class Engine:
         heap = self._finish_heap
         while heap and heap[0][0] <= self._step:
             _, rid = heapq.heappop(heap)
-            finished.append(self._finish(self._decoding.pop(rid), now))
+            gone = self._decoding.pop(rid, None)
+            if gone is not None:  # None: aborted while decoding
+                finished.append(self._finish(gone, now))
         return StepOutcome(tuple(first), tuple(finished))
 
     # -- KV cache -----------------------------------------------------------------------------------------------
@@ -330,7 +367,8 @@ class Engine:
             seq.held_units.append(h)
             seq.private_blocks -= unit_blocks
 
-    def _finish(self, seq: _Seq, now: float) -> Finished:
+    def _release(self, seq: _Seq) -> None:
+        """Give back a sequence's blocks: its own ones, and its references on cached units (idle ones go LRU)."""
         units = self._units
         for h in seq.held_units:
             entry = units[h]
@@ -340,6 +378,9 @@ class Engine:
                 self._held_blocks -= entry[1]
                 self._idle_blocks += entry[1]
         self._held_blocks -= seq.private_blocks
+
+    def _finish(self, seq: _Seq, now: float) -> Finished:
+        self._release(seq)
         self._ctx_tokens -= seq.req.prompt_tokens + seq.req.output_tokens
         del self._seqs[seq.req.request_id]
         self.requests_finished += 1

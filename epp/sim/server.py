@@ -134,6 +134,11 @@ class SimServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
         app.router.add_get("/health_generate", self._health)
+        # What the SGLang Model Gateway asks a worker when it registers it (model and server discovery).
+        for path in ("/get_model_info", "/model_info"):
+            app.router.add_get(path, self._model_info)
+        for path in ("/get_server_info", "/server_info"):
+            app.router.add_get(path, self._server_info)
         return app
 
     async def start(self) -> None:
@@ -216,6 +221,26 @@ class SimServer:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="", headers=self._headers())
+
+    async def _model_info(self, request: web.Request) -> web.Response:
+        model = self.config.model
+        body = {"model_path": model, "tokenizer_path": model, "is_generation": True, "served_model_name": model}
+        return web.json_response(body, headers=self._headers())
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        p = self.config.profile
+        body = {
+            "model_path": self.config.model,
+            "served_model_name": self.config.model,
+            "engine": self.config.engine,
+            "profile": p.name,
+            "max_running_requests": p.max_num_seqs,
+            "max_total_num_tokens": p.kv_tokens,
+            "page_size": p.block_size,
+            "dp_size": 1,
+            "version": "epp-sim",
+        }
+        return web.json_response(body, headers=self._headers())
 
     async def _models(self, request: web.Request) -> web.Response:
         created = int(time.time())
@@ -332,8 +357,11 @@ class SimServer:
         try:
             first_at = await first
             await self._stream_body(response, kind, chunk, rid, done, obj, created, model, include_usage)
-        except ConnectionResetError:  # the client went away; the engine still finishes the work, as it was admitted
+        except ConnectionResetError:  # the client went away: drop the request, as vLLM aborts it
+            self.engine.abort(rid)
             self._prompt_tokens.pop(rid, None)
+            self._first.pop(rid, None)
+            self._done.pop(rid, None)
             return response
         self._observe(started, first_at, done.result())
         return response

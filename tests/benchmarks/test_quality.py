@@ -49,7 +49,7 @@ def test_arrivals_are_scaled_to_the_requested_rate() -> None:
     assert t[0] == 0 and (len(t) - 1) / t[-1] == pytest.approx(50.0)
 
 
-@pytest.mark.parametrize("policy", ["rr", "random", "least-queue", "epp", "oracle"])
+@pytest.mark.parametrize("policy", ["rr", "random", "least-queue", "upstream", "epp", "oracle"])
 def test_every_policy_completes_every_request(policy: str) -> None:
     items = shared_prefix(300, groups=8, prefix_tokens=2048, question_tokens=64, output_tokens=16, seed=1)
     pool = [H100_LLAMA_8B] * 2
@@ -110,3 +110,11 @@ def test_bad_arguments_end_with_one_line_and_exit_2(
     assert main([*argv, "--requests", "50", "--endpoints", "2"]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_a_config_profile_listed_in_policies_runs_once(tmp_path: Path) -> None:
+    out = tmp_path / "q.json"
+    config = Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "upstream-default.yaml"
+    argv = ["--workload", "shared-prefix", "--load", "0.5", "--requests", "100", "--endpoints", "2"]
+    assert main([*argv, "--policies", "rr,epp:upstream-default", "--config", str(config), "--json", str(out)]) == 0
+    assert [r["policy"] for r in json.loads(out.read_text())["rows"]] == ["rr", "epp:upstream-default"]

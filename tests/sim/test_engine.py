@@ -145,3 +145,35 @@ def test_every_request_finishes_once_and_blocks_balance(spec: list[tuple[float, 
     assert all(f.arrived <= f.first_token_at <= f.finished_at for f in done.values())
     assert engine.kv_usage == 0.0 and not engine.busy
     assert engine.generation_tokens_total == sum(o for _, _, o, _ in spec)
+
+
+@pytest.mark.parametrize("phase", ["waiting", "prefilling", "decoding"])
+def test_an_aborted_request_frees_its_seat_and_blocks(phase: str) -> None:
+    engine = Engine(dataclasses.replace(P, max_num_seqs=1))
+    engine.submit(req(1, prompt=16384, output=20), 0.0)
+    engine.submit(req(2, prompt=16, output=5), 0.0)
+    now = engine.begin_step(0.0)
+    engine.end_step(now)  # request 1 is half-way through its prefill, request 2 waits for the only seat
+    if phase == "decoding":
+        now += engine.begin_step(now)
+        engine.end_step(now)
+    victim = 2 if phase == "waiting" else 1
+    assert engine.abort(victim) and not engine.abort(99)
+    done = {}
+    while engine.busy:
+        now += engine.begin_step(now)
+        done.update({f.request_id: f for f in engine.end_step(now).finished})
+    assert sorted(done) == [3 - victim]
+    assert engine.kv_usage == 0.0 and engine.requests_aborted == 1
+
+
+def test_an_abort_during_a_step_applies_after_it() -> None:
+    engine = Engine(P)
+    engine.submit(req(1, prompt=512, output=10), 0.0)
+    now = engine.begin_step(0.0)
+    engine.abort(1)
+    engine.end_step(now)  # the step in flight still completes
+    while engine.busy:
+        now += engine.begin_step(now)
+        assert not engine.end_step(now).finished
+    assert engine.kv_usage == 0.0 and engine.requests_aborted == 1

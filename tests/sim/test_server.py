@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -172,3 +173,33 @@ async def test_a_client_leaving_mid_stream_does_not_disturb_the_server(
     async with http.post(f"http://{pool.addresses[0]}/v1/completions", json=body) as resp:
         assert resp.status == 200
         assert (await resp.json())["usage"]["completion_tokens"] == 2
+    engine = pool.servers[0].engine
+    for _ in range(500):  # the hang-up shows at the stream's next write; bounded wait, no timing asserted
+        if engine.requests_aborted:
+            break
+        await asyncio.sleep(0.01)
+    assert engine.requests_aborted == 1  # dropped, as vLLM aborts a request whose client left
+
+
+async def test_an_http2_attempt_is_refused_at_once_and_http11_still_works(
+    pool: SimulatedPool, http: aiohttp.ClientSession
+) -> None:
+    """Routers such as the SGLang gateway try HTTP/2 first, then fall back: the refusal must be quick, not a hang."""
+    host, port = pool.addresses[0].rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    await writer.drain()
+    reply = await asyncio.wait_for(reader.read(), timeout=10)  # EOF: the server closed the connection
+    assert not reply.startswith(b"HTTP/1.1 200")
+    writer.close()
+    async with http.get(f"http://{pool.addresses[0]}/health", headers={"Upgrade": "h2c", "Connection": "Upgrade"}) as r:
+        assert r.status == 200 and r.version == aiohttp.HttpVersion11
+
+
+@pytest.mark.parametrize("path", ["/get_model_info", "/model_info", "/get_server_info", "/server_info"])
+async def test_sglang_gateway_discovery_endpoints_answer(
+    pool: SimulatedPool, http: aiohttp.ClientSession, path: str
+) -> None:
+    async with http.get(f"http://{pool.addresses[0]}{path}") as resp:
+        assert resp.status == 200
+        assert (await resp.json())["model_path"] == DEFAULT_MODEL
