@@ -23,6 +23,7 @@ import contextlib
 import json
 import math
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -183,8 +184,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds every `running` block: the children are stopped by PID, not orphaned
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(args)
+    except KeyboardInterrupt:
+        print("benchmarks.live: interrupted; stopped every process it started", file=sys.stderr)
+        return 130
+
+
+def _main(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if args.virtual_only:
