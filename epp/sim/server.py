@@ -144,7 +144,7 @@ class SimServer:
     async def start(self) -> None:
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port, reuse_address=True)
+        site = web.TCPSite(self._runner, self.config.host, self.config.port, reuse_address=True, shutdown_timeout=2.0)
         await site.start()
         if self.port == 0:
             sockets: list[Any] = list(getattr(site._server, "sockets", None) or ())  # the bound socket is only here
@@ -157,8 +157,8 @@ class SimServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._stepper
             self._stepper = None
-        # Release the handlers waiting on the engine first: with the stepper gone their futures never resolve, and
-        # the runner's cleanup would wait for them until aiohttp's shutdown timeout (60 s).
+        # Requests still waiting on the engine can never finish now: end them first, or the runner's cleanup
+        # waits its whole shutdown timeout for their handlers.
         pending: list[asyncio.Future[Any]] = [*self._first.values(), *self._done.values()]
         for fut in pending:
             if not fut.done():
