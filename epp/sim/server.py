@@ -142,9 +142,9 @@ class SimServer:
         return app
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port, reuse_address=True, shutdown_timeout=2.0)
+        site = web.TCPSite(self._runner, self.config.host, self.config.port, reuse_address=True)
         await site.start()
         if self.port == 0:
             sockets: list[Any] = list(getattr(site._server, "sockets", None) or ())  # the bound socket is only here
