@@ -5,10 +5,12 @@ Side by side in one run, the same Envoy, backend and load generator:
   (b) Envoy + a no-op Python ext_proc server (benchmarks/noop_extproc.py) with the same processing modes;
   (c) Envoy + `epp serve` (parse, decide, route by its metadata).
 The ratio (c)/(b) is the figure of merit: (b) is what any Python ext_proc server pays; the rest is ours.
-The backend is an Envoy direct-response listener, so it never limits the run.
+The pool is 8 Envoy direct-response listeners, each also serving a realistic vLLM `/metrics` page, so the
+picker scrapes, scores and picks as in production, and the backends never limit the run.
 
 Needs `hey` (Debian package `hey`). Run:
-    .venv/bin/python -m benchmarks.extproc_overhead [--seconds 10] [--concurrency 16,64] [--modes request,full]
+    .venv/bin/python -m benchmarks.extproc_overhead [--seconds 10] [--rounds 3] [--concurrency 16,64]
+        [--modes request,full] [--epp-args '--config-file FILE']
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +34,7 @@ from epp.gateway.testbed import (
     processing_mode,
     static_cluster,
 )
+from tests.scrape.vllm_page import vllm_page
 from tests.support.envoy import run_envoy
 from tests.support.procs import epp_argv, free_port, http_ok, port_open, running, wait_until
 
@@ -38,12 +42,24 @@ BODY = json.dumps(
     {"model": "meta-llama/Llama-3.1-8B-Instruct", "messages": [{"role": "user", "content": "Say hello. " * 60}]}
 )
 ANSWER = json.dumps({"id": "x", "choices": [{"message": {"role": "assistant", "content": "hello"}}]})
+ENDPOINTS = 8
 MODES = {
     # What a gateway needs for routing alone: the request phase.
     "request": processing_mode("FULL_DUPLEX_STREAMED", response_headers=False),
     # Upstream's configuration: both directions streamed through the picker.
     "full": processing_mode("FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED"),
 }
+
+
+def _backend_listener(name: str, port: int, answer: str, metrics_page: str) -> dict[str, Any]:
+    """A model-server stand-in: `/metrics` answers a vLLM page, everything else the canned completion."""
+    config = listener(name, port, {"direct_response": {"status": 200, "body": {"inline_string": answer}}}, [])
+    route_config = config["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]
+    route_config["max_direct_response_body_size_bytes"] = 1 << 20  # a vLLM page is ~27 KB; Envoy's default is 4 KB
+    routes = route_config["virtual_hosts"][0]["routes"]
+    page = {"direct_response": {"status": 200, "body": {"inline_string": metrics_page}}}
+    routes.insert(0, {"match": {"prefix": "/metrics"}, **page})
+    return config
 
 
 def hey(url: str, seconds: float, concurrency: int, body_file: Path) -> dict[str, float]:
@@ -64,21 +80,29 @@ def hey(url: str, seconds: float, concurrency: int, body_file: Path) -> dict[str
     }
 
 
-def run(seconds: float, concurrencies: list[int], modes: list[str]) -> list[dict[str, Any]]:
+def run(
+    seconds: float,
+    concurrencies: list[int],
+    modes: list[str],
+    extra_epp_args: tuple[str, ...] = (),
+    rounds: int = 3,
+) -> list[dict[str, Any]]:
     if shutil.which("hey") is None:
         sys.exit("needs `hey` (apt-get install hey)")
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp_name:
+    with tempfile.TemporaryDirectory(prefix="epp-bench-") as tmp_name:
         tmp = Path(tmp_name)
         body_file = tmp / "body.json"
         body_file.write_text(BODY)
-        backend, noop_port, epp_port = free_port(), free_port(), free_port()
+        backends = [free_port() for _ in range(ENDPOINTS)]
+        backend = backends[0]  # (a) and (b) send everything to the first; (c) lets the picker choose
+        noop_port, epp_port = free_port(), free_port()
         metrics_port = free_port()
         noop = running([sys.executable, "-m", "benchmarks.noop_extproc", str(noop_port)], tmp / "noop.log")
         epp = running(
             epp_argv("serve", "--bind-address", "127.0.0.1", "--grpc-port", str(epp_port), "--grpc-health-port",
                      str(free_port()), "--metrics-port", str(metrics_port), "--static-endpoints",
-                     f"127.0.0.1:{backend}", "-v", "0"),
+                     ",".join(f"127.0.0.1:{p}" for p in backends), "-v", "0", *extra_epp_args),
             tmp / "epp.log",
         )  # fmt: skip
         with noop as noop_proc, epp as epp_proc:
@@ -87,12 +111,15 @@ def run(seconds: float, concurrencies: list[int], modes: list[str]) -> list[dict
             for mode_name in modes:
                 mode = MODES[mode_name]
                 ports = {"none": free_port(), "noop": free_port(), "epp": free_port()}
-                direct = {"direct_response": {"status": 200, "body": {"inline_string": ANSWER}}}
+                pool_listeners = [
+                    _backend_listener(f"backend{i}", port, ANSWER, vllm_page(waiting=i % 3, running=4 + i))
+                    for i, port in enumerate(backends)
+                ]
                 to_backend = {"route": {"cluster": "backend", "timeout": "10s"}}
                 to_pool = {"route": {"cluster": "pool", "timeout": "10s"}}
                 config = bootstrap(
                     [
-                        listener("backend", backend, direct, []),
+                        *pool_listeners,
                         listener("none", ports["none"], to_backend, []),
                         listener("noop", ports["noop"], to_backend, [ext_proc_filter("noop", mode)]),
                         listener("epp", ports["epp"], to_pool, [ext_proc_filter("epp", mode)]),
@@ -108,9 +135,18 @@ def run(seconds: float, concurrencies: list[int], modes: list[str]) -> list[dict
                 with run_envoy(tmp, config, mode_name):
                     for c in concurrencies:
                         row: dict[str, Any] = {"mode": mode_name, "concurrency": c}
-                        for name, port in ports.items():
+                        runs: dict[str, list[dict[str, float]]] = {name: [] for name in ports}
+                        for port in ports.values():
                             hey(f"http://127.0.0.1:{port}/v1/chat/completions", 2, c, body_file)  # warm-up
-                            row[name] = hey(f"http://127.0.0.1:{port}/v1/chat/completions", seconds, c, body_file)
+                        # Rounds interleave (a), (b), (c) so that a burst of noise from elsewhere on the machine
+                        # hits all three; each figure is the median over the rounds.
+                        for _ in range(rounds):
+                            for name, port in ports.items():
+                                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                                runs[name].append(hey(url, seconds, c, body_file))
+                        for name, results_of in runs.items():
+                            row[name] = {k: statistics.median(r[k] for r in results_of) for k in results_of[0]}
+                            row[name]["rps_all"] = [r["rps"] for r in results_of]
                         row["ratio_c_b"] = row["epp"]["rps"] / row["noop"]["rps"]
                         results.append(row)
                         print(json.dumps(row), flush=True)
@@ -130,12 +166,15 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--seconds", type=float, default=10, help="length of one load run")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per setting (median reported)")
     parser.add_argument("--concurrency", default="16,64")
     parser.add_argument("--modes", default="request,full")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--epp-args", default="", help="extra `epp serve` flags, e.g. '--config-file FILE'")
     args = parser.parse_args()
-    results = run(args.seconds, [int(c) for c in args.concurrency.split(",")], args.modes.split(","))
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    results = run(args.seconds, concurrencies, args.modes.split(","), tuple(args.epp_args.split()), args.rounds)
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
