@@ -36,7 +36,7 @@ from epp.gateway.testbed import (
 )
 from tests.scrape.vllm_page import vllm_page
 from tests.support.envoy import run_envoy
-from tests.support.procs import epp_argv, free_port, http_ok, port_open, running, wait_until
+from tests.support.procs import free_port, http_ok, port_open, running, serve_argv, wait_until
 
 BODY = json.dumps(
     {"model": "meta-llama/Llama-3.1-8B-Instruct", "messages": [{"role": "user", "content": "Say hello. " * 60}]}
@@ -100,9 +100,8 @@ def run(
         metrics_port = free_port()
         noop = running([sys.executable, "-m", "benchmarks.noop_extproc", str(noop_port)], tmp / "noop.log")
         epp = running(
-            epp_argv("serve", "--bind-address", "127.0.0.1", "--grpc-port", str(epp_port), "--grpc-health-port",
-                     str(free_port()), "--metrics-port", str(metrics_port), "--static-endpoints",
-                     ",".join(f"127.0.0.1:{p}" for p in backends), "-v", "0", *extra_epp_args),
+            serve_argv(epp_port, free_port(), metrics_port, "--static-endpoints",
+                       ",".join(f"127.0.0.1:{p}" for p in backends), "-v", "0", *extra_epp_args),
             tmp / "epp.log",
         )  # fmt: skip
         with noop as noop_proc, epp as epp_proc:

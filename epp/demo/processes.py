@@ -80,3 +80,9 @@ def running(
 
 def epp_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "epp", *args]
+
+
+def serve_argv(grpc_port: int, health_port: int, metrics_port: int, *flags: str) -> list[str]:
+    """`epp serve` on loopback with these three ports, plus `flags`: how the demo, tests and benchmarks start it."""
+    ports = ("--grpc-port", str(grpc_port), "--grpc-health-port", str(health_port), "--metrics-port", str(metrics_port))
+    return epp_argv("serve", "--bind-address", "127.0.0.1", *ports, *flags)

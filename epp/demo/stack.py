@@ -18,7 +18,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.demo.gateway import demo_bootstrap
-from epp.demo.processes import epp_argv, free_port, http_ok, running, wait_until
+from epp.demo.processes import epp_argv, free_port, http_ok, running, serve_argv, wait_until
 from epp.gateway.binary import find_envoy
 
 READY_TIMEOUT_S = 60.0  # a loaded 2-core machine can take many seconds to import grpc and numpy
@@ -80,16 +80,10 @@ def simulated_pool(
 def picker(workdir: Path, addresses: Sequence[str], say: Callable[[str], None] = print) -> Iterator[tuple[int, int]]:
     """`epp serve --static-endpoints` over the pool, with its default scheduler; yields (ext_proc port, pid)."""
     grpc_port, metrics_port = free_port(), free_port()
-    argv = epp_argv(
-        "serve",
-        "--bind-address",
-        "127.0.0.1",
-        "--grpc-port",
-        str(grpc_port),
-        "--grpc-health-port",
-        str(free_port()),
-        "--metrics-port",
-        str(metrics_port),
+    argv = serve_argv(
+        grpc_port,
+        free_port(),
+        metrics_port,
         "--static-endpoints",
         ",".join(addresses),
         "--grace-period",

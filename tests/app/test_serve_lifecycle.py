@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.support.procs import epp_argv, free_port, http_ok, running, wait_until
+from tests.support.procs import free_port, http_ok, running, serve_argv, wait_until
 
 
 def health_status(port: int, service: str) -> int:
@@ -27,11 +27,9 @@ def test_serve_reports_health_and_pool_then_stops_cleanly_on_sigterm(tmp_path: P
         "spec: {selector: {matchLabels: {app: m}}, targetPorts: [{number: 8000}],"
         " endpointPickerRef: {name: epp, failureMode: FailOpen}}\n"
     )
-    argv = epp_argv(
-        "serve", "--bind-address", "127.0.0.1", "--grpc-port", str(grpc_port), "--grpc-health-port",
-        str(health_port), "--metrics-port", str(metrics_port), "--pool-file", str(pool),
-        "--static-endpoints", "127.10.0.1,127.10.0.2",
-    )  # fmt: skip
+    argv = serve_argv(
+        grpc_port, health_port, metrics_port, "--pool-file", str(pool), "--static-endpoints", "127.10.0.1,127.10.0.2"
+    )
     with running(argv, tmp_path / "serve.log") as proc:
         wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "serve", proc)
         serving = health_pb2.HealthCheckResponse.SERVING
@@ -53,11 +51,9 @@ def test_sigterm_lets_an_open_stream_finish_then_exits_0(tmp_path: Path) -> None
     from tests.extproc.test_stream import BODY, body_msg, destination, headers_msg
 
     grpc_port, metrics_port = free_port(), free_port()
-    argv = epp_argv(
-        "serve", "--bind-address", "127.0.0.1", "--grpc-port", str(grpc_port), "--grpc-health-port",
-        str(free_port()), "--metrics-port", str(metrics_port), "--static-endpoints", "127.10.0.1:8000",
-        "--grace-period", "10",
-    )  # fmt: skip
+    argv = serve_argv(
+        grpc_port, free_port(), metrics_port, "--static-endpoints", "127.10.0.1:8000", "--grace-period", "10"
+    )
     with running(argv, tmp_path / "serve.log") as proc:
         wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "serve", proc)
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:

@@ -21,7 +21,7 @@ from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.discovery.kubernetes.settings import KubernetesSettings
 from epp.discovery.kubernetes.source import KubernetesSource
-from tests.support.procs import epp_argv, free_port, http_ok, running, wait_until
+from tests.support.procs import free_port, http_ok, running, serve_argv, wait_until
 
 
 class ServedPicker:
@@ -51,22 +51,7 @@ class ServedPicker:
 @contextlib.contextmanager
 def served_picker(kubeconfig: Path, log: Path, *flags: str) -> Iterator[ServedPicker]:
     metrics, health, grpc_port = free_port(), free_port(), free_port()
-    argv = epp_argv(
-        "serve",
-        "--bind-address",
-        "127.0.0.1",
-        "--grpc-port",
-        str(grpc_port),
-        "--grpc-health-port",
-        str(health),
-        "--metrics-port",
-        str(metrics),
-        "--kubeconfig",
-        str(kubeconfig),
-        "--grace-period",
-        "0.5",
-        *flags,
-    )
+    argv = serve_argv(grpc_port, health, metrics, "--kubeconfig", str(kubeconfig), "--grace-period", "0.5", *flags)
     with running(argv, log) as proc:
         wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics}/healthz"), 30, "epp serve", proc)
         yield ServedPicker(proc, metrics, health, log)

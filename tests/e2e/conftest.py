@@ -11,7 +11,7 @@ import pytest
 
 from epp.gateway.binary import find_envoy
 from tests.support.envoy import envoy
-from tests.support.procs import epp_argv, free_port, http_ok, port_open, running, wait_until
+from tests.support.procs import free_port, http_ok, port_open, running, serve_argv, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -55,16 +55,10 @@ def backends(e2e_tmp: Path) -> Iterator[Backends]:
 
 def start_picker(tmp: Path, endpoints: str, *extra: str) -> tuple[list[str], Picker]:
     picker = Picker(grpc_port=free_port(), metrics_port=free_port())
-    argv = epp_argv(
-        "serve",
-        "--bind-address",
-        "127.0.0.1",
-        "--grpc-port",
-        str(picker.grpc_port),
-        "--grpc-health-port",
-        str(free_port()),
-        "--metrics-port",
-        str(picker.metrics_port),
+    argv = serve_argv(
+        picker.grpc_port,
+        free_port(),
+        picker.metrics_port,
         "--static-endpoints",
         endpoints,
         "--grace-period",

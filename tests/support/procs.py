@@ -7,12 +7,12 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from epp.demo.processes import epp_argv, free_port, http_ok, port_open, stop, wait_until
+from epp.demo.processes import epp_argv, free_port, http_ok, port_open, serve_argv, stop, wait_until
 from epp.demo.processes import running as _running
 
 ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["ROOT", "epp_argv", "free_port", "http_ok", "port_open", "running", "stop", "wait_until"]
+__all__ = ["ROOT", "epp_argv", "free_port", "http_ok", "port_open", "running", "serve_argv", "stop", "wait_until"]
 
 
 @contextlib.contextmanager
