@@ -4,7 +4,8 @@ Scrapers write a row; the scheduler reads whole columns, so a pick costs a handf
 number of endpoints. Rows live in stable slots: an endpoint keeps its slot while it exists, and a freed slot is
 reused by the next endpoint added, so columns never need compacting. Every writer runs on the event loop and no
 writer awaits half-way, so a reader on the loop always sees whole rows; `snapshot()` copies the columns for readers
-that keep them across an await (or run elsewhere, like the virtual-time benchmark).
+that keep them across an await (or run elsewhere, like the virtual-time benchmark), and `view()` hands a reader that
+finishes before its next await (a decision) read-only views instead, with no copy.
 
 Unknown values are NaN, never zero: an engine that does not export KV-cache usage must not look idle.
 Time is always an argument (`now`, seconds on a monotonic clock): this module reads no clock.
@@ -67,7 +68,8 @@ _BOOL_COLUMNS = ("present", "scrape_ok", "healthy")
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """A consistent copy of the table's columns, indexed by slot (length = the table's high-water mark).
+    """The table's columns, indexed by slot (length = the table's high-water mark): a consistent copy from
+    `EndpointTable.snapshot()`, or read-only live views from `EndpointTable.view()`.
 
     `present[slot]` tells whether a slot holds an endpoint; `addresses[slot]` is "" for a free slot.
     """
@@ -92,10 +94,14 @@ class Snapshot:
     # Metrics fresh by the scraper's own rules (scraped recently, not failing); False until the first scrape.
     # Defaulted so code that builds a Snapshot by hand keeps working.
     healthy: BoolArray = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
+    # `slots`, when the builder already knows it (the table's cached view); None: computed from `present`.
+    slot_index: IntArray | None = None
 
     @property
     def slots(self) -> IntArray:
         """The slots that hold an endpoint, ascending."""
+        if self.slot_index is not None:
+            return self.slot_index
         return np.flatnonzero(self.present)
 
     def stale(self, now: float, threshold_s: float, max_failures: int) -> BoolArray:
@@ -125,6 +131,7 @@ class EndpointTable:
         self.version = 0  # bumps on every membership change
         self._members_cache: tuple[int, tuple[str, ...], tuple[EndpointInfo | None, ...]] | None = None
         self._adapters_cache: tuple[tuple[frozenset[str], ...], tuple[frozenset[str], ...]] | None = None
+        self._view_cache: tuple[tuple[int, int, int], object, Snapshot] | None = None
         self.synced = False  # the endpoint source has delivered its first complete view
 
     # -- membership -------------------------------------------------------------------------------------------
@@ -301,19 +308,61 @@ class EndpointTable:
 
     def snapshot(self) -> Snapshot:
         """Copies of every column; the per-slot tuples are rebuilt only when membership or adapters change."""
+        members, adapters = self._members(), self._adapters()
+        n = self._high_water
+        return self._assemble(
+            members, adapters, self._floats[:, :n].copy(), self._ints[:, :n].copy(), self._bools[:, :n].copy()
+        )
+
+    def view(self) -> Snapshot:
+        """The table as a Snapshot of read-only *views*: the live values, with no copy.
+
+        For a reader that is done before the table can change, i.e. before its next await (the director's
+        decision, synchronous from snapshot to booking). It saves the three copies and the Snapshot built per
+        request: the object is rebuilt only when membership, adapters or the blocks' size change, and between
+        rebuilds its columns show the current values. Writing through it raises (the views are read-only), so a
+        plugin that forgets a column is shared cannot corrupt the table.
+        """
+        members, adapters = self._members(), self._adapters()
+        key = (self.version, self._high_water, self._capacity)
+        cached = self._view_cache
+        if cached is not None and cached[0] == key and cached[1] is adapters:
+            return cached[2]
+        n = self._high_water
+        floats, ints, bools = self._floats[:, :n], self._ints[:, :n], self._bools[:, :n]
+        slots = np.flatnonzero(bools[0])
+        for array in (floats, ints, bools, slots):
+            array.flags.writeable = False  # on these views only: the table's own blocks stay writable
+        view = self._assemble(members, adapters, floats, ints, bools, slot_index=slots)
+        self._view_cache = (key, adapters, view)
+        return view
+
+    def _members(self) -> tuple[int, tuple[str, ...], tuple[EndpointInfo | None, ...]]:
         n = self._high_water
         members = self._members_cache
         if members is None or members[0] != self.version or len(members[1]) != n:
             infos = tuple(self._infos[:n])
             members = (self.version, tuple(i.address if i is not None else "" for i in infos), infos)
             self._members_cache = members
+        return members
+
+    def _adapters(self) -> tuple[tuple[frozenset[str], ...], tuple[frozenset[str], ...]]:
+        n = self._high_water
         adapters = self._adapters_cache
         if adapters is None or len(adapters[0]) != n:
             adapters = (tuple(self._running_adapters[:n]), tuple(self._waiting_adapters[:n]))
             self._adapters_cache = adapters
-        floats = self._floats[:, :n].copy()
-        ints = self._ints[:, :n].copy()
-        bools = self._bools[:, :n].copy()
+        return adapters
+
+    def _assemble(
+        self,
+        members: tuple[int, tuple[str, ...], tuple[EndpointInfo | None, ...]],
+        adapters: tuple[tuple[frozenset[str], ...], tuple[frozenset[str], ...]],
+        floats: FloatArray,
+        ints: IntArray,
+        bools: BoolArray,
+        slot_index: IntArray | None = None,
+    ) -> Snapshot:
         return Snapshot(
             version=self.version,
             addresses=members[1],
@@ -333,4 +382,5 @@ class EndpointTable:
             running_adapters=adapters[0],
             waiting_adapters=adapters[1],
             healthy=bools[2],
+            slot_index=slot_index,
         )

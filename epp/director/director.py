@@ -133,7 +133,7 @@ class Director:
 
     def decide(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
         """Choose endpoints for a request; raises EppError with the client-facing reason when it cannot."""
-        snapshot = self._table.snapshot()
+        snapshot = self._table.view()  # read-only live views: this method does not await
         if subset is not None and not subset:
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "the gateway's endpoint subset is empty")
         candidates = self.candidates(snapshot, subset)

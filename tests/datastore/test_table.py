@@ -1,6 +1,7 @@
 import math
 
 import numpy as np
+import pytest
 
 from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
 
@@ -34,6 +35,35 @@ def test_snapshot_is_a_copy_that_later_writes_do_not_change() -> None:
     snap = table.snapshot()
     table.record_scrape(slot, MetricsSample(waiting=9.0), now=2.0)
     assert snap.waiting[slot] == 1.0
+
+
+def test_view_shows_live_values_and_refuses_writes() -> None:
+    table = EndpointTable()
+    slot = table.upsert(_info(1))
+    view = table.view()
+    table.record_scrape(slot, MetricsSample(waiting=4.0), now=1.0)
+    table.book_pick(slot)
+    assert table.view() is view  # same membership: the cached object, no copy
+    assert view.waiting[slot] == 4.0 and view.inflight[slot] == 1
+    for column in (view.waiting, view.inflight, view.present, view.slots):
+        with pytest.raises(ValueError, match="read-only"):
+            column[0] = 0
+    table.record_scrape(slot, MetricsSample(waiting=5.0), now=2.0)  # the table itself stays writable
+    assert view.waiting[slot] == 5.0
+
+
+def test_view_is_rebuilt_when_membership_adapters_or_capacity_change() -> None:
+    table = EndpointTable(initial_capacity=1)
+    first = table.upsert(_info(1))
+    view = table.view()
+    second = table.upsert(_info(2))  # grows the blocks: the old views would point at the old arrays
+    grown = table.view()
+    assert grown is not view and grown.slots.tolist() == [first, second]
+    table.record_scrape(second, MetricsSample(waiting=2.0, running_adapters=("a",)), now=1.0)
+    with_adapters = table.view()
+    assert with_adapters is not grown and with_adapters.running_adapters[second] == frozenset({"a"})
+    table.remove("127.10.0.1:8000")
+    assert table.view().slots.tolist() == [second]
 
 
 def test_replace_all_reconciles_additions_and_removals() -> None:
