@@ -27,10 +27,7 @@ def headers_to_dict(header_map: base_pb2.HeaderMap) -> dict[str, str]:
 
     Names are lower-cased by Envoy already; a repeated header keeps its last value, which is all we read.
     """
-    out: dict[str, str] = {}
-    for h in header_map.headers:
-        out[h.key] = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
-    return out
+    return {h.key: h.raw_value.decode("utf-8", "replace") or h.value for h in header_map.headers}
 
 
 def subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
@@ -112,6 +109,14 @@ def request_body_response(
 def streamed_body_responses(body: bytes, end_of_stream: bool, request: bool = True) -> list[pb.ProcessingResponse]:
     """FULL_DUPLEX_STREAMED: the body sent back in chunks of at most MAX_CHUNK bytes; the last carries eos."""
     size = len(body)
+    if 0 < size <= MAX_CHUNK:  # the usual case: one chunk
+        response = pb.ProcessingResponse()
+        body_response = response.request_body if request else response.response_body
+        streamed = body_response.response.body_mutation.streamed_response
+        streamed.body = body
+        if end_of_stream:
+            streamed.end_of_stream = True
+        return [response]
     starts = range(0, size, MAX_CHUNK) if size else (0,)
     last = starts[-1]
     out = []
@@ -126,6 +131,44 @@ def streamed_body_responses(body: bytes, end_of_stream: bool, request: bool = Tr
             streamed.SetInParent()
         out.append(response)
     return out
+
+
+_DECISION_CACHE_LIMIT = 4096
+_decision_answers: dict[tuple[str, tuple[tuple[str, str], ...], tuple[str, ...], str], pb.ProcessingResponse] = {}
+
+
+def decision_response(
+    phase: str,
+    set_headers: tuple[tuple[str, str], ...],
+    remove: tuple[str, ...],
+    destination: str,
+    body: bytes | None = None,
+    cacheable: bool = True,
+) -> pb.ProcessingResponse:
+    """The answer that carries a decision: on the request headers (`phase` "headers") or, BUFFERED, on the body.
+
+    It sets `set_headers`, removes `remove`, writes `destination` into `envoy.lb` metadata and clears the route
+    cache. Such an answer depends only on those values, and requests to the same endpoint repeat them, so it is
+    built once and the same message is handed out again: grpc serializes a message when it is written, and no
+    caller mutates one. Answers with a replaced body, or headers unique to one request (`cacheable` False), are
+    built each time. The memo is bounded; when full it starts over.
+    """
+    key = (phase, set_headers, remove, destination)
+    if body is None and cacheable:
+        cached = _decision_answers.get(key)
+        if cached is not None:
+            return cached
+    mutation = header_mutation(set_headers, remove)
+    if phase == "headers":
+        response = request_headers_response(mutation, clear_route_cache=True)
+    else:
+        response = request_body_response(mutation, body, clear_route_cache=True)
+    decision_metadata(response, destination)
+    if body is None and cacheable:
+        if len(_decision_answers) >= _DECISION_CACHE_LIMIT:
+            _decision_answers.clear()
+        _decision_answers[key] = response
+    return response
 
 
 def request_trailers_response() -> pb.ProcessingResponse:

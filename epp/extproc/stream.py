@@ -160,8 +160,7 @@ class StreamProcessor:
     def _on_request_headers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
         self._headers = m.headers_to_dict(msg.request_headers.headers)
         if msg.request_headers.end_of_stream or self._request_body_mode in (NONE, _Mode.STREAMED):
-            mutation = self._decide(None)
-            return [self._with_metadata(m.request_headers_response(mutation, clear_route_cache=True))]
+            return [self._decision_answer("headers", None)]
         if self._request_body_mode == FULL_DUPLEX:
             return []  # the answer waits for the whole body
         return [m.request_headers_response(m.header_mutation((), _STRIP))]
@@ -178,10 +177,7 @@ class StreamProcessor:
             return self._finish_duplex(end_of_stream=True) if chunk.end_of_stream else []
         if self._decision is not None:  # headers-only decision already made (STREAMED/NONE): pass through
             return [m.request_body_response()]
-        body = bytes(self._body)
-        mutation = self._decide(body)
-        replaced = self._decision.body if self._decision is not None else None
-        return [self._with_metadata(m.request_body_response(mutation, replaced, clear_route_cache=True))]
+        return [self._decision_answer("body", bytes(self._body))]
 
     def _on_request_trailers(self) -> list[m.ProcessingResponse]:
         if self._request_body_mode == FULL_DUPLEX and self._decision is None:
@@ -191,40 +187,37 @@ class StreamProcessor:
 
     def _finish_duplex(self, end_of_stream: bool) -> list[m.ProcessingResponse]:
         body = bytes(self._body)
-        mutation = self._decide(body)
+        headers = self._decision_answer("headers", body)
         decision = self._decision
         out_body = decision.body if decision is not None and decision.body is not None else body
-        headers = self._with_metadata(m.request_headers_response(mutation, clear_route_cache=True))
         return [headers, *m.streamed_body_responses(out_body, end_of_stream)]
 
-    def _decide(self, body: bytes | None) -> m.HeaderMutation:
-        """Parse, ask the director, and build the header mutation that carries the decision."""
+    def _decision_answer(self, phase: str, body: bytes | None) -> m.ProcessingResponse:
+        """Parse, ask the director, and build the answer that carries the decision (on the headers or the body)."""
         started = self._clock()
         headers = self._headers
         request_id = headers.get("x-request-id") or ""
-        set_headers: list[tuple[str, str]] = []
-        if not request_id:
+        generated = not request_id
+        if generated:
             request_id = uuid.uuid4().hex
-            set_headers.append(("x-request-id", request_id))
         request = parse_request(request_id, headers.get(":path", "/"), headers, body)
         decision = self._decider.decide(request, self._subset)
         self._decision = decision
         self._observer.decision_latency(self._clock() - started)
-        set_headers.append((wire.DESTINATION_HEADER, decision.header_value))
-        set_headers.extend(decision.headers)
+        destination = decision.header_value
+        set_headers: tuple[tuple[str, str], ...] = ((wire.DESTINATION_HEADER, destination), *decision.headers)
+        if generated:
+            set_headers = (("x-request-id", request_id), *set_headers)
         if decision.body is not None:
-            set_headers.append(("content-length", str(len(decision.body))))
+            set_headers = (*set_headers, ("content-length", str(len(decision.body))))
         if decision.target_model and decision.target_model != decision.original_model:
             self._rewrite = (
                 json.dumps(decision.target_model).encode(),
                 json.dumps(decision.original_model).encode(),
             )
-        return m.header_mutation(set_headers, _STRIP)
-
-    def _with_metadata(self, response: m.ProcessingResponse) -> m.ProcessingResponse:
-        if self._decision is not None:
-            m.decision_metadata(response, self._decision.header_value)
-        return response
+        replaced = decision.body if phase == "body" else None
+        cacheable = not generated and decision.body is None  # a fresh request id or body length is one request's
+        return m.decision_response(phase, set_headers, _STRIP, destination, replaced, cacheable)
 
     # -- response phase ---------------------------------------------------------------------------------------
 

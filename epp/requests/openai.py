@@ -39,13 +39,23 @@ _PATH_SUFFIXES: tuple[tuple[str, ApiKind], ...] = (
 )
 
 
+_KIND_OF_PATH: dict[str, ApiKind] = {}  # paths repeat (a handful of API routes): memo, bounded below
+
+
 def api_kind_of_path(path: str) -> ApiKind:
     """The API a request targets, from its `:path` (query string ignored)."""
-    path = path.split("?", 1)[0].rstrip("/")
-    for suffix, kind in _PATH_SUFFIXES:
-        if path.endswith(suffix):
-            return kind
-    return ApiKind.OTHER
+    kind = _KIND_OF_PATH.get(path)
+    if kind is None:
+        kind = ApiKind.OTHER
+        stripped = path.split("?", 1)[0].rstrip("/")
+        for suffix, candidate in _PATH_SUFFIXES:
+            if stripped.endswith(suffix):
+                kind = candidate
+                break
+        if len(_KIND_OF_PATH) >= 1024:  # query strings make paths unbounded
+            _KIND_OF_PATH.clear()
+        _KIND_OF_PATH[path] = kind
+    return kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,17 +140,21 @@ def parse_request(request_id: str, path: str, headers: Mapping[str, str], body: 
     A request without a body (e.g. `GET /v1/models`) is routed with a pool-level pick and an empty model.
     """
     api = api_kind_of_path(path)
-    common = {
-        "request_id": request_id,
-        "objective": headers.get(HEADER_OBJECTIVE) or None,
-        "fairness_id": headers.get(HEADER_FAIRNESS) or None,
-        "session_token": headers.get(HEADER_SESSION) or None,
-        "model_rewrite": headers.get(HEADER_MODEL_REWRITE) or None,
-        "headers": headers,
-    }
+    get = headers.get
+    objective, fairness_id = get(HEADER_OBJECTIVE) or None, get(HEADER_FAIRNESS) or None
+    session_token, model_rewrite = get(HEADER_SESSION) or None, get(HEADER_MODEL_REWRITE) or None
     if not body:
         if api is ApiKind.OTHER:
-            return InferenceRequest(api=api, model="", **common)  # type: ignore[arg-type]
+            return InferenceRequest(
+                request_id=request_id,
+                api=api,
+                model="",
+                objective=objective,
+                fairness_id=fairness_id,
+                session_token=session_token,
+                model_rewrite=model_rewrite,
+                headers=headers,
+            )
         raise _bad(f"{api.value} requests need a JSON body")
     try:
         parsed = orjson.loads(body)
@@ -152,13 +166,17 @@ def parse_request(request_id: str, path: str, headers: Mapping[str, str], body: 
     needs_model = api is not ApiKind.OTHER or model is not None
     if needs_model and (not isinstance(model, str) or not model):
         raise _bad("'model' is missing or not a string")
-    prompt = _prompt_of(api, parsed)
     return InferenceRequest(
+        request_id=request_id,
         api=api,
         model=model if isinstance(model, str) else "",
-        prompt=prompt,
+        prompt=_prompt_of(api, parsed),
         stream=parsed.get("stream") is True,
+        objective=objective,
+        fairness_id=fairness_id,
+        session_token=session_token,
+        model_rewrite=model_rewrite,
+        headers=headers,
         body=parsed,
         body_size=len(body),
-        **common,  # type: ignore[arg-type]
     )

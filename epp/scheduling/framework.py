@@ -8,6 +8,7 @@ so a 128 KB prompt is hashed once per pick, not once per plugin.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -32,10 +33,13 @@ class SchedulingRequest(Protocol):
     def session_token(self) -> str | None: ...
 
 
+_SMALL = 32  # up to this many candidates, `extreme` reduces a Python list instead of calling numpy
+
+
 class CycleState:
     """One pick's inputs plus a scratch dict for values computed once per pick (e.g. prompt block hashes)."""
 
-    __slots__ = ("_whole", "candidates", "now", "request", "scratch", "snapshot")
+    __slots__ = ("_extremes", "_whole", "candidates", "now", "request", "scratch", "snapshot")
 
     def __init__(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> None:
         self.snapshot = snapshot
@@ -47,6 +51,7 @@ class CycleState:
         # slot, in order, so a column can be used as is instead of gathered (the common case: no subset hint, no
         # free slots).
         self._whole = candidates.size == snapshot.present.size
+        self._extremes: dict[str, tuple[IntArray, float, float]] = {}  # column → (candidates, min, max)
 
     def effective_queue(self) -> FloatArray:
         """Per slot, last scraped `waiting` + own picks since that scrape (NaN where waiting is unknown).
@@ -58,6 +63,36 @@ class CycleState:
             queue = self.snapshot.waiting + self.snapshot.picks_since_scrape
             self.scratch["effective_queue"] = queue
         return queue
+
+    def bounds(self, name: str, candidates: IntArray) -> tuple[float, float]:
+        """(min, max) of a snapshot column (or "effective_queue") over `candidates`; NaN if any value is NaN."""
+        return self.extreme(name, candidates, False), self.extreme(name, candidates, True)
+
+    def extreme(self, name: str, candidates: IntArray, highest: bool) -> float:
+        """The max (or min) of a snapshot column (or "effective_queue") over `candidates`; NaN if any is NaN.
+
+        Several plugins of one pick need the same extremes (the saturation filter's thresholds, the scorers'
+        min-max normalisation), so each is computed once per pick. For a pool of a few dozen endpoints a numpy
+        reduction costs thousands of instructions of dispatch for a handful of comparisons, so small columns are
+        reduced as a Python list, both extremes in one pass, unless a NaN is present (its sum is NaN then).
+        """
+        cached = self._extremes.get(name)
+        if cached is not None and cached[0] is candidates:
+            return cached[2] if highest else cached[1]
+        column = self.effective_queue() if name == "effective_queue" else getattr(self.snapshot, name)
+        values = self.take(column, candidates)
+        if values.size <= _SMALL:
+            listed: list[float] = values.tolist()
+            total = sum(listed)
+            if total == total and listed:  # no NaN (an inf − inf sum also goes to numpy, which gets it right)
+                lo, hi = min(listed), max(listed)
+                self._extremes[name] = (candidates, lo, hi)
+                return hi if highest else lo
+        if not values.size:
+            return math.nan
+        lo, hi = float(np.minimum.reduce(values)), float(np.maximum.reduce(values))
+        self._extremes[name] = (candidates, lo, hi)
+        return hi if highest else lo
 
     def take(self, column: npt.NDArray[Any], candidates: IntArray) -> npt.NDArray[Any]:
         """`column[candidates]`, without the gather when `candidates` is the whole table. Read-only result."""

@@ -15,6 +15,8 @@ from epp.datastore.table import FloatArray, IntArray
 from epp.scheduling.framework import CycleState
 
 _TIE = 1e-9  # scores closer than this are a tie (weighted sums of floats rarely compare exactly equal)
+# Up to this many candidates the best is found on a Python list: three numpy calls cost more than the arithmetic.
+_SMALL = 32
 
 
 class MaxScorePicker:
@@ -33,8 +35,13 @@ class MaxScorePicker:
         if n == 0:
             return ()
         if self.max_endpoints == 1:
-            best = (scores >= np.maximum.reduce(scores) - _TIE).nonzero()[0]
-            choice = best[0] if best.size == 1 else best[int(self._draw() * best.size)]
+            if n <= _SMALL:
+                values = scores.tolist()
+                floor = max(values) - _TIE
+                ties = [i for i, v in enumerate(values) if v >= floor]
+            else:
+                ties = (scores >= np.maximum.reduce(scores) - _TIE).nonzero()[0]
+            choice = ties[0] if len(ties) == 1 else ties[int(self._draw() * len(ties))]
             return (int(candidates[choice]),)
         # Shuffle, then a stable sort by score: ties keep their random order.
         order = self._rng.permutation(n)

@@ -87,24 +87,25 @@ class SaturationFilter:
         take = state.take
         factor = 1.0 + t.headroom
         queue_limit, kv_limit, cutoff = t.queue_depth * factor, t.kv_util * factor, state.now - t.staleness_s
+        extreme = state.extreme
+        # Common case first, from the pick's shared column extremes: nobody over a threshold, nobody stale. NaN
+        # anywhere fails these comparisons and takes the exact path below.
+        if (
+            extreme("effective_queue", candidates, True) < queue_limit
+            and extreme("kv_usage", candidates, True) < kv_limit
+            and extreme("scraped_at", candidates, False) >= cutoff
+            and extreme("scrape_failures", candidates, True) < MAX_SCRAPE_FAILURES
+        ):
+            return candidates
         queue = take(state.effective_queue(), candidates)
         kv = take(snapshot.kv_usage, candidates)
         scraped_at = take(snapshot.scraped_at, candidates)
         failures = take(snapshot.scrape_failures, candidates)
-        # Common case first, four reductions: nobody over a threshold, nobody stale. NaN anywhere fails these
-        # comparisons and takes the exact path below.
-        if (
-            np.maximum.reduce(queue) < queue_limit
-            and np.maximum.reduce(kv) < kv_limit
-            and np.minimum.reduce(scraped_at) >= cutoff
-            and np.maximum.reduce(failures) < MAX_SCRAPE_FAILURES
-        ):
-            return candidates
         # NaN compares False: an unknown signal is not "over".
         over: BoolArray = queue >= queue_limit
         over |= kv >= kv_limit
         fresh: BoolArray = scraped_at >= cutoff  # never scraped: NaN → not fresh
-        if np.maximum.reduce(failures) >= MAX_SCRAPE_FAILURES:
+        if extreme("scrape_failures", candidates, True) >= MAX_SCRAPE_FAILURES:
             fresh &= failures < MAX_SCRAPE_FAILURES
         keep = np.greater(fresh, over)  # booleans: fresh and not over, in one pass
         kept = np.count_nonzero(keep)

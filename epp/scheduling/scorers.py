@@ -17,15 +17,15 @@ from epp.scheduling.framework import CycleState
 NEUTRAL = 0.5
 
 
-def lower_is_better(values: FloatArray) -> FloatArray:
+def lower_is_better(values: FloatArray, bounds: tuple[float, float] | None = None) -> FloatArray:
     """Upstream's min-max normalisation: (max − v) / (max − min); all equal → 1.0; NaN → NEUTRAL.
 
-    The common case (no NaN) costs four ufunc calls; with NaN present, `fmin`/`fmax` skip the unknown entries so
-    they do not poison the range, and those entries get NEUTRAL.
+    `bounds` is (min, max) of `values` when the caller has it (`CycleState.bounds`, shared per pick). The common
+    case (no NaN) then costs two ufunc calls; with NaN present, `fmin`/`fmax` skip the unknown entries so they do
+    not poison the range, and those entries get NEUTRAL.
     """
-    lo = np.minimum.reduce(values)
+    lo, hi = bounds if bounds is not None else (np.minimum.reduce(values), np.maximum.reduce(values))
     if lo == lo:  # no NaN anywhere (NaN propagates through minimum)
-        hi = np.maximum.reduce(values)
         if hi > lo:
             out: FloatArray = hi - values
             out /= hi - lo  # a division, not a reciprocal: 1 / a subnormal range overflows to inf
@@ -47,7 +47,7 @@ class QueueScorer:
         self.name = name
 
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
-        return lower_is_better(state.take(state.snapshot.waiting, candidates))
+        return lower_is_better(state.take(state.snapshot.waiting, candidates), state.bounds("waiting", candidates))
 
 
 class RunningRequestsScorer:
@@ -60,7 +60,7 @@ class RunningRequestsScorer:
         self.name = name
 
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
-        return lower_is_better(state.take(state.snapshot.running, candidates))
+        return lower_is_better(state.take(state.snapshot.running, candidates), state.bounds("running", candidates))
 
 
 class KvCacheUtilizationScorer:
@@ -75,7 +75,8 @@ class KvCacheUtilizationScorer:
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
         kv = state.take(state.snapshot.kv_usage, candidates)
         out = 1.0 - kv
-        if np.minimum.reduce(kv) >= 0.0 and np.maximum.reduce(kv) <= 1.0:  # no NaN, nothing out of range
+        lo, hi = state.bounds("kv_usage", candidates)
+        if lo >= 0.0 and hi <= 1.0:  # no NaN, nothing out of range
             return out
         np.fmax(out, 0.0, out=out)
         np.fmin(out, 1.0, out=out)
@@ -101,11 +102,12 @@ class InflightLoadScorer:
 
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
         load = state.take(state.effective_queue(), candidates)  # shared with the filter: never written here
-        lowest = np.minimum.reduce(load)
+        lowest = state.extreme("effective_queue", candidates, False)
         if lowest != lowest:  # NaN present: unknown waiting counts as the known candidates' mean
             snapshot = state.snapshot
             unknown = np.isnan(load)
             known = load[~unknown]
             typical = float(known.mean()) if known.size else 0.0
             load = np.where(unknown, typical + state.take(snapshot.picks_since_scrape, candidates), load)
-        return lower_is_better(load)
+            return lower_is_better(load)
+        return lower_is_better(load, (lowest, state.extreme("effective_queue", candidates, True)))

@@ -353,3 +353,29 @@ def test_model_rewrite_resends_the_new_body_with_its_length_and_restores_the_nam
 
 def test_refusal_codes_map_to_http_statuses() -> None:
     assert {c.http_status for c in ErrorCode} == {400, 413, 429, 500, 503}
+
+
+def _decision_answer(extra: dict[str, str] | None = None) -> pb.ProcessingResponse:
+    table = EndpointTable()
+    table.replace_all([EndpointInfo(address=POOL[0])])
+    table.synced = True
+    stream, _, _ = make_stream(Director(table, RandomScheduler(seed=1), clock=lambda: 0.0))
+    assert stream.handle(headers_msg(extra=extra)) == []
+    return stream.handle(body_msg(BODY, True))[0]
+
+
+def test_requests_to_the_same_endpoint_share_one_prebuilt_decision_answer() -> None:
+    first, second = _decision_answer(), _decision_answer()
+    assert first is second  # built once: grpc serializes it per write, nobody mutates it
+    assert destination(first) == POOL[0]
+
+
+def test_a_generated_request_id_is_never_shared_between_requests() -> None:
+    first, second = _decision_answer({"x-request-id": ""}), _decision_answer({"x-request-id": ""})
+    ids = [
+        {h.header.key: h.header.raw_value for h in r.request_headers.response.header_mutation.set_headers}[
+            "x-request-id"
+        ]
+        for r in (first, second)
+    ]
+    assert first is not second and ids[0] != ids[1]

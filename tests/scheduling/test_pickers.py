@@ -36,6 +36,17 @@ def test_max_score_breaks_ties_at_random() -> None:
     assert min(counts.values()) > 800
 
 
+@pytest.mark.parametrize("size", [4, 32, 33, 200], ids=["small", "small-limit", "numpy-limit", "numpy"])
+def test_max_score_picks_among_the_scores_within_the_tie_margin_on_both_paths(size: int) -> None:
+    picker = MaxScorePicker(seed=5)
+    candidates = np.arange(size, dtype=np.int64) * 2
+    scores = np.linspace(0.0, 0.5, size)
+    scores[[1, size - 1]] = 0.9
+    scores[size // 2] = 0.9 - 5e-10  # within 1e-9 of the best: a tie too
+    picks = Counter(picker.pick(_state(), candidates, scores)[0] for _ in range(900))
+    assert set(picks) == {2, 2 * (size // 2), 2 * (size - 1)}
+
+
 def test_random_picker_returns_distinct_fallbacks() -> None:
     picks = RandomPicker(max_endpoints=3, seed=3).pick(_state(), CANDIDATES, np.zeros(4))
     assert len(set(picks)) == 3 and set(picks) <= set(CANDIDATES.tolist())
