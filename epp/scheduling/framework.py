@@ -125,6 +125,23 @@ class Scorer(Plugin, Protocol):
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray: ...
 
 
+# A scorer's score as scale × values + offset (values read-only, None when scale is 0); see `Affine`.
+AffineScore = tuple[FloatArray | None, float, float]
+
+
+class Affine(Protocol):
+    """Optional for a scorer whose score this pick is an affine function of one array (a min-max normalised
+    column, 1 − a column, a match count over the prompt length): `affine` returns it as (values, scale, offset),
+    or None when the pick needs the general `score` (NaN present, a degenerate range).
+
+    The runner then adds weight × scale × values to the total with one multiply-add, instead of the scorer
+    building its own array and the runner weighting and adding it: at pool sizes of a few dozen, numpy calls
+    cost more than their arithmetic. The affine form must equal `score` up to rounding (tests check both).
+    """
+
+    def affine(self, state: CycleState, candidates: IntArray) -> AffineScore | None: ...
+
+
 class Picker(Plugin, Protocol):
     """Chooses slots from scored candidates, best first; extra slots are the gateway's fallbacks."""
 

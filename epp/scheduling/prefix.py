@@ -25,7 +25,7 @@ import numpy as np
 
 from epp.datastore import Snapshot
 from epp.datastore.table import FloatArray, IntArray
-from epp.scheduling.framework import CycleState
+from epp.scheduling.framework import AffineScore, CycleState
 from epp.scheduling.hashing import BlockHasher
 
 AVERAGE_BYTES_PER_TOKEN = 4
@@ -203,6 +203,12 @@ class PrefixCacheScorer:
         if not reach:  # nobody holds even the first block (or the prompt is shorter than one block)
             return np.zeros(candidates.size)
         return state.take(matched, candidates) * (1.0 / len(hashes))
+
+    def affine(self, state: CycleState, candidates: IntArray) -> AffineScore | None:
+        hashes, matched, reach = self._state(state, candidates)
+        if not reach:
+            return None, 0.0, 0.0
+        return state.take(matched, candidates), 1.0 / len(hashes), 0.0
 
     def picked(self, state: CycleState, slot: int) -> None:
         hashes, matched, reach = self._state(state, state.candidates)

@@ -49,7 +49,7 @@ class ProfileScheduler:
         self.saturation = saturation or SaturationDetector()
         self._filters = profile.filters
         self._scorers = tuple(
-            (s.scorer, s.weight, bool(getattr(s.scorer, "UNIT_INTERVAL", False)))
+            (s.scorer, s.weight, bool(getattr(s.scorer, "UNIT_INTERVAL", False)), getattr(s.scorer, "affine", None))
             for s in profile.scorers
             if s.weight > 0
         )
@@ -65,18 +65,29 @@ class ProfileScheduler:
             if candidates.size == 0:
                 return ()
         total: FloatArray | None = None
-        for scorer, weight, bounded in self._scorers:
-            scores = scorer.score(state, candidates)
-            if not bounded:
-                scores = sanitize(np.array(scores, dtype=np.float64))
-            scores *= weight
+        offset = 0.0  # the affine scorers' constant parts, added once at the end
+        for scorer, weight, bounded, affine in self._scorers:
+            term = affine(state, candidates) if affine is not None else None
+            if term is not None:
+                values, scale, shift = term
+                offset += weight * shift
+                if values is None or scale == 0.0:
+                    continue
+                scores = values * (weight * scale)  # a new array: `values` may be a snapshot column
+            else:
+                scores = scorer.score(state, candidates)
+                if not bounded:
+                    scores = sanitize(np.array(scores, dtype=np.float64))
+                scores *= weight
             if total is None:
                 total = scores
             else:
                 total += scores
         if total is None:
-            total = np.zeros(candidates.size)
+            total = np.full(candidates.size, offset)
         else:
+            if offset:
+                total += offset
             np.fmax(total, 0.0, out=total)  # a NaN that slipped through counts as 0, not as "best"
         slots = self._picker.pick(state, candidates, total)
         if slots:

@@ -9,10 +9,12 @@ flatten everyone else's ranking.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from epp.datastore.table import FloatArray, IntArray
-from epp.scheduling.framework import CycleState
+from epp.scheduling.framework import AffineScore, CycleState
 
 NEUTRAL = 0.5
 
@@ -37,6 +39,17 @@ def lower_is_better(values: FloatArray, bounds: tuple[float, float] | None = Non
     return out
 
 
+def lower_is_better_affine(values: FloatArray, lo: float, hi: float) -> AffineScore | None:
+    """`lower_is_better` as scale × values + offset, when the range is known and usable (see `Affine`)."""
+    if not hi > lo:  # all equal → 1.0; NaN → the general path
+        return (None, 0.0, 1.0) if lo == hi else None
+    scale = 1.0 / (hi - lo)
+    offset = hi * scale
+    if not (math.isfinite(scale) and math.isfinite(offset)):  # a subnormal range: the general path divides
+        return None
+    return values, -scale, offset
+
+
 class QueueScorer:
     """`queue-scorer`: fewer waiting requests (as last scraped) score higher, min-max over the candidates."""
 
@@ -48,6 +61,11 @@ class QueueScorer:
 
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
         return lower_is_better(state.take(state.snapshot.waiting, candidates), state.bounds("waiting", candidates))
+
+    def affine(self, state: CycleState, candidates: IntArray) -> AffineScore | None:
+        return lower_is_better_affine(
+            state.take(state.snapshot.waiting, candidates), *state.bounds("waiting", candidates)
+        )
 
 
 class RunningRequestsScorer:
@@ -61,6 +79,11 @@ class RunningRequestsScorer:
 
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
         return lower_is_better(state.take(state.snapshot.running, candidates), state.bounds("running", candidates))
+
+    def affine(self, state: CycleState, candidates: IntArray) -> AffineScore | None:
+        return lower_is_better_affine(
+            state.take(state.snapshot.running, candidates), *state.bounds("running", candidates)
+        )
 
 
 class KvCacheUtilizationScorer:
@@ -82,6 +105,12 @@ class KvCacheUtilizationScorer:
         np.fmin(out, 1.0, out=out)
         out[np.isnan(kv)] = NEUTRAL
         return out
+
+    def affine(self, state: CycleState, candidates: IntArray) -> AffineScore | None:
+        lo, hi = state.bounds("kv_usage", candidates)
+        if lo >= 0.0 and hi <= 1.0:  # no NaN, nothing out of range: exactly 1 − kv
+            return state.take(state.snapshot.kv_usage, candidates), -1.0, 1.0
+        return None
 
 
 class InflightLoadScorer:
@@ -111,3 +140,9 @@ class InflightLoadScorer:
             load = np.where(unknown, typical + state.take(snapshot.picks_since_scrape, candidates), load)
             return lower_is_better(load)
         return lower_is_better(load, (lowest, state.extreme("effective_queue", candidates, True)))
+
+    def affine(self, state: CycleState, candidates: IntArray) -> AffineScore | None:
+        lo, hi = state.bounds("effective_queue", candidates)
+        if lo != lo:  # NaN present: the general path fills in unknown waiting
+            return None
+        return lower_is_better_affine(state.take(state.effective_queue(), candidates), lo, hi)

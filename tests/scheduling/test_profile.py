@@ -58,6 +58,74 @@ def test_every_scorer_stays_in_unit_interval(rows, prompt) -> None:
         assert np.all((scores >= 0) & (scores <= 1)), scorer.type_name
 
 
+big = st.one_of(st.just(NAN), st.floats(0, 1e6), st.floats(0, 1e-300))  # wide and subnormal ranges too
+wide_row = st.fixed_dictionaries({"waiting": big, "running": big, "kv_usage": usage, "scraped": st.booleans()})
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=st.lists(wide_row, min_size=1, max_size=40), picks=st.lists(st.integers(0, 39), max_size=30))
+def test_affine_forms_equal_the_scores_they_stand_for(rows, picks) -> None:
+    from epp.scheduling.prefix import PrefixCacheScorer
+    from epp.scheduling.scorers import InflightLoadScorer, KvCacheUtilizationScorer, QueueScorer, RunningRequestsScorer
+
+    table = table_with(rows)
+    for slot in picks:
+        if slot < len(rows):
+            table.book_pick(slot)
+    snap = table.view()
+    for candidates in (snap.slots, snap.slots[::2]):
+        state = CycleState(snap, snap.slots, request("the same prompt " * 8), NOW)
+        prefix = PrefixCacheScorer(block_size=8)
+        prefix.index.add(
+            int(candidates[0]), snap.addresses[int(candidates[0])], prefix._state(state, candidates)[0], 0, 100
+        )
+        state = CycleState(snap, snap.slots, request("the same prompt " * 8), NOW)
+        for scorer in (
+            QueueScorer(),
+            KvCacheUtilizationScorer(),
+            InflightLoadScorer(),
+            RunningRequestsScorer(),
+            prefix,
+        ):
+            term = scorer.affine(state, candidates)
+            if term is None:
+                continue
+            values, scale, offset = term
+            affine = np.full(candidates.size, offset) if values is None else values * scale + offset
+            np.testing.assert_allclose(affine, scorer.score(state, candidates), rtol=0, atol=1e-9)
+
+
+def test_the_runner_adds_affine_and_general_scorers_with_their_weights() -> None:
+    from epp.scheduling.framework import sanitize
+    from epp.scheduling.profile import ProfileScheduler, SchedulingProfile, WeightedScorer
+    from epp.scheduling.scorers import KvCacheUtilizationScorer, QueueScorer
+
+    class Recorder:  # a general (non-affine, unbounded) scorer
+        type_name = name = "recorder"
+
+        def score(self, state, candidates):
+            return np.linspace(-1.0, 2.0, candidates.size)
+
+    class Picker:
+        type_name = name = "capture"
+        total = None
+
+        def pick(self, state, candidates, scores):
+            Picker.total = scores.copy()
+            return (int(candidates[0]),)
+
+    snap = table_with([{"waiting": w, "kv_usage": k} for w, k in ((0.0, 0.1), (4.0, 0.9), (2.0, 0.5))]).snapshot()
+    weights = (2.0, 3.0, 0.5)
+    scorers = (QueueScorer(), KvCacheUtilizationScorer(), Recorder())
+    profile = SchedulingProfile(
+        "p", (), tuple(WeightedScorer(s, w) for s, w in zip(scorers, weights, strict=True)), Picker()
+    )
+    ProfileScheduler(profile).pick(snap, snap.slots, request(), NOW)
+    state = CycleState(snap, snap.slots, request(), NOW)
+    expected = sum(w * sanitize(np.array(s.score(state, snap.slots))) for s, w in zip(scorers, weights, strict=True))
+    np.testing.assert_allclose(Picker.total, np.fmax(expected, 0.0), atol=1e-12)
+
+
 def test_equal_endpoints_share_picks_evenly() -> None:
     table = table_with([dict(waiting=1, running=1, kv_usage=0.2)] * 8)
     scheduler = build_scheduler(upstream_default_config(), seed=3)
