@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -66,9 +65,9 @@ class DecisionObserver(Protocol):
     def degraded_decision(self, reason: str) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """Where a request goes: addresses best first, and the slots booked in flight for it."""
+class Decision(NamedTuple):
+    """Where a request goes: addresses best first, and the slots booked in flight for it. Immutable; a NamedTuple
+    because one is built per request (a frozen dataclass's `__init__` costs about 1 µs more)."""
 
     addresses: tuple[str, ...]
     slot: int
@@ -178,8 +177,9 @@ class Director:
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no candidate endpoint fits the request")
         primary = int(slots[0])
         self._table.book_pick(primary)
+        addresses = snapshot.addresses
         return Decision(
-            addresses=tuple(snapshot.addresses[s] for s in slots),
+            addresses=(addresses[primary],) if len(slots) == 1 else tuple(addresses[s] for s in slots),
             slot=primary,
             degraded=degraded,
             body=body,

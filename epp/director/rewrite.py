@@ -8,7 +8,6 @@ and fixes Content-Length) and keeps the client's name on the Decision so the res
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 
@@ -52,4 +51,4 @@ class ModelRewriter:
         body = dict(request.body)
         body["model"] = target
         data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        return dataclasses.replace(request, model=target, body=body, body_size=len(data)), data
+        return request._replace(model=target, body=body, body_size=len(data)), data

@@ -167,17 +167,22 @@ class StreamProcessor:
 
     def _on_request_body(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
         chunk = msg.request_body
-        if len(self._body) + len(chunk.body) > self._settings.max_body_bytes:
+        data = chunk.body
+        if len(self._body) + len(data) > self._settings.max_body_bytes:
             self._body.clear()
             raise EppError(
                 ErrorCode.BODY_TOO_LARGE, f"request body exceeds the limit of {self._settings.max_body_bytes} bytes"
             )
-        self._body += chunk.body
+        whole: bytes | None = None
+        if chunk.end_of_stream and not self._body and self._decision is None:
+            whole = data  # the usual one-chunk body: not copied into the buffer and out again
+        else:
+            self._body += data
         if self._request_body_mode == FULL_DUPLEX:
-            return self._finish_duplex(end_of_stream=True) if chunk.end_of_stream else []
+            return self._finish_duplex(end_of_stream=True, body=whole) if chunk.end_of_stream else []
         if self._decision is not None:  # headers-only decision already made (STREAMED/NONE): pass through
             return [m.request_body_response()]
-        return [self._decision_answer("body", bytes(self._body))]
+        return [self._decision_answer("body", whole if whole is not None else bytes(self._body))]
 
     def _on_request_trailers(self) -> list[m.ProcessingResponse]:
         if self._request_body_mode == FULL_DUPLEX and self._decision is None:
@@ -185,8 +190,9 @@ class StreamProcessor:
             return [*self._finish_duplex(end_of_stream=False), m.request_trailers_response()]
         return [m.request_trailers_response()]
 
-    def _finish_duplex(self, end_of_stream: bool) -> list[m.ProcessingResponse]:
-        body = bytes(self._body)
+    def _finish_duplex(self, end_of_stream: bool, body: bytes | None = None) -> list[m.ProcessingResponse]:
+        if body is None:
+            body = bytes(self._body)
         headers = self._decision_answer("headers", body)
         decision = self._decision
         out_body = decision.body if decision is not None and decision.body is not None else body

@@ -9,8 +9,8 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -58,9 +58,15 @@ def api_kind_of_path(path: str) -> ApiKind:
     return kind
 
 
-@dataclass(frozen=True, slots=True)
-class InferenceRequest:
-    """What the decision reads about one request. Immutable: the director derives new values instead."""
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+
+class InferenceRequest(NamedTuple):
+    """What the decision reads about one request. Immutable: the director derives new values (`_replace`).
+
+    A NamedTuple rather than a frozen dataclass: one is built per request, and a frozen dataclass's `__init__`
+    sets each of its twelve fields through `object.__setattr__`, about 1.5 µs more on the hot path.
+    """
 
     request_id: str
     api: ApiKind
@@ -71,7 +77,7 @@ class InferenceRequest:
     fairness_id: str | None = None
     session_token: str | None = None
     model_rewrite: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = _NO_HEADERS
     body: dict[str, Any] | None = None
     body_size: int = 0
 
@@ -94,9 +100,12 @@ def _text_of_content(content: object) -> str:
 
 def _chat_prompt(messages: list[Any]) -> str:
     # Role markers keep two conversations with the same words in other roles from sharing a prefix.
-    return "".join(
-        f"<{m.get('role', '')}>{_text_of_content(m.get('content'))}" for m in messages if isinstance(m, dict)
-    )
+    parts = []
+    for m in messages:
+        if isinstance(m, dict):
+            content = m.get("content")
+            parts.append(f"<{m.get('role', '')}>{content if isinstance(content, str) else _text_of_content(content)}")
+    return "".join(parts)
 
 
 def _input_text(value: object) -> str:

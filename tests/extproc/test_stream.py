@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -325,7 +324,7 @@ class _Rewriting:
         decision = self.inner.decide(request, subset)
         assert request.body is not None
         body = json.dumps({**request.body, "model": "m1-lora"}).encode()
-        return replace(decision, body=body, target_model="m1-lora")
+        return decision._replace(body=body, target_model="m1-lora")
 
     def complete(self, decision: Decision) -> None:
         self.inner.complete(decision)

@@ -1,7 +1,5 @@
 """The federation step through the director: local first, overflow to the best eligible site, residency fail-closed."""
 
-import dataclasses
-
 import pytest
 
 from epp.datastore.pool import FailureMode
@@ -215,7 +213,7 @@ def test_a_rewrite_never_escapes_a_rule(asked: str, rewritten_to: str) -> None:
     store.put_rewrite("default/r", (RewriteRule(asked, (RewriteTarget(rewritten_to),)),))
     fed = router(registry(site("dc", "dc", 1)), "us", EU_ONLY)
     d = Director(local_table(1), RandomScheduler(seed=1), clock=lambda: NOW, objectives=store, federation=fed)
-    req = dataclasses.replace(request(asked), body={"model": asked, "prompt": "hi"})
+    req = request(asked)._replace(body={"model": asked, "prompt": "hi"})
     with pytest.raises(EppError) as exc:  # local tier us and the only site in dc: eu-only traffic has nowhere to go
         d.decide(req)
     assert "residency rule 'eu-data'" in exc.value.message
