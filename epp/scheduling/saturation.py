@@ -26,6 +26,7 @@ DEFAULT_KV_UTIL = 0.8
 DEFAULT_STALENESS_S = 0.2
 DEFAULT_HEADROOM = 0.0
 MAX_SCRAPE_FAILURES = 3
+_SMALL = 32  # up to this many candidates the exact filter runs on Python lists
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,17 @@ class SaturationFilter:
         kv = take(snapshot.kv_usage, candidates)
         scraped_at = take(snapshot.scraped_at, candidates)
         failures = take(snapshot.scrape_failures, candidates)
+        if candidates.size <= _SMALL:  # a few dozen endpoints: one pass over Python lists beats eight numpy calls
+            rows = zip(queue.tolist(), kv.tolist(), scraped_at.tolist(), failures.tolist(), strict=True)
+            # NaN compares False: an unknown signal is not "over"; never scraped (NaN) is not fresh.
+            kept_at = [
+                i
+                for i, (q, k, at, f) in enumerate(rows)
+                if at >= cutoff and f < MAX_SCRAPE_FAILURES and not (q >= queue_limit or k >= kv_limit)
+            ]
+            if not kept_at or len(kept_at) == candidates.size:
+                return candidates
+            return candidates[kept_at]
         # NaN compares False: an unknown signal is not "over".
         over: BoolArray = queue >= queue_limit
         over |= kv >= kv_limit

@@ -1,7 +1,9 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epp.scheduling.saturation import SaturationDetector
-from tests.scheduling.tables import NAN, NOW, table_with
+from tests.scheduling.tables import NAN, NOW, request, table_with
 
 
 @pytest.mark.parametrize(
@@ -35,3 +37,30 @@ def test_no_candidates_is_saturated() -> None:
 
     snap = table_with([{}]).snapshot()
     assert SaturationDetector().saturation(snap, np.zeros(0, dtype=np.int64), NOW) == 1.0
+
+
+signal = st.one_of(st.just(NAN), st.floats(0, 12))
+filter_row = st.fixed_dictionaries(
+    {"waiting": signal, "kv_usage": st.one_of(st.just(NAN), st.floats(0, 1.2)), "scraped": st.booleans()}
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=st.lists(filter_row, min_size=1, max_size=16), stale=st.lists(st.booleans(), min_size=16, max_size=16))
+def test_the_filter_keeps_the_same_endpoints_on_small_and_large_pools(rows, stale) -> None:
+    """Up to 32 candidates the exact filter runs on lists, beyond on numpy: the same rows, the same verdicts."""
+    from epp.scheduling.framework import CycleState
+    from epp.scheduling.saturation import SaturationFilter
+
+    def kept(copies: int) -> list[int]:
+        table = table_with(rows * copies)
+        for slot in range(len(rows) * copies):
+            if stale[slot % len(rows)]:
+                for _ in range(3):
+                    table.record_scrape_failure(slot)
+        snap = table.snapshot()
+        state = CycleState(snap, snap.slots, request(), NOW)
+        return SaturationFilter().filter(state, snap.slots).tolist()
+
+    small, large = kept(1), kept(33 // len(rows) + 1)  # ≤ 16 candidates, then more than 32 of the same rows
+    assert [s for s in large if s < len(rows)] == small
