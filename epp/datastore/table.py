@@ -129,6 +129,7 @@ class EndpointTable:
         self._cols: dict[str, np.ndarray] = {}
         self._bind_columns()
         self.version = 0  # bumps on every membership change
+        self.scrape_version = 0  # bumps on every recorded scrape or failure: a reader can skip an unchanged table
         self._members_cache: tuple[int, tuple[str, ...], tuple[EndpointInfo | None, ...]] | None = None
         self._adapters_cache: tuple[tuple[frozenset[str], ...], tuple[frozenset[str], ...]] | None = None
         self._view_cache: tuple[tuple[int, int, int], object, Snapshot] | None = None
@@ -228,6 +229,7 @@ class EndpointTable:
     # -- writers ----------------------------------------------------------------------------------------------
 
     def record_scrape(self, slot: int, sample: MetricsSample, now: float) -> None:
+        self.scrape_version += 1
         c = self._cols
         c["waiting"][slot] = sample.waiting
         c["running"][slot] = sample.running
@@ -249,6 +251,7 @@ class EndpointTable:
 
     def record_scrape_failure(self, slot: int) -> int:
         """Count a failed scrape; the old values stay (they age into staleness). Returns the failure streak."""
+        self.scrape_version += 1
         self._cols["scrape_ok"][slot] = False
         self._cols["scrape_failures"][slot] += 1
         return int(self._cols["scrape_failures"][slot])
@@ -265,6 +268,7 @@ class EndpointTable:
         """
         if not len(slots):
             return
+        self.scrape_version += 1
         fresh = floats[:, 6] > np.nan_to_num(self._cols["scraped_at"][slots], nan=-np.inf)
         for i, name in enumerate(self.SCRAPE_ROW):
             self._cols[name][slots] = floats[:, i]

@@ -282,9 +282,15 @@ async def _child(block: np.ndarray, conn: Connection) -> None:
     last_failures = np.zeros(0, dtype=np.int64)
     adapters: list[tuple[frozenset[str], frozenset[str]] | None] = []
     try:
+        published = -1
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), PUBLISH_S)
+            await asyncio.sleep(PUBLISH_S)
+            if loop.time() >= next_status:
+                next_status = loop.time() + STATUS_S
+                conn.send(("status", svc.status()))
+            if table.scrape_version == published and table.version == mapped:
+                continue  # no scrape landed since the last pass: nothing to copy or compare
+            published = table.scrape_version
             snap = table.snapshot()
             n = len(snap.present)
             if snap.version != mapped:  # membership changed: map local slots to parent rows, republish all
@@ -322,9 +328,6 @@ async def _child(block: np.ndarray, conn: Connection) -> None:
                         news.append((int(parent[local]), float(tokens[local]), sorted(pair[0]), sorted(pair[1])))
                 if news:
                     conn.send(("adapters", news))
-            if loop.time() >= next_status:
-                next_status = loop.time() + STATUS_S
-                conn.send(("status", svc.status()))
     except (EOFError, OSError):
         pass
     finally:

@@ -94,3 +94,16 @@ def test_inflight_bookings_are_released_and_never_negative() -> None:
     table.release_pick(slot)
     table.release_pick(slot)
     assert table.snapshot().inflight[slot] == 0
+
+
+def test_scrape_version_moves_with_every_recorded_scrape_or_failure_only() -> None:
+    table = EndpointTable()
+    slot = table.upsert(_info(1))
+    seen = table.scrape_version
+    table.book_pick(slot)
+    table.release_pick(slot)
+    assert table.scrape_version == seen  # the picker's own bookkeeping is not a scrape
+    table.record_scrape(slot, MetricsSample(waiting=1.0), now=1.0)
+    table.record_scrape_failure(slot)
+    table.write_scrape_rows(np.array([slot]), np.full((1, 7), 2.0), np.array([True]), np.array([0]))
+    assert table.scrape_version == seen + 3
