@@ -46,6 +46,8 @@ from epp.scrape.scraper import ScrapeService, ScrapeSettings
 
 log = logging.getLogger("epp")
 
+_MESSAGE_OVERHEAD = 1 << 20  # an ext_proc message's headers and framing around a body, with plenty of room
+
 
 @dataclass
 class PickerState:
@@ -133,7 +135,12 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     processor = ExternalProcessor(director, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
     metrics.open_streams.set_function(lambda: processor.open_streams)
 
-    grpc_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    # A BUFFERED body arrives as one message: gRPC's default 4 MiB receive limit would break the stream below
+    # --max-body-bytes instead of answering 413, so the limit follows the flag (plus room for the headers).
+    receive_limit = args.max_body_bytes + _MESSAGE_OVERHEAD
+    grpc_server = grpc.aio.server(
+        options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", receive_limit)]
+    )
     add_to_server(processor, grpc_server)
     _bind(grpc_server, args.bind_address, args.grpc_port, "--grpc-port")
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])

@@ -85,3 +85,28 @@ def test_sigterm_lets_an_open_stream_finish_then_exits_0(tmp_path: Path) -> None
             first = next(responses)
             assert destination(first) == "127.10.0.1:8000"  # type: ignore[arg-type]
         assert proc.wait(20) == 0
+
+
+def test_a_buffered_body_above_grpcs_default_limit_is_decided_not_dropped(tmp_path: Path) -> None:
+    """BUFFERED sends the whole body in one message: up to --max-body-bytes it must reach the picker."""
+    import json as json_module
+
+    from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+    from tests.extproc.test_stream import body_msg, destination, headers_msg
+
+    body = json_module.dumps({"model": "m1", "prompt": "x" * (5 << 20)}).encode()  # 5 MiB: over gRPC's 4 MiB
+    grpc_port, metrics_port = free_port(), free_port()
+    argv = serve_argv(
+        grpc_port, free_port(), metrics_port, "--static-endpoints", "127.10.0.1:8000", "--max-body-bytes", str(8 << 20)
+    )
+    with running(argv, tmp_path / "serve.log") as proc:
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "serve", proc)
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            buffered = processing_mode_pb2.ProcessingMode.BUFFERED
+            messages = [headers_msg(mode=buffered, path="/v1/completions"), body_msg(body, True)]
+            answers = list(stub.Process(iter(messages), timeout=15))
+    assert answers[0].WhichOneof("response") == "request_headers"
+    assert destination(answers[1]) == "127.10.0.1:8000"  # type: ignore[arg-type]
