@@ -1,0 +1,206 @@
+"""What one request costs the picker in-process: the ext_proc state machine from Envoy's bytes to the answers' bytes.
+
+`benchmarks/extproc_overhead.py` measures the picker through a real Envoy, and on a shared 2-CPU machine its
+ratios move by ±0.1 from one run to the next. This benchmark isolates the picker's own work per request, so a change
+to the hot path can be judged on its own, and side by side with another checkout of the code:
+
+- decode Envoy's two messages (request headers with `protocol_config`, then the whole body, FULL_DUPLEX_STREAMED),
+  `StreamProcessor.handle` each (parse, director, scheduling profile, booking), encode every answer, close the
+  stream (release the booking, count the request);
+- 8 endpoints whose metrics come from real vLLM pages; a scrape lands every 50 requests (20 Hz at 1,000 req/s), so
+  the picker's own in-flight picks push endpoints over the saturation thresholds in between, as under load;
+- the 660-byte chat body of extproc_overhead.py; once with the default profile and once with a random pick (the cost
+  of everything but scheduling).
+
+Reported: µs per request (best of 5 batches: the least disturbed by other processes) and, with `--instructions`,
+CPU instructions per request counted by valgrind's callgrind (deterministic to a few %, unlike time on a shared
+machine; needs `valgrind`). `--root DIR` measures another checkout of the repository, e.g. a git worktree of an
+older commit, with this same driver.
+
+    .venv/bin/python -m benchmarks.stream_path [--requests N] [--instructions] [--root DIR]
+
+Bounded: N requests per batch (default 5,000) after 300 warm-up requests; no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import timeit
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+ENDPOINTS = 8
+SCRAPE_EVERY = 50
+PROFILES = {"default": None, "random-pick": "benchmarks/configs/random-picker.yaml"}
+
+
+def build(config_path: str | None) -> Callable[[], None]:
+    """One request's worth of work as a closure, against a picker wired as `epp serve` wires it."""
+    import time
+
+    from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+    from prometheus_client import CollectorRegistry
+
+    from benchmarks.extproc_overhead import BODY
+    from epp.datastore import EndpointTable
+    from epp.datastore.objectives import ObjectiveStore
+    from epp.director import Director
+    from epp.discovery.static import parse_static_endpoints
+    from epp.extproc.stream import StreamProcessor, StreamSettings
+    from epp.observability.metrics import PickerMetrics
+    from epp.scheduling import build_scheduler, load_config
+    from epp.scrape.engines import EngineRegistry, extract
+    from tests.scrape.vllm_page import vllm_page
+
+    addresses = [f"127.10.0.{i + 1}:8000" for i in range(ENDPOINTS)]
+    table = EndpointTable()
+    table.replace_all(parse_static_endpoints(",".join(addresses), ()))
+    table.synced = True
+    engine = EngineRegistry().for_engine("vllm")
+    samples = [extract(vllm_page(waiting=i % 3, running=4 + i), engine).sample for i in range(ENDPOINTS)]
+    slots = [table.slot_of(a) for a in addresses]
+
+    def scrape() -> None:
+        now = time.monotonic()
+        for slot, sample in zip(slots, samples, strict=True):
+            assert slot is not None
+            table.record_scrape(slot, sample, now)
+
+    metrics = PickerMetrics(CollectorRegistry())
+    scheduler = build_scheduler(load_config(str(ROOT / config_path)) if config_path else None, seed=1)
+    director = Director(
+        table,
+        scheduler,
+        clock=time.monotonic,
+        observer=metrics,
+        objectives=ObjectiveStore(),
+        saturation=scheduler.saturation,
+    )
+    settings = StreamSettings()
+    headers = pb.ProcessingRequest()
+    for key, value in (
+        (":authority", "127.0.0.1:10000"),
+        (":path", "/v1/chat/completions"),
+        (":method", "POST"),
+        (":scheme", "http"),
+        ("content-length", str(len(BODY))),
+        ("content-type", "application/json"),
+        ("user-agent", "hey/0.0.1"),
+        ("accept-encoding", "gzip"),
+        ("x-forwarded-proto", "http"),
+        ("x-request-id", "5d1e5e1c-7a7c-4f7e-9d7e-1f2e3d4c5b6a"),
+    ):
+        header = headers.request_headers.headers.headers.add()
+        header.key = key
+        header.raw_value = value.encode()
+    headers.protocol_config.request_body_mode = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+    body = pb.ProcessingRequest()
+    body.request_body.body = BODY.encode()
+    body.request_body.end_of_stream = True
+    wire = (headers.SerializeToString(), body.SerializeToString())
+    decode = pb.ProcessingRequest.FromString
+    count = 0
+    scrape()
+
+    def one() -> None:
+        nonlocal count
+        count += 1
+        if count % SCRAPE_EVERY == 0:
+            scrape()
+        stream = StreamProcessor(director, metrics, time.perf_counter, settings)
+        for data in wire:
+            for answer in stream.handle(decode(data)):
+                answer.SerializeToString()
+        stream.close()
+
+    return one
+
+
+def _child(profile: str, requests: int) -> None:
+    """Run as a child (timing or under valgrind): warm up, then `requests` requests; print µs per request."""
+    one = build(PROFILES[profile])
+    for _ in range(300):
+        one()
+    if requests:
+        best = min(timeit.repeat(one, number=requests, repeat=5)) / requests
+        print(json.dumps({"profile": profile, "us": best * 1e6}))
+
+
+def _child_argv(profile: str, requests: int, *extra: str) -> list[str]:
+    # This file by path, so that an older checkout (--root) without it is measured by the same driver.
+    return [sys.executable, str(Path(__file__).resolve()), "--child", profile, str(requests), *extra]
+
+
+def _child_env(root: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0"}
+
+
+def _run_child(root: Path, profile: str, requests: int) -> str:
+    argv = _child_argv(profile, requests)
+    return subprocess.run(argv, cwd=root, env=_child_env(root), capture_output=True, text=True, check=True).stdout
+
+
+def _instructions(root: Path, profile: str, requests: int) -> float:
+    """Instructions per request: callgrind's total with `requests` requests minus the total with none."""
+    totals = []
+    for n in (0, requests):
+        argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *_child_argv(profile, n, "--count")]
+        out = subprocess.run(
+            argv,
+            cwd=root,
+            env=_child_env(root),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=True,
+        )
+        match = re.search(r"Collected : (\d+)", out.stderr)
+        if match is None:
+            raise RuntimeError("callgrind printed no total")
+        totals.append(int(match.group(1)))
+    return (totals[1] - totals[0]) / requests
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=5000, help="requests per timed batch")
+    parser.add_argument("--instructions", action="store_true", help="also count instructions with callgrind")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the checkout to measure (default: this one)")
+    parser.add_argument("--child", nargs=2, metavar=("PROFILE", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        profile, n = args.child[0], int(args.child[1])
+        if args.count:
+            one = build(PROFILES[profile])
+            for _ in range(300 + n):
+                one()
+        else:
+            _child(profile, n)
+        return
+    if args.instructions and shutil.which("valgrind") is None:
+        sys.exit("--instructions needs valgrind (Debian package `valgrind`)")
+    rows: list[dict[str, Any]] = []
+    for profile in PROFILES:
+        row: dict[str, Any] = json.loads(_run_child(args.root, profile, args.requests))
+        if args.instructions:
+            row["instructions"] = _instructions(args.root, profile, 1000)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"\nroot: {args.root}\n\n| profile | µs per request (best of 5) | instructions per request |\n|---|---|---|")
+    for row in rows:
+        count = f"{row['instructions']:,.0f}" if "instructions" in row else "–"
+        print(f"| {row['profile']} | {row['us']:.1f} | {count} |")
+
+
+if __name__ == "__main__":
+    main()
