@@ -109,14 +109,6 @@ def request_body_response(
 def streamed_body_responses(body: bytes, end_of_stream: bool, request: bool = True) -> list[pb.ProcessingResponse]:
     """FULL_DUPLEX_STREAMED: the body sent back in chunks of at most MAX_CHUNK bytes; the last carries eos."""
     size = len(body)
-    if 0 < size <= MAX_CHUNK:  # the usual case: one chunk
-        response = pb.ProcessingResponse()
-        body_response = response.request_body if request else response.response_body
-        streamed = body_response.response.body_mutation.streamed_response
-        streamed.body = body
-        if end_of_stream:
-            streamed.end_of_stream = True
-        return [response]
     starts = range(0, size, MAX_CHUNK) if size else (0,)
     last = starts[-1]
     out = []
