@@ -33,7 +33,10 @@ class SchedulingRequest(Protocol):
     def session_token(self) -> str | None: ...
 
 
-_SMALL = 32  # up to this many candidates, `extreme` reduces a Python list instead of calling numpy
+# Up to this many candidates, per-pick reductions and passes run on Python lists: a numpy call costs thousands of
+# instructions of dispatch, more than the arithmetic of a few dozen values (CycleState.extreme, the saturation
+# filter's exact pass, the max-score picker's tie search).
+SMALL_POOL = 32
 
 
 class CycleState:
@@ -81,7 +84,7 @@ class CycleState:
             return cached[2] if highest else cached[1]
         column = self.effective_queue() if name == "effective_queue" else getattr(self.snapshot, name)
         values = self.take(column, candidates)
-        if values.size <= _SMALL:
+        if values.size <= SMALL_POOL:
             listed: list[float] = values.tolist()
             total = sum(listed)
             if total == total and listed:  # no NaN (an inf − inf sum also goes to numpy, which gets it right)

@@ -12,11 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from epp.datastore.table import FloatArray, IntArray
-from epp.scheduling.framework import CycleState
+from epp.scheduling.framework import SMALL_POOL, CycleState
 
 _TIE = 1e-9  # scores closer than this are a tie (weighted sums of floats rarely compare exactly equal)
-# Up to this many candidates the best is found on a Python list: three numpy calls cost more than the arithmetic.
-_SMALL = 32
 
 
 class MaxScorePicker:
@@ -35,7 +33,7 @@ class MaxScorePicker:
         if n == 0:
             return ()
         if self.max_endpoints == 1:
-            if n <= _SMALL:
+            if n <= SMALL_POOL:
                 values = scores.tolist()
                 floor = max(values) - _TIE
                 ties = [i for i, v in enumerate(values) if v >= floor]

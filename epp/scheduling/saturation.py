@@ -19,14 +19,13 @@ import numpy as np
 
 from epp.datastore import Snapshot
 from epp.datastore.table import BoolArray, FloatArray, IntArray
-from epp.scheduling.framework import CycleState
+from epp.scheduling.framework import SMALL_POOL, CycleState
 
 DEFAULT_QUEUE_DEPTH = 5
 DEFAULT_KV_UTIL = 0.8
 DEFAULT_STALENESS_S = 0.2
 DEFAULT_HEADROOM = 0.0
 MAX_SCRAPE_FAILURES = 3
-_SMALL = 32  # up to this many candidates the exact filter runs on Python lists
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +101,7 @@ class SaturationFilter:
         kv = take(snapshot.kv_usage, candidates)
         scraped_at = take(snapshot.scraped_at, candidates)
         failures = take(snapshot.scrape_failures, candidates)
-        if candidates.size <= _SMALL:  # a few dozen endpoints: one pass over Python lists beats eight numpy calls
+        if candidates.size <= SMALL_POOL:  # a few dozen endpoints: one pass over Python lists beats eight numpy calls
             rows = zip(queue.tolist(), kv.tolist(), scraped_at.tolist(), failures.tolist(), strict=True)
             # NaN compares False: an unknown signal is not "over"; never scraped (NaN) is not fresh.
             kept_at = [
