@@ -20,12 +20,12 @@ from tests.extproc.test_stream import body_msg, headers_msg, immediate, make_str
 DEEP = "[" * 1000 + "]" * 1000  # the probe's depth: ~2 KB of brackets
 
 DEEP_BODIES = {
-    "prompt": ("/v1/completions", '{"model":"m","prompt":[1,%s]}' % DEEP),
-    "role": ("/v1/chat/completions", '{"model":"m","messages":[{"role":%s,"content":"hi"}]}' % DEEP),
-    "input": ("/v1/responses", '{"model":"m","input":[1,%s]}' % DEEP),
-    "content": ("/v1/chat/completions", '{"model":"m","messages":[{"role":"user","content":%s}]}' % DEEP),
-    "tools": ("/v1/chat/completions", '{"model":"m","messages":[{"role":"u","content":"x"}],"tools":%s}' % DEEP),
-    "beyond-json-parser": ("/v1/completions", '{"model":"m","prompt":%s}' % ("[" * 5000 + "]" * 5000)),
+    "prompt": ("/v1/completions", '{"model":"m","prompt":[1,' + DEEP + "]}"),
+    "role": ("/v1/chat/completions", '{"model":"m","messages":[{"role":' + DEEP + ',"content":"hi"}]}'),
+    "input": ("/v1/responses", '{"model":"m","input":[1,' + DEEP + "]}"),
+    "content": ("/v1/chat/completions", '{"model":"m","messages":[{"role":"user","content":' + DEEP + "}]}"),
+    "tools": ("/v1/chat/completions", '{"model":"m","messages":[{"role":"u","content":"x"}],"tools":' + DEEP + "}"),
+    "beyond-json-parser": ("/v1/completions", '{"model":"m","prompt":' + "[" * 5000 + "]" * 5000 + "}"),
 }
 
 
