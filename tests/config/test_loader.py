@@ -19,14 +19,14 @@ REFERENCE_VERDICTS = {
 }
 
 
-def test_every_reference_config_has_a_verdict(shared_reference: Path) -> None:
-    files = {p.name for p in (shared_reference / "epp-configs").iterdir()}
+def test_every_reference_config_has_a_verdict(reference_data: Path) -> None:
+    files = {p.name for p in (reference_data / "epp-configs").iterdir()}
     assert files == set(REFERENCE_VERDICTS), "a new reference config needs a verdict in this table"
 
 
 @pytest.mark.parametrize(("name", "refusal"), REFERENCE_VERDICTS.items(), ids=list(REFERENCE_VERDICTS))
-def test_reference_config_loads_or_is_refused_precisely(shared_reference: Path, name, refusal) -> None:
-    path = shared_reference / "epp-configs" / name
+def test_reference_config_loads_or_is_refused_precisely(reference_data: Path, name, refusal) -> None:
+    path = reference_data / "epp-configs" / name
     if refusal is None:
         config = load_config(path)
         assert config.source == str(path)
