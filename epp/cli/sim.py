@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import Any
 
+from epp.cli.flag_types import duration
 from epp.errors import ConfigError
 from epp.sim.metrics import ENGINES
 from epp.sim.pool import SimulatedPool
@@ -45,7 +46,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--kv-events-hash", choices=("int", "bytes"), default="int", help="block hashes as int64 or 32 bytes"
     )
-    p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: until signalled)")
+    p.add_argument("--duration", type=duration, default=0.0, help="stop after this long, e.g. 30s (0: until signalled)")
     p.set_defaults(func=run)
 
 

@@ -108,6 +108,7 @@ class ScrapeService:
         self._seen_version = -1
         self._supervisor: asyncio.Task[None] | None = None
         self._sem: asyncio.Semaphore | None = None
+        self.rejected_values: dict[tuple[str, str], int] = {}  # (signal, reason) → scraped values refused
 
     # -- lifecycle --------------------------------------------------------------------------------------------
 
@@ -213,6 +214,8 @@ class ScrapeService:
             problem = f"internal error: {type(exc).__name__}: {exc}"
         else:
             problems = list(result.problems)
+            for key in result.rejected:
+                self.rejected_values[key] = self.rejected_values.get(key, 0) + 1
             if bad_utf8:
                 problems.insert(0, "page is not valid UTF-8")
             if result.signals_found or not problems:

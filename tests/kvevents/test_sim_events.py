@@ -18,7 +18,6 @@ from epp.sim.tokens import token_ids
 pytestmark = pytest.mark.timeout(60)
 
 
-
 def _small_profile() -> EngineProfile:
     p = H100_LLAMA_8B
     return EngineProfile(
@@ -97,7 +96,7 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 @pytest.mark.parametrize("hashes", ["int", "bytes"])
-async def test_index_entries_match_the_simulators_cache_across_servers(http: aiohttp.ClientSession, hashes: str) -> None:
+async def test_index_matches_the_simulators_cache_across_servers(http: aiohttp.ClientSession, hashes: str) -> None:
     a, b = await _server("a", hashes=hashes), await _server("b", hashes=hashes)
     index = KvBlockIndex()
     feeder = Feeder(index)
