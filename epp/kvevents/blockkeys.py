@@ -48,12 +48,8 @@ def _mix(x: U64Array) -> U64Array:
 
 
 def _powers(base: int, n: int) -> U64Array:
-    out = np.empty(n, dtype=np.uint64)
-    p = 1
-    for i in range(n):
-        p = (p * base) & MASK
-        out[i] = p
-    return out
+    """base^1 .. base^n mod 2^64 (uint64 products wrap)."""
+    return np.multiply.accumulate(np.full(n, base, dtype=np.uint64))
 
 
 class BlockKeys:
