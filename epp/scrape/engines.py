@@ -24,9 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from epp.config.model import EndpointPickerConfig
 from epp.datastore.table import MetricsSample
 from epp.errors import ConfigError
-from epp.scheduling.config import EndpointPickerConfig
 from epp.scrape.parse import PageParser, ParsedPage, Sample
 from epp.scrape.validate import rejection
 

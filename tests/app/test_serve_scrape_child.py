@@ -28,7 +28,7 @@ class _Page:
 
 
 class _Metrics(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         body = f"vllm:num_requests_waiting {_Page.waiting}\nvllm:num_requests_running 1\n".encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
