@@ -28,6 +28,7 @@ from epp.app.federation import build_federation
 from epp.app.health import HealthState
 from epp.app.http import build_http_app, pool_report
 from epp.app.pool_metrics import PoolCollector
+from epp.app.scrape_metrics import ScrapeCollector
 from epp.cli.scrape_flags import scrape_settings_from_args
 from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
@@ -147,14 +148,25 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         scraper = ScrapeService(state.table, scrape, engines)
     else:
         scraper = ScrapeProcess(state.table, scrape, engines)
+    state.registry.register(ScrapeCollector(state.table, scraper))
 
     def report() -> dict[str, Any]:
         now = time.monotonic()
         extra: dict[str, Any] = {"kubernetes": state.kubernetes.status()} if state.kubernetes is not None else {}
         if federation is not None:
             extra.update(federation.report(now))
+        if isinstance(scraper, ScrapeProcess):
+            extra["scrapeProcess"] = scraper.supervision(now)
+        statuses = {address: status.as_dict() for address, status in scraper.status().items()}
         return pool_report(
-            state.table, state.pool, now, state.ready(), scrape.staleness_s, scrape.max_failures, extra or None
+            state.table,
+            state.pool,
+            now,
+            state.ready(),
+            scrape.staleness_s,
+            scrape.max_failures,
+            extra or None,
+            statuses,
         )
 
     http_runner = web.AppRunner(build_http_app(state.registry, report, state.ready), access_log=None)

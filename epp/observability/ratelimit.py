@@ -42,7 +42,7 @@ class RateLimitedLog:
         if held:
             msg += " (%d similar lines held back in the last %.0fs)"
             args = (*args, held, self._every_s)
-        self._logger.log(level, msg, *args)
+        self._logger.log(level, msg, *args, stacklevel=2)
         return True
 
     def held(self, key: object) -> int:
