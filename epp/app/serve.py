@@ -108,8 +108,9 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     state.registry.register(PoolCollector(state.table, lambda: pool_name))
     scrape = scrape_settings_from_args(args)  # the scrape flags, read once: the scraper and /debug/pool share them
     # --config-file: an EndpointPickerConfig (refused with exit 2 and the reason); none: the built-in profile.
-    config = load_config(args.config_file) if args.config_file else None
-    scheduler = build_scheduler(config, seed=None)
+    allow_experimental = bool(getattr(args, "allow_experimental_plugins", False))
+    config = load_config(args.config_file, allow_experimental=allow_experimental) if args.config_file else None
+    scheduler = build_scheduler(config, seed=None, allow_experimental=allow_experimental)
     federation = build_federation(args, state.failure_mode(), config, scheduler.saturation.saturated)
     if federation is not None:
         federation.connect(getattr(args, "kubeconfig", "") or "")

@@ -9,6 +9,16 @@ from epp.cli.flag_types import duration, positive_duration
 from epp.cli.scrape_flags import add_scrape_flags
 
 
+def _go_bool(text: str) -> bool:
+    """A Go boolean flag's value (`--flag`, `--flag=true`, `--flag=false`), as strconv.ParseBool reads it."""
+    word = text.strip().lower()
+    if word in ("1", "t", "true"):
+        return True
+    if word in ("0", "f", "false"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -78,6 +88,19 @@ def register(sub: Any) -> None:
     p.add_argument("--metrics-port", type=_port, default=9090, help="Prometheus /metrics and /debug (default 9090)")
     p.add_argument("--bind-address", default="0.0.0.0", help="address the servers listen on (default 0.0.0.0)")
     p.add_argument("--config-file", help="EndpointPickerConfig YAML (default: the built-in profile)")
+    p.add_argument(
+        "--allow-experimental-plugins",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_go_bool,
+        metavar="true|false",
+        help="accept plugin types upstream marks Alpha in --config-file (default false, as upstream)",
+    )
+    p.add_argument(
+        "--objectives-file",
+        help="cluster-free mode: InferenceObjective / InferenceModelRewrite YAML documents (priorities, rewrites)",
+    )
     p.add_argument("--static-endpoints", help="cluster-free mode: comma list of ip:port endpoints")
     p.add_argument("--pool-file", help="cluster-free mode: an InferencePool v1 YAML (its failureMode is honoured)")
     p.add_argument(
