@@ -298,7 +298,7 @@ async def test_rbac_grants_exactly_the_calls_the_picker_makes(apiserver: FakeApi
 
 
 def test_the_configmap_holds_a_config_the_picker_accepts(tmp_path: Path) -> None:
-    from epp.scheduling import load_config
+    from epp.app.config_file import load_config
 
     objects = build(MANIFESTS / "base")
     config_map = by_kind(objects, "ConfigMap", "epp-config")

@@ -6,9 +6,9 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from epp.federation.policy import parse_federation
+from epp.app.config_file import load_config
+from epp.config.federation import parse_federation
 from epp.federation.watch import GROUP, PLURAL, site_from_object
-from epp.scheduling.build import load_config
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "federation"
 

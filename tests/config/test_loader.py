@@ -1,12 +1,13 @@
-"""Phase one (decode + validate) and the verdict on every upstream reference config."""
+"""Phase one (read, decode, validate) and the verdict on every upstream reference config."""
 
 from pathlib import Path
 
 import pytest
 
+from epp.app.config_file import load_config
+from epp.config.decode import parse_config
+from epp.config.files import read_config
 from epp.errors import ConfigError
-from epp.scheduling import load_config, parse_config, read_config
-from epp.scheduling.params import parse_duration
 
 REFERENCE_VERDICTS = {
     # file → None (loads) or the words the refusal must contain
@@ -97,21 +98,6 @@ def test_saturation_block_and_defaults() -> None:
     )
     t = config.saturation
     assert (t.queue_depth, t.kv_util, t.staleness_s, t.headroom) == (8, 0.8, pytest.approx(0.15), 0.2)
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [("200ms", 0.2), ("2s", 2.0), ("1m30s", 90.0), ("1.5h", 5400.0), (3, 3.0), ("250us", 0.00025)],
-    ids=["ms", "s", "compound", "fraction", "bare-number", "us"],
-)
-def test_durations(text, seconds) -> None:
-    assert parse_duration(text) == pytest.approx(seconds)
-
-
-@pytest.mark.parametrize("text", ["", "fast", "10 parsecs", "-1s", True], ids=str)
-def test_bad_durations(text) -> None:
-    with pytest.raises(ValueError):
-        parse_duration(text)
 
 
 @pytest.mark.parametrize(
