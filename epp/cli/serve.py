@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from typing import Any
 
+from epp.app.tls import tls_policy
 from epp.cli.scrape_flags import add_scrape_flags
+from epp.cli.upstream_flags import add_upstream_flags, resolve_upstream_flags
 
 
 def _port(text: str) -> int:
@@ -115,12 +118,19 @@ def register(sub: Any) -> None:
         action="store_true",
         help="start even though a FailOpen pool's fallback path would bypass a residency rule (logged loudly)",
     )
-    p.add_argument("-v", "--verbosity", type=int, default=1, help="log level: 0 warnings, 1 info, 2+ debug")
     _register_kubernetes(p)
+    add_upstream_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    args.startup_warnings = resolve_upstream_flags(args)
+    # gRPC core's own lines (e.g. one per refused plaintext handshake at INFO) bypass Python logging and would break
+    # JSON lines; errors only, unless the operator asks for more.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    if args.tls.enabled:
+        # Before gRPC's first import: it reads its TLS cipher list then (epp.app.serve imports it).
+        args.startup_warnings += tls_policy(args.tls)
     from epp.app.serve import serve_from_args
 
     return serve_from_args(args)

@@ -26,7 +26,14 @@ from typing import cast
 import numpy as np
 
 from epp.errors import ConfigError
-from epp.scheduling.config import EndpointPickerConfig, PluginSpec, ProfilePlugin, ProfileSpec, read_config
+from epp.scheduling.config import (
+    EndpointPickerConfig,
+    PluginSpec,
+    ProfilePlugin,
+    ProfileSpec,
+    read_config,
+    read_config_text,
+)
 from epp.scheduling.framework import Filter, Picker, PickObserver
 from epp.scheduling.params import Params
 from epp.scheduling.pickers import MaxScorePicker
@@ -149,8 +156,11 @@ def build_scheduler(
     return ProfileScheduler(profile, SaturationDetector(config.saturation))
 
 
-def load_config(path: str | Path, registry: Registry | None = None) -> EndpointPickerConfig:
-    """Read, decode, validate and test-build a config file; raises ConfigError naming file, plugin and why."""
-    config = read_config(path)
+def load_config(
+    path: str | Path | None, registry: Registry | None = None, *, text: str | None = None
+) -> EndpointPickerConfig:
+    """Read (or, with `text`, decode `--config-text`), validate and test-build a config; raises ConfigError naming
+    the source, plugin and why."""
+    config = read_config_text(text) if text is not None else read_config(path or "")
     build_scheduler(config, seed=0, registry=registry)
     return config
