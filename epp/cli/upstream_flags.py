@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from epp.app.tls import TLS_VERSIONS, TlsSettings, parse_cipher_suites
-from epp.cli.scrape_flags import parse_duration
+from epp.cli.flag_types import duration
 from epp.observability.logs import level_of
 
 UPSTREAM_DRAIN_TIMEOUT_S = 30.0  # upstream's --drain-timeout default, applied in cluster mode (see resolve)
@@ -49,13 +49,6 @@ def go_bool(text: str) -> bool:
     if lowered in _GO_FALSE:
         return False
     raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
-
-
-def drain_duration(text: str) -> float:
-    """A Go duration that may be zero (`--drain-timeout=0s` stops at once)."""
-    if text.strip() in ("0", "0s", "0ms"):
-        return 0.0
-    return parse_duration(text)
 
 
 _QUANTITY = re.compile(r"^(\d+(?:\.\d+)?(?:[eE]\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
@@ -116,7 +109,7 @@ def add_upstream_flags(p: argparse.ArgumentParser) -> None:
 
     srv = p.add_argument_group("serving (upstream's flags)")
     srv.add_argument(
-        "--drain-timeout", type=drain_duration, default=None,
+        "--drain-timeout", type=duration, default=None,
         help="after SIGTERM: readiness off, ext_proc keeps accepting this long, then --grace-period for open streams "
         f"(default {UPSTREAM_DRAIN_TIMEOUT_S:.0f}s in a cluster as upstream, 0s otherwise)",
     )  # fmt: skip
