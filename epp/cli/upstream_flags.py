@@ -103,7 +103,7 @@ def add_upstream_flags(p: argparse.ArgumentParser) -> None:
     )
     diag.add_argument("--metrics-cert-dir", default=None, help="TLS for the metrics port (tls.crt, tls.key)")
     diag.add_argument("--metrics-client-ca-file", default=None, help="client CA for mTLS on the metrics port")
-    _bool_flag(diag, "--enable-pprof", None, "accepted; a Go profiler has no Python equivalent here")
+    _bool_flag(diag, "--enable-pprof", None, "serve /debug/stacks on the metrics port (Go's pprof profiles: none)")
     _bool_flag(diag, "--enable-grpc-stream-metrics", None, "ext_proc stream metrics")
     _bool_flag(diag, "--health-checking", None, "accepted; the gRPC health service is always on")
 
@@ -207,8 +207,6 @@ def resolve_upstream_flags(args: argparse.Namespace) -> list[str]:
             warnings.append(f"{flag}: accepted and ignored ({_WHY.get(flag, _ENGINE_WHY)})")
     if args.tracing:
         warnings.append("--tracing=true: accepted and ignored (no OpenTelemetry exporter yet; no spans are emitted)")
-    if args.enable_pprof:
-        warnings.append("--enable-pprof=true: accepted and ignored (Go's pprof has no equivalent in epp)")
     if args.emit_endpoint_scores:
         warnings.append("--emit-endpoint-scores=true: accepted and ignored (scores are not written to metadata)")
     if args.health_checking is False:

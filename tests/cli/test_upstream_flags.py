@@ -42,7 +42,7 @@ IGNORED = (
     "emit-endpoint-scores", "refresh-prometheus-metrics-interval", "total-queued-requests-metric",
     "total-running-requests-metric", "kv-cache-usage-percentage-metric", "lora-info-metric", "cache-info-metric",
     "model-server-metrics-scheme", "model-server-metrics-path", "model-server-metrics-port",
-    "model-server-metrics-https-insecure-skip-verify", "zap-devel", "zap-stacktrace-level", "enable-pprof",
+    "model-server-metrics-https-insecure-skip-verify", "zap-devel", "zap-stacktrace-level",
     "metrics-client-ca-file", "metrics-cert-dir",
 )  # fmt: skip
 
