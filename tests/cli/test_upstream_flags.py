@@ -148,6 +148,7 @@ def test_json_log_lines_carry_zaps_keys_and_the_records_fields() -> None:
     assert line["ts"].endswith("Z")
 
 
+@pytest.mark.process
 def test_version_has_one_source() -> None:
     out = subprocess.run([sys.executable, "-m", "epp", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == f"epp {epp.__version__}"
