@@ -169,7 +169,10 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             statuses,
         )
 
-    http_runner = web.AppRunner(build_http_app(state.registry, report, state.ready), access_log=None)
+    http_runner = web.AppRunner(
+        build_http_app(state.registry, report, state.ready, stacks=bool(getattr(args, "enable_pprof", False))),
+        access_log=None,
+    )
     await http_runner.setup()
     site = web.TCPSite(http_runner, args.bind_address, args.metrics_port)
     try:
