@@ -1,5 +1,5 @@
-"""OpenTelemetry traces with `--tracing`: an optional extra (`pip install 'epp[tracing]'`), nothing on the hot path
-without it.
+"""OpenTelemetry traces with `--tracing`: an optional extra (`pip install 'epp-picker[tracing]'`), nothing on the
+hot path without it.
 
 What is traced, per request (all spans `INTERNAL` but the first):
 
@@ -72,7 +72,9 @@ def _exporter_from_env() -> SpanExporter | None:
     try:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     except ImportError:
-        log.warning("--tracing: the OTLP exporter is not installed (pip install 'epp[tracing]'); spans go nowhere")
+        log.warning(
+            "--tracing: the OTLP exporter is not installed (pip install 'epp-picker[tracing]'); spans go nowhere"
+        )
         return None
     return OTLPSpanExporter()
 
