@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from epp.config.files import read_config
+from epp.config.files import read_config, read_config_text
 from epp.config.model import EndpointPickerConfig
 from epp.scheduling import build_scheduler
 from epp.scheduling.build import deprecations
@@ -21,10 +21,16 @@ log = logging.getLogger("epp.config")
 
 
 def load_config(
-    path: str | Path, registry: Registry | None = None, allow_experimental: bool = False, warn: bool = True
+    path: str | Path | None,
+    registry: Registry | None = None,
+    *,
+    text: str | None = None,
+    allow_experimental: bool = False,
+    warn: bool = True,
 ) -> EndpointPickerConfig:
-    """Read, decode, validate and test-build a config file; raises ConfigError naming file, plugin and why."""
-    config = read_config(path)
+    """Read (or, with `text`, decode upstream's `--config-text`), validate and test-build a config; raises
+    ConfigError naming the source, plugin and why. Deprecations are logged at WARNING unless `warn` is false."""
+    config = read_config_text(text) if text is not None else read_config(path or "")
     build_scheduler(config, seed=0, registry=registry, allow_experimental=allow_experimental)
     if warn:
         for warning in deprecations(config, registry):

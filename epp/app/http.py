@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from epp.datastore import EndpointTable
 from epp.datastore.pool import PoolSpec
+from epp.observability.stacks import dump_stacks
 
 
 def _num(value: float) -> float | None:
@@ -84,7 +85,10 @@ def build_http_app(
     registry: CollectorRegistry,
     report: Callable[[], dict[str, Any]],
     ready: Callable[[], bool],
+    stacks: bool = False,
 ) -> web.Application:
+    """The metrics port's routes; `stacks` adds `/debug/stacks` (every thread and asyncio task, `--enable-pprof`)."""
+
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -97,7 +101,12 @@ def build_http_app(
     async def readyz(_: web.Request) -> web.Response:
         return web.Response(text="ready\n") if ready() else web.Response(status=503, text="not ready\n")
 
+    async def debug_stacks(_: web.Request) -> web.Response:
+        return web.Response(text=dump_stacks())
+
     app = web.Application()
+    if stacks:
+        app.router.add_get("/debug/stacks", debug_stacks)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/debug/pool", debug_pool)
     app.router.add_get("/healthz", healthz)

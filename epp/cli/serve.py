@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
+from epp.app.tls import tls_policy
 from epp.cli.flag_types import duration, positive_duration
 from epp.cli.scrape_flags import add_scrape_flags
-
-
-def _go_bool(text: str) -> bool:
-    """A Go boolean flag's value (`--flag`, `--flag=true`, `--flag=false`), as strconv.ParseBool reads it."""
-    word = text.strip().lower()
-    if word in ("1", "t", "true"):
-        return True
-    if word in ("0", "f", "false"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+from epp.cli.upstream_flags import add_upstream_flags, go_bool, resolve_upstream_flags
 
 
 def _port(text: str) -> int:
@@ -39,16 +32,6 @@ def _positive_bytes(text: str) -> int:
     return value
 
 
-def _bool(text: str) -> bool:
-    """Go-style boolean flag values, so `--ha-enable-leader-election=false` from upstream manifests works."""
-    lowered = text.strip().lower()
-    if lowered in ("1", "t", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "f", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
-
-
 def _register_kubernetes(p: argparse.ArgumentParser) -> None:
     """Upstream's names; lease tuning as client-go components name it (upstream uses client-go's defaults)."""
     k = p.add_argument_group("Kubernetes (see docs/kubernetes.md)")
@@ -66,7 +49,7 @@ def _register_kubernetes(p: argparse.ArgumentParser) -> None:
     k.add_argument("--endpoint-target-ports", default="", help="standalone mode: model-server ports, e.g. 8000,8001")
     k.add_argument(
         "--ha-enable-leader-election",
-        type=_bool,
+        type=go_bool,
         nargs="?",
         const=True,
         default=False,
@@ -88,15 +71,6 @@ def register(sub: Any) -> None:
     p.add_argument("--metrics-port", type=_port, default=9090, help="Prometheus /metrics and /debug (default 9090)")
     p.add_argument("--bind-address", default="0.0.0.0", help="address the servers listen on (default 0.0.0.0)")
     p.add_argument("--config-file", help="EndpointPickerConfig YAML (default: the built-in profile)")
-    p.add_argument(
-        "--allow-experimental-plugins",
-        nargs="?",
-        const=True,
-        default=False,
-        type=_go_bool,
-        metavar="true|false",
-        help="accept plugin types upstream marks Alpha in --config-file (default false, as upstream)",
-    )
     p.add_argument(
         "--objectives-file",
         help="cluster-free mode: InferenceObjective / InferenceModelRewrite YAML documents (priorities, rewrites)",
@@ -128,12 +102,19 @@ def register(sub: Any) -> None:
         action="store_true",
         help="start even though a FailOpen pool's fallback path would bypass a residency rule (logged loudly)",
     )
-    p.add_argument("-v", "--verbosity", type=int, default=1, help="log level: 0 warnings, 1 info, 2+ debug")
     _register_kubernetes(p)
+    add_upstream_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    args.startup_warnings = resolve_upstream_flags(args)
+    # gRPC core's own lines (e.g. one per refused plaintext handshake at INFO) bypass Python logging and would break
+    # JSON lines; errors only, unless the operator asks for more.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    if args.tls.enabled:
+        # Before gRPC's first import: it reads its TLS cipher list then (epp.app.serve imports it).
+        args.startup_warnings += tls_policy(args.tls)
     from epp.app.serve import serve_from_args
 
     return serve_from_args(args)

@@ -14,11 +14,15 @@ Request body modes (read from `protocol_config` on the first message):
   as streamed chunks of ≤ 62,000 bytes.
 - BUFFERED / BUFFERED_PARTIAL: the headers are answered at once (pass-through, our routing headers removed); the
   decision rides on the answer to the single body message.
-- NONE / STREAMED, or a request with no body: decided on the headers alone (STREAMED body chunks then pass
-  through, one answer each).
+- STREAMED: Envoy waits for the headers answer before it sends the body, so the pick is made on the headers alone
+  (a pool-level pick, no model) and every body chunk is answered with a pass-through. When the gateway sets
+  `send_body_without_waiting_for_header_response`, the chunks come first: they are buffered, the decision is made on
+  the whole body, and the headers answer goes out followed by one answer per chunk.
+- NONE, or a request with no body: decided on the headers alone.
 
 Whatever goes wrong — bad JSON, an oversized body, no endpoint, a bug — becomes an ImmediateResponse with a clear
-status and reason; no exception leaves `handle`.
+status and reason while the request is being decided; no exception leaves `handle`. Once the request went on, a
+failure in the response phases answers the message unchanged: a good response is never broken by the picker.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from epp.director import Decision
 from epp.errors import EppError, ErrorCode
 from epp.extproc import messages as m
 from epp.extproc.response import ResponseTracker, Usage, model_restorer
-from epp.requests import InferenceRequest, parse_request
+from epp.requests import InferenceRequest, parse_request, request_without_body
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +68,8 @@ class StreamObserver(Protocol):
     def decision_latency(self, seconds: float) -> None: ...
 
     def usage(self, model: str, prompt_tokens: int, completion_tokens: int) -> None: ...
+
+    def usage_invalid(self) -> None: ...
 
     def served_mismatch(self) -> None: ...
 
@@ -118,7 +124,9 @@ class StreamProcessor:
         "_decided",
         "_decider",
         "_decision",
+        "_early_body",
         "_headers",
+        "_held_chunks",
         "_observer",
         "_request_body_mode",
         "_response",
@@ -145,8 +153,10 @@ class StreamProcessor:
         self._config_seen = False
         self._request_body_mode = BUFFERED  # Envoy's default when no protocol_config is sent
         self._response_body_mode = NONE
+        self._early_body = False
         self._headers: dict[str, str] = {}
         self._body = bytearray()
+        self._held_chunks = 0  # STREAMED with early body: chunks whose answers wait for the decision
         self._subset: list[str] | None = None
         self._decided = False
         self._decision: Decision | None = None
@@ -176,6 +186,7 @@ class StreamProcessor:
                 config = msg.protocol_config
                 self._request_body_mode = config.request_body_mode
                 self._response_body_mode = config.response_body_mode
+                self._early_body = config.send_body_without_waiting_for_header_response
             if self._subset is None and msg.HasField("metadata_context"):
                 self._subset = m.subset_hint(msg)
             kind = msg.WhichOneof("request")
@@ -187,7 +198,10 @@ class StreamProcessor:
         except EppError as err:
             return [self._refuse(err)]
         except Exception:
-            log.exception("ext_proc stream failed on %s in %s; answering 500", kind, phase.name)
+            log.exception("ext_proc stream failed on %s in %s", kind, phase.name)
+            if phase >= _RESPONSE_HEADERS and kind is not None and kind.startswith("response_"):
+                answers, self.phase = self._unchanged(msg, kind)
+                return answers
             return [self._refuse(EppError(ErrorCode.INTERNAL, "internal error in the endpoint picker"))]
 
     def close(self) -> None:
@@ -200,12 +214,14 @@ class StreamProcessor:
     def _on_request_headers(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
         self._headers = m.headers_to_dict(msg.request_headers.headers)
         mode = self._request_body_mode
-        if msg.request_headers.end_of_stream or mode == NONE:
+        if msg.request_headers.end_of_stream:
             return [self._decision_answer("headers", None)], _RESPONSE_HEADERS
-        if mode == STREAMED:
-            return [self._decision_answer("headers", None)], _REQUEST_PASS
-        if mode == FULL_DUPLEX:
+        if mode == FULL_DUPLEX or (mode == STREAMED and self._early_body):
             return [], _REQUEST_BODY  # the answer waits for the whole body
+        if mode == STREAMED:
+            return [self._decision_answer("headers", None, body_unseen=True)], _REQUEST_PASS
+        if mode == NONE:  # the body goes on without ever reaching the picker
+            return [self._decision_answer("headers", None, body_unseen=True)], _RESPONSE_HEADERS
         return [self._answers.pass_through_headers], _REQUEST_BODY
 
     def _on_request_body(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
@@ -222,6 +238,12 @@ class StreamProcessor:
             else:
                 self._check_size(len(data))  # the usual one-chunk body: not copied into the buffer and out again
             return self._finish_duplex(data, end_of_stream=True), _RESPONSE_HEADERS
+        if mode == STREAMED:  # with early body (otherwise the phase would be REQUEST_PASS)
+            self._buffer(data)
+            self._held_chunks += 1
+            if not chunk.end_of_stream:
+                return [], _REQUEST_BODY
+            return self._finish_streamed(), _RESPONSE_HEADERS
         # BUFFERED / BUFFERED_PARTIAL: one message carries the body (or, partial, the part that fitted).
         self._check_size(len(data))
         return [self._decision_answer("body", data)], _RESPONSE_HEADERS
@@ -231,6 +253,8 @@ class StreamProcessor:
         mode = self._request_body_mode
         if mode == FULL_DUPLEX:
             out = self._finish_duplex(bytes(self._body), end_of_stream=False)
+        elif mode == STREAMED:
+            out = self._finish_streamed()
         else:
             raise EppError(ErrorCode.BAD_REQUEST, "request_trailers arrived before the request body (BUFFERED)")
         out.append(m.request_trailers_response())
@@ -264,7 +288,19 @@ class StreamProcessor:
         out_body = decision.body if decision is not None and decision.body is not None else body
         return [headers, *m.streamed_body_responses(out_body, end_of_stream)]
 
-    def _decision_answer(self, phase: str, body: bytes | None) -> m.ProcessingResponse:
+    def _finish_streamed(self) -> _Answers:
+        """STREAMED with early body: the decision, then one answer per chunk (a new body rides on the first)."""
+        body = bytes(self._body)
+        self._release_body()
+        out = [self._decision_answer("headers", body)]
+        decision = self._decision
+        replaced = decision.body if decision is not None else None
+        for i in range(self._held_chunks):
+            out.append(m.request_body_chunk_response(replaced if i == 0 else None, replace=replaced is not None))
+        self._held_chunks = 0
+        return out
+
+    def _decision_answer(self, phase: str, body: bytes | None, body_unseen: bool = False) -> m.ProcessingResponse:
         """Parse, ask the director, and build the answer that carries the decision (on the headers or the body)."""
         if self._decided:  # the table makes this unreachable; a second booking would never be released
             raise EppError(ErrorCode.INTERNAL, "a second decision on one ext_proc stream")
@@ -275,7 +311,11 @@ class StreamProcessor:
         generated = not request_id
         if generated:
             request_id = uuid.uuid4().hex
-        request = parse_request(request_id, headers.get(":path", "/"), headers, body)
+        path = headers.get(":path", "/")
+        if body_unseen:
+            request = request_without_body(request_id, path, headers)
+        else:
+            request = parse_request(request_id, path, headers, body)
         decision = self._decider.decide(request, self._subset)
         self._decision = decision
         self._observer.decision_latency(self._clock() - started)
@@ -330,8 +370,30 @@ class StreamProcessor:
         return [m.response_trailers_response()], _RESPONSE_DONE
 
     def _report_usage(self, usage: Usage) -> None:
+        if not usage.valid:
+            self._observer.usage_invalid()
+            return
         decision = self._decision
         self._observer.usage(decision.original_model if decision else "", usage.prompt_tokens, usage.completion_tokens)
+
+    def _unchanged(self, msg: m.ProcessingRequest, kind: str) -> tuple[_Answers, Phase]:
+        """The answer that lets a response message through as Envoy sent it (after a failure of ours)."""
+        if kind == "response_headers":
+            if msg.response_headers.end_of_stream:
+                self._complete()
+                return [m.response_headers_response()], _RESPONSE_DONE
+            return [m.response_headers_response()], _RESPONSE_BODY
+        if kind == "response_body":
+            chunk = msg.response_body
+            next_phase = _RESPONSE_BODY
+            if chunk.end_of_stream:
+                self._complete()
+                next_phase = _RESPONSE_DONE
+            if self._response_body_mode == FULL_DUPLEX:
+                return m.streamed_body_responses(chunk.body, chunk.end_of_stream, request=False), next_phase
+            return [m.response_body_response()], next_phase
+        self._complete()
+        return [m.response_trailers_response()], _RESPONSE_DONE
 
     # -- endings ----------------------------------------------------------------------------------------------
 

@@ -82,7 +82,7 @@ def test_top_level_parser_is_deprecated_and_loses_to_request_handler() -> None:
 
 def test_a_parser_ref_must_name_a_parser() -> None:
     config = parse_config(_doc(requestHandler={"parsers": [{"pluginRef": "queue-scorer"}]}), "p.yaml")
-    with pytest.raises(ConfigError, match="requestHandler.parsers, plugin 'queue-scorer'.*is not a parser"):
+    with pytest.raises(ConfigError, match=r"requestHandler.parsers, plugin 'queue-scorer'.*is not a parser"):
         build_scheduler(config)
 
 
@@ -105,7 +105,7 @@ def test_data_layer_sources_extractors_and_discovery() -> None:
 
 def test_a_discovery_plugin_not_named_by_the_data_layer_is_refused() -> None:
     config = parse_config(_doc([{"type": "file-discovery", "parameters": {"path": "x"}}]), "d.yaml")
-    with pytest.raises(ConfigError, match="needs dataLayer.discovery.pluginRef: file-discovery"):
+    with pytest.raises(ConfigError, match=r"needs dataLayer\.discovery\.pluginRef: file-discovery"):
         build_scheduler(config)
 
 
@@ -157,7 +157,7 @@ def test_flow_control_with_the_gate_off_warns_and_loads() -> None:
 
 def test_flow_control_with_the_gate_on_is_refused_as_not_yet_supported() -> None:
     config = parse_config(_doc(flowControl={}, featureGates=["flowControl"]), "f.yaml")
-    with pytest.raises(ConfigError, match="flowControl is on, but flow control .* is not yet supported"):
+    with pytest.raises(ConfigError, match=r"flowControl is on, but flow control .* is not yet supported"):
         build_scheduler(config)
 
 
