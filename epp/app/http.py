@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from epp.datastore import EndpointTable
+from epp.datastore import EndpointTable, Freshness, usable_slots
 from epp.datastore.pool import PoolSpec
 
 
@@ -22,13 +22,13 @@ def pool_report(
     pool: PoolSpec | None,
     now: float,
     ready: bool,
-    stale_after_s: float,
-    max_failures: int,
+    freshness: Freshness,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What `/debug/pool` shows: the pool, and each endpoint with its health and latest metrics."""
+    """What `/debug/pool` shows: the pool, and each endpoint with whether decisions use its data (`healthy`: the
+    datastore's `usable` rule, the one the scorers and saturation apply) and its latest metrics."""
     snap = table.snapshot()
-    stale = snap.stale(now, stale_after_s, max_failures)
+    fresh = usable_slots(snap, now, freshness)
     endpoints = []
     for slot in snap.slots:
         info = snap.infos[slot]
@@ -41,7 +41,7 @@ def pool_report(
                 "engine": info.engine,
                 "pod": info.pod_name,
                 "labels": dict(info.labels),
-                "healthy": not bool(stale[slot]),
+                "healthy": bool(fresh[slot]),
                 "metrics": {
                     "waiting": _num(snap.waiting[slot]),
                     "running": _num(snap.running[slot]),

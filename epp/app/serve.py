@@ -16,7 +16,7 @@ import logging
 import signal
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -118,7 +118,11 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     state.registry.register(PoolCollector(state.table, lambda: pool_name))
     # --config-file: an EndpointPickerConfig (refused with exit 2 and the reason); none: the built-in profile.
     config = load_config(args.config_file) if args.config_file else None
-    scheduler = build_scheduler(config, seed=None)
+    scrape = _scrape_settings(args)
+    # One rule for usable endpoint data, for every decision and for /debug/pool: the flags' thresholds, or the
+    # config's saturationDetector.metricsStalenessThreshold where it gives one.
+    scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness)
+    scrape = replace(scrape, staleness_s=scheduler.freshness.staleness_s)
     federation = build_federation(args, state.failure_mode(), config, scheduler.saturation.saturated)
     if federation is not None:
         federation.connect(getattr(args, "kubeconfig", "") or "")
@@ -149,7 +153,6 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
     _bind(health_server, args.bind_address, args.grpc_health_port, "--grpc-health-port")
 
-    scrape = _scrape_settings(args)
     # Metric names per engine: built-in, or the config's core-metrics-extractor parameters (upstream's format).
     engines = engines_of_config(config)
     # A child process by default: scraping hundreds of endpoints on the serving loop costs most of its core.
@@ -164,9 +167,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         extra: dict[str, Any] = {"kubernetes": state.kubernetes.status()} if state.kubernetes is not None else {}
         if federation is not None:
             extra.update(federation.report(now))
-        return pool_report(
-            state.table, state.pool, now, state.ready(), scrape.staleness_s, scrape.max_failures, extra or None
-        )
+        return pool_report(state.table, state.pool, now, state.ready(), scheduler.freshness, extra or None)
 
     http_runner = web.AppRunner(build_http_app(state.registry, report, state.ready), access_log=None)
     await http_runner.setup()

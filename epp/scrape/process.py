@@ -219,7 +219,6 @@ class ScrapeProcess:
             await asyncio.sleep(every)
             self._sync()
             self.apply()
-            self.table.mark_stale(asyncio.get_running_loop().time(), s.staleness_s, s.max_failures)
             if self._proc is not None and self._proc.poll() is not None:
                 log.error("scrape process exited with %s; metrics will go stale", self._proc.returncode)
                 self._proc = None

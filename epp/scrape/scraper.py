@@ -6,13 +6,14 @@ carries jitter, so hundreds of endpoints do not fire in lockstep. A failed scrap
 `backoff_max_s`. The service follows the table's membership (`EndpointTable.version`), whoever changed it.
 
 What a page turns into:
-- page parsed, all wanted lines fine: `record_scrape` (healthy);
+- page parsed, all wanted lines fine: `record_scrape`;
 - some wanted lines malformed or duplicated: the signals that parsed are recorded, and the endpoint's status
   carries the problem (partial pages keep what parsed);
 - no page (connect/timeout/HTTP error/too large), or a page with problems and no signal at all (binary garbage):
   `record_scrape_failure`; the old values stay and age.
-A sweep every interval clears `healthy` for endpoints whose data is older than `staleness_s` or that failed
-`max_failures` times in a row; scorers treat those as unknown, the saturation logic as saturated.
+Whether decisions use an endpoint's data is the datastore's `usable` rule (older than `staleness_s`, or
+`max_failures` failed scrapes in a row: scorers read it as unknown, the saturation logic as saturated), applied by
+each decision at its own `now`; a sweep every interval only logs the endpoints whose data just stopped being usable.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from epp.datastore import Freshness, usable_slots
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.scrape.engines import EngineRegistry, EngineSpec, extract
 from epp.scrape.http import HttpConnection, MetricsClient, ScrapeError
@@ -46,6 +48,11 @@ class ScrapeSettings:
     concurrency: int = 512  # scrapes in flight at once, all endpoints together
     jitter: float = 0.1  # each interval varies by ±10%
     backoff_max_s: float = 5.0
+
+    @property
+    def freshness(self) -> Freshness:
+        """The thresholds of the datastore's `usable` rule these settings carry (one set for the whole picker)."""
+        return Freshness(self.staleness_s, self.max_failures)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.timeout_s <= 0 or self.staleness_s <= 0:
@@ -106,6 +113,7 @@ class ScrapeService:
         self._pollers: dict[str, tuple[EndpointInfo, asyncio.Task[None]]] = {}
         self._status: dict[str, EndpointStatus] = {}
         self._seen_version = -1
+        self._unusable: set[str] = set()  # addresses logged as unusable, until their data is usable again
         self._supervisor: asyncio.Task[None] | None = None
         self._sem: asyncio.Semaphore | None = None
 
@@ -164,9 +172,16 @@ class ScrapeService:
         while True:
             await asyncio.sleep(min(s.interval_s, 0.05))
             self.sync()
-            for slot in self.table.mark_stale(self._clock(), s.staleness_s, s.max_failures):
-                info = self.table.info(slot)
-                log.info("endpoint %s metrics stale: scores treat it as unknown", info.address if info else slot)
+            self._report_unusable()
+
+    def _report_unusable(self) -> None:
+        """Log each endpoint whose data has just stopped being usable (once, until it is usable again)."""
+        snap = self.table.view()
+        fresh = usable_slots(snap, self._clock(), self.settings.freshness)
+        unusable = {snap.addresses[slot] for slot in snap.slots if not fresh[slot]}
+        for address in sorted(unusable - self._unusable):
+            log.info("endpoint %s metrics stale or failing: decisions treat its data as unknown", address)
+        self._unusable = unusable
 
     # -- one endpoint -----------------------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from epp.datastore import Freshness
 from epp.errors import ConfigError
 from epp.federation.phase import PhaseRule
 
@@ -59,7 +60,7 @@ class SaturationConfig:
 
     queue_depth_threshold: float = 5.0
     kv_cache_util_threshold: float = 0.8
-    metrics_staleness_threshold_s: float = 2.0
+    freshness: Freshness = field(default_factory=Freshness)  # the pool's rule for usable data
 
 
 @dataclass(frozen=True, slots=True)
