@@ -54,13 +54,15 @@ def build(config_path: str | None) -> Callable[[], None]:
     from prometheus_client import CollectorRegistry
 
     from benchmarks.extproc_overhead import BODY
+    from epp.app.config_file import load_config
     from epp.datastore import EndpointTable
     from epp.datastore.objectives import ObjectiveStore
     from epp.director import Director
     from epp.discovery.static import parse_static_endpoints
+    from epp.extproc.server import ExternalProcessor
     from epp.extproc.stream import StreamProcessor, StreamSettings
     from epp.observability.metrics import PickerMetrics
-    from epp.scheduling import build_scheduler, load_config
+    from epp.scheduling import build_scheduler
     from epp.scrape.engines import EngineRegistry, extract
     from tests.scrape.vllm_page import vllm_page
 
@@ -90,6 +92,12 @@ def build(config_path: str | None) -> Callable[[], None]:
         saturation=scheduler.saturation,
     )
     settings = StreamSettings()
+    # Streams come from the server object, which owns what they share (prebuilt answers); an older checkout
+    # without `new_stream` built them directly.
+    server = ExternalProcessor(director, metrics, settings, time.perf_counter)
+    new_stream = getattr(server, "new_stream", None) or (
+        lambda: StreamProcessor(director, metrics, time.perf_counter, settings)
+    )
     headers = pb.ProcessingRequest()
     for key, value in (
         (":authority", "127.0.0.1:10000"),
@@ -121,7 +129,7 @@ def build(config_path: str | None) -> Callable[[], None]:
         clock[0] += TICK_S
         if count % SCRAPE_EVERY == 0:
             scrape()
-        stream = StreamProcessor(director, metrics, time.perf_counter, settings)
+        stream = new_stream()
         for data in wire:
             for answer in stream.handle(decode(data)):
                 answer.SerializeToString()

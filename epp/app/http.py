@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from epp.datastore import EndpointTable, Freshness, usable_slots
 from epp.datastore.pool import PoolSpec
+from epp.observability.stacks import dump_stacks
 
 
 def _num(value: float) -> float | None:
@@ -24,9 +25,11 @@ def pool_report(
     ready: bool,
     freshness: Freshness,
     extra: dict[str, Any] | None = None,
+    scrape_status: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """What `/debug/pool` shows: the pool, and each endpoint with whether decisions use its data (`healthy`: the
-    datastore's `usable` rule, the one the scorers and saturation apply) and its latest metrics."""
+    datastore's `usable` rule, the one the scorers and saturation apply), its latest metrics and scrape status
+    (the last error, since when and why it is unusable)."""
     snap = table.snapshot()
     fresh = usable_slots(snap, now, freshness)
     endpoints = []
@@ -55,6 +58,7 @@ def pool_report(
                 "metricsAgeSeconds": _num(age),
                 "scrapeFailures": int(snap.scrape_failures[slot]),
                 "inflight": int(snap.inflight[slot]),
+                "scrape": (scrape_status or {}).get(info.address),
             }
         )
     endpoints.sort(key=lambda e: e["address"])
@@ -81,7 +85,10 @@ def build_http_app(
     registry: CollectorRegistry,
     report: Callable[[], dict[str, Any]],
     ready: Callable[[], bool],
+    stacks: bool = False,
 ) -> web.Application:
+    """The metrics port's routes; `stacks` adds `/debug/stacks` (every thread and asyncio task, `--enable-pprof`)."""
+
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -94,7 +101,12 @@ def build_http_app(
     async def readyz(_: web.Request) -> web.Response:
         return web.Response(text="ready\n") if ready() else web.Response(status=503, text="not ready\n")
 
+    async def debug_stacks(_: web.Request) -> web.Response:
+        return web.Response(text=dump_stacks())
+
     app = web.Application()
+    if stacks:
+        app.router.add_get("/debug/stacks", debug_stacks)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/debug/pool", debug_pool)
     app.router.add_get("/healthz", healthz)

@@ -23,10 +23,13 @@ import grpc
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from epp.app.config_file import load_config
 from epp.app.federation import build_federation
 from epp.app.health import HealthState
 from epp.app.http import build_http_app, pool_report
 from epp.app.pool_metrics import PoolCollector
+from epp.app.scrape_metrics import ScrapeCollector
+from epp.cli.scrape_flags import scrape_settings_from_args
 from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode, PoolSpec
@@ -39,10 +42,10 @@ from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import PickerMetrics
-from epp.scheduling import build_scheduler, load_config
+from epp.scheduling import build_scheduler
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
-from epp.scrape.scraper import ScrapeService, ScrapeSettings
+from epp.scrape.scraper import ScrapeService
 
 log = logging.getLogger("epp")
 
@@ -74,19 +77,6 @@ class PickerState:
         return self.health.ready
 
 
-def _scrape_settings(args: argparse.Namespace) -> ScrapeSettings:
-    """The scrape flags (epp/cli/scrape_flags.py); a namespace without them gets upstream's defaults."""
-    d = ScrapeSettings()
-    return ScrapeSettings(
-        interval_s=getattr(args, "refresh_metrics_interval", d.interval_s),
-        timeout_s=getattr(args, "metrics_scrape_timeout", d.timeout_s),
-        staleness_s=getattr(args, "metrics_staleness_threshold", d.staleness_s),
-        max_failures=getattr(args, "metrics_max_failures", d.max_failures),
-        max_page_bytes=getattr(args, "metrics_max_page_bytes", d.max_page_bytes),
-        concurrency=getattr(args, "metrics_scrape_concurrency", d.concurrency),
-    )
-
-
 def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
     """Kubernetes (pool or standalone selector), or cluster-free: the pool file (optional) and the static list."""
     k8s = settings_from_flags(args)
@@ -116,9 +106,9 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     if state.kubernetes is not None:
         pool_name = state.kubernetes.settings.pool_name or "standalone"
     state.registry.register(PoolCollector(state.table, lambda: pool_name))
+    scrape = scrape_settings_from_args(args)  # the scrape flags, read once: the scraper and /debug/pool share them
     # --config-file: an EndpointPickerConfig (refused with exit 2 and the reason); none: the built-in profile.
     config = load_config(args.config_file) if args.config_file else None
-    scrape = _scrape_settings(args)
     # One rule for usable endpoint data, for every decision and for /debug/pool: the flags' thresholds, or the
     # config's saturationDetector.metricsStalenessThreshold where it gives one.
     scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness)
@@ -161,15 +151,22 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         scraper = ScrapeService(state.table, scrape, engines)
     else:
         scraper = ScrapeProcess(state.table, scrape, engines)
+    state.registry.register(ScrapeCollector(state.table, scraper))
 
     def report() -> dict[str, Any]:
         now = time.monotonic()
         extra: dict[str, Any] = {"kubernetes": state.kubernetes.status()} if state.kubernetes is not None else {}
         if federation is not None:
             extra.update(federation.report(now))
-        return pool_report(state.table, state.pool, now, state.ready(), scheduler.freshness, extra or None)
+        if isinstance(scraper, ScrapeProcess):
+            extra["scrapeProcess"] = scraper.supervision(now)
+        statuses = {address: status.as_dict() for address, status in scraper.status().items()}
+        return pool_report(state.table, state.pool, now, state.ready(), scheduler.freshness, extra or None, statuses)
 
-    http_runner = web.AppRunner(build_http_app(state.registry, report, state.ready), access_log=None)
+    http_runner = web.AppRunner(
+        build_http_app(state.registry, report, state.ready, stacks=bool(getattr(args, "enable_pprof", False))),
+        access_log=None,
+    )
     await http_runner.setup()
     site = web.TCPSite(http_runner, args.bind_address, args.metrics_port)
     try:

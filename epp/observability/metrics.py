@@ -101,6 +101,11 @@ class PickerMetrics:
             "Responses the gateway reports as served by an endpoint the picker did not name.",
             registry=registry,
         )
+        self.usage_invalid_total = Counter(
+            "epp_response_usage_invalid",
+            "Responses whose `usage` counts could not be true (negative, fractional, strings, huge); not recorded.",
+            registry=registry,
+        )
         self.open_streams = Gauge("epp_open_streams", "ext_proc streams open now.", registry=registry)
         self._by_outcome = self._hot.by_outcome
         self._routed_by_model = self._hot.routed_by_model
@@ -126,6 +131,9 @@ class PickerMetrics:
     def usage(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
         self.input_tokens.labels(model).observe(prompt_tokens)
         self.output_tokens.labels(model).observe(completion_tokens)
+
+    def usage_invalid(self) -> None:
+        self.usage_invalid_total.inc()
 
     def served_mismatch(self) -> None:
         self.mismatches.inc()

@@ -22,14 +22,13 @@ one endpoint, so 2 it is.
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import cast
 
 import numpy as np
 
+from epp.config.model import EndpointPickerConfig, PluginSpec, ProfilePlugin, ProfileSpec
 from epp.datastore import Freshness
 from epp.errors import ConfigError
-from epp.scheduling.config import EndpointPickerConfig, PluginSpec, ProfilePlugin, ProfileSpec, read_config
 from epp.scheduling.framework import Filter, Picker, PickObserver
 from epp.scheduling.params import Params
 from epp.scheduling.pickers import MaxScorePicker
@@ -164,10 +163,3 @@ def pool_freshness(config: EndpointPickerConfig, flags: Freshness) -> Freshness:
     utilization-detector plugin may repeat it, not differ from it (one threshold: see the registry)."""
     staleness = config.saturation.staleness_s
     return flags if staleness is None else replace(flags, staleness_s=staleness)
-
-
-def load_config(path: str | Path, registry: Registry | None = None) -> EndpointPickerConfig:
-    """Read, decode, validate and test-build a config file; raises ConfigError naming file, plugin and why."""
-    config = read_config(path)
-    build_scheduler(config, seed=0, registry=registry)
-    return config

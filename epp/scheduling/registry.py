@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from epp.config.model import SaturationThresholds
 from epp.datastore import Freshness
 from epp.scheduling import affinity, filters, pickers, prefix, saturation, scorers
 from epp.scheduling.params import Params
@@ -32,7 +33,7 @@ class BuildContext:
     config's saturation thresholds, and the pool's one rule for usable data."""
 
     seed_sequence: np.random.SeedSequence
-    saturation: saturation.SaturationThresholds
+    saturation: SaturationThresholds
     freshness: Freshness = field(default_factory=Freshness)
 
     def next_seed(self) -> int:
@@ -114,7 +115,7 @@ def _saturation_filter(name: str, params: Params, ctx: BuildContext) -> object:
             f"{staleness:g}s differs from the pool's staleness threshold ({pool:g}s); set it once, in "
             "saturationDetector.metricsStalenessThreshold or with --metrics-staleness-threshold",
         )
-    thresholds = saturation.SaturationThresholds(
+    thresholds = SaturationThresholds(
         queue_depth=params.number("queueDepthThreshold", base.queue_depth, minimum=0),
         kv_util=params.number("kvCacheUtilThreshold", base.kv_util, minimum=0, maximum=1),
         headroom=params.number("headroom", base.headroom, minimum=0, maximum=1),

@@ -17,28 +17,14 @@ The pool has one staleness threshold (`Freshness`): `--metrics-staleness-thresho
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import overload
 
 import numpy as np
 
+from epp.config.model import SaturationThresholds
 from epp.datastore import Freshness, Snapshot, usable
 from epp.datastore.table import BoolArray, FloatArray, IntArray
 from epp.scheduling.framework import CycleState, Signal
-
-DEFAULT_QUEUE_DEPTH = 5
-DEFAULT_KV_UTIL = 0.8
-DEFAULT_HEADROOM = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class SaturationThresholds:
-    queue_depth: float = DEFAULT_QUEUE_DEPTH
-    kv_util: float = DEFAULT_KV_UTIL
-    # Upstream's saturation-only staleness threshold, where a config file gives one: it becomes the pool's one
-    # threshold (`Freshness.staleness_s`). None: the pool's threshold applies (--metrics-staleness-threshold).
-    staleness_s: float | None = None
-    headroom: float = DEFAULT_HEADROOM  # the filter's burst allowance above the thresholds, a fraction
 
 
 @overload

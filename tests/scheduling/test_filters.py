@@ -1,9 +1,10 @@
 import pytest
 
+from epp.config.model import SaturationThresholds
 from epp.datastore import Freshness
 from epp.scheduling.filters import LabelFilter, decode_filter, match_labels, prefill_filter
 from epp.scheduling.framework import CycleState
-from epp.scheduling.saturation import SaturationFilter, SaturationThresholds
+from epp.scheduling.saturation import SaturationFilter
 from tests.scheduling.tables import NAN, NOW, request, state, table_with
 
 FRESH = dict(waiting=0, kv_usage=0.1)
