@@ -51,7 +51,6 @@ DEFAULT_PARSERS = ("openai-parser", "anthropic-parser", "vllmhttp-parser", "pass
 
 DEFAULT_QUEUE_DEPTH = 5
 DEFAULT_KV_UTIL = 0.8
-DEFAULT_STALENESS_S = 0.2
 DEFAULT_HEADROOM = 0.0
 
 
@@ -61,7 +60,9 @@ class SaturationThresholds:
 
     queue_depth: float = DEFAULT_QUEUE_DEPTH
     kv_util: float = DEFAULT_KV_UTIL
-    staleness_s: float = DEFAULT_STALENESS_S
+    # Upstream's saturation-only staleness threshold, where the file gives one: it becomes the pool's one threshold
+    # for usable data (`epp.scheduling.build.pool_freshness`). None: --metrics-staleness-threshold applies.
+    staleness_s: float | None = None
     headroom: float = DEFAULT_HEADROOM  # the filter's burst allowance above the thresholds, a fraction
 
 
