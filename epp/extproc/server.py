@@ -22,7 +22,7 @@ from epp.errors import EppError, ErrorCode
 from epp.extproc import messages as m
 from epp.extproc.bounds import BodyBudget, ServerLimits
 from epp.extproc.stream import Decider, StreamObserver, StreamProcessor, StreamSettings
-from epp.observability.logs import RateLimitedLog
+from epp.observability.ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self._limits = limits = limits or ServerLimits()
         self.answers = m.DecisionAnswers()
         self.budget = BodyBudget(limits.max_buffered_bytes)
-        self._warn = RateLimitedLog(log)
+        self._warn = RateLimitedLog(log, every_s=10.0)
         self.open_streams = 0
 
     def new_stream(self) -> StreamProcessor:
@@ -71,8 +71,9 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 except asyncio.CancelledError:
                     if not watchdog.fired():
                         raise
-                    self._warn.warning(
+                    self._warn.log(
                         "idle",
+                        logging.WARNING,
                         "ending an ext_proc stream idle for %gs (--stream-idle-timeout) in %s",
                         watchdog.idle_s,
                         stream.phase.name,
@@ -93,8 +94,9 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
     def _over_cap(self) -> pb.ProcessingResponse:
         """The answer to a stream above `--max-concurrent-streams`: 503 at once, before anything is read."""
         self._observer.stream_refused("stream_cap")
-        self._warn.warning(
+        self._warn.log(
             "stream-cap",
+            logging.WARNING,
             "refusing an ext_proc stream: %d are open (--max-concurrent-streams %d)",
             self.open_streams,
             self._limits.max_streams,

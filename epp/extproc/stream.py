@@ -42,7 +42,7 @@ from epp.errors import EppError, ErrorCode
 from epp.extproc import messages as m
 from epp.extproc.bounds import BodyBudget
 from epp.extproc.response import ResponseTracker, Usage, model_restorer
-from epp.observability.logs import RateLimitedLog
+from epp.observability.ratelimit import RateLimitedLog
 from epp.requests import InferenceRequest, parse_request, request_without_body
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,14 @@ class StreamProcessor:
             return [self._refuse(err)]
         except Exception:
             if self._warn is not None:
-                self._warn.exception("stream-failure", "ext_proc stream failed on %s in %s", kind, phase.name)
+                self._warn.log(
+                    "stream-failure",
+                    logging.ERROR,
+                    "ext_proc stream failed on %s in %s",
+                    kind,
+                    phase.name,
+                    exc_info=True,
+                )
             else:
                 log.exception("ext_proc stream failed on %s in %s", kind, phase.name)
             if phase >= _RESPONSE_HEADERS and kind is not None and kind.startswith("response_"):
@@ -304,8 +311,9 @@ class StreamProcessor:
             if not budget.take(len(data)):
                 self._observer.stream_refused("body_budget")
                 if self._warn is not None:
-                    self._warn.warning(
+                    self._warn.log(
                         "body-budget",
+                        logging.WARNING,
                         "refusing a request: %d bytes of request bodies are buffered, the limit "
                         "(--max-buffered-body-bytes) is %d",
                         budget.used,

@@ -19,7 +19,6 @@ from epp.errors import ConfigError
 from epp.extproc.bounds import ServerLimits
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
-from epp.observability.logs import RateLimitedLog
 from epp.observability.metrics import PickerMetrics
 from tests.extproc.envoy import BODY, body_msg, headers_msg, inflight, make_director
 
@@ -154,16 +153,3 @@ async def test_bodies_over_the_buffered_budget_get_429_and_the_budget_returns(ma
 def test_limits_refuse_a_budget_below_one_accepted_body() -> None:
     with pytest.raises(ConfigError, match="--max-buffered-body-bytes"):
         ServerLimits(max_buffered_bytes=1000).check(max_body_bytes=2000)
-
-
-def test_rate_limited_log_writes_one_line_per_interval_and_counts_the_rest(caplog: pytest.LogCaptureFixture) -> None:
-    import logging
-
-    now = [0.0]
-    warn = RateLimitedLog(logging.getLogger("epp.test"), interval_s=10.0, clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, logger="epp.test"):
-        for _ in range(5):
-            warn.warning("k", "refused %s", "x")
-        now[0] = 11.0
-        warn.warning("k", "refused %s", "y")
-    assert [r.getMessage() for r in caplog.records] == ["refused x", "refused y (4 more since the last line)"]
