@@ -43,7 +43,7 @@ from epp.extproc import messages as m
 from epp.extproc.bounds import BodyBudget
 from epp.extproc.response import ResponseTracker, Usage, model_restorer
 from epp.observability.ratelimit import RateLimitedLog
-from epp.requests import InferenceRequest, parse_request, request_without_body
+from epp.requests import DEFAULT_PARSERS, InferenceRequest, ParserChain, UsageDialect
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class StreamObserver(Protocol):
 @dataclass(frozen=True, slots=True)
 class StreamSettings:
     max_body_bytes: int = 16 * 1024 * 1024
+    parsers: ParserChain = DEFAULT_PARSERS  # requestHandler.parsers: which parser reads a request, by its path
 
 
 class Phase(enum.IntEnum):
@@ -140,6 +141,7 @@ class StreamProcessor:
         "_rewrite",
         "_settings",
         "_subset",
+        "_usage",
         "_warn",
         "phase",
     )
@@ -174,6 +176,7 @@ class StreamProcessor:
         self._decision: Decision | None = None
         self._rewrite: tuple[bytes, bytes] | None = None
         self._response: ResponseTracker | None = None
+        self._usage = UsageDialect.OPENAI  # how the response reports usage: the request's parser says
         self.phase = _REQUEST_HEADERS
 
     @property
@@ -371,10 +374,12 @@ class StreamProcessor:
         if generated:
             request_id = uuid.uuid4().hex
         path = headers.get(":path", "/")
+        parsers = self._settings.parsers
         if body_unseen:
-            request = request_without_body(request_id, path, headers)
+            request = parsers.without_body(request_id, path, headers)
         else:
-            request = parse_request(request_id, path, headers, body)
+            request = parsers.parse(request_id, path, headers, body)
+        self._usage = request.usage
         decision = self._decider.decide(request, self._subset)
         self._decision = decision
         self._observer.decision_latency(self._clock() - started)
@@ -394,7 +399,8 @@ class StreamProcessor:
 
     def _on_response_headers(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
         headers = m.headers_to_dict(msg.response_headers.headers)
-        self._response = ResponseTracker("text/event-stream" in headers.get("content-type", ""), self._rewrite)
+        sse = "text/event-stream" in headers.get("content-type", "")
+        self._response = ResponseTracker(sse, self._rewrite, self._usage)
         decision = self._decision
         if decision is not None:
             served = m.served_endpoint(msg, headers)
@@ -412,7 +418,7 @@ class StreamProcessor:
         chunk = msg.response_body
         tracker = self._response
         if tracker is None:  # response headers were skipped: a plain JSON body is assumed
-            tracker = self._response = ResponseTracker(False, self._rewrite)
+            tracker = self._response = ResponseTracker(False, self._rewrite, self._usage)
         body, usage = tracker.feed(chunk.body, chunk.end_of_stream)
         if usage is not None:
             self._report_usage(usage)
