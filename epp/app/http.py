@@ -1,16 +1,25 @@
-"""The metrics port: Prometheus `/metrics`, the operator's `/debug/pool`, and plain `/healthz` and `/readyz`."""
+"""The metrics port: Prometheus `/metrics`, the operator's `/debug/pool`, and plain `/healthz` and `/readyz`.
+
+`/metrics` is rendered in a worker thread: the collectors whose numbers live on the serving loop are frozen there
+first (a copy of bounded size), then the text is built off the loop, so a large scrape never delays a decision.
+With `--metrics-endpoint-auth`, `/metrics` and `/debug/pool` need an authorized bearer token (metrics_auth.py);
+`/healthz` and `/readyz` stay open (probes).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from epp.app.metrics_auth import MetricsAuth
 from epp.datastore import EndpointTable
 from epp.datastore.pool import PoolSpec
+from epp.observability.metrics import FreezableCollector
 
 
 def _num(value: float) -> float | None:
@@ -81,11 +90,22 @@ def build_http_app(
     registry: CollectorRegistry,
     report: Callable[[], dict[str, Any]],
     ready: Callable[[], bool],
+    loop_collectors: Sequence[FreezableCollector] = (),
+    auth: MetricsAuth | None = None,
 ) -> web.Application:
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    """`loop_collectors`: those of `registry` whose numbers the serving loop writes (frozen before rendering)."""
 
-    async def debug_pool(_: web.Request) -> web.Response:
+    async def metrics(request: web.Request) -> web.Response:
+        if auth is not None and (denied := await auth.check(request)) is not None:
+            return denied
+        for collector in loop_collectors:
+            collector.freeze()
+        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def debug_pool(request: web.Request) -> web.Response:
+        if auth is not None and (denied := await auth.check(request)) is not None:
+            return denied
         return web.json_response(report(), dumps=_dumps)
 
     async def healthz(_: web.Request) -> web.Response:

@@ -15,7 +15,7 @@ import gc
 import logging
 import signal
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,9 @@ from prometheus_client import CollectorRegistry
 from epp.app.federation import build_federation
 from epp.app.health import HealthState
 from epp.app.http import build_http_app, pool_report
-from epp.app.pool_metrics import PoolCollector
+from epp.app.metrics_auth import MetricsAuth
+from epp.app.poll_errors import PollErrorTotals
+from epp.app.pool_metrics import PoolCollector, PrefixCollector
 from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode, PoolSpec
@@ -38,7 +40,8 @@ from epp.errors import ConfigError
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.observability.logs import configure_logging
-from epp.observability.metrics import PickerMetrics
+from epp.observability.metrics import FreezableCollector, PickerMetrics
+from epp.observability.plugins import PluginTimer
 from epp.scheduling import build_scheduler, load_config
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
@@ -111,14 +114,20 @@ def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
 async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     state = PickerState()
     _endpoint_source(args, state)
-    metrics = PickerMetrics(state.registry)
+    metrics = PickerMetrics(state.registry, labels=state.objectives, endpoint_name=_endpoint_labels(state))
     pool_name = state.pool.name if state.pool is not None else "static"
     if state.kubernetes is not None:
         pool_name = state.kubernetes.settings.pool_name or "standalone"
-    state.registry.register(PoolCollector(state.table, lambda: pool_name))
+    _register_process_metrics(state.registry)
     # --config-file: an EndpointPickerConfig (refused with exit 2 and the reason); none: the built-in profile.
     config = load_config(args.config_file) if args.config_file else None
     scheduler = build_scheduler(config, seed=None)
+    plugin_timer = PluginTimer()
+    state.registry.register(plugin_timer)
+    scheduler.instrument(plugin_timer)
+    prefix = PrefixCollector([s.scorer for s in scheduler.profile.scorers if hasattr(s.scorer, "hit_ratio")])
+    state.registry.register(prefix)
+    auth = _metrics_auth(args, state)
     federation = build_federation(args, state.failure_mode(), config, scheduler.saturation.saturated)
     if federation is not None:
         federation.connect(getattr(args, "kubeconfig", "") or "")
@@ -133,7 +142,6 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         federation=federation.router if federation is not None else None,
     )
     processor = ExternalProcessor(director, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
-    metrics.open_streams.set_function(lambda: processor.open_streams)
 
     # A BUFFERED body arrives as one message: gRPC's default 4 MiB receive limit would break the stream below
     # --max-body-bytes instead of answering 413, so the limit follows the flag (plus room for the headers).
@@ -168,7 +176,11 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             state.table, state.pool, now, state.ready(), scrape.staleness_s, scrape.max_failures, extra or None
         )
 
-    http_runner = web.AppRunner(build_http_app(state.registry, report, state.ready), access_log=None)
+    pool_collector = PoolCollector(state.table, lambda: pool_name, PollErrorTotals(scraper.status))
+    state.registry.register(pool_collector)
+    loop_collectors: list[FreezableCollector] = [metrics, pool_collector, plugin_timer, prefix]
+    http_app = build_http_app(state.registry, report, state.ready, loop_collectors, auth)
+    http_runner = web.AppRunner(http_app, access_log=None)
     await http_runner.setup()
     site = web.TCPSite(http_runner, args.bind_address, args.metrics_port)
     try:
@@ -214,6 +226,55 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         await http_runner.cleanup()
         log.info("stopped")
     return 0
+
+
+def _endpoint_labels(state: PickerState) -> Callable[[str], tuple[str, str, str]]:
+    """address → (pod name, namespace, port) for upstream's endpoint labels."""
+
+    def labels(address: str) -> tuple[str, str, str]:
+        slot = state.table.slot_of(address)
+        info = state.table.info(slot) if slot is not None else None
+        namespace = state.pool.namespace if state.pool is not None else ""
+        return (info.pod_name if info is not None and info.pod_name else address), namespace, address.rpartition(":")[2]
+
+    return labels
+
+
+def _register_process_metrics(registry: CollectorRegistry) -> None:
+    """process_* (CPU, memory, fds), python_info and python_gc_*, and upstream's info gauge."""
+    from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, Gauge
+
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
+    from epp import __version__
+
+    for name in ("llm_d_epp_info", "inference_extension_info"):
+        info = Gauge(name, "General information of the current build of the endpoint picker.", ["commit", "build_ref"],
+                     registry=registry)  # fmt: skip
+        info.labels(_commit(), __version__).set(1)
+
+
+def _commit() -> str:
+    import os
+
+    return os.environ.get("EPP_COMMIT", "unknown")
+
+
+def _metrics_auth(args: argparse.Namespace, state: PickerState) -> MetricsAuth | None:
+    """--metrics-endpoint-auth: on by default with Kubernetes discovery (as upstream), off without a cluster."""
+    wanted = getattr(args, "metrics_endpoint_auth", None)
+    if wanted is None:
+        wanted = state.kubernetes is not None
+    if not wanted:
+        return None
+    from epp.discovery.kubernetes.rest import KubeRest, load_api_client
+    from epp.discovery.kubernetes.review import AccessReviewer
+
+    try:
+        client = load_api_client(getattr(args, "kubeconfig", "") or None)
+    except Exception as exc:
+        raise ConfigError(f"--metrics-endpoint-auth needs the API server (kubeconfig or in-cluster): {exc}") from None
+    return MetricsAuth(AccessReviewer(KubeRest(client)))
 
 
 async def _start_kubernetes(source: KubernetesSource, state: PickerState) -> None:

@@ -115,6 +115,15 @@ def register(sub: Any) -> None:
         action="store_true",
         help="start even though a FailOpen pool's fallback path would bypass a residency rule (logged loudly)",
     )
+    p.add_argument(
+        "--metrics-endpoint-auth",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=None,
+        help="/metrics needs a bearer token the API server authorizes for get /metrics "
+        "(default: on with Kubernetes discovery, off without a cluster)",
+    )
     p.add_argument("-v", "--verbosity", type=int, default=1, help="log level: 0 warnings, 1 info, 2+ debug")
     _register_kubernetes(p)
     p.set_defaults(func=run)

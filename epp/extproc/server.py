@@ -7,16 +7,26 @@ in-flight booking is released.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.extproc.stream import Decider, StreamObserver, StreamProcessor, StreamSettings
+
+# What the server reports about whole streams (upstream's extproc_streams_*); the metrics implement both.
+
+
+class ServerObserver(StreamObserver, Protocol):
+    def stream_started(self) -> None: ...
+
+    def stream_finished(self, code: str, seconds: float) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +35,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
     def __init__(
         self,
         decider: Decider,
-        observer: StreamObserver,
+        observer: ServerObserver,
         settings: StreamSettings,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -40,15 +50,23 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
     ) -> AsyncIterator[pb.ProcessingResponse]:
         stream = StreamProcessor(self._decider, self._observer, self._clock, self._settings)
         self.open_streams += 1
+        started = self._clock()
+        self._observer.stream_started()
+        code = "Unknown"  # an exception out of the iterator (a broken stream) unless it ends or is cancelled
         try:
             async for message in request_iterator:
                 for response in stream.handle(message):
                     yield response
                 if stream.finished:
-                    return
+                    break
+            code = "OK"
+        except asyncio.CancelledError:
+            code = "Canceled"
+            raise
         finally:
             stream.close()
             self.open_streams -= 1
+            self._observer.stream_finished(code, self._clock() - started)
 
 
 def add_to_server(processor: ExternalProcessor, server: grpc.aio.Server) -> None:

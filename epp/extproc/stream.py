@@ -31,6 +31,7 @@ from epp import wire
 from epp.director import Decision
 from epp.errors import EppError, ErrorCode
 from epp.extproc import messages as m
+from epp.observability.metrics import RequestRecord
 from epp.requests import InferenceRequest, parse_request
 
 log = logging.getLogger(__name__)
@@ -55,13 +56,47 @@ class Decider(Protocol):
 
 
 class StreamObserver(Protocol):
-    """Where a stream reports what happened (the metrics); every method is cheap and never raises."""
+    """Where a stream reports what happened (the metrics); every method is cheap and never raises.
 
-    def request_done(self, code: ErrorCode | None, model: str, target_model: str) -> None: ...
+    `request_started` hands out the stream's record (epp.observability.metrics.RequestRecord), passed back on
+    every later call so the labels of a request are resolved once."""
+
+    def request_started(self, now: float) -> RequestRecord: ...
+
+    def decided(
+        self,
+        record: RequestRecord | None,
+        now: float,
+        model: str,
+        target: str,
+        fairness_id: str | None,
+        objective: str | None,
+        address: str,
+    ) -> None: ...
+
+    def request_done(
+        self,
+        code: ErrorCode | None,
+        model: str,
+        target_model: str,
+        record: RequestRecord | None = None,
+        now: float = 0.0,
+        fairness_id: str | None = None,
+        objective: str | None = None,
+    ) -> None: ...
 
     def decision_latency(self, seconds: float) -> None: ...
 
-    def usage(self, model: str, prompt_tokens: int, completion_tokens: int) -> None: ...
+    def response_chunk(self, record: RequestRecord, now: float, size: int) -> None: ...
+
+    def usage(
+        self,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        record: RequestRecord | None = None,
+        cached_tokens: int = -1,
+    ) -> None: ...
 
     def served_mismatch(self) -> None: ...
 
@@ -82,6 +117,8 @@ class StreamProcessor:
         "_decision",
         "_headers",
         "_observer",
+        "_record",
+        "_request",
         "_request_body_mode",
         "_response_body_mode",
         "_response_sse",
@@ -115,6 +152,8 @@ class StreamProcessor:
         self._response_sse = False
         self._response_tail = b""
         self._usage_seen = False
+        self._record: RequestRecord | None = None  # what the metrics learn about this request, from its headers on
+        self._request: InferenceRequest | None = None  # parsed (labels of a refusal after parsing)
         self.finished = False  # an ImmediateResponse was sent: the stream is over
 
     # -- entry points -----------------------------------------------------------------------------------------
@@ -159,6 +198,7 @@ class StreamProcessor:
 
     def _on_request_headers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
         self._headers = m.headers_to_dict(msg.request_headers.headers)
+        self._record = self._observer.request_started(self._clock())
         if msg.request_headers.end_of_stream or self._request_body_mode in (NONE, _Mode.STREAMED):
             return [self._decision_answer("headers", None)]
         if self._request_body_mode == FULL_DUPLEX:
@@ -206,10 +246,25 @@ class StreamProcessor:
         generated = not request_id
         if generated:
             request_id = uuid.uuid4().hex
+        record = self._record
+        if record is not None and body is not None:
+            record.request_bytes = len(body)
         request = parse_request(request_id, headers.get(":path", "/"), headers, body)
+        self._request = request
         decision = self._decider.decide(request, self._subset)
         self._decision = decision
-        self._observer.decision_latency(self._clock() - started)
+        now = self._clock()
+        observer = self._observer
+        observer.decision_latency(now - started)
+        observer.decided(
+            record,
+            now,
+            decision.original_model,
+            decision.target_model,
+            request.fairness_id,
+            request.objective,
+            decision.addresses[0] if decision.addresses else "",
+        )
         destination = decision.header_value
         set_headers: tuple[tuple[str, str], ...] = ((wire.DESTINATION_HEADER, destination), *decision.headers)
         if generated:
@@ -230,6 +285,10 @@ class StreamProcessor:
     def _on_response_headers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
         headers = m.headers_to_dict(msg.response_headers.headers)
         self._response_sse = "text/event-stream" in headers.get("content-type", "")
+        record = self._record
+        if record is not None:
+            record.response_started_at = self._clock()
+            record.streaming = self._response_sse
         decision = self._decision
         if decision is not None:
             served = m.served_endpoint(msg, headers)
@@ -244,6 +303,8 @@ class StreamProcessor:
     def _on_response_body(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
         chunk = msg.response_body
         body = chunk.body
+        if self._record is not None:
+            self._observer.response_chunk(self._record, self._clock(), len(body))
         if not self._usage_seen:
             self._read_usage(body, chunk.end_of_stream)
         if self._rewrite is not None:
@@ -296,10 +357,14 @@ class StreamProcessor:
             if isinstance(usage, dict):
                 self._usage_seen = True
                 decision = self._decision
+                details = usage.get("prompt_tokens_details")
+                cached = details.get("cached_tokens") if isinstance(details, dict) else None
                 self._observer.usage(
                     decision.original_model if decision else "",
                     int(usage.get("prompt_tokens") or 0),
                     int(usage.get("completion_tokens") or 0),
+                    self._record,
+                    cached if isinstance(cached, int) and cached >= 0 else -1,
                 )
                 return
 
@@ -311,7 +376,7 @@ class StreamProcessor:
             return
         self._decision = None
         self._decider.complete(decision)
-        self._observer.request_done(None, decision.original_model, decision.target_model)
+        self._observer.request_done(None, decision.original_model, decision.target_model, self._record, self._clock())
 
     def _refuse(self, err: EppError) -> m.ProcessingResponse:
         self.finished = True
@@ -321,5 +386,12 @@ class StreamProcessor:
             self._decision = None
         # Per-request refusals are counted in metrics; the log gets them at DEBUG only (hot path).
         log.debug("refusing request: %s", err.body)
-        self._observer.request_done(err.code, "", "")
+        request = self._request
+        if request is None:
+            self._observer.request_done(err.code, "", "", self._record, self._clock())
+        else:
+            self._observer.request_done(
+                err.code, request.model, request.model, self._record, self._clock(), request.fairness_id,
+                request.objective,
+            )  # fmt: skip
         return m.immediate_response(err)

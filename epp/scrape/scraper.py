@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.scrape.engines import EngineRegistry, EngineSpec, extract
@@ -66,6 +66,7 @@ class EndpointStatus:
     last_ok_at: float | None = None
     last_error: str | None = None  # None: the last page was clean
     signals_found: int = 0
+    errors_by_reason: dict[str, int] = field(default_factory=dict)  # failed scrapes by `failure_reason`
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -78,6 +79,24 @@ class EndpointStatus:
             "last_error": self.last_error,
             "signals_found": self.signals_found,
         }
+
+
+def failure_reason(problem: str) -> str:
+    """The `reason` label of llm_d_epp_datalayer_poll_errors_total for a failed scrape's message."""
+    lowered = problem.lower()
+    if lowered.startswith("timed out"):
+        return "timeout"
+    if "refused" in lowered:
+        return "refused"
+    if lowered.startswith("connect failed") or "connection closed" in lowered:
+        return "connection"
+    if lowered.startswith("http "):
+        return "http-status"
+    if "larger than" in lowered or "too large" in lowered:
+        return "too-large"
+    if lowered.startswith("internal error"):
+        return "internal"
+    return "parse"
 
 
 def _default_client(info: EndpointInfo) -> MetricsClient:
@@ -232,6 +251,8 @@ class ScrapeService:
         st.failures += 1
         st.streak += 1
         st.last_error = problem
+        reason = failure_reason(problem)
+        st.errors_by_reason[reason] = st.errors_by_reason.get(reason, 0) + 1
         if slot is not None:
             self.table.record_scrape_failure(slot)
         if st.streak == 1:
