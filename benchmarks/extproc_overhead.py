@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from epp.cli.flag_types import positive_duration
 from epp.gateway.testbed import (
     bootstrap,
     ext_proc_filter,
@@ -165,7 +166,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=10, help="length of one load run")
+    parser.add_argument("--seconds", type=positive_duration, default=10, help="length of one load run")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per setting (median reported)")
     parser.add_argument("--concurrency", default="16,64")
     parser.add_argument("--modes", default="request,full")

@@ -14,10 +14,11 @@ import argparse
 import statistics
 import time
 
+from epp.config.federation import parse_federation
 from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
 from epp.datastore.sites import Site, SiteRegistry
 from epp.director import Director, RandomScheduler
-from epp.federation.policy import FederationRouter, parse_federation
+from epp.federation.policy import FederationRouter
 from epp.requests import ApiKind, InferenceRequest
 
 NOW = 1_000.0

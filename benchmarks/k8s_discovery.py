@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from epp.cli.flag_types import positive_duration
 from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.discovery.kubernetes.settings import KubernetesSettings
@@ -88,7 +89,7 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--events", type=int, default=2000)
     parser.add_argument("--changes", type=int, default=200)
-    parser.add_argument("--max-seconds", type=float, default=60.0)
+    parser.add_argument("--max-seconds", type=positive_duration, default=60.0)
     args = parser.parse_args()
     incremental = cpu_per_event(args.pods, args.events, full=False, max_seconds=args.max_seconds)
     rebuild = cpu_per_event(args.pods, args.events, full=True, max_seconds=args.max_seconds)

@@ -35,6 +35,7 @@ import numpy as np
 from benchmarks.quality import policy_factory
 from benchmarks.virtual_time import capacity, simulate
 from benchmarks.workloads import WORKLOADS, Item, load, prompt_text, scaled_arrivals
+from epp.cli.flag_types import duration, positive_duration
 from epp.demo.load import Outcome, Shot, run_phase
 from epp.demo.processes import free_port, http_ok, running, wait_until
 from epp.demo.report import PhaseSummary, prefix_counters, summarise
@@ -170,8 +171,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--load", type=float, default=0.8, help="fraction of the pool's capacity without cache hits")
     p.add_argument("--requests", type=int, default=400, help="trace requests taken, from --offset on")
     p.add_argument("--offset", type=int, default=0, help="first trace request of the slice (default 0)")
-    p.add_argument("--seconds", type=float, default=60.0, help="send window per policy, wall seconds (default 60)")
-    p.add_argument("--drain", type=float, default=60.0, help="wall seconds to wait for answers after the window")
+    p.add_argument(
+        "--seconds", type=positive_duration, default=60.0, help="send window per policy, wall seconds (default 60)"
+    )
+    p.add_argument("--drain", type=duration, default=60.0, help="wall seconds to wait for answers after the window")
     p.add_argument("--profiles", default="h100,h100,h100,h100", help="one simulated server per entry")
     p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma list of {', '.join(POLICIES)}")

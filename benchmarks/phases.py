@@ -26,6 +26,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from epp.cli.flag_types import duration, positive_duration
 from epp.demo.processes import free_port, http_ok, port_open, wait_until
 from epp.demo.processes import running as _running
 from epp.gateway.binary import find_envoy
@@ -170,8 +171,8 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, default=500, help="SSE chunks per response")
     parser.add_argument("--chunk-interval-ms", type=float, default=1.0, help="pause between SSE chunks")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--max-seconds", type=float, default=60.0, help="per configuration")
-    parser.add_argument("--idle-seconds", type=float, default=5.0, help="idle CPU sampling before each load")
+    parser.add_argument("--max-seconds", type=positive_duration, default=60.0, help="per configuration")
+    parser.add_argument("--idle-seconds", type=duration, default=5.0, help="idle CPU sampling before each load")
     parser.add_argument("--only", help="run only the configurations whose name contains this")
     parser.add_argument("--backend", type=int, help=argparse.SUPPRESS)  # internal: run as the SSE backend
     args = parser.parse_args()

@@ -17,10 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.workloads import Item, prompt_text
+from epp.app.config_file import load_config
 from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
 from epp.director import Director
 from epp.requests import ApiKind, InferenceRequest
-from epp.scheduling import ProfileScheduler, build_scheduler, load_config, upstream_default_config
+from epp.scheduling import ProfileScheduler, build_scheduler, upstream_default_config
 from epp.sim.engine import Engine, SimRequest
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

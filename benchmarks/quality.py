@@ -25,6 +25,7 @@ import numpy as np
 from benchmarks.policies import BASELINES, Oracle, Picker, Policy, picker_scheduler
 from benchmarks.virtual_time import capacity, simulate
 from benchmarks.workloads import WORKLOADS, Item, load, scaled_arrivals
+from epp.cli.flag_types import positive_duration
 from epp.sim.engine import Engine
 from epp.sim.profiles import EngineProfile, profile_named
 
@@ -188,7 +189,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--policies", default=DEFAULT_POLICIES)
     p.add_argument("--config", help="an EndpointPickerConfig file: adds the policy epp:<file stem>")
     p.add_argument("--profiles", default="h100", help="comma list of server profiles, cycled (h100, l4)")
-    p.add_argument("--scrape-interval", type=float, default=0.05, help="virtual seconds between scrapes")
+    p.add_argument("--scrape-interval", type=positive_duration, default=0.05, help="virtual seconds between scrapes")
     p.add_argument("--warmup", type=float, default=0.1, help="fraction of first requests left out of latency stats")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write rows as JSON here")

@@ -51,13 +51,14 @@ def build(config_path: str | None) -> Callable[[], None]:
     from prometheus_client import CollectorRegistry
 
     from benchmarks.extproc_overhead import BODY
+    from epp.app.config_file import load_config
     from epp.datastore import EndpointTable
     from epp.datastore.objectives import ObjectiveStore
     from epp.director import Director
     from epp.discovery.static import parse_static_endpoints
     from epp.extproc.stream import StreamProcessor, StreamSettings
     from epp.observability.metrics import PickerMetrics
-    from epp.scheduling import build_scheduler, load_config
+    from epp.scheduling import build_scheduler
     from epp.scrape.engines import EngineRegistry, extract
     from tests.scrape.vllm_page import vllm_page
 

@@ -23,7 +23,7 @@ from epp.sim.engine import SimRequest
 UNIT_TOKENS = 512  # Mooncake's hash-id block; also the unit of the synthetic groups
 CHARS_PER_TOKEN = 4
 MAX_CONTEXT = 131_072  # Llama-3.1's context window: longer trace requests are clipped to it
-TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "reference" / "traces"
+TRACES = Path(__file__).resolve().parent / "data" / "traces"  # sources and licences: data/SOURCES.md
 WORKLOADS = ("shared-prefix", "azure-conv", "azure-code", "mooncake")
 
 
@@ -122,10 +122,7 @@ def load(name: str, n: int, trace: Path | None = None, seed: int = 0) -> list[It
     }
     if name not in files:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
-    path = TRACES / files[name]
-    if not path.is_file():
-        raise FileNotFoundError(f"trace not found at {path} (../shared is absent in a plain clone); pass --trace")
-    return load_trace(path, n)
+    return load_trace(TRACES / files[name], n)
 
 
 def scaled_arrivals(items: Sequence[Item], rate: float) -> np.ndarray:

@@ -10,3 +10,7 @@ ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
 ACTIVE_PORTS_ANNOTATION = "inference.networking.k8s.io/active-ports"
 # Headers of ours a client must never set: stripped from the request before anything reads it.
 ROUTING_HEADERS = (DESTINATION_HEADER, DESTINATION_SERVED_HEADER, "x-gateway-destination-endpoint-subset")
+TIER_HEADER = "x-epp-allowed-tiers"  # a client may narrow its request's tiers (comma list), never widen them
+# Set by a picker on a request it sends to a remote site (value: its tier). A picker never sends such a request to
+# another site again: one hop at most, so two saturated sites cannot bounce a request between them.
+HOP_HEADER = "x-epp-federated-from"

@@ -1,4 +1,4 @@
-"""Shared test fixtures: paths to the reference data in ../shared (skipped when absent)."""
+"""Shared test fixtures: the reference data committed under tests/data (sources and licences in its SOURCES.md)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
+DATA = ROOT / "tests" / "data"
 
 
 @pytest.fixture
-def shared_reference() -> Path:
-    path = SHARED / "reference"
-    if not path.is_dir():
-        pytest.skip(f"reference data not found at {path} (../shared is absent in a plain clone)")
-    return path
+def reference_data() -> Path:
+    return DATA

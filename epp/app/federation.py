@@ -14,13 +14,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from epp.config.federation import FederationConfig, parse_federation
+from epp.config.model import EndpointPickerConfig
 from epp.datastore.pool import FailureMode
 from epp.datastore.sites import SiteRegistry
 from epp.errors import ConfigError
-from epp.federation.policy import FederationConfig, FederationRouter, check_fail_open, parse_federation
+from epp.federation.policy import FederationRouter, check_fail_open
 from epp.federation.policy.router import SaturationCheck
 from epp.federation.watch import GROUP, PLURAL, VERSION, SiteFeed
-from epp.scheduling.config import EndpointPickerConfig
 
 log = logging.getLogger("epp.federation")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -34,8 +34,10 @@ def pool_report(
     stale_after_s: float,
     max_failures: int,
     extra: dict[str, Any] | None = None,
+    scrape_status: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """What `/debug/pool` shows: the pool, and each endpoint with its health and latest metrics."""
+    """What `/debug/pool` shows: the pool, and each endpoint with its health, latest metrics and scrape status
+    (the last error, since when and why it is unusable)."""
     snap = table.snapshot()
     stale = snap.stale(now, stale_after_s, max_failures)
     endpoints = []
@@ -64,6 +66,7 @@ def pool_report(
                 "metricsAgeSeconds": _num(age),
                 "scrapeFailures": int(snap.scrape_failures[slot]),
                 "inflight": int(snap.inflight[slot]),
+                "scrape": (scrape_status or {}).get(info.address),
             }
         )
     endpoints.sort(key=lambda e: e["address"])

@@ -23,12 +23,14 @@ import grpc
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from epp.app.config_file import load_config
 from epp.app.federation import build_federation
 from epp.app.health import HealthState
 from epp.app.http import build_http_app, pool_report
 from epp.app.metrics_auth import MetricsAuth
-from epp.app.poll_errors import PollErrorTotals
 from epp.app.pool_metrics import PoolCollector, PrefixCollector
+from epp.app.scrape_metrics import ScrapeCollector
+from epp.cli.scrape_flags import scrape_settings_from_args
 from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode, PoolSpec
@@ -40,12 +42,12 @@ from epp.errors import ConfigError
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.observability.logs import configure_logging
-from epp.observability.metrics import FreezableCollector, PickerMetrics
+from epp.observability.metrics import FreezableCollector, LoopCollector, PickerMetrics
 from epp.observability.plugins import PluginTimer
-from epp.scheduling import build_scheduler, load_config
+from epp.scheduling import build_scheduler
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
-from epp.scrape.scraper import ScrapeService, ScrapeSettings
+from epp.scrape.scraper import ScrapeService
 
 log = logging.getLogger("epp")
 
@@ -77,19 +79,6 @@ class PickerState:
         return self.health.ready
 
 
-def _scrape_settings(args: argparse.Namespace) -> ScrapeSettings:
-    """The scrape flags (epp/cli/scrape_flags.py); a namespace without them gets upstream's defaults."""
-    d = ScrapeSettings()
-    return ScrapeSettings(
-        interval_s=getattr(args, "refresh_metrics_interval", d.interval_s),
-        timeout_s=getattr(args, "metrics_scrape_timeout", d.timeout_s),
-        staleness_s=getattr(args, "metrics_staleness_threshold", d.staleness_s),
-        max_failures=getattr(args, "metrics_max_failures", d.max_failures),
-        max_page_bytes=getattr(args, "metrics_max_page_bytes", d.max_page_bytes),
-        concurrency=getattr(args, "metrics_scrape_concurrency", d.concurrency),
-    )
-
-
 def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
     """Kubernetes (pool or standalone selector), or cluster-free: the pool file (optional) and the static list."""
     k8s = settings_from_flags(args)
@@ -119,6 +108,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     if state.kubernetes is not None:
         pool_name = state.kubernetes.settings.pool_name or "standalone"
     _register_process_metrics(state.registry)
+    scrape = scrape_settings_from_args(args)  # the scrape flags, read once: the scraper and /debug/pool share them
     # --config-file: an EndpointPickerConfig (refused with exit 2 and the reason); none: the built-in profile.
     config = load_config(args.config_file) if args.config_file else None
     scheduler = build_scheduler(config, seed=None)
@@ -157,7 +147,6 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
     _bind(health_server, args.bind_address, args.grpc_health_port, "--grpc-health-port")
 
-    scrape = _scrape_settings(args)
     # Metric names per engine: built-in, or the config's core-metrics-extractor parameters (upstream's format).
     engines = engines_of_config(config)
     # A child process by default: scraping hundreds of endpoints on the serving loop costs most of its core.
@@ -166,19 +155,31 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         scraper = ScrapeService(state.table, scrape, engines)
     else:
         scraper = ScrapeProcess(state.table, scrape, engines)
+    scrape_collector = LoopCollector(ScrapeCollector(state.table, scraper))
+    state.registry.register(scrape_collector)
 
     def report() -> dict[str, Any]:
         now = time.monotonic()
         extra: dict[str, Any] = {"kubernetes": state.kubernetes.status()} if state.kubernetes is not None else {}
         if federation is not None:
             extra.update(federation.report(now))
+        if isinstance(scraper, ScrapeProcess):
+            extra["scrapeProcess"] = scraper.supervision(now)
+        statuses = {address: status.as_dict() for address, status in scraper.status().items()}
         return pool_report(
-            state.table, state.pool, now, state.ready(), scrape.staleness_s, scrape.max_failures, extra or None
+            state.table,
+            state.pool,
+            now,
+            state.ready(),
+            scrape.staleness_s,
+            scrape.max_failures,
+            extra or None,
+            statuses,
         )
 
-    pool_collector = PoolCollector(state.table, lambda: pool_name, PollErrorTotals(scraper.status))
+    pool_collector = PoolCollector(state.table, lambda: pool_name, _poll_errors(scraper))
     state.registry.register(pool_collector)
-    loop_collectors: list[FreezableCollector] = [metrics, pool_collector, plugin_timer, prefix]
+    loop_collectors: list[FreezableCollector] = [metrics, pool_collector, plugin_timer, prefix, scrape_collector]
     http_app = build_http_app(state.registry, report, state.ready, loop_collectors, auth)
     http_runner = web.AppRunner(http_app, access_log=None)
     await http_runner.setup()
@@ -226,6 +227,12 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         await http_runner.cleanup()
         log.info("stopped")
     return 0
+
+
+def _poll_errors(scraper: ScrapeService | ScrapeProcess) -> Callable[[], dict[str, int]]:
+    if isinstance(scraper, ScrapeProcess):
+        return scraper.poll_errors
+    return lambda: dict(scraper.poll_errors)
 
 
 def _endpoint_labels(state: PickerState) -> Callable[[str], tuple[str, str, str]]:

@@ -20,8 +20,9 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from epp.federation.policy import parse_federation
-    from epp.scheduling import build_scheduler, read_config
+    from epp.config.federation import parse_federation
+    from epp.config.files import read_config
+    from epp.scheduling import build_scheduler
     from epp.scrape.engines import engines_of_config
 
     refused = 0

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from epp.cli.flag_types import duration, positive_duration
 from epp.demo.config import DemoConfig
 from epp.errors import ConfigError
 
@@ -16,7 +17,10 @@ _D = DemoConfig()
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="compare the picker with round robin on a simulated pool, on loopback")
     p.add_argument(
-        "--seconds", type=float, default=_D.seconds, help=f"traffic in all, half per listener ({_D.seconds:g})"
+        "--seconds",
+        type=positive_duration,
+        default=_D.seconds,
+        help=f"traffic in all, half per listener ({_D.seconds:g}s)",
     )
     p.add_argument("--rate", type=float, default=_D.rate, help=f"requests per second per listener ({_D.rate:g})")
     p.add_argument(
@@ -32,7 +36,9 @@ def register(sub: Any) -> None:
         "--output-tokens", type=int, default=_D.output_tokens, help=f"tokens generated per request ({_D.output_tokens})"
     )
     p.add_argument("--speed", type=float, default=_D.speed, help=f"simulated seconds per wall second ({_D.speed:g})")
-    p.add_argument("--drain", type=float, default=_D.drain_s, help=f"seconds to wait after sending ({_D.drain_s:g})")
+    p.add_argument(
+        "--drain", type=duration, default=_D.drain_s, help=f"how long to wait after sending ({_D.drain_s:g}s)"
+    )
     p.add_argument("--workdir", help="keep logs and the Envoy config here (default: a temporary directory)")
     p.set_defaults(func=run)
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from epp.cli.flag_types import positive_duration
 from epp.errors import ConfigError
 
 
@@ -42,7 +43,9 @@ def register(sub: Any) -> None:
         default="headers",
         help="response messages the picker gets (default headers; body streams every chunk through the picker)",
     )
-    p.add_argument("--message-timeout", type=float, default=1.0, help="seconds Envoy waits per picker answer")
+    p.add_argument(
+        "--message-timeout", type=positive_duration, default=1.0, help="how long Envoy waits per picker answer (1s)"
+    )
     p.add_argument("--retries", type=int, default=2, help="retries on connect failure, walking the picker's list")
     p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="BUFFERED body limit (413 above)")
     p.add_argument("--access-log", default="", help="write a JSON access log line per request here (e.g. /dev/stdout)")

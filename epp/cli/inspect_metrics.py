@@ -14,6 +14,7 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
+from epp.cli.flag_types import positive_duration
 from epp.scrape.engines import EngineRegistry, extract
 from epp.scrape.http import HttpConnection, ScrapeError
 
@@ -24,7 +25,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("inspect-metrics", help="print the signals the picker reads from a metrics page, as JSON")
     p.add_argument("source", metavar="SOURCE", help="a file path or an http:// URL of a /metrics page")
     p.add_argument("--engine", default="vllm", help="engine mapping to read it with (default vllm)")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a URL (default 5)")
+    p.add_argument("--timeout", type=positive_duration, default=5.0, help="how long to wait for a URL (default 5s)")
     p.set_defaults(func=run)
 
 

@@ -3,32 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import re
 from typing import Any
 
+from epp.cli.flag_types import positive_duration
 from epp.scrape.scraper import ScrapeSettings
-
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from a Go duration ("50ms", "1s", "1m30s", "1.5s") or plain seconds ("0.05")."""
-    t = text.strip()
-    try:
-        value = float(t)
-    except ValueError:
-        pos, value = 0, 0.0
-        for m in _PART.finditer(t):
-            if m.start() != pos:
-                break
-            value += float(m.group(1)) * _UNITS[m.group(2)]
-            pos = m.end()
-        if pos != len(t) or not t:
-            raise argparse.ArgumentTypeError(f"not a duration (e.g. 50ms, 1s, 0.05): {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"duration must be positive: {text!r}")
-    return value
 
 
 def _positive_int(text: str) -> int:
@@ -46,19 +24,19 @@ def add_scrape_flags(p: Any) -> None:
     g = p.add_argument_group("model-server metrics")
     g.add_argument(
         "--refresh-metrics-interval",
-        type=parse_duration,
+        type=positive_duration,
         default=d.interval_s,
         help="how often each endpoint's /metrics is scraped, e.g. 50ms, 1s (default 50ms)",
     )
     g.add_argument(
         "--metrics-staleness-threshold",
-        type=parse_duration,
+        type=positive_duration,
         default=d.staleness_s,
         help="metrics older than this mark an endpoint stale: unknown to scorers, saturated to admission (default 2s)",
     )
     g.add_argument(
         "--metrics-scrape-timeout",
-        type=parse_duration,
+        type=positive_duration,
         default=d.timeout_s,
         help="time limit of one scrape (default 1s)",
     )
@@ -89,6 +67,8 @@ def add_scrape_flags(p: Any) -> None:
 
 
 def scrape_settings_from_args(args: argparse.Namespace) -> ScrapeSettings:
+    """The one place the scrape flags become settings: the scraper reads them, and so do `/debug/pool`'s health
+    columns and whatever else judges an endpoint by its scrapes (staleness, failures in a row)."""
     return ScrapeSettings(
         interval_s=args.refresh_metrics_interval,
         timeout_s=args.metrics_scrape_timeout,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import re
 from typing import Any
 
+from epp.cli.flag_types import duration, positive_duration
 from epp.cli.scrape_flags import add_scrape_flags
 
 
@@ -39,20 +39,6 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
-
-
-def _duration(text: str) -> float:
-    """Seconds from a Go duration ("15s", "1.5s", "500ms", "1m") or a bare number of seconds."""
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a duration (like 15s, 500ms, 1m): {text!r}")
-    value = float(match.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2) or "s"]
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
-
-
 def _register_kubernetes(p: argparse.ArgumentParser) -> None:
     """Upstream's names; lease tuning as client-go components name it (upstream uses client-go's defaults)."""
     k = p.add_argument_group("Kubernetes (see docs/kubernetes.md)")
@@ -76,9 +62,13 @@ def _register_kubernetes(p: argparse.ArgumentParser) -> None:
         default=False,
         help="active-passive replicas: only the holder of the Lease reports readiness",
     )
-    k.add_argument("--leader-elect-lease-duration", type=_duration, default=15.0, help="lease duration (default 15s)")
-    k.add_argument("--leader-elect-renew-deadline", type=_duration, default=10.0, help="renew deadline (default 10s)")
-    k.add_argument("--leader-elect-retry-period", type=_duration, default=2.0, help="retry period (default 2s)")
+    k.add_argument(
+        "--leader-elect-lease-duration", type=positive_duration, default=15.0, help="lease duration (default 15s)"
+    )
+    k.add_argument(
+        "--leader-elect-renew-deadline", type=positive_duration, default=10.0, help="renew deadline (default 10s)"
+    )
+    k.add_argument("--leader-elect-retry-period", type=positive_duration, default=2.0, help="retry period (default 2s)")
 
 
 def register(sub: Any) -> None:
@@ -98,9 +88,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--grace-period",
-        type=float,
+        type=duration,
         default=10.0,
-        help="seconds open streams get to finish after SIGTERM (default 10)",
+        help="how long open streams get to finish after SIGTERM, e.g. 10s, 500ms or seconds (default 10s)",
     )
     add_scrape_flags(p)
     fed = p.add_argument_group("federation (LLMKube FederatedCluster sites, data residency, tier overflow)")

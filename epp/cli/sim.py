@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import Any
 
+from epp.cli.flag_types import duration
 from epp.errors import ConfigError
 from epp.sim.metrics import ENGINES
 from epp.sim.pool import SimulatedPool
@@ -30,7 +31,7 @@ def register(sub: Any) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="served model name")
     p.add_argument("--lora", default="", help="comma list of LoRA adapter names served as models")
     p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall-clock second")
-    p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: until signalled)")
+    p.add_argument("--duration", type=duration, default=0.0, help="stop after this long, e.g. 30s (0: until signalled)")
     p.set_defaults(func=run)
 
 

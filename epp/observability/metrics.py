@@ -192,6 +192,19 @@ class FreezableCollector(Collector):
         return self.families(self.snapshot())
 
 
+class LoopCollector(FreezableCollector):
+    """Any collector that reads loop-owned state, made freezable: `freeze()` collects its families on the loop."""
+
+    def __init__(self, inner: Collector) -> None:
+        self._inner = inner
+
+    def snapshot(self) -> list[Metric]:
+        return list(self._inner.collect())
+
+    def families(self, data: Any) -> Iterator[Metric]:
+        return iter(data)
+
+
 class PickerMetrics(FreezableCollector):
     """Counters and histograms of requests, decisions, streams and tokens; one instance per process."""
 

@@ -22,6 +22,10 @@ HEADER_MODEL_REWRITE = "x-gateway-model-name-rewrite"
 HEADER_SESSION = "x-session-token"
 HEADER_REQUEST_ID = "x-request-id"
 
+# Limits on what a body may be, each refused with a 400 that names it (the body's size is `--max-body-bytes`, 413):
+MAX_NESTING = 128  # arrays/objects inside one another; real bodies (tool schemas included) stay under 30
+MAX_MODEL_CHARS = 1024  # the longest model names in use are ~100 characters
+
 
 class ApiKind(enum.Enum):
     CHAT = "chat"
@@ -124,6 +128,35 @@ def _bad(message: str) -> EppError:
     return EppError(ErrorCode.BAD_REQUEST, message)
 
 
+def _nesting_depth(value: object, limit: int) -> int:
+    """How deep arrays and objects nest in `value` (a scalar is 0), counted without recursion; stops past `limit`.
+
+    Iterative on purpose: every later step that walks a body (prompt text, re-serialising a rewritten body) would
+    otherwise recurse once per level, and a 2 KB body nested 1,000 deep hit Python's recursion limit (a 500).
+    """
+    if not isinstance(value, (dict, list)):
+        return 0
+    deepest = 0
+    stack: list[tuple[dict[Any, Any] | list[Any], int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                break
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return deepest
+
+
+def _check_nesting(body: bytes, parsed: dict[str, Any]) -> None:
+    # Nesting needs brackets: a body with at most MAX_NESTING of them (most bodies) cannot be too deep, and
+    # counting them is a C-speed scan; only the rest are walked.
+    if body.count(b"[") + body.count(b"{") > MAX_NESTING and _nesting_depth(parsed, MAX_NESTING) > MAX_NESTING:
+        raise _bad(f"nesting too deep (more than {MAX_NESTING} levels of arrays and objects)")
+
+
 def _prompt_of(api: ApiKind, body: dict[str, Any]) -> str:
     if api is ApiKind.CHAT:
         messages = body.get("messages")
@@ -168,13 +201,19 @@ def parse_request(request_id: str, path: str, headers: Mapping[str, str], body: 
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise _bad(f"body is not valid JSON ({str(exc).split(':', 1)[0]})") from None
+        reason = str(exc).split(":", 1)[0]
+        if "depth" in reason or "ecursion" in reason:  # orjson's own limit (1,024 levels)
+            raise _bad(f"nesting too deep (more than {MAX_NESTING} levels of arrays and objects)") from None
+        raise _bad(f"body is not valid JSON ({reason})") from None
     if not isinstance(parsed, dict):
         raise _bad("body must be a JSON object")
+    _check_nesting(body, parsed)
     model = parsed.get("model")
     needs_model = api is not ApiKind.OTHER or model is not None
     if needs_model and (not isinstance(model, str) or not model):
         raise _bad("'model' is missing or not a string")
+    if needs_model and len(model) > MAX_MODEL_CHARS:  # type: ignore[arg-type]
+        raise _bad(f"'model' is longer than {MAX_MODEL_CHARS} characters")
     return InferenceRequest(
         request_id=request_id,
         api=api,

@@ -20,13 +20,12 @@ one endpoint, so 2 it is.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import cast
 
 import numpy as np
 
+from epp.config.model import EndpointPickerConfig, PluginSpec, ProfilePlugin, ProfileSpec
 from epp.errors import ConfigError
-from epp.scheduling.config import EndpointPickerConfig, PluginSpec, ProfilePlugin, ProfileSpec, read_config
 from epp.scheduling.framework import Filter, Picker, PickObserver
 from epp.scheduling.params import Params
 from epp.scheduling.pickers import MaxScorePicker
@@ -147,10 +146,3 @@ def build_scheduler(
             raise ConfigError(f"{config.source}: data layer, plugin '{ref}' ({spec.type}): is not a data source here")
     profile = _profile(config, config.profiles[0], built, ctx.next_seed())
     return ProfileScheduler(profile, SaturationDetector(config.saturation))
-
-
-def load_config(path: str | Path, registry: Registry | None = None) -> EndpointPickerConfig:
-    """Read, decode, validate and test-build a config file; raises ConfigError naming file, plugin and why."""
-    config = read_config(path)
-    build_scheduler(config, seed=0, registry=registry)
-    return config

@@ -8,39 +8,11 @@ nobody can see. Every field a plugin reads must be consumed; `finish()` refuses 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
+from epp.config.durations import parse_duration
 from epp.errors import ConfigError
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|µs|ms|s|m|h)\s*$")
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: object) -> float:
-    """A Go/Kubernetes duration ("150ms", "2s", "1.5m") or a bare number of seconds → seconds.
-
-    Raises ValueError with the reason; compound forms like "1m30s" are accepted too.
-    """
-    if isinstance(text, bool):
-        raise ValueError("expected a duration such as '200ms', got a boolean")
-    if isinstance(text, int | float):
-        if not math.isfinite(text) or text < 0:
-            raise ValueError(f"expected a non-negative duration, got {text}")
-        return float(text)
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"expected a duration such as '200ms', got {text!r}")
-    total = 0.0
-    rest = text.strip()
-    for part in re.findall(r"[\d.]+\s*[a-zµ]+", rest):
-        m = _DURATION.match(part)
-        if m is None:
-            raise ValueError(f"not a duration: {text!r}")
-        total += float(m.group(1)) * _UNIT_S[m.group(2)]
-    if re.sub(r"[\d.]+\s*[a-zµ]+", "", rest).strip():
-        raise ValueError(f"not a duration: {text!r} (use e.g. '200ms', '2s')")
-    return total
 
 
 class Params:

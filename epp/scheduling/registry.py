@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from epp.config.model import SaturationThresholds
 from epp.scheduling import affinity, filters, pickers, prefix, saturation, scorers
 from epp.scheduling.params import Params
 
@@ -30,7 +31,7 @@ class BuildContext:
     """What factories may use: a seed source so every randomised plugin gets its own reproducible stream."""
 
     seed_sequence: np.random.SeedSequence
-    saturation: saturation.SaturationThresholds
+    saturation: SaturationThresholds
 
     def next_seed(self) -> int:
         return int(self.seed_sequence.spawn(1)[0].generate_state(1)[0])
@@ -103,7 +104,7 @@ def _picker(cls: Callable[..., object]) -> Factory:
 
 def _saturation_filter(name: str, params: Params, ctx: BuildContext) -> object:
     base = ctx.saturation  # the config's saturationDetector block, overridable per filter
-    thresholds = saturation.SaturationThresholds(
+    thresholds = SaturationThresholds(
         queue_depth=params.number("queueDepthThreshold", base.queue_depth, minimum=0),
         kv_util=params.number("kvCacheUtilThreshold", base.kv_util, minimum=0, maximum=1),
         staleness_s=params.duration("metricsStalenessThreshold", base.staleness_s),

@@ -13,27 +13,14 @@ an endpoint is as full as its most constrained resource. ≥ 1.0 means the pool 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from epp.config.model import SaturationThresholds
 from epp.datastore import Snapshot
 from epp.datastore.table import BoolArray, FloatArray, IntArray
 from epp.scheduling.framework import SMALL_POOL, CycleState
 
-DEFAULT_QUEUE_DEPTH = 5
-DEFAULT_KV_UTIL = 0.8
-DEFAULT_STALENESS_S = 0.2
-DEFAULT_HEADROOM = 0.0
 MAX_SCRAPE_FAILURES = 3
-
-
-@dataclass(frozen=True, slots=True)
-class SaturationThresholds:
-    queue_depth: float = DEFAULT_QUEUE_DEPTH
-    kv_util: float = DEFAULT_KV_UTIL
-    staleness_s: float = DEFAULT_STALENESS_S
-    headroom: float = DEFAULT_HEADROOM  # the filter's burst allowance above the thresholds, a fraction
 
 
 def effective_queue(snapshot: Snapshot, candidates: IntArray) -> FloatArray:

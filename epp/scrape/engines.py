@@ -24,10 +24,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from epp.config.model import EndpointPickerConfig
 from epp.datastore.table import MetricsSample
 from epp.errors import ConfigError
-from epp.scheduling.config import EndpointPickerConfig
 from epp.scrape.parse import PageParser, ParsedPage, Sample
+from epp.scrape.validate import rejection
 
 DEFAULT_ENGINE = "vllm"
 
@@ -217,11 +218,12 @@ def engines_from_config(parameters: Mapping[str, Any] | None, source: str = "con
 
 @dataclass(frozen=True, slots=True)
 class Extraction:
-    """What one page says, plus what was wrong with it (malformed or duplicate wanted series)."""
+    """What one page says, plus what was wrong with it (malformed or duplicate wanted series, refused values)."""
 
     sample: MetricsSample
     problems: tuple[str, ...]
     signals_found: int
+    rejected: tuple[tuple[str, str], ...] = ()  # (signal, reason) of each value refused as implausible
 
 
 def _series(page: ParsedPage, specs: tuple[SeriesSpec, ...], problems: list[str]) -> list[Sample]:
@@ -247,7 +249,8 @@ def _series(page: ParsedPage, specs: tuple[SeriesSpec, ...], problems: list[str]
     return []
 
 
-def _label_number(sample: Sample, *keys: str) -> float:
+def _label_number(sample: Sample, *keys: str) -> float | None:
+    """The first of the labels present, as a number (NaN when it does not parse); None when none is present."""
     for key in keys:
         text = sample.labels.get(key)
         if text is not None:
@@ -255,7 +258,31 @@ def _label_number(sample: Sample, *keys: str) -> float:
                 return float(text)
             except ValueError:
                 return math.nan
-    return math.nan
+    return None
+
+
+class _Checker:
+    """Refuses implausible values (epp/scrape/validate.py) and remembers why, per signal."""
+
+    __slots__ = ("problems", "rejected")
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        self.rejected: list[tuple[str, str]] = []
+
+    def values(self, signal: str, values: Iterable[float | None]) -> list[float] | None:
+        """The values present, or None when any of them is refused (the signal is then unknown)."""
+        out = []
+        for value in values:
+            if value is None:
+                continue
+            why = rejection(signal, value)
+            if why is not None:
+                self.rejected.append((signal, why))
+                self.problems.append(f"{signal}: refused {why} value {value!r}")
+                return None
+            out.append(value)
+        return out
 
 
 def _adapters(text: str | None) -> tuple[str, ...]:
@@ -264,9 +291,12 @@ def _adapters(text: str | None) -> tuple[str, ...]:
     return tuple(a for a in (p.strip() for p in text.split(",")) if a)
 
 
-def _max(values: Iterable[float]) -> float:
-    vals = [v for v in values if not math.isnan(v)]
-    return max(vals) if vals else math.nan
+def _max(values: list[float] | None) -> float:
+    return max(values) if values else math.nan
+
+
+def _sum(values: list[float] | None) -> float:
+    return sum(values) if values is not None else math.nan
 
 
 def extract(text: str, engine: EngineSpec) -> Extraction:
@@ -276,40 +306,43 @@ def extract(text: str, engine: EngineSpec) -> Extraction:
     out = MetricsSample()
     found = 0
 
+    check = _Checker(problems)
     waiting = _series(page, engine.waiting, problems)
     if waiting:
-        out.waiting = sum(s.value for s in waiting)
+        out.waiting = _sum(check.values("waiting", (s.value for s in waiting)))
         found += 1
     running = _series(page, engine.running, problems)
     if running:
-        out.running = sum(s.value for s in running)
+        out.running = _sum(check.values("running", (s.value for s in running)))
         found += 1
     kv = _series(page, engine.kv_usage, problems)
     if kv:
-        out.kv_usage = _max(s.value for s in kv)
+        out.kv_usage = _max(check.values("kv_usage", (s.value for s in kv)))
         found += 1
     lora = _series(page, engine.lora, problems)
     if lora:
         newest = max(lora, key=lambda s: s.value if not math.isnan(s.value) else -math.inf)
-        out.max_lora = _label_number(newest, "max_lora")
+        out.max_lora = _max(check.values("max_lora", (_label_number(newest, "max_lora"),)))
         out.running_adapters = _adapters(newest.labels.get("running_lora_adapters"))
         out.waiting_adapters = _adapters(newest.labels.get("waiting_lora_adapters"))
         found += 1
     info = _series(page, engine.cache_info, problems)
     if info:
-        out.block_size = _max(_label_number(s, "block_size", "page_size") for s in info)
-        out.num_blocks = _max(_label_number(s, "num_gpu_blocks", "num_pages") for s in info)
+        out.block_size = _max(check.values("block_size", (_label_number(s, "block_size", "page_size") for s in info)))
+        out.num_blocks = _max(
+            check.values("num_blocks", (_label_number(s, "num_gpu_blocks", "num_pages") for s in info))
+        )
         found += 1
     block_size = _series(page, engine.block_size, problems)
     if block_size:
-        out.block_size = _max(s.value for s in block_size)
+        out.block_size = _max(check.values("block_size", (s.value for s in block_size)))
         found += 1
     num_blocks = _series(page, engine.num_blocks, problems)
     if num_blocks:
-        out.num_blocks = _max(s.value for s in num_blocks)
+        out.num_blocks = _max(check.values("num_blocks", (s.value for s in num_blocks)))
         found += 1
     problems[:0] = [str(e) for e in page.errors]
-    return Extraction(out, tuple(problems), found)
+    return Extraction(out, tuple(problems), found, tuple(check.rejected))
 
 
 def engines_of_config(config: EndpointPickerConfig | None) -> EngineRegistry:

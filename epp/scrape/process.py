@@ -13,8 +13,20 @@ How:
   version was even and unchanged across the copy, and whose `token` matches the endpoint now in that slot (a
   slot reused by another endpoint gets a new token, so late rows of the old one are ignored). Applying them is a
   handful of vector operations (`EndpointTable.write_scrape_rows`), ~100 times a second.
-- Membership goes to the child, LoRA adapter changes and per-endpoint statuses come back, as pickled messages on
-  a socket pair. If the parent dies, the child sees the socket close and exits.
+- Membership goes to the child, LoRA adapter changes, per-endpoint statuses and the child's log records come back,
+  as pickled messages on a socket pair. If the parent dies, the child sees the socket close and exits.
+
+Supervision: the parent watches the child. When it exits (killed, crashed) or stops reporting (no status message
+for `HEARTBEAT_TIMEOUT_S`: hung, so it is killed), the parent logs the death with its exit code or signal and
+starts a new child on a new block after a backoff (exponential from `RESTART_INITIAL_S`, doubling up to
+`RESTART_MAX_S`, ±20 % jitter; reset once a child has run `STABLE_S`). Until the new child's first pages land,
+the endpoints age into staleness as with any scrape outage (scorers treat them as unknown). Readiness stays on:
+the picker still decides, on its own in-flight counts, and a picker that went not-ready would turn a scrape
+outage into 503s for a FailClose pool; `/debug/pool` (`scrape`) and the metrics `epp_scrape_process_restarts`,
+`epp_scrape_process_up` and `epp_scrape_data_age_seconds` show it.
+
+The child's log records are re-emitted by the parent's loggers (epp/observability/relay.py), so they come out in
+the parent's format and level.
 """
 
 from __future__ import annotations
@@ -23,9 +35,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
+import signal
 import socket
 import subprocess
 import sys
+import time
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
@@ -34,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from epp.datastore.table import EndpointInfo, EndpointTable
+from epp.observability.relay import RelayHandler, reemit
 from epp.scrape.engines import EngineRegistry
 from epp.scrape.scraper import EndpointStatus, ScrapeService, ScrapeSettings
 
@@ -46,6 +62,10 @@ PUBLISH_S = 0.005  # child → shared memory
 # and the serving loop wakes 40 times a second at the default 50 ms interval instead of 100.
 APPLY_MIN_S, APPLY_MAX_S = 0.01, 0.1
 STATUS_S = 1.0
+RESTART_INITIAL_S = 0.2  # the first restart comes quickly: a killed child is back within a second
+RESTART_MAX_S = 30.0
+STABLE_S = 30.0  # a child that ran this long resets the restart backoff
+HEARTBEAT_TIMEOUT_S = 10.0  # a child silent this long (no status message) is hung: killed and restarted
 
 
 def _untrack(shm: SharedMemory) -> None:
@@ -64,7 +84,7 @@ def _unlink_name(shm: SharedMemory) -> None:
 
 
 class ScrapeProcess:
-    """Same interface as `ScrapeService` (start/stop/status), scraping in a child process."""
+    """Same interface as `ScrapeService` (start/stop/status), scraping in a supervised child process."""
 
     def __init__(
         self,
@@ -73,6 +93,9 @@ class ScrapeProcess:
         engines: EngineRegistry | None = None,
         *,
         max_endpoints: int = 65536,
+        restart_initial_s: float = RESTART_INITIAL_S,
+        restart_max_s: float = RESTART_MAX_S,
+        heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
     ) -> None:
         self.table = table
         self.settings = settings or ScrapeSettings()
@@ -91,9 +114,33 @@ class ScrapeProcess:
         self._status: dict[str, EndpointStatus] = {}
         self._warned_full = False
         self._fallback: ScrapeService | None = None
+        # supervision
+        self._restart_initial_s = restart_initial_s
+        self._restart_max_s = restart_max_s
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._restart_delay = restart_initial_s
+        self._restart_at: float | None = None
+        self._started_at = 0.0
+        self._heard_at = 0.0
+        self.restarts = 0
+        self.last_exit: str | None = None
+        # counters of children gone by, plus the current child's latest
+        self._rejected_past: dict[tuple[str, str], int] = {}
+        self._rejected_now: dict[tuple[str, str], int] = {}
+        self._errors_past: dict[str, int] = {}
+        self._errors_now: dict[str, int] = {}
+
+    @property
+    def pid(self) -> int | None:
+        """The scrape child's process id, None while there is none (between a death and its restart)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def up(self) -> bool:
+        return self._proc is not None or self._fallback is not None
 
     async def start(self) -> None:
-        if self._proc is not None or self._fallback is not None:
+        if self._proc is not None or self._fallback is not None or self._task is not None:
             return
         try:
             self._spawn()
@@ -106,41 +153,64 @@ class ScrapeProcess:
         self._task = asyncio.create_task(self._run(), name="scrape-process-apply")
 
     def _spawn(self) -> None:
-        self._shm = SharedMemory(create=True, size=self.rows * NCOL * 8)
+        shm = SharedMemory(create=True, size=self.rows * NCOL * 8)
         # Its lifetime is ours: the child unlinks the name as soon as it has mapped the block (the mappings stay),
         # so a picker killed with SIGKILL leaves nothing behind in /dev/shm; no resource tracker is needed.
-        _untrack(self._shm)
-        self._block = np.ndarray((self.rows, NCOL), dtype=np.float64, buffer=self._shm.buf)
+        _untrack(shm)
+        self._shm = shm
+        self._block = np.ndarray((self.rows, NCOL), dtype=np.float64, buffer=shm.buf)
         self._block[:] = 0.0
         self._block[:, TOKEN] = -1.0
+        self._applied[:] = 0.0  # a new block: versions start again
         ours, theirs = socket.socketpair()
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "epp.scrape.process", self._shm.name, str(self.rows), str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
-        )
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "epp.scrape.process", shm.name, str(self.rows), str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+            )
+        except OSError:
+            ours.close()
+            theirs.close()
+            self._drop_block()
+            raise
         theirs.close()
         ours.setblocking(True)
         self._conn = Connection(ours.detach())
-        self._conn.send(("settings", self.settings, self.engines))
+        level = logging.getLogger("epp").getEffectiveLevel()
+        self._conn.send(("settings", self.settings, self.engines, level))
         asyncio.get_running_loop().add_reader(self._conn.fileno(), self._on_message)
+        self._started_at = self._heard_at = time.monotonic()
+        self._seen_version = -1  # the new child learns the membership from scratch
         self._sync()
+
+    def _drop_block(self) -> None:
+        if self._shm is not None:
+            self._block = np.zeros((0, NCOL))
+            self._shm.close()
+            _unlink_name(self._shm)  # normally the child did already
+            self._shm = None
+
+    def _drop_channel(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(self._conn.fileno())
+            self._conn.close()
+            self._conn = None
 
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
         if self._fallback is not None:
             await self._fallback.stop()
             self._fallback = None
-        if self._task is not None:
+        if self._task is not None:  # first: the supervisor must not restart what is being stopped
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
         if self._conn is not None:
-            loop.remove_reader(self._conn.fileno())
             with contextlib.suppress(OSError):
                 self._conn.send(("stop",))
-            self._conn.close()
-            self._conn = None
+            self._drop_channel()
         if self._proc is not None:
             proc, self._proc = self._proc, None
             try:
@@ -148,14 +218,77 @@ class ScrapeProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 await loop.run_in_executor(None, proc.wait, 5.0)
-        if self._shm is not None:
-            self._block = np.zeros((0, NCOL))
-            self._shm.close()
-            _unlink_name(self._shm)  # normally the child did already
-            self._shm = None
+        self._drop_block()
 
     def status(self) -> dict[str, EndpointStatus]:
         return self._fallback.status() if self._fallback is not None else dict(self._status)
+
+    def rejected_values(self) -> dict[tuple[str, str], int]:
+        """Scraped values refused as implausible, by (signal, reason), over every child this process ran."""
+        if self._fallback is not None:
+            return dict(self._fallback.rejected_values)
+        return _sum_counts(self._rejected_past, self._rejected_now)
+
+    def poll_errors(self) -> dict[str, int]:
+        """Failed scrapes by reason (`FAILURE_REASONS`), over every child this process ran."""
+        if self._fallback is not None:
+            return dict(self._fallback.poll_errors)
+        return _sum_counts(self._errors_past, self._errors_now)
+
+    def supervision(self, now: float | None = None) -> dict[str, Any]:
+        """For /debug/pool: the child, its restarts, how it last ended."""
+        now = time.monotonic() if now is None else now
+        return {
+            "mode": "in-process" if self._fallback is not None else "child-process",
+            "pid": self.pid,
+            "up": self.up,
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+            "running_for_s": round(now - self._started_at, 3) if self._proc is not None else None,
+            "next_restart_in_s": round(max(0.0, self._restart_at - now), 3) if self._restart_at is not None else None,
+        }
+
+    # -- supervision --------------------------------------------------------------------------------------------
+
+    def _supervise(self, now: float) -> None:
+        proc = self._proc
+        if proc is not None:
+            code = proc.poll()
+            if code is None and now - self._heard_at > self._heartbeat_timeout_s:
+                log.warning("scrape process %d silent for %.1fs (hung?): killing it", proc.pid, now - self._heard_at)
+                proc.kill()
+                code = proc.wait()
+            if code is not None:
+                self._child_died(proc, code, now)
+            return
+        if self._restart_at is not None and now >= self._restart_at:
+            self._restart_at = None
+            try:
+                self._spawn()
+            except OSError as exc:
+                self._schedule_restart(now, f"restart failed: {exc}")
+                return
+            self.restarts += 1
+            log.warning("scrape process restarted (pid %d, restart %d)", self.pid, self.restarts)
+
+    def _child_died(self, proc: subprocess.Popen[bytes], code: int, now: float) -> None:
+        self._proc = None
+        self._drop_channel()
+        self._drop_block()
+        self._rejected_past, self._rejected_now = _sum_counts(self._rejected_past, self._rejected_now), {}
+        self._errors_past, self._errors_now = _sum_counts(self._errors_past, self._errors_now), {}
+        how = f"exit code {code}" if code >= 0 else f"killed by {_signal_name(-code)}"
+        self.last_exit = how
+        ran = now - self._started_at
+        if ran >= STABLE_S:
+            self._restart_delay = self._restart_initial_s
+        self._schedule_restart(now, f"scrape process {proc.pid} died ({how}) after {ran:.1f}s")
+
+    def _schedule_restart(self, now: float, why: str) -> None:
+        delay = self._restart_delay * random.uniform(0.8, 1.2)
+        self._restart_delay = min(self._restart_max_s, self._restart_delay * 2)
+        self._restart_at = now + delay
+        log.warning("%s; restarting in %.1fs; endpoint metrics age until then", why, delay)
 
     # -- parent side --------------------------------------------------------------------------------------------
 
@@ -215,14 +348,16 @@ class ScrapeProcess:
     async def _run(self) -> None:
         s = self.settings
         every = min(APPLY_MAX_S, max(APPLY_MIN_S, s.interval_s / 2))
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(every)
-            self._sync()
-            self.apply()
-            self.table.mark_stale(asyncio.get_running_loop().time(), s.staleness_s, s.max_failures)
-            if self._proc is not None and self._proc.poll() is not None:
-                log.error("scrape process exited with %s; metrics will go stale", self._proc.returncode)
-                self._proc = None
+            try:
+                self._supervise(time.monotonic())
+                self._sync()
+                self.apply()
+            except Exception:  # the supervisor must outlive any surprise, or nothing restarts the child again
+                log.exception("scrape supervisor pass failed")
+            self.table.mark_stale(loop.time(), s.staleness_s, s.max_failures)
 
     def _on_message(self) -> None:
         conn = self._conn
@@ -235,6 +370,7 @@ class ScrapeProcess:
             asyncio.get_running_loop().remove_reader(conn.fileno())
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
+        self._heard_at = time.monotonic()
         if msg[0] == "adapters":
             for slot, token, running, waiting in msg[1]:
                 if self._tokens[slot] == token:
@@ -243,6 +379,24 @@ class ScrapeProcess:
             for address, status in msg[1].items():
                 if address in self._status:
                     self._status[address] = status
+            if len(msg) > 3:
+                self._rejected_now, self._errors_now = dict(msg[2]), dict(msg[3])
+        elif msg[0] == "log":
+            reemit(msg[1], "epp-scrape")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _sum_counts(past: dict[Any, int], now: dict[Any, int]) -> dict[Any, int]:
+    out = dict(past)
+    for key, count in now.items():
+        out[key] = out.get(key, 0) + count
+    return out
 
 
 # -- child side -------------------------------------------------------------------------------------------------
@@ -253,6 +407,7 @@ async def _child(block: np.ndarray, conn: Connection) -> None:
     first = conn.recv()
     settings: ScrapeSettings = first[1]
     engines: EngineRegistry = first[2]
+    logging.getLogger().setLevel(first[3] if len(first) > 3 else logging.WARNING)  # the parent's level
     table = EndpointTable()
     svc = ScrapeService(table, settings, engines)
     stop = asyncio.Event()
@@ -287,7 +442,7 @@ async def _child(block: np.ndarray, conn: Connection) -> None:
             await asyncio.sleep(PUBLISH_S)
             if loop.time() >= next_status:
                 next_status = loop.time() + STATUS_S
-                conn.send(("status", svc.status()))
+                conn.send(("status", svc.status(), svc.rejected_values, svc.poll_errors))
             if table.scrape_version == published and table.version == mapped:
                 continue  # no scrape landed since the last pass: nothing to copy or compare
             published = table.scrape_version
@@ -336,13 +491,16 @@ async def _child(block: np.ndarray, conn: Connection) -> None:
 
 
 def _child_main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.WARNING, format="epp-scrape %(levelname)s %(name)s: %(message)s")
     shm = SharedMemory(name=argv[1], create=False)
     _untrack(shm)
     _unlink_name(shm)  # both sides have it mapped: drop the name
     try:
         block = np.ndarray((int(argv[2]), NCOL), dtype=np.float64, buffer=shm.buf)
         conn = Connection(int(argv[3]))
+        # Every record goes to the parent, which logs it in its own format (no output of the child's own).
+        root = logging.getLogger()
+        root.handlers[:] = [RelayHandler(lambda data: conn.send(("log", data)))]
+        root.setLevel(logging.WARNING)
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(_child(block, conn))
         del block

@@ -13,6 +13,11 @@ What a page turns into:
   `record_scrape_failure`; the old values stay and age.
 A sweep every interval clears `healthy` for endpoints whose data is older than `staleness_s` or that failed
 `max_failures` times in a row; scorers treat those as unknown, the saturation logic as saturated.
+
+What an operator sees: one WARNING line when an endpoint turns unusable, with the reason (`refused`, `timeout`,
+`http_error`, `too_large`, `parse_error`, `internal`, `stale`) and the last error, one INFO line when it recovers
+(both at most once per 10 s per endpoint, repeats counted), and in each status the last error and since when the
+endpoint is unusable (`/debug/pool`).
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from epp.datastore.table import EndpointInfo, EndpointTable
+from epp.observability.ratelimit import RateLimitedLog
 from epp.scrape.engines import EngineRegistry, EngineSpec, extract
 from epp.scrape.http import HttpConnection, MetricsClient, ScrapeError
 
@@ -65,8 +71,11 @@ class EndpointStatus:
     streak: int = 0  # failures in a row
     last_ok_at: float | None = None
     last_error: str | None = None  # None: the last page was clean
+    last_error_at: float | None = None
     signals_found: int = 0
-    errors_by_reason: dict[str, int] = field(default_factory=dict)  # failed scrapes by `failure_reason`
+    unusable: str | None = None  # why the endpoint's data cannot be used now (FAILURE_REASONS), None: usable
+    unusable_since: float | None = None
+    recovered_after: float | None = None  # how long the last unusable spell lasted
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -77,26 +86,31 @@ class EndpointStatus:
             "failure_streak": self.streak,
             "last_ok_at": self.last_ok_at,
             "last_error": self.last_error,
+            "last_error_at": self.last_error_at,
             "signals_found": self.signals_found,
+            "unusable": self.unusable,
+            "unusable_since": self.unusable_since,
         }
 
 
+# Why an endpoint's data cannot be used, in the words its log lines, /debug/pool and metrics use.
+FAILURE_REASONS = ("refused", "timeout", "http_error", "too_large", "parse_error", "internal", "stale")
+
+
 def failure_reason(problem: str) -> str:
-    """The `reason` label of llm_d_epp_datalayer_poll_errors_total for a failed scrape's message."""
-    lowered = problem.lower()
-    if lowered.startswith("timed out"):
+    """The class of a failed scrape, from its error text (epp/scrape/http.py's messages)."""
+    p = problem.lower()
+    if p.startswith("timed out"):
         return "timeout"
-    if "refused" in lowered:
+    if p.startswith("connect failed") or p.startswith("connection closed"):
         return "refused"
-    if lowered.startswith("connect failed") or "connection closed" in lowered:
-        return "connection"
-    if lowered.startswith("http "):
-        return "http-status"
-    if "larger than" in lowered or "too large" in lowered:
-        return "too-large"
-    if lowered.startswith("internal error"):
+    if p.startswith("http "):
+        return "http_error"
+    if p.startswith("page larger") or "too large" in p:
+        return "too_large"
+    if p.startswith("internal error"):
         return "internal"
-    return "parse"
+    return "parse_error"
 
 
 def _default_client(info: EndpointInfo) -> MetricsClient:
@@ -127,6 +141,12 @@ class ScrapeService:
         self._seen_version = -1
         self._supervisor: asyncio.Task[None] | None = None
         self._sem: asyncio.Semaphore | None = None
+        self.rejected_values: dict[tuple[str, str], int] = {}  # (signal, reason) → scraped values refused
+        self.poll_errors: dict[str, int] = {}  # failure reason → failed scrapes
+        # An endpoint flapping every few seconds gets one line per transition at most every 10 s.
+        self._transitions = RateLimitedLog(log, every_s=10.0, clock=clock)
+        self._logged: dict[str, str | None] = {}  # address → the state its last logged line said (None: usable)
+        self._unusable_detail: dict[str, str] = {}
 
     # -- lifecycle --------------------------------------------------------------------------------------------
 
@@ -171,6 +191,8 @@ class ScrapeService:
             task.cancel()
             if address not in wanted:
                 self._status.pop(address, None)
+                self._logged.pop(address, None)
+                self._unusable_detail.pop(address, None)
         for address, info in wanted.items():
             if address not in self._pollers:
                 engine = self.engines.for_engine(info.engine).name
@@ -183,9 +205,56 @@ class ScrapeService:
         while True:
             await asyncio.sleep(min(s.interval_s, 0.05))
             self.sync()
-            for slot in self.table.mark_stale(self._clock(), s.staleness_s, s.max_failures):
+            now = self._clock()
+            for slot in self.table.mark_stale(now, s.staleness_s, s.max_failures):
                 info = self.table.info(slot)
-                log.info("endpoint %s metrics stale: scores treat it as unknown", info.address if info else slot)
+                status = self._status.get(info.address) if info is not None else None
+                if status is not None and status.unusable is None:
+                    age = now - status.last_ok_at if status.last_ok_at is not None else None
+                    detail = f"no page for {age:.1f}s" if age is not None else "never scraped"
+                    self._turn_unusable(status, "stale", detail, now)
+            self._log_pending(now)
+
+    # -- usable / unusable ------------------------------------------------------------------------------------
+
+    def _turn_unusable(self, st: EndpointStatus, reason: str, detail: str, now: float) -> None:
+        st.unusable, st.unusable_since = reason, now
+        self._unusable_detail[st.address] = detail
+        self._log_state(st, now)
+
+    def _turn_usable(self, st: EndpointStatus, now: float) -> None:
+        st.recovered_after = now - st.unusable_since if st.unusable_since is not None else None
+        st.unusable = st.unusable_since = None
+        self._log_state(st, now)
+
+    def _log_state(self, st: EndpointStatus, now: float) -> None:
+        """One line per change of state, at most one per direction per 10 s per endpoint; a change held back is
+        logged by a later sweep (`_log_pending`), so the log never ends on a state the endpoint has left."""
+        address = st.address
+        if st.unusable == self._logged.get(address):
+            return
+        if st.unusable is not None:
+            logged = self._transitions.log(
+                (address, "down"),
+                logging.WARNING,
+                "endpoint %s unusable: %s (%s); scores treat it as unknown",
+                address,
+                st.unusable,
+                self._unusable_detail.get(address, ""),
+            )
+        else:
+            was = self._logged.get(address)
+            after = f" after {st.recovered_after:.1f}s" if st.recovered_after is not None else ""
+            logged = self._transitions.log(
+                (address, "up"), logging.INFO, "endpoint %s usable again%s (was: %s)", address, after, was
+            )
+        if logged:
+            self._logged[address] = st.unusable
+
+    def _log_pending(self, now: float) -> None:
+        for address, st in self._status.items():
+            if st.unusable != self._logged.get(address):
+                self._log_state(st, now)
 
     # -- one endpoint -----------------------------------------------------------------------------------------
 
@@ -232,17 +301,24 @@ class ScrapeService:
             problem = f"internal error: {type(exc).__name__}: {exc}"
         else:
             problems = list(result.problems)
+            for key in result.rejected:
+                self.rejected_values[key] = self.rejected_values.get(key, 0) + 1
             if bad_utf8:
                 problems.insert(0, "page is not valid UTF-8")
             if result.signals_found or not problems:
                 slot = self.table.slot_of(info.address)
                 if slot is None:
                     return True  # removed meanwhile; sync() cancels this poller
-                self.table.record_scrape(slot, result.sample, self._clock())
+                now = self._clock()
+                self.table.record_scrape(slot, result.sample, now)
                 st.streak = 0
-                st.last_ok_at = self._clock()
+                st.last_ok_at = now
                 st.signals_found = result.signals_found
                 st.last_error = "; ".join(problems[:3]) if problems else None
+                if problems:
+                    st.last_error_at = now
+                if st.unusable is not None:
+                    self._turn_usable(st, now)
                 if not result.signals_found and st.scrapes == 1:
                     log.warning("%s: page has none of engine %r's metrics", info.address, engine.name)
                 return True
@@ -251,10 +327,13 @@ class ScrapeService:
         st.failures += 1
         st.streak += 1
         st.last_error = problem
+        st.last_error_at = now = self._clock()
         reason = failure_reason(problem)
-        st.errors_by_reason[reason] = st.errors_by_reason.get(reason, 0) + 1
+        self.poll_errors[reason] = self.poll_errors.get(reason, 0) + 1
         if slot is not None:
             self.table.record_scrape_failure(slot)
         if st.streak == 1:
-            log.info("scrape of %s failed: %s", info.address, problem)
+            log.debug("scrape of %s failed: %s", info.address, problem)
+        if st.streak >= s.max_failures and st.unusable is None:
+            self._turn_unusable(st, reason, f"{st.streak} failed scrapes in a row, last: {problem}", now)
         return False

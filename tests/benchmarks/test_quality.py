@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.quality import main, policy_factory
 from benchmarks.virtual_time import capacity, simulate
-from benchmarks.workloads import UNIT_TOKENS, Item, load_trace, prompt_text, scaled_arrivals, shared_prefix
+from benchmarks.workloads import TRACES, UNIT_TOKENS, Item, load_trace, prompt_text, scaled_arrivals, shared_prefix
 from epp.sim.profiles import H100_LLAMA_8B
 
 
@@ -84,8 +84,8 @@ def test_the_command_writes_json_markdown_and_targets(tmp_path: Path, capsys: py
     ["AzureLLMInferenceTrace_conv.csv", "AzureLLMInferenceTrace_code.csv", "mooncake-synthetic_trace.jsonl"],
     ids=["azure-conv", "azure-code", "mooncake"],
 )
-def test_the_reference_traces_load(shared_reference: Path, name: str) -> None:
-    items = load_trace(shared_reference / "traces" / name, 200)
+def test_the_reference_traces_load(name: str) -> None:
+    items = load_trace(TRACES / name, 200)
     assert len(items) == 200
     assert all(i.prompt_tokens >= 1 and i.output_tokens >= 1 for i in items)
     assert [i.arrival for i in items] == sorted(i.arrival for i in items)

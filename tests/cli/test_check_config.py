@@ -43,8 +43,8 @@ def test_a_refused_file_exits_1_with_the_reason(tmp_path: Path, capsys) -> None:
     [("gie-integration-default-config.yaml", 0), ("llmd-router-pd-epp-config.yaml", 1)],
     ids=["loads", "refused"],
 )
-def test_reference_configs(shared_reference: Path, name, rc, capsys) -> None:
-    assert main(["check-config", str(shared_reference / "epp-configs" / name)]) == rc
+def test_reference_configs(reference_data: Path, name, rc, capsys) -> None:
+    assert main(["check-config", str(reference_data / "epp-configs" / name)]) == rc
 
 
 EXTRACTOR = """

@@ -36,8 +36,8 @@ def test_prints_the_signals_of_a_file(tmp_path: Path, capsys: pytest.CaptureFixt
     assert (out["max_lora"], out["block_size"], out["num_blocks"]) == (4.0, 16.0, 81767.0)
 
 
-def test_null_where_the_page_does_not_say(shared_reference: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = shared_reference / "metrics" / "sglang-docs-production_metrics.txt"
+def test_null_where_the_page_does_not_say(reference_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = reference_data / "metrics" / "sglang-docs-production_metrics.txt"
     assert main(["inspect-metrics", "--engine", "sglang", str(path)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["kv_cache_usage"] == 0.28

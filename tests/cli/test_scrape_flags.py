@@ -7,7 +7,8 @@ import argparse
 import pytest
 
 from epp.cli import build_parser
-from epp.cli.scrape_flags import parse_duration, scrape_settings_from_args
+from epp.cli.flag_types import duration, positive_duration
+from epp.cli.scrape_flags import scrape_settings_from_args
 
 
 @pytest.mark.parametrize(
@@ -16,13 +17,19 @@ from epp.cli.scrape_flags import parse_duration, scrape_settings_from_args
     ids=["ms", "s", "m-s", "fraction", "plain-fraction", "plain-int", "us"],
 )
 def test_durations(text: str, seconds: float) -> None:
-    assert parse_duration(text) == pytest.approx(seconds)
+    assert positive_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "fast", "5 ms", "-1s", "0", "1d", "ms"], ids=str)
+@pytest.mark.parametrize("text", ["", "fast", "5 ms", "-1s", "0", "1d", "ms", "-1"], ids=str)
 def test_bad_durations(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
-        parse_duration(text)
+        positive_duration(text)
+
+
+def test_zero_is_a_duration_where_it_means_at_once() -> None:
+    assert duration("0") == 0.0
+    with pytest.raises(argparse.ArgumentTypeError, match="negative"):
+        duration("-1")
 
 
 def test_defaults_follow_upstream() -> None:

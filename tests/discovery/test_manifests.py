@@ -1,7 +1,7 @@
 """manifests/: every object validates, the pieces refer to each other, and RBAC grants exactly what the code calls.
 
-- InferencePool / InferenceObjective / InferenceModelRewrite: jsonschema on the real CRDs' openAPIV3Schema (from
-  ../shared; skipped when absent), with unknown fields rejected (the API server would silently prune them);
+- InferencePool / InferenceObjective / InferenceModelRewrite: jsonschema on the real CRDs' openAPIV3Schema (committed
+  under tests/data/crds), with unknown fields rejected (the API server would silently prune them);
 - core kinds: the `kubernetes` client's models (pydantic, unknown fields forbidden, types checked);
 - RBAC: a picker (pool mode, objectives, leader election) runs against the fake API server; every call it made
   must be granted by the Roles, and every grant must be used by some call.
@@ -147,16 +147,16 @@ def test_every_manifest_is_a_kind_validated_here_or_a_gateway_vendors() -> None:
 
 
 @pytest.mark.parametrize(("where", "obj"), CRD_OBJECTS, ids=[w for w, _ in CRD_OBJECTS])
-def test_inference_objects_validate_against_the_real_crds(where: str, obj: dict[str, Any], shared_reference) -> None:
+def test_inference_objects_validate_against_the_real_crds(where: str, obj: dict[str, Any], reference_data) -> None:
     key = (obj["apiVersion"], obj["kind"])
-    schema = crd_schema(shared_reference, CRD_FILES[key], obj["apiVersion"].split("/")[1])
+    schema = crd_schema(reference_data, CRD_FILES[key], obj["apiVersion"].split("/")[1])
     jsonschema.validate(obj, schema)
     if obj["kind"] == "InferencePool":
         parse_pool(obj, where)
 
 
-def test_the_crd_check_catches_a_typo(shared_reference) -> None:
-    schema = crd_schema(shared_reference, CRD_FILES[("inference.networking.k8s.io/v1", "InferencePool")], "v1")
+def test_the_crd_check_catches_a_typo(reference_data) -> None:
+    schema = crd_schema(reference_data, CRD_FILES[("inference.networking.k8s.io/v1", "InferencePool")], "v1")
     bad = copy.deepcopy(pool())
     bad["spec"]["targetPort"] = bad["spec"].pop("targetPorts")
     with pytest.raises(jsonschema.ValidationError):
@@ -298,7 +298,7 @@ async def test_rbac_grants_exactly_the_calls_the_picker_makes(apiserver: FakeApi
 
 
 def test_the_configmap_holds_a_config_the_picker_accepts(tmp_path: Path) -> None:
-    from epp.scheduling import load_config
+    from epp.app.config_file import load_config
 
     objects = build(MANIFESTS / "base")
     config_map = by_kind(objects, "ConfigMap", "epp-config")

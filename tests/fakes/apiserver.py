@@ -12,7 +12,9 @@ group/version/plural, namespaced or cluster-scoped:
 - a bearer-token check (401 otherwise);
 - fault injection: `drop_watches()` cuts every open watch mid-stream; `hold_watches()`/`release_watches()` make
   new watch requests wait (a partition); `freeze_watches()` keeps streams open but silent (a dead stream only an
-  inactivity timeout notices); `compact()` forgets history so resuming from an old resourceVersion gets 410.
+  inactivity timeout notices); `compact()` forgets history so resuming from an old resourceVersion gets 410;
+  `always_gone()` answers every watch with 410, even one from the resourceVersion the list just gave (a broken
+  watch cache); `go_away()`/`come_back()` refuse every request with 503 (an API server outage).
 - TokenReview (authentication.k8s.io/v1) and SubjectAccessReview (authorization.k8s.io/v1), as `--metrics-endpoint-auth`
   uses them: `review_tokens` maps a bearer token to its user (name, groups), `allow_non_resource` holds the
   (user, verb, path) triples that are authorized; anything else is unauthenticated or denied.
@@ -181,6 +183,8 @@ class FakeApiServer:
         self._compacted_rv = 0
         self._watchers: list[_Watcher] = []
         self._held: asyncio.Event | None = None
+        self._always_gone = False
+        self._away = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -331,6 +335,18 @@ class FakeApiServer:
 
         self._call(release)
 
+    def always_gone(self, on: bool = True) -> None:
+        """Every watch from now on gets an ERROR 410 event at once, whatever resourceVersion it asks for."""
+        self._always_gone = on
+
+    def go_away(self) -> None:
+        """An outage: every request (lease renewals included) gets 503 until `come_back()`; open watches end."""
+        self._away = True
+        self.drop_watches()
+
+    def come_back(self) -> None:
+        self._away = False
+
     def compact(self) -> int:
         """Forget all history: a watch resuming from any resourceVersion seen so far gets 410 Gone."""
 
@@ -443,6 +459,8 @@ class FakeApiServer:
         return res, namespace, name, sub
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if self._away:
+            return web.json_response(_status(503, "ServiceUnavailable", "the API server is unavailable"), status=503)
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             self.rejected += 1
             return web.json_response(_status(401, "Unauthorized", "Unauthorized"), status=401)
@@ -599,7 +617,7 @@ class FakeApiServer:
             since = int(rv_text) if rv_text not in ("", "0") else None
         except ValueError:
             since = -1
-        if since is not None and (since < self._compacted_rv or since < 0):
+        if self._always_gone or (since is not None and (since < self._compacted_rv or since < 0)):
             gone = _status(410, "Expired", f"too old resource version: {rv_text} ({self._compacted_rv})")
             await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
             await response.write_eof()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from epp.config.federation import parse_federation
 from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
 from epp.datastore.pool import FailureMode
 from epp.datastore.sites import Site, SiteRegistry
 from epp.director import Director, RandomScheduler
-from epp.federation.policy import FederationRouter, parse_federation
+from epp.federation.policy import FederationRouter
 from epp.requests import ApiKind, InferenceRequest
 
 NOW = 1_000.0

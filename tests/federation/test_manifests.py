@@ -6,9 +6,9 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from epp.federation.policy import parse_federation
+from epp.app.config_file import load_config
+from epp.config.federation import parse_federation
 from epp.federation.watch import GROUP, PLURAL, site_from_object
-from epp.scheduling.build import load_config
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "federation"
 
@@ -17,8 +17,8 @@ def _docs(name: str) -> list[dict]:  # type: ignore[type-arg]
     return [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
 
 
-def test_sample_sites_are_valid_against_the_real_crd_and_routable(shared_reference: Path) -> None:
-    crd = yaml.safe_load((shared_reference / "crds" / "federation.llmkube.dev_federatedclusters.yaml").read_text())
+def test_sample_sites_are_valid_against_the_real_crd_and_routable(reference_data: Path) -> None:
+    crd = yaml.safe_load((reference_data / "crds" / "federation.llmkube.dev_federatedclusters.yaml").read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     sites = []
     for obj in _docs("federatedclusters.yaml"):

@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
+from epp.config.federation import parse_federation
 from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
-from epp.federation.policy import SaturationConfig, locally_saturated, parse_federation
+from epp.federation.policy import SaturationConfig, locally_saturated
 from epp.federation.policy.residency import Residency, allowance_for
 
 NOW = 100.0

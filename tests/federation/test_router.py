@@ -2,10 +2,11 @@
 
 import pytest
 
+from epp.config.federation import parse_federation
 from epp.datastore.pool import FailureMode
 from epp.director import Decision
 from epp.errors import ConfigError, EppError, ErrorCode
-from epp.federation.policy import check_fail_open, parse_federation
+from epp.federation.policy import check_fail_open
 from tests.federation.builders import NOW, director, local_table, registry, request, router, site
 
 EU_ONLY = {"residency": {"rules": [{"name": "eu-data", "modelPrefixes": ["eu/"], "tiers": ["eu"]}]}}

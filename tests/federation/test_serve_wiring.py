@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from epp.app.config_file import load_config
 from epp.app.federation import build_federation
 from epp.cli import main
 from epp.datastore.pool import FailureMode
 from epp.errors import ConfigError
-from epp.scheduling.build import load_config
 
 FED = """
 apiVersion: inference.networking.x-k8s.io/v1alpha1

@@ -2,8 +2,9 @@
 
 import pytest
 
+from epp.config.decode import parse_config
 from epp.errors import ConfigError
-from epp.scheduling import build_scheduler, default_config, parse_config, upstream_default_config
+from epp.scheduling import build_scheduler, default_config, upstream_default_config
 from epp.scheduling.pickers import MaxScorePicker, RandomPicker
 
 BASE = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}

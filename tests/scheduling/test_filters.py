@@ -1,7 +1,8 @@
 import pytest
 
+from epp.config.model import SaturationThresholds
 from epp.scheduling.filters import LabelFilter, decode_filter, match_labels, prefill_filter
-from epp.scheduling.saturation import SaturationFilter, SaturationThresholds
+from epp.scheduling.saturation import SaturationFilter
 from tests.scheduling.tables import NAN, NOW, state, table_with
 
 FRESH = dict(waiting=0, kv_usage=0.1)

@@ -44,16 +44,16 @@ def signals(text: str, engine: str) -> dict[str, object]:
     ids=["triton", "sglang", "vllm-partial", "llamacpp-partial"],
 )
 def test_committed_pages_give_their_engine_signals(
-    shared_reference: Path, file: str, engine: str, expected: dict[str, object]
+    reference_data: Path, file: str, engine: str, expected: dict[str, object]
 ) -> None:
-    got = signals((shared_reference / "metrics" / file).read_text(), engine)
+    got = signals((reference_data / "metrics" / file).read_text(), engine)
     assert {k: got[k] for k in expected} == expected
     if engine != "vllm":
         assert got["max_lora"] is None  # no LoRA series on these engines: unknown, not 0
 
 
-def test_a_malformed_wanted_line_is_reported_and_the_rest_kept(shared_reference: Path) -> None:
-    text = (shared_reference / "metrics" / "vllm-docs-design-metrics-partial.txt").read_text()
+def test_a_malformed_wanted_line_is_reported_and_the_rest_kept(reference_data: Path) -> None:
+    text = (reference_data / "metrics" / "vllm-docs-design-metrics-partial.txt").read_text()
     result = extract(text, BUILTIN_ENGINES["vllm"])
     assert result.sample.running == 8.0
     assert [p.split(" (")[1].split(")")[0] for p in result.problems] == ["vllm:cache_config_info"]

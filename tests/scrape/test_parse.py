@@ -84,9 +84,9 @@ def _names_on(text: str) -> set[str]:
 # -- the committed pages ---------------------------------------------------------------------------------------
 
 
-def test_agrees_with_the_reference_on_every_committed_page(shared_reference: Path) -> None:
-    pages = sorted((shared_reference / "metrics").glob("*.txt"))
-    assert pages, "no pages in ../shared/reference/metrics"
+def test_agrees_with_the_reference_on_every_committed_page(reference_data: Path) -> None:
+    pages = sorted((reference_data / "metrics").glob("*.txt"))
+    assert pages, "no pages in tests/data/metrics"
     for path in pages:
         text = path.read_text()
         names = _names_on(text) | {"vllm:num_requests_waiting", "sglang:num_queue_reqs", "nv_trt_llm_request_metrics"}

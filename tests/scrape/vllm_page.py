@@ -1,6 +1,6 @@
 """A vLLM v1 /metrics page of realistic shape, for tests and benchmarks/scrape.py.
 
-../shared/reference/metrics holds only partial vLLM pages (cut with `...`), so this builds a whole one from vLLM's
+tests/data/metrics holds only partial vLLM pages (cut with `...`), so this builds a whole one from vLLM's
 real metric names, label sets and histogram bucket boundaries: ~300 lines, most of them histogram buckets, like
 the page notes/metrics.md measured. The signals the picker reads are parameters, so tests know what to expect.
 """

@@ -21,7 +21,10 @@ Recovery rules (kopf's, client-go's reflector's):
 - the stream ends (server `timeoutSeconds`, dropped connection, protocol error) → watch again from the last
   resourceVersion, without re-listing (after a short backoff when it ended in an error);
 - 410 Gone (as the HTTP status or as an ERROR event) → the history is compacted: list again; the consumer gets a
-  new `Listed` and reconciles, so objects deleted in the gap disappear;
+  new `Listed` and reconciles, so objects deleted in the gap disappear. A 410 again right after that list (no
+  event or bookmark in between) means the server cannot serve a watch from its own list: the next lists back off
+  (exponential with jitter, capped at `backoff_max_s`) and the log says so once per `log_every_s`, not per call;
+- a stream that ends within a second with nothing in it is treated as failed (backoff), not resumed at once;
 - an ERROR event of another kind, or a failed list → backoff (exponential with jitter, capped) then list again;
 - 404 on the list (the CRD is not installed) → an empty `Listed` once, then retry slowly;
 - no byte for `inactivity_timeout_s` (the socket read timeout) → the stream is presumed dead and is reopened.
@@ -46,10 +49,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from epp.discovery.kubernetes.rest import ApiError, KubeRest, Obj, ResourceRef, iter_lines
+from epp.observability.ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+_INSTANT_END_S = 1.0  # a stream that ends this soon with nothing in it counts as failed (backoff)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,7 @@ class WatchOptions:
     backoff_max_s: float = 10.0
     absent_retry_s: float = 30.0  # how often to look again for a resource type the server does not know
     list_timeout_s: float = 30.0
+    log_every_s: float = 30.0  # a repeating fault (list failing, 410 after every list) is logged once per this
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +118,9 @@ class _Backoff:
     def reset(self) -> None:
         self._next = self._initial
 
+    def peek(self) -> float:
+        return self._next
+
     async def sleep(self) -> None:
         delay = self._next * random.uniform(0.8, 1.2)
         self._next = min(self._max, self._next * 2)
@@ -139,6 +148,10 @@ async def watch_objects(
     """Yield `Listed` then `Changed` items forever, recovering as the module docstring says; cancel to stop."""
     opts = options or WatchOptions()
     backoff = _Backoff(opts)
+    relist = _Backoff(opts)  # between lists that a 410 forced with no progress since the last one
+    quiet = RateLimitedLog(log, opts.log_every_s)
+    loop = asyncio.get_running_loop()
+    gone_streak = 0  # 410s in a row, each right after a list, with no event or bookmark in between
     while True:
         try:
             listed = await _list(rest, ref, opts)
@@ -148,19 +161,25 @@ async def watch_objects(
                 yield Listed((), "")
                 await asyncio.sleep(opts.absent_retry_s)
             else:
-                log.warning("%s: list failed: %s", ref, exc)
+                quiet.log((ref, "list"), logging.WARNING, "%s: list failed: %s", ref, exc)
                 await backoff.sleep()
             continue
         yield listed
         resource_version = listed.resource_version
+        progressed = False  # an event or a bookmark arrived since this list
+        gone = False
         while True:  # watch from resource_version until a re-list is needed
             try:
+                opened_at, got_any = loop.time(), False
                 async with aclosing(_watch_once(rest, ref, opts, resource_version)) as stream:
                     async for item in stream:
                         if isinstance(item, _Ended):
-                            if item.error:
-                                await backoff.sleep()  # a server that drops every stream must not spin us
+                            # A server that drops every stream, or ends each one at once with nothing in it,
+                            # must not spin us: back off then too.
+                            if item.error or (not got_any and loop.time() - opened_at < _INSTANT_END_S):
+                                await backoff.sleep()
                             break
+                        got_any = progressed = True
                         if isinstance(item, str):
                             resource_version = item  # a bookmark
                             continue
@@ -169,22 +188,43 @@ async def watch_objects(
                         backoff.reset()
                         yield item
             except _Gone:
-                log.info("%s: resourceVersion %s expired (410); listing again", ref, resource_version)
+                gone = True
                 break
             except _StreamError as exc:
-                log.warning("%s: watch error event: %s; listing again", ref, exc)
+                quiet.log((ref, "error-event"), logging.WARNING, "%s: watch error event: %s; listing again", ref, exc)
                 await backoff.sleep()
                 break
             except ApiError as exc:
                 if exc.status == 410:
-                    log.info("%s: resourceVersion %s expired (410); listing again", ref, resource_version)
+                    gone = True
                     break
-                log.warning("%s: watch failed: %s", ref, exc)
+                quiet.log((ref, "watch"), logging.WARNING, "%s: watch failed: %s", ref, exc)
                 await backoff.sleep()
                 if exc.status in (401, 403, 404):
                     break  # credentials or the CRD changed: start over from a list
                 continue
             # the stream ended: resume from resource_version (the loop continues)
+        if not gone:
+            continue
+        if progressed:  # an ordinary compaction after a working watch: list again at once
+            gone_streak = 0
+            relist.reset()
+        gone_streak += 1
+        if gone_streak == 1:
+            log.info("%s: resourceVersion %s expired (410); listing again", ref, resource_version)
+        else:
+            # 410 right after every list: the server's history or its cache is broken. Each re-list is a full
+            # LIST on the API server, so they back off (exponential, jittered, capped) and the log says it once.
+            delay = relist.peek()
+            quiet.log(
+                (ref, "gone"),
+                logging.WARNING,
+                "%s: watch answered 410 Gone right after a fresh list (%d times in a row); listing again in ~%.1fs",
+                ref,
+                gone_streak,
+                delay,
+            )
+            await relist.sleep()
 
 
 async def _list(rest: KubeRest, ref: ResourceRef, opts: WatchOptions) -> Listed:

@@ -18,12 +18,22 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from epp.config.federation import OverflowWeights
 from epp.datastore import Snapshot
 from epp.datastore.sites import Site
 from epp.datastore.table import IntArray
 from epp.federation.phase import Deadlines, Phase, PhaseRule
-from epp.federation.policy.config import OverflowWeights, SaturationConfig
 from epp.federation.policy.residency import Allowance
+
+
+@dataclass(frozen=True, slots=True)
+class SaturationConfig:
+    """When local endpoints count as saturated, for a router built without the scheduler's saturation detector
+    (`epp serve` always passes that one: overflow then starts exactly when shedding would)."""
+
+    queue_depth_threshold: float = 5.0
+    kv_cache_util_threshold: float = 0.8
+    metrics_staleness_threshold_s: float = 2.0
 
 
 def locally_saturated(snapshot: Snapshot, candidates: IntArray, now: float, config: SaturationConfig) -> bool:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from epp.federation.policy.config import TIER_HEADER, FederationConfig
+from epp.config.federation import FederationConfig
+from epp.wire import TIER_HEADER
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,13 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from epp.config.federation import FederationConfig
 from epp.datastore import Snapshot
 from epp.datastore.pool import FailureMode
 from epp.datastore.sites import SiteRegistry
 from epp.datastore.table import IntArray
 from epp.errors import ConfigError, EppError, ErrorCode
-from epp.federation.policy.config import HOP_HEADER, FederationConfig, SaturationConfig
 from epp.federation.policy.overflow import (
+    SaturationConfig,
     SiteEntry,
     choose_sites,
     index_sites,
@@ -38,6 +39,7 @@ from epp.federation.policy.overflow import (
     why_ineligible,
 )
 from epp.federation.policy.residency import UNRESTRICTED, Allowance, Residency
+from epp.wire import HOP_HEADER
 
 _EMPTY = np.empty(0, dtype=np.int64)
 

@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from epp.config.federation import parse_address
 from epp.datastore.sites import Site, SiteRegistry
-from epp.federation.policy.config import parse_address
 
 log = logging.getLogger(__name__)
 

@@ -1,96 +1,42 @@
-"""Upstream's EndpointPickerConfig, phase one: decode and validate the file into frozen values.
+"""Upstream's EndpointPickerConfig, phase one: decode and validate a parsed document into frozen values.
 
-Phase two (epp.scheduling.build) turns these values into plugin objects. Splitting them keeps every structural error
-(a missing field, a dangling pluginRef, an unknown top-level key) independent of which plugins we implement, and
-lets `epp check-config` report both kinds in the same words the server would use at start-up.
+Pure: the document arrives parsed (`epp.config.files` reads the file). Phase two (`epp.scheduling.build`) turns
+these values into plugin objects. Splitting them keeps every structural error (a missing field, a dangling
+pluginRef, an unknown top-level key) independent of which plugins we implement, and lets `epp check-config` report
+both kinds in the same words the server would use at start-up.
 
 Accepted top-level keys are upstream's (apiVersion, kind, plugins, schedulingProfiles, saturationDetector,
-featureGates, parser, data / dataLayer, flowControl) plus `federation`, kept as a raw mapping for the federation
-policy to parse. Anything else is refused: a misspelt key that is silently ignored is a config that does not do
-what its author thinks.
+featureGates, parser, data / dataLayer, flowControl) plus `federation`, kept as a raw mapping that
+`epp.config.federation` parses. Anything else is refused: a misspelt key that is silently ignored is a config that
+does not do what its author thinks.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from epp.errors import ConfigError
-from epp.scheduling.params import parse_duration
-from epp.scheduling.saturation import SaturationThresholds
-
-API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
-KIND = "EndpointPickerConfig"
-TOP_LEVEL_KEYS = frozenset(
-    {
-        "apiVersion",
-        "kind",
-        "plugins",
-        "schedulingProfiles",
-        "saturationDetector",
-        "featureGates",
-        "parser",
-        "data",
-        "dataLayer",
-        "flowControl",
-        "federation",
-    }
+from epp.config.durations import parse_duration
+from epp.config.model import (
+    API_VERSIONS,
+    KIND,
+    KNOWN_FEATURE_GATES,
+    TOP_LEVEL_KEYS,
+    EndpointPickerConfig,
+    PluginSpec,
+    ProfilePlugin,
+    ProfileSpec,
+    SaturationThresholds,
 )
-# Upstream's feature gates. None changes our behaviour: the data layer is how we always scrape, and flow control
-# (queueing by priority band) is not implemented; `notes` on the loaded config says so, check-config prints it.
-KNOWN_FEATURE_GATES = frozenset({"dataLayer", "flowControl", "prepareDataPlugins", "enableLegacyMetrics"})
+from epp.errors import ConfigError
+
 _SATURATION_FIELDS = {
     "queueDepthThreshold",
     "kvCacheUtilThreshold",
     "metricsStalenessThreshold",
     "headroom",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class PluginSpec:
-    name: str
-    type: str
-    parameters: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class ProfilePlugin:
-    plugin_ref: str
-    weight: float | None = None  # only meaningful for scorers; upstream's default is 1
-
-
-@dataclass(frozen=True, slots=True)
-class ProfileSpec:
-    name: str
-    plugins: tuple[ProfilePlugin, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointPickerConfig:
-    """A decoded, structurally valid config. `source` names the file in every later error."""
-
-    plugins: tuple[PluginSpec, ...]
-    profiles: tuple[ProfileSpec, ...]
-    api_version: str = API_VERSIONS[0]
-    saturation: SaturationThresholds = field(default_factory=SaturationThresholds)
-    feature_gates: tuple[str, ...] = ()
-    parser_ref: str | None = None
-    data_source_refs: tuple[str, ...] = ()
-    federation: Mapping[str, Any] | None = None
-    source: str = "<built-in>"
-    notes: tuple[str, ...] = ()
-
-    def plugin(self, name: str) -> PluginSpec:
-        for spec in self.plugins:
-            if spec.name == name:
-                return spec
-        raise KeyError(name)
 
 
 def _fail(source: str, where: str, why: str) -> ConfigError:
@@ -292,24 +238,3 @@ def parse_config(doc: object, source: str = "<config>") -> EndpointPickerConfig:
         source=source,
         notes=tuple(notes),
     )
-
-
-def read_config(path: str | Path) -> EndpointPickerConfig:
-    """Read and decode a file (phase one only); `load_config` also checks that it builds."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read the file ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{source}: not UTF-8 text") from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or exc.__class__.__name__
-        raise ConfigError(f"{source}: not valid YAML{at}: {problem}") from None
-    if len(docs) > 1:
-        raise ConfigError(f"{source}: holds {len(docs)} YAML documents; expected one EndpointPickerConfig")
-    return parse_config(docs[0] if docs else None, source)

@@ -1,12 +1,13 @@
-"""Phase one (decode + validate) and the verdict on every upstream reference config."""
+"""Phase one (read, decode, validate) and the verdict on every upstream reference config."""
 
 from pathlib import Path
 
 import pytest
 
+from epp.app.config_file import load_config
+from epp.config.decode import parse_config
+from epp.config.files import read_config
 from epp.errors import ConfigError
-from epp.scheduling import load_config, parse_config, read_config
-from epp.scheduling.params import parse_duration
 
 REFERENCE_VERDICTS = {
     # file → None (loads) or the words the refusal must contain
@@ -18,14 +19,14 @@ REFERENCE_VERDICTS = {
 }
 
 
-def test_every_reference_config_has_a_verdict(shared_reference: Path) -> None:
-    files = {p.name for p in (shared_reference / "epp-configs").iterdir()}
+def test_every_reference_config_has_a_verdict(reference_data: Path) -> None:
+    files = {p.name for p in (reference_data / "epp-configs").iterdir()}
     assert files == set(REFERENCE_VERDICTS), "a new reference config needs a verdict in this table"
 
 
 @pytest.mark.parametrize(("name", "refusal"), REFERENCE_VERDICTS.items(), ids=list(REFERENCE_VERDICTS))
-def test_reference_config_loads_or_is_refused_precisely(shared_reference: Path, name, refusal) -> None:
-    path = shared_reference / "epp-configs" / name
+def test_reference_config_loads_or_is_refused_precisely(reference_data: Path, name, refusal) -> None:
+    path = reference_data / "epp-configs" / name
     if refusal is None:
         config = load_config(path)
         assert config.source == str(path)
@@ -97,21 +98,6 @@ def test_saturation_block_and_defaults() -> None:
     )
     t = config.saturation
     assert (t.queue_depth, t.kv_util, t.staleness_s, t.headroom) == (8, 0.8, pytest.approx(0.15), 0.2)
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [("200ms", 0.2), ("2s", 2.0), ("1m30s", 90.0), ("1.5h", 5400.0), (3, 3.0), ("250us", 0.00025)],
-    ids=["ms", "s", "compound", "fraction", "bare-number", "us"],
-)
-def test_durations(text, seconds) -> None:
-    assert parse_duration(text) == pytest.approx(seconds)
-
-
-@pytest.mark.parametrize("text", ["", "fast", "10 parsecs", "-1s", True], ids=str)
-def test_bad_durations(text) -> None:
-    with pytest.raises(ValueError):
-        parse_duration(text)
 
 
 @pytest.mark.parametrize(

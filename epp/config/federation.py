@@ -1,8 +1,8 @@
 """The `federation:` section of the EndpointPickerConfig file, parsed into frozen values.
 
-The config loader keeps this section as a raw dict; this parser owns its schema, so every mistake is reported as a
-ConfigError naming the file and the field (`federation.residency.rules[2].tiers: …`). The schema (docs/federation.md
-has the full example):
+The decoder (`epp.config.decode`) keeps this section as a raw dict; this parser owns its schema, so every mistake is
+reported as a ConfigError naming the file and the field (`federation.residency.rules[2].tiers: …`). The schema
+(docs/federation.md has the full example):
 
     federation:
       staleSites: exclude            # or lastResort: Stale sites only when no Connected site is eligible
@@ -30,11 +30,6 @@ from typing import Any
 from epp.errors import ConfigError
 from epp.federation.phase import PhaseRule
 
-TIER_HEADER = "x-epp-allowed-tiers"  # a client may narrow its request's tiers (comma list), never widen them
-# Set by a picker on a request it sends to a remote site (value: its tier). A picker never sends such a request to
-# another site again: one hop at most, so two saturated sites cannot bounce a request between them.
-HOP_HEADER = "x-epp-federated-from"
-
 
 @dataclass(frozen=True, slots=True)
 class ResidencyRule:
@@ -50,16 +45,6 @@ class ResidencyRule:
         if self.objectives is not None and objective not in self.objectives:
             return False
         return model in self.models or any(model.startswith(p) for p in self.model_prefixes)
-
-
-@dataclass(frozen=True, slots=True)
-class SaturationConfig:
-    """When local endpoints count as saturated, for a router built without the scheduler's saturation detector
-    (`epp serve` always passes that one: overflow then starts exactly when shedding would)."""
-
-    queue_depth_threshold: float = 5.0
-    kv_cache_util_threshold: float = 0.8
-    metrics_staleness_threshold_s: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,8 @@ from typing import Any
 import pytest
 import yaml
 
+from epp.config.federation import parse_address, parse_federation
 from epp.errors import ConfigError
-from epp.federation.policy import parse_address, parse_federation
 
 FULL = """
 staleSites: lastResort
