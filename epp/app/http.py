@@ -98,17 +98,27 @@ def build_http_app(
 ) -> web.Application:
     """`loop_collectors`: those of `registry` whose numbers the serving loop writes (frozen before rendering)."""
 
+    async def denied(request: web.Request) -> web.Response | None:
+        if auth is None:
+            return None
+        refusal = await auth.check(request.headers.get("Authorization", ""))
+        if refusal is None:
+            return None
+        status, reason = refusal
+        headers = {"WWW-Authenticate": 'Bearer realm="epp-metrics"'} if status == 401 else None
+        return web.Response(status=status, text=reason + "\n", headers=headers)
+
     async def metrics(request: web.Request) -> web.Response:
-        if auth is not None and (denied := await auth.check(request)) is not None:
-            return denied
+        if (refused := await denied(request)) is not None:
+            return refused
         for collector in loop_collectors:
             collector.freeze()
         body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def debug_pool(request: web.Request) -> web.Response:
-        if auth is not None and (denied := await auth.check(request)) is not None:
-            return denied
+        if (refused := await denied(request)) is not None:
+            return refused
         return web.json_response(report(), dumps=_dumps)
 
     async def healthz(_: web.Request) -> web.Response:

@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from aiohttp import web
-
 MAX_CACHED = 1024
 _MAX_TOKEN_BYTES = 16384  # a bearer token longer than this is refused without asking the API server
 
@@ -31,13 +29,12 @@ class MetricsAuth:
         self._clock = clock
         self._cache: dict[bytes, tuple[float, int, str]] = {}  # sha256(token) → (expires, status, reason)
 
-    async def check(self, request: web.Request) -> web.Response | None:
-        """None when the request may go on; otherwise the 401/403/503 answer."""
-        header = request.headers.get("Authorization", "")
+    async def check(self, header: str) -> tuple[int, str] | None:
+        """None when a request with this `Authorization` header may go on; otherwise (401/403/503, reason)."""
         scheme, _, token = header.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token or len(token) > _MAX_TOKEN_BYTES:
-            return _deny(401, "a bearer token is required (--metrics-endpoint-auth)")
+            return 401, "a bearer token is required (--metrics-endpoint-auth)"
         key = hashlib.sha256(token.encode("utf-8", "replace")).digest()
         now = self._clock()
         cached = self._cache.get(key)
@@ -51,9 +48,4 @@ class MetricsAuth:
                 self._cache[key] = (now + self._ttl_s, status, reason)
         else:
             _, status, reason = cached
-        return None if status == 200 else _deny(status, reason)
-
-
-def _deny(status: int, reason: str) -> web.Response:
-    headers = {"WWW-Authenticate": 'Bearer realm="epp-metrics"'} if status == 401 else None
-    return web.Response(status=status, text=reason + "\n", headers=headers)
+        return None if status == 200 else (status, reason)
