@@ -56,6 +56,7 @@ def build(config_path: str | None) -> Callable[[], None]:
     from epp.datastore.objectives import ObjectiveStore
     from epp.director import Director
     from epp.discovery.static import parse_static_endpoints
+    from epp.extproc.server import ExternalProcessor
     from epp.extproc.stream import StreamProcessor, StreamSettings
     from epp.observability.metrics import PickerMetrics
     from epp.scheduling import build_scheduler
@@ -87,6 +88,12 @@ def build(config_path: str | None) -> Callable[[], None]:
         saturation=scheduler.saturation,
     )
     settings = StreamSettings()
+    # Streams come from the server object, which owns what they share (prebuilt answers); an older checkout
+    # without `new_stream` built them directly.
+    server = ExternalProcessor(director, metrics, settings, time.perf_counter)
+    new_stream = getattr(server, "new_stream", None) or (
+        lambda: StreamProcessor(director, metrics, time.perf_counter, settings)
+    )
     headers = pb.ProcessingRequest()
     for key, value in (
         (":authority", "127.0.0.1:10000"),
@@ -117,7 +124,7 @@ def build(config_path: str | None) -> Callable[[], None]:
         count += 1
         if count % SCRAPE_EVERY == 0:
             scrape()
-        stream = StreamProcessor(director, metrics, time.perf_counter, settings)
+        stream = new_stream()
         for data in wire:
             for answer in stream.handle(decode(data)):
                 answer.SerializeToString()

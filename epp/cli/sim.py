@@ -31,6 +31,21 @@ def register(sub: Any) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="served model name")
     p.add_argument("--lora", default="", help="comma list of LoRA adapter names served as models")
     p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall-clock second")
+    p.add_argument(
+        "--kv-events-port",
+        type=int,
+        default=None,
+        help="publish vLLM-format KV-cache events over ZMQ: server i on this port + i (default: off)",
+    )
+    p.add_argument(
+        "--kv-events-replay-port",
+        type=int,
+        default=None,
+        help="also answer replay requests on a ROUTER socket: server i on this port + i (default: off)",
+    )
+    p.add_argument(
+        "--kv-events-hash", choices=("int", "bytes"), default="int", help="block hashes as int64 or 32 bytes"
+    )
     p.add_argument("--duration", type=duration, default=0.0, help="stop after this long, e.g. 30s (0: until signalled)")
     p.set_defaults(func=run)
 
@@ -47,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             lora_adapters=[n.strip() for n in args.lora.split(",") if n.strip()],
             speed=args.speed,
+            kv_events_port=args.kv_events_port,
+            kv_events_replay_port=args.kv_events_replay_port,
+            kv_events_hash=args.kv_events_hash,
         )
     except ValueError as exc:
         raise ConfigError(f"epp sim: {exc}") from None
@@ -66,7 +84,10 @@ async def _serve(pool: SimulatedPool, duration: float) -> int:
         return 1
     try:
         for server in pool.servers:
-            print(f"{server.config.name} {server.address} {server.config.profile.name} {server.config.engine}")
+            line = f"{server.config.name} {server.address} {server.config.profile.name} {server.config.engine}"
+            if server.kv_events_port is not None:
+                line += f" kv-events={server.config.host}:{server.kv_events_port}"
+            print(line)
         sys.stdout.flush()
         if duration > 0:
             with contextlib.suppress(TimeoutError):

@@ -16,6 +16,8 @@ from epp.errors import EppError
 
 MAX_CHUNK = 62_000  # Envoy's limit for one streamed body message is 64 KiB; upstream sends 62,000-byte chunks.
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+# Headers a client may send that only the picker (or the gateway) may set: removed from the forwarded request.
+STRIP = tuple(h for h in wire.ROUTING_HEADERS if h != wire.DESTINATION_HEADER)
 
 ProcessingRequest = pb.ProcessingRequest
 ProcessingResponse = pb.ProcessingResponse
@@ -125,42 +127,51 @@ def streamed_body_responses(body: bytes, end_of_stream: bool, request: bool = Tr
     return out
 
 
-_DECISION_CACHE_LIMIT = 4096
-_decision_answers: dict[tuple[str, tuple[tuple[str, str], ...], tuple[str, ...], str], pb.ProcessingResponse] = {}
+class DecisionAnswers:
+    """The answers that carry a decision, built once per distinct decision and handed out again.
 
-
-def decision_response(
-    phase: str,
-    set_headers: tuple[tuple[str, str], ...],
-    remove: tuple[str, ...],
-    destination: str,
-    body: bytes | None = None,
-    cacheable: bool = True,
-) -> pb.ProcessingResponse:
-    """The answer that carries a decision: on the request headers (`phase` "headers") or, BUFFERED, on the body.
-
-    It sets `set_headers`, removes `remove`, writes `destination` into `envoy.lb` metadata and clears the route
-    cache. Such an answer depends only on those values, and requests to the same endpoint repeat them, so it is
-    built once and the same message is handed out again: grpc serializes a message when it is written, and no
-    caller mutates one. Answers with a replaced body, or headers unique to one request (`cacheable` False), are
-    built each time. The memo is bounded; when full it starts over.
+    Such an answer (on the request headers, or BUFFERED on the body) sets the routing headers, removes the headers
+    only the picker may set, writes the destination into `envoy.lb` metadata and clears the route cache. It depends
+    only on those values, and requests to the same endpoint repeat them, so the message is built once and the same
+    one is handed out again: grpc serializes a message when it is written, and no caller mutates one. Answers with
+    a replaced body, or headers unique to one request (`cacheable` False), are built each time. The memo is
+    bounded; when full it starts over. One instance per server, shared by its streams.
     """
-    key = (phase, set_headers, remove, destination)
-    if body is None and cacheable:
-        cached = _decision_answers.get(key)
-        if cached is not None:
-            return cached
-    mutation = header_mutation(set_headers, remove)
-    if phase == "headers":
-        response = request_headers_response(mutation, clear_route_cache=True)
-    else:
-        response = request_body_response(mutation, body, clear_route_cache=True)
-    decision_metadata(response, destination)
-    if body is None and cacheable:
-        if len(_decision_answers) >= _DECISION_CACHE_LIMIT:
-            _decision_answers.clear()
-        _decision_answers[key] = response
-    return response
+
+    __slots__ = ("_answers", "_limit", "_remove", "pass_through_headers")
+
+    def __init__(self, remove: Sequence[str] = STRIP, limit: int = 4096) -> None:
+        self._answers: dict[tuple[str, tuple[tuple[str, str], ...], str], pb.ProcessingResponse] = {}
+        self._limit = limit
+        self._remove = tuple(remove)
+        # BUFFERED: the headers go on at once, the picker's own routing headers removed.
+        self.pass_through_headers = request_headers_response(header_mutation((), self._remove))
+
+    def decision(
+        self,
+        phase: str,
+        set_headers: tuple[tuple[str, str], ...],
+        destination: str,
+        body: bytes | None = None,
+        cacheable: bool = True,
+    ) -> pb.ProcessingResponse:
+        """The answer on the request headers (`phase` "headers") or, BUFFERED, on the body."""
+        cacheable = cacheable and body is None
+        if cacheable:
+            cached = self._answers.get((phase, set_headers, destination))
+            if cached is not None:
+                return cached
+        mutation = header_mutation(set_headers, self._remove)
+        if phase == "headers":
+            response = request_headers_response(mutation, clear_route_cache=True)
+        else:
+            response = request_body_response(mutation, body, clear_route_cache=True)
+        decision_metadata(response, destination)
+        if cacheable:
+            if len(self._answers) >= self._limit:
+                self._answers.clear()
+            self._answers[(phase, set_headers, destination)] = response
+        return response
 
 
 def request_trailers_response() -> pb.ProcessingResponse:

@@ -1,8 +1,8 @@
 """The grpc.aio adapter: feeds each stream's messages to a StreamProcessor and writes back what it answers.
 
-Everything protocol-shaped lives in `stream`; this file only moves messages and guarantees the ending: whatever
-happens to the stream (client gone, Envoy reset, server stopping) the processor's `close()` runs, so the request's
-in-flight booking is released.
+Everything protocol-shaped lives in `stream`; this file moves messages, owns what the streams share (the prebuilt
+decision answers) and guarantees the ending: whatever happens to the stream (client gone, Envoy reset, server
+stopping) the processor's `close()` runs, so the request's in-flight booking is released.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from epp.extproc import messages as m
 from epp.extproc.stream import Decider, StreamObserver, StreamProcessor, StreamSettings
 
 # What the server reports about whole streams (upstream's extproc_streams_*); the metrics implement both.
@@ -43,12 +44,17 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self._observer = observer
         self._settings = settings
         self._clock = clock
+        self.answers = m.DecisionAnswers()
         self.open_streams = 0
+
+    def new_stream(self) -> StreamProcessor:
+        """A stream's state machine, sharing this server's prebuilt answers."""
+        return StreamProcessor(self._decider, self._observer, self._clock, self._settings, self.answers)
 
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        stream = StreamProcessor(self._decider, self._observer, self._clock, self._settings)
+        stream = self.new_stream()
         self.open_streams += 1
         started = self._clock()
         self._observer.stream_started()

@@ -3,13 +3,19 @@
 Envoy opens one stream per HTTP request and sends, depending on the processing mode, request headers, body chunks,
 trailers, then the same for the response. Every message that expects an answer gets exactly one, in order.
 
+The stream is always in one `Phase`, and `TRANSITIONS` is the whole protocol: for each phase, the message kinds
+that may arrive, the action that answers each, and the phases it may lead to. A kind the table does not list for
+the current phase is out of order: it gets a clear 400 ImmediateResponse and the stream ends (every later
+message is ignored). So a stream decides at most once, and answers nothing twice or unasked.
+
 Request body modes (read from `protocol_config` on the first message):
 - FULL_DUPLEX_STREAMED (upstream's mode): Envoy streams body chunks without waiting. We hold the headers answer
   until the body is complete, decide, then answer the headers (decision, `clear_route_cache`) and send the body back
   as streamed chunks of ≤ 62,000 bytes.
 - BUFFERED / BUFFERED_PARTIAL: the headers are answered at once (pass-through, our routing headers removed); the
   decision rides on the answer to the single body message.
-- NONE / STREAMED, or a request with no body: decided on the headers alone (a pool-level pick, no model).
+- NONE / STREAMED, or a request with no body: decided on the headers alone (STREAMED body chunks then pass
+  through, one answer each).
 
 Whatever goes wrong — bad JSON, an oversized body, no endpoint, a bug — becomes an ImmediateResponse with a clear
 status and reason; no exception leaves `handle`.
@@ -17,20 +23,20 @@ status and reason; no exception leaves `handle`.
 
 from __future__ import annotations
 
-import json
+import enum
 import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-import orjson
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 
 from epp import wire
 from epp.director import Decision
 from epp.errors import EppError, ErrorCode
 from epp.extproc import messages as m
+from epp.extproc.response import ResponseTracker, Usage, model_restorer
 from epp.observability.metrics import RequestRecord
 from epp.requests import InferenceRequest, parse_request
 
@@ -39,12 +45,8 @@ log = logging.getLogger(__name__)
 _Mode = processing_mode_pb2.ProcessingMode
 FULL_DUPLEX = _Mode.FULL_DUPLEX_STREAMED
 BUFFERED = _Mode.BUFFERED
-BUFFERED_PARTIAL = _Mode.BUFFERED_PARTIAL
+STREAMED = _Mode.STREAMED
 NONE = _Mode.NONE
-
-# Headers a client may send that only the picker (or the gateway) may set: removed from the forwarded request.
-_STRIP = tuple(h for h in wire.ROUTING_HEADERS if h != wire.DESTINATION_HEADER)
-_MAX_USAGE_BUFFER = 1 << 20  # response bytes kept to find `usage`; a larger JSON answer is not searched
 
 
 class Decider(Protocol):
@@ -106,13 +108,49 @@ class StreamSettings:
     max_body_bytes: int = 16 * 1024 * 1024
 
 
+class Phase(enum.IntEnum):
+    """Where a stream stands; the names say what the stream waits for."""
+
+    REQUEST_HEADERS = 0  # nothing has arrived yet
+    REQUEST_BODY = 1  # headers seen, the body (and trailers) to come; not decided
+    REQUEST_PASS = 2  # decided on the headers (STREAMED); the body chunks pass through
+    RESPONSE_HEADERS = 3  # decided; request trailers may still come, then the response
+    RESPONSE_BODY = 4  # response headers seen; body chunks flow
+    RESPONSE_DONE = 5  # the response ended
+    FINISHED = 6  # an ImmediateResponse was sent: every message is ignored
+
+
+# Module-level names for the phases: an enum member read through its class costs ~10x a global on the hot path.
+_REQUEST_HEADERS, _REQUEST_BODY, _REQUEST_PASS, _RESPONSE_HEADERS, _RESPONSE_BODY, _RESPONSE_DONE, _FINISHED = Phase
+
+_Answers = list[m.ProcessingResponse]
+_Action = Callable[["StreamProcessor", m.ProcessingRequest], tuple[_Answers, Phase]]
+
+
+class Transition(NamedTuple):
+    action: _Action
+    leads_to: frozenset[Phase]
+
+
+_PHASE_WORDS = {
+    _REQUEST_HEADERS: "before request_headers",
+    _REQUEST_BODY: "while the request body is still arriving",
+    _REQUEST_PASS: "while the request body is passing through",
+    _RESPONSE_HEADERS: "after the request was complete and before the response",
+    _RESPONSE_BODY: "while the response body is arriving",
+    _RESPONSE_DONE: "after the response ended",
+}
+
+
 class StreamProcessor:
     """The state of one request's ext_proc stream. Not thread-safe; one instance per stream."""
 
     __slots__ = (
+        "_answers",
         "_body",
         "_clock",
         "_config_seen",
+        "_decided",
         "_decider",
         "_decision",
         "_headers",
@@ -120,14 +158,12 @@ class StreamProcessor:
         "_record",
         "_request",
         "_request_body_mode",
+        "_response",
         "_response_body_mode",
-        "_response_sse",
-        "_response_tail",
         "_rewrite",
         "_settings",
         "_subset",
-        "_usage_seen",
-        "finished",
+        "phase",
     )
 
     def __init__(
@@ -136,103 +172,133 @@ class StreamProcessor:
         observer: StreamObserver,
         clock: Callable[[], float],
         settings: StreamSettings = StreamSettings(),
+        answers: m.DecisionAnswers | None = None,
     ) -> None:
         self._decider = decider
         self._observer = observer
         self._clock = clock
         self._settings = settings
+        self._answers = answers if answers is not None else m.DecisionAnswers()
         self._config_seen = False
         self._request_body_mode = BUFFERED  # Envoy's default when no protocol_config is sent
         self._response_body_mode = NONE
         self._headers: dict[str, str] = {}
         self._body = bytearray()
         self._subset: list[str] | None = None
+        self._decided = False
         self._decision: Decision | None = None
         self._rewrite: tuple[bytes, bytes] | None = None
-        self._response_sse = False
-        self._response_tail = b""
-        self._usage_seen = False
+        self._response: ResponseTracker | None = None
         self._record: RequestRecord | None = None  # what the metrics learn about this request, from its headers on
         self._request: InferenceRequest | None = None  # parsed (labels of a refusal after parsing)
-        self.finished = False  # an ImmediateResponse was sent: the stream is over
+        self.phase = _REQUEST_HEADERS
+
+    @property
+    def finished(self) -> bool:
+        return self.phase is _FINISHED
+
+    @property
+    def decided(self) -> bool:
+        return self._decided
 
     # -- entry points -----------------------------------------------------------------------------------------
 
     def handle(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
         """Answer one message from Envoy. Never raises."""
-        if self.finished:
+        phase = self.phase
+        if phase is _FINISHED:
             return []
+        kind = None
         try:
             if not self._config_seen and msg.HasField("protocol_config"):
                 self._config_seen = True
-                self._request_body_mode = msg.protocol_config.request_body_mode
-                self._response_body_mode = msg.protocol_config.response_body_mode
+                config = msg.protocol_config
+                self._request_body_mode = config.request_body_mode
+                self._response_body_mode = config.response_body_mode
             if self._subset is None and msg.HasField("metadata_context"):
                 self._subset = m.subset_hint(msg)
             kind = msg.WhichOneof("request")
-            if kind == "request_headers":
-                return self._on_request_headers(msg)
-            if kind == "request_body":
-                return self._on_request_body(msg)
-            if kind == "request_trailers":
-                return self._on_request_trailers()
-            if kind == "response_headers":
-                return self._on_response_headers(msg)
-            if kind == "response_body":
-                return self._on_response_body(msg)
-            if kind == "response_trailers":
-                self._complete()
-                return [m.response_trailers_response()]
-            raise EppError(ErrorCode.BAD_REQUEST, f"unexpected ext_proc message {kind!r}")
+            transition = _BY_PHASE[phase].get(kind) if kind is not None else None
+            if transition is None:
+                raise EppError(ErrorCode.BAD_REQUEST, _out_of_order(kind, phase))
+            answers, self.phase = transition.action(self, msg)
+            return answers
         except EppError as err:
             return [self._refuse(err)]
         except Exception:
-            log.exception("ext_proc stream failed; answering 500")
+            log.exception("ext_proc stream failed on %s in %s; answering 500", kind, phase.name)
             return [self._refuse(EppError(ErrorCode.INTERNAL, "internal error in the endpoint picker"))]
 
     def close(self) -> None:
         """The stream ended, normally or not: release the in-flight booking exactly once."""
+        self._release_body()
         self._complete()
 
     # -- request phase ----------------------------------------------------------------------------------------
 
-    def _on_request_headers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
+    def _on_request_headers(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
         self._headers = m.headers_to_dict(msg.request_headers.headers)
         self._record = self._observer.request_started(self._clock())
-        if msg.request_headers.end_of_stream or self._request_body_mode in (NONE, _Mode.STREAMED):
-            return [self._decision_answer("headers", None)]
-        if self._request_body_mode == FULL_DUPLEX:
-            return []  # the answer waits for the whole body
-        return [m.request_headers_response(m.header_mutation((), _STRIP))]
+        mode = self._request_body_mode
+        if msg.request_headers.end_of_stream or mode == NONE:
+            return [self._decision_answer("headers", None)], _RESPONSE_HEADERS
+        if mode == STREAMED:
+            return [self._decision_answer("headers", None)], _REQUEST_PASS
+        if mode == FULL_DUPLEX:
+            return [], _REQUEST_BODY  # the answer waits for the whole body
+        return [self._answers.pass_through_headers], _REQUEST_BODY
 
-    def _on_request_body(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
+    def _on_request_body(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
         chunk = msg.request_body
         data = chunk.body
-        if len(self._body) + len(data) > self._settings.max_body_bytes:
-            self._body.clear()
+        mode = self._request_body_mode
+        if mode == FULL_DUPLEX:
+            if not chunk.end_of_stream:
+                self._buffer(data)
+                return [], _REQUEST_BODY
+            if self._body:
+                self._buffer(data)
+                data = bytes(self._body)
+            else:
+                self._check_size(len(data))  # the usual one-chunk body: not copied into the buffer and out again
+            return self._finish_duplex(data, end_of_stream=True), _RESPONSE_HEADERS
+        # BUFFERED / BUFFERED_PARTIAL: one message carries the body (or, partial, the part that fitted).
+        self._check_size(len(data))
+        return [self._decision_answer("body", data)], _RESPONSE_HEADERS
+
+    def _on_request_trailers(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
+        """Trailers end a body that came without end_of_stream: decide now, then answer everything in order."""
+        mode = self._request_body_mode
+        if mode == FULL_DUPLEX:
+            out = self._finish_duplex(bytes(self._body), end_of_stream=False)
+        else:
+            raise EppError(ErrorCode.BAD_REQUEST, "request_trailers arrived before the request body (BUFFERED)")
+        out.append(m.request_trailers_response())
+        return out, _RESPONSE_HEADERS
+
+    def _on_passed_body(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
+        next_phase = _RESPONSE_HEADERS if msg.request_body.end_of_stream else _REQUEST_PASS
+        return [m.request_body_response()], next_phase
+
+    def _on_late_request_trailers(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
+        return [m.request_trailers_response()], _RESPONSE_HEADERS
+
+    def _buffer(self, data: bytes) -> None:
+        self._check_size(len(self._body) + len(data))
+        self._body += data
+
+    def _check_size(self, size: int) -> None:
+        if size > self._settings.max_body_bytes:
             raise EppError(
                 ErrorCode.BODY_TOO_LARGE, f"request body exceeds the limit of {self._settings.max_body_bytes} bytes"
             )
-        whole: bytes | None = None
-        if chunk.end_of_stream and not self._body and self._decision is None:
-            whole = data  # the usual one-chunk body: not copied into the buffer and out again
-        else:
-            self._body += data
-        if self._request_body_mode == FULL_DUPLEX:
-            return self._finish_duplex(end_of_stream=True, body=whole) if chunk.end_of_stream else []
-        if self._decision is not None:  # headers-only decision already made (STREAMED/NONE): pass through
-            return [m.request_body_response()]
-        return [self._decision_answer("body", whole if whole is not None else bytes(self._body))]
 
-    def _on_request_trailers(self) -> list[m.ProcessingResponse]:
-        if self._request_body_mode == FULL_DUPLEX and self._decision is None:
-            # The body ended without end_of_stream because trailers follow: decide now, then answer in order.
-            return [*self._finish_duplex(end_of_stream=False), m.request_trailers_response()]
-        return [m.request_trailers_response()]
+    def _release_body(self) -> None:
+        if self._body:
+            self._body = bytearray()
 
-    def _finish_duplex(self, end_of_stream: bool, body: bytes | None = None) -> list[m.ProcessingResponse]:
-        if body is None:
-            body = bytes(self._body)
+    def _finish_duplex(self, body: bytes, end_of_stream: bool) -> _Answers:
+        self._release_body()
         headers = self._decision_answer("headers", body)
         decision = self._decision
         out_body = decision.body if decision is not None and decision.body is not None else body
@@ -240,6 +306,9 @@ class StreamProcessor:
 
     def _decision_answer(self, phase: str, body: bytes | None) -> m.ProcessingResponse:
         """Parse, ask the director, and build the answer that carries the decision (on the headers or the body)."""
+        if self._decided:  # the table makes this unreachable; a second booking would never be released
+            raise EppError(ErrorCode.INTERNAL, "a second decision on one ext_proc stream")
+        self._decided = True
         started = self._clock()
         headers = self._headers
         request_id = headers.get("x-request-id") or ""
@@ -272,101 +341,65 @@ class StreamProcessor:
         if decision.body is not None:
             set_headers = (*set_headers, ("content-length", str(len(decision.body))))
         if decision.target_model and decision.target_model != decision.original_model:
-            self._rewrite = (
-                json.dumps(decision.target_model).encode(),
-                json.dumps(decision.original_model).encode(),
-            )
+            self._rewrite = model_restorer(decision.target_model, decision.original_model)
         replaced = decision.body if phase == "body" else None
         cacheable = not generated and decision.body is None  # a fresh request id or body length is one request's
-        return m.decision_response(phase, set_headers, _STRIP, destination, replaced, cacheable)
+        return self._answers.decision(phase, set_headers, destination, replaced, cacheable)
 
     # -- response phase ---------------------------------------------------------------------------------------
 
-    def _on_response_headers(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
+    def _on_response_headers(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
         headers = m.headers_to_dict(msg.response_headers.headers)
-        self._response_sse = "text/event-stream" in headers.get("content-type", "")
+        streaming = "text/event-stream" in headers.get("content-type", "")
+        self._response = ResponseTracker(streaming, self._rewrite)
         record = self._record
         if record is not None:
             record.response_started_at = self._clock()
-            record.streaming = self._response_sse
+            record.streaming = streaming
         decision = self._decision
         if decision is not None:
             served = m.served_endpoint(msg, headers)
             if served is not None and served not in decision.addresses:
                 self._observer.served_mismatch()
+        next_phase = _RESPONSE_BODY
         if msg.response_headers.end_of_stream:
             self._complete()
+            next_phase = _RESPONSE_DONE
         # A model name we put back changes the body's length: let Envoy re-frame it instead of a stale length.
         remove = ("content-length",) if self._rewrite is not None and self._response_body_mode != NONE else ()
-        return [m.response_headers_response(m.header_mutation((), remove) if remove else None)]
+        return [m.response_headers_response(m.header_mutation((), remove) if remove else None)], next_phase
 
-    def _on_response_body(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
+    def _on_response_body(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
         chunk = msg.response_body
-        body = chunk.body
+        tracker = self._response
         if self._record is not None:
-            self._observer.response_chunk(self._record, self._clock(), len(body))
-        if not self._usage_seen:
-            self._read_usage(body, chunk.end_of_stream)
-        if self._rewrite is not None:
-            body = self._restore_model(body)
+            self._observer.response_chunk(self._record, self._clock(), len(chunk.body))
+        if tracker is None:  # response headers were skipped: a plain JSON body is assumed
+            tracker = self._response = ResponseTracker(False, self._rewrite)
+        body, usage = tracker.feed(chunk.body, chunk.end_of_stream)
+        if usage is not None:
+            self._report_usage(usage)
+        next_phase = _RESPONSE_BODY
         if chunk.end_of_stream:
             self._complete()
+            next_phase = _RESPONSE_DONE
         if self._response_body_mode == FULL_DUPLEX:
-            return m.streamed_body_responses(body, chunk.end_of_stream, request=False)
-        return [m.response_body_response(body if self._rewrite is not None else None)]
+            return m.streamed_body_responses(body, chunk.end_of_stream, request=False), next_phase
+        return [m.response_body_response(body if tracker.rewrites else None)], next_phase
 
-    def _restore_model(self, body: bytes) -> bytes:
-        assert self._rewrite is not None
-        target, original = self._rewrite
-        return body.replace(b'"model":' + target, b'"model":' + original).replace(
-            b'"model": ' + target, b'"model": ' + original
+    def _on_response_trailers(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
+        self._complete()
+        return [m.response_trailers_response()], _RESPONSE_DONE
+
+    def _report_usage(self, usage: Usage) -> None:
+        decision = self._decision
+        self._observer.usage(
+            decision.original_model if decision else "",
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            self._record,
+            usage.cached_tokens,
         )
-
-    def _read_usage(self, body: bytes, end_of_stream: bool) -> None:
-        """Token usage from a JSON body or the SSE event that carries `usage` (usually the last).
-
-        Chunks may split an event or a JSON document anywhere, so the unfinished part is carried to the next
-        chunk: for SSE only the incomplete last event, for JSON the body so far (up to _MAX_USAGE_BUFFER).
-        """
-        text = self._response_tail + body
-        if self._response_sse:
-            if end_of_stream:
-                complete, self._response_tail = text, b""
-            else:
-                head, sep, rest = text.rpartition(b"\n\n")
-                complete, self._response_tail = (head, rest) if sep else (b"", text)
-                self._response_tail = self._response_tail[-_MAX_USAGE_BUFFER:]
-            if b'"usage"' not in complete:
-                return
-            candidates = [
-                line[5:].strip() for line in complete.split(b"\n") if line.startswith(b"data:") and b'"usage"' in line
-            ]
-        else:
-            if not end_of_stream:
-                self._response_tail = text if len(text) <= _MAX_USAGE_BUFFER else b""
-                return
-            self._response_tail = b""
-            if b'"usage"' not in text:
-                return
-            candidates = [text]
-        for raw in reversed(candidates):
-            try:
-                usage = orjson.loads(raw).get("usage")
-            except (ValueError, AttributeError):
-                continue
-            if isinstance(usage, dict):
-                self._usage_seen = True
-                decision = self._decision
-                details = usage.get("prompt_tokens_details")
-                cached = details.get("cached_tokens") if isinstance(details, dict) else None
-                self._observer.usage(
-                    decision.original_model if decision else "",
-                    int(usage.get("prompt_tokens") or 0),
-                    int(usage.get("completion_tokens") or 0),
-                    self._record,
-                    cached if isinstance(cached, int) and cached >= 0 else -1,
-                )
-                return
 
     # -- endings ----------------------------------------------------------------------------------------------
 
@@ -379,8 +412,8 @@ class StreamProcessor:
         self._observer.request_done(None, decision.original_model, decision.target_model, self._record, self._clock())
 
     def _refuse(self, err: EppError) -> m.ProcessingResponse:
-        self.finished = True
-        self._body = bytearray()
+        self.phase = _FINISHED
+        self._release_body()
         if self._decision is not None:
             self._decider.complete(self._decision)
             self._decision = None
@@ -395,3 +428,45 @@ class StreamProcessor:
                 request.objective,
             )  # fmt: skip
         return m.immediate_response(err)
+
+
+def _out_of_order(kind: str | None, phase: Phase) -> str:
+    if kind is None:
+        return "ext_proc message without a known kind"
+    return f"ext_proc message {kind} {_PHASE_WORDS[phase]}"
+
+
+def _to(*phases: Phase) -> frozenset[Phase]:
+    return frozenset(phases)
+
+
+_S = StreamProcessor
+# The whole protocol: phase → message kind → (action, phases it may lead to). Anything not listed is out of order.
+TRANSITIONS: dict[Phase, dict[str, Transition]] = {
+    _REQUEST_HEADERS: {
+        "request_headers": Transition(_S._on_request_headers, _to(_REQUEST_BODY, _REQUEST_PASS, _RESPONSE_HEADERS)),
+    },
+    _REQUEST_BODY: {
+        "request_body": Transition(_S._on_request_body, _to(_REQUEST_BODY, _RESPONSE_HEADERS)),
+        "request_trailers": Transition(_S._on_request_trailers, _to(_RESPONSE_HEADERS)),
+    },
+    _REQUEST_PASS: {
+        "request_body": Transition(_S._on_passed_body, _to(_REQUEST_PASS, _RESPONSE_HEADERS)),
+        "request_trailers": Transition(_S._on_late_request_trailers, _to(_RESPONSE_HEADERS)),
+    },
+    _RESPONSE_HEADERS: {
+        "request_trailers": Transition(_S._on_late_request_trailers, _to(_RESPONSE_HEADERS)),
+        "response_headers": Transition(_S._on_response_headers, _to(_RESPONSE_BODY, _RESPONSE_DONE)),
+        # Response headers skipped (header mode SKIP) with the body sent: the body starts the response.
+        "response_body": Transition(_S._on_response_body, _to(_RESPONSE_BODY, _RESPONSE_DONE)),
+        "response_trailers": Transition(_S._on_response_trailers, _to(_RESPONSE_DONE)),
+    },
+    _RESPONSE_BODY: {
+        "response_body": Transition(_S._on_response_body, _to(_RESPONSE_BODY, _RESPONSE_DONE)),
+        "response_trailers": Transition(_S._on_response_trailers, _to(_RESPONSE_DONE)),
+    },
+    _RESPONSE_DONE: {},
+    _FINISHED: {},
+}
+# The same table indexed by phase number: an IntEnum dict key hashes through Python code, a tuple index does not.
+_BY_PHASE = tuple(TRANSITIONS[phase] for phase in Phase)

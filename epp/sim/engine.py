@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from epp.sim.profiles import EngineProfile
 
@@ -45,6 +46,28 @@ class SimRequest:
     prefix: tuple[int, ...] = ()
     unit_tokens: int = 16
     lora: str | None = None
+    token_ids: tuple[int, ...] = ()  # the prompt's token ids, where KV events are published (they carry them)
+
+
+class KvStored(NamedTuple):
+    """Units a request's prefill made reusable: `units` of them from unit `first` (a KV-event record)."""
+
+    req: SimRequest
+    first: int
+    units: int
+
+
+class KvRemoved(NamedTuple):
+    """Units evicted, by hash."""
+
+    hashes: tuple[int, ...]
+
+
+class KvCleared(NamedTuple):
+    """The whole prefix cache was reset."""
+
+
+KvRecord = KvStored | KvRemoved | KvCleared
 
 
 @dataclass(slots=True)
@@ -98,6 +121,9 @@ class Engine:
         self._plan_decodes = 0
         self._loras_resident: OrderedDict[str, None] = OrderedDict()
         self._aborts: list[int] = []  # asked for while a step was in flight; applied before the next one
+        # None: nobody listens. A list: the cache's stores, evictions and resets are appended, oldest first, for a
+        # publisher to drain (the HTTP simulator's KV-event publisher, the virtual-time benchmark's feed).
+        self.kv_events: list[KvRecord] | None = None
         self.requests_aborted = 0
         # counters, as the metrics page reports them
         self.prefix_queries_tokens = 0
@@ -349,23 +375,49 @@ class Engine:
         return True
 
     def _evict(self, blocks_over: int) -> None:
+        gone: list[int] = []
         while blocks_over > 0 and self._lru:
             h, _ = self._lru.popitem(last=False)
             size = self._units.pop(h)[1]
             self._idle_blocks -= size
             blocks_over -= size
+            gone.append(h)
+        if gone and self.kv_events is not None:
+            self.kv_events.append(KvRemoved(tuple(gone)))
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached unit, as vLLM's `POST /reset_prefix_cache`: idle ones are freed, and those running
+        sequences hold become theirs alone (still held, no longer shareable), so the reset always succeeds."""
+        units = self._units
+        for seq in (*self._prefilling, *self._decoding.values()):
+            seq.private_blocks += sum(units[h][1] for h in seq.held_units)
+            seq.held_units = []
+        units.clear()
+        self._lru.clear()
+        self._idle_blocks = 0
+        if self.kv_events is not None:
+            self.kv_events.append(KvCleared())
 
     def _register_units(self, seq: _Seq) -> None:
         """A finished prefill makes the prompt's remaining units reusable (moved from private to shared blocks)."""
         req = seq.req
         unit_blocks = req.unit_tokens // self.profile.block_size
         units = self._units
-        for h in req.prefix[seq.matched_units :]:
+        run_start = -1
+        for i in range(seq.matched_units, len(req.prefix)):
+            h = req.prefix[i]
             if h in units:  # computed meanwhile by another sequence: ours stays private
+                if run_start >= 0 and self.kv_events is not None:
+                    self.kv_events.append(KvStored(req, run_start, i - run_start))
+                run_start = -1
                 continue
             units[h] = [1, unit_blocks]
             seq.held_units.append(h)
             seq.private_blocks -= unit_blocks
+            if run_start < 0:
+                run_start = i
+        if run_start >= 0 and self.kv_events is not None:
+            self.kv_events.append(KvStored(req, run_start, len(req.prefix) - run_start))
 
     def _release(self, seq: _Seq) -> None:
         """Give back a sequence's blocks: its own ones, and its references on cached units (idle ones go LRU)."""

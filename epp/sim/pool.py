@@ -4,7 +4,8 @@
         pool.addresses  # ["127.0.0.1:41234", ...]
 
 `base_port=0` lets the OS choose free ports (tests); otherwise server i listens on base_port + i. Profiles are
-cycled over the servers, so `profiles=(H100, H100, L4)` makes a heterogeneous pool.
+cycled over the servers, so `profiles=(H100, H100, L4)` makes a heterogeneous pool. With `kv_events_port`, server i
+publishes vLLM-format KV events on kv_events_port + i (`epp.sim.kvevents`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ class SimulatedPool:
         model: str = DEFAULT_MODEL,
         lora_adapters: Sequence[str] = (),
         speed: float = 1.0,
+        kv_events_port: int | None = None,
+        kv_events_replay_port: int | None = None,
+        kv_events_hash: str = "int",
     ) -> None:
         if servers <= 0:
             raise ValueError("servers must be positive")
@@ -34,6 +38,11 @@ class SimulatedPool:
             raise ValueError("at least one profile is needed")
         if base_port and base_port + servers - 1 > 65535:
             raise ValueError(f"ports {base_port}..{base_port + servers - 1} exceed 65535")
+
+        def offset(base: int | None, i: int) -> int | None:
+            # KV-event ports: server i publishes on base + i, as its HTTP port; 0 lets the OS choose
+            return None if base is None else base + i if base else 0
+
         self.servers = [
             SimServer(
                 ServerConfig(
@@ -45,6 +54,9 @@ class SimulatedPool:
                     model=model,
                     lora_adapters=tuple(lora_adapters),
                     speed=speed,
+                    kv_events_port=offset(kv_events_port, i),
+                    kv_events_replay_port=offset(kv_events_replay_port, i),
+                    kv_events_hash=kv_events_hash,
                 )
             )
             for i in range(servers)

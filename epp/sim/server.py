@@ -24,13 +24,15 @@ from typing import Any
 from aiohttp import web
 
 from epp.sim.engine import Engine, Finished, SimRequest
+from epp.sim.kvevents import KvEventPublisher
 from epp.sim.metrics import ENGINES, LatencyStats, render
 from epp.sim.profiles import H100_LLAMA_8B, EngineProfile
+from epp.sim.tokens import CHARS_PER_TOKEN as CHARS_PER_TOKEN  # re-exported: the demo sizes prompts by it
+from epp.sim.tokens import token_ids
 
 log = logging.getLogger(__name__)
 
 SERVER_HEADER = "x-sim-server"
-CHARS_PER_TOKEN = 4
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DEFAULT_MAX_TOKENS = 128
 STREAM_INTERVAL_S = 0.02  # how often a streaming response flushes the tokens generated meanwhile
@@ -47,6 +49,11 @@ class ServerConfig:
     model: str = DEFAULT_MODEL
     lora_adapters: tuple[str, ...] = ()
     speed: float = 1.0  # simulated seconds per wall-clock second (2.0: everything twice as fast)
+    # KV-cache events over ZMQ, as vLLM's --kv-events-config: None = off, 0 = any free port (read back from
+    # `SimServer.kv_events_port`); the replay socket likewise; block hashes as int64 ("int") or 32 bytes ("bytes").
+    kv_events_port: int | None = None
+    kv_events_replay_port: int | None = None
+    kv_events_hash: str = "int"
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -120,6 +127,8 @@ class SimServer:
         self._runner: web.AppRunner | None = None
         self.port = config.port
         self.served = 0
+        self.kv_events: KvEventPublisher | None = None
+        self._replays: asyncio.Task[None] | None = None
 
     @property
     def address(self) -> str:
@@ -134,6 +143,7 @@ class SimServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
         app.router.add_get("/health_generate", self._health)
+        app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         # What the SGLang Model Gateway asks a worker when it registers it (model and server discovery).
         for path in ("/get_model_info", "/model_info"):
             app.router.add_get(path, self._model_info)
@@ -141,7 +151,24 @@ class SimServer:
             app.router.add_get(path, self._server_info)
         return app
 
+    @property
+    def kv_events_port(self) -> int | None:
+        return None if self.kv_events is None else self.kv_events.port
+
     async def start(self) -> None:
+        c = self.config
+        if c.kv_events_port is not None:
+            self.kv_events = KvEventPublisher(
+                c.host,
+                c.kv_events_port,
+                f"kv@{c.name}@{c.model}",
+                c.profile.block_size,
+                replay_port=c.kv_events_replay_port,
+                hash_format=c.kv_events_hash,
+            )
+            self.engine.kv_events = []
+            if self.kv_events.replay_port is not None:
+                self._replays = asyncio.create_task(self._serve_replays(), name=f"sim-{c.name}-replays")
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port, reuse_address=True)
@@ -152,6 +179,11 @@ class SimServer:
         self._stepper = asyncio.create_task(self._step_loop(), name=f"sim-{self.config.name}")
 
     async def stop(self) -> None:
+        if self._replays is not None:
+            self._replays.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._replays
+            self._replays = None
         if self._stepper is not None:
             self._stepper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -166,6 +198,10 @@ class SimServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.kv_events is not None:
+            self.kv_events.close()
+            self.kv_events = None
+            self.engine.kv_events = None
 
     # -- the engine, in real time ---------------------------------------------------------------------------
 
@@ -181,9 +217,11 @@ class SimServer:
                 await self._wake.wait()
                 deadline = loop.time()
             duration = self.engine.begin_step(deadline * self.config.speed)
+            self._publish_kv_events()
             deadline = max(deadline + duration / self.config.speed, loop.time() - 0.05)
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             outcome = self.engine.end_step(deadline * self.config.speed)
+            self._publish_kv_events()
             for rid in outcome.first_tokens:
                 first = self._first.pop(rid, None)
                 if first is not None and not first.done():
@@ -193,6 +231,17 @@ class SimServer:
                 if done is not None and not done.done():
                     done.set_result(fin)
 
+    def _publish_kv_events(self) -> None:
+        records = self.engine.kv_events
+        if records and self.kv_events is not None:
+            self.kv_events.publish(records, time.time())
+            records.clear()
+
+    async def _serve_replays(self) -> None:
+        while self.kv_events is not None:
+            self.kv_events.serve_replays()
+            await asyncio.sleep(0.02)
+
     def _submit(
         self, prompt: str, output_tokens: int, lora: str | None
     ) -> tuple[int, asyncio.Future[float], asyncio.Future[Finished]]:
@@ -200,7 +249,8 @@ class SimServer:
         tokens, hashes = prompt_units(prompt, block)
         rid = next(self._ids)
         self._prompt_tokens[rid] = tokens
-        req = SimRequest(rid, tokens, output_tokens, prefix=hashes, unit_tokens=block, lora=lora)
+        ids = tuple(token_ids(prompt)) if self.kv_events is not None else ()
+        req = SimRequest(rid, tokens, output_tokens, prefix=hashes, unit_tokens=block, lora=lora, token_ids=ids)
         try:
             self.engine.submit(req, self._now())
         except ValueError as exc:
@@ -221,6 +271,12 @@ class SimServer:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="", headers=self._headers())
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's endpoint: the whole prefix cache is dropped (an `AllBlocksCleared` event when events are on)."""
+        self.engine.reset_prefix_cache()
+        self._publish_kv_events()
+        return web.Response(status=200, headers=self._headers())
 
     async def _model_info(self, request: web.Request) -> web.Response:
         model = self.config.model

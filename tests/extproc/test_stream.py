@@ -8,100 +8,30 @@ from typing import Any
 
 import pytest
 from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from google.protobuf import struct_pb2
 from prometheus_client import CollectorRegistry
 
 from epp.datastore import EndpointInfo, EndpointTable
 from epp.director import Decision, Director, RandomScheduler
 from epp.errors import ErrorCode
-from epp.extproc.messages import MAX_CHUNK
+from epp.extproc.server import ExternalProcessor
 from epp.extproc.stream import StreamProcessor, StreamSettings
 from epp.observability.metrics import PickerMetrics
 from epp.requests import InferenceRequest
-
-Mode = processing_mode_pb2.ProcessingMode
-POOL = ["127.10.0.1:8000", "127.10.0.2:8000", "127.10.0.3:8000"]
-BODY = json.dumps({"model": "m1", "messages": [{"role": "user", "content": "héllo wörld ✓ “quotes” 日本語"}]}).encode()
-M1 = {"model_name": "m1", "target_model_name": "m1"}  # the deprecated token histograms' labels
-
-
-def make_director() -> Director:
-    table = EndpointTable()
-    table.replace_all(EndpointInfo(address=a) for a in POOL)
-    table.synced = True
-    return Director(table, RandomScheduler(seed=1), clock=lambda: 0.0)
-
-
-def make_stream(
-    director: Director | None = None, max_body: int = 1 << 20
-) -> tuple[StreamProcessor, Director, PickerMetrics]:
-    director = director or make_director()
-    metrics = PickerMetrics(CollectorRegistry())
-    return StreamProcessor(director, metrics, lambda: 0.0, StreamSettings(max_body_bytes=max_body)), director, metrics
-
-
-def config(request_mode: int, response_mode: int = Mode.NONE) -> pb.ProtocolConfiguration:
-    return pb.ProtocolConfiguration(request_body_mode=request_mode, response_body_mode=response_mode)  # type: ignore[arg-type]
-
-
-def headers_msg(
-    end_of_stream: bool = False,
-    mode: int | None = Mode.FULL_DUPLEX_STREAMED,
-    extra: dict[str, str] | None = None,
-    path: str = "/v1/chat/completions",
-    subset: Sequence[str] | None = None,
-) -> pb.ProcessingRequest:
-    values = {
-        ":method": "POST",
-        ":path": path,
-        "content-type": "application/json",
-        "x-request-id": "r1",
-        **(extra or {}),
-    }
-    header_map = base_pb2.HeaderMap(
-        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in values.items()]
-    )
-    msg = pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=header_map, end_of_stream=end_of_stream))
-    if mode is not None:
-        msg.protocol_config.CopyFrom(config(mode, mode))
-    if subset is not None:
-        hint = struct_pb2.Struct()
-        hint.fields["x-gateway-destination-endpoint-subset"].list_value.extend(list(subset))
-        msg.metadata_context.filter_metadata["envoy.lb.subset_hint"].CopyFrom(hint)
-    return msg
-
-
-def body_msg(chunk: bytes, end_of_stream: bool) -> pb.ProcessingRequest:
-    return pb.ProcessingRequest(request_body=pb.HttpBody(body=chunk, end_of_stream=end_of_stream))
-
-
-def destination(response: pb.ProcessingResponse) -> str:
-    common = getattr(response, response.WhichOneof("response")).response
-    values = {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
-    metadata = response.dynamic_metadata.fields["envoy.lb"].struct_value.fields["x-gateway-destination-endpoint"]
-    assert values["x-gateway-destination-endpoint"] == metadata.string_value
-    return metadata.string_value
-
-
-def streamed_body(responses: Sequence[pb.ProcessingResponse]) -> tuple[bytes, bool]:
-    body = b""
-    eos = False
-    for r in responses:
-        assert r.WhichOneof("response") == "request_body"
-        streamed = r.request_body.response.body_mutation.streamed_response
-        assert len(streamed.body) <= MAX_CHUNK
-        assert not eos, "nothing may follow end_of_stream"
-        body += streamed.body
-        eos = streamed.end_of_stream
-    return body, eos
-
-
-def immediate(responses: list[pb.ProcessingResponse]) -> tuple[int, str]:
-    assert len(responses) == 1 and responses[0].WhichOneof("response") == "immediate_response"
-    r = responses[0].immediate_response
-    return r.status.code, r.body.decode()
+from tests.extproc.envoy import (
+    BODY,
+    POOL,
+    Mode,
+    body_msg,
+    destination,
+    headers_msg,
+    immediate,
+    make_director,
+    make_stream,
+    response_body,
+    response_headers,
+    streamed_body,
+)
 
 
 def test_full_duplex_holds_headers_until_the_body_ends_then_answers_in_order() -> None:
@@ -259,20 +189,6 @@ def test_unknown_message_kind_is_refused_clearly() -> None:
     assert immediate(stream.handle(pb.ProcessingRequest()))[0] == 400
 
 
-def response_headers(content_type: str, end_of_stream: bool = False) -> pb.ProcessingRequest:
-    header_map = base_pb2.HeaderMap(
-        headers=[
-            base_pb2.HeaderValue(key=":status", raw_value=b"200"),
-            base_pb2.HeaderValue(key="content-type", raw_value=content_type.encode()),
-        ]
-    )
-    return pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=header_map, end_of_stream=end_of_stream))
-
-
-def response_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingRequest:
-    return pb.ProcessingRequest(response_body=pb.HttpBody(body=chunk, end_of_stream=end_of_stream))
-
-
 def test_streamed_sse_response_passes_through_untouched_and_usage_is_read() -> None:
     stream, director, metrics = make_stream()
     stream.handle(headers_msg())
@@ -290,7 +206,12 @@ def test_streamed_sse_response_passes_through_untouched_and_usage_is_read() -> N
         out = stream.handle(response_body(chunk, i == len(chunks) - 1))
         echoed += b"".join(r.response_body.response.body_mutation.streamed_response.body for r in out)
     assert echoed == b"".join(chunks)
-    assert metrics.registry.get_sample_value("inference_objective_output_tokens_sum", M1) == 2.0
+    assert (
+        metrics.registry.get_sample_value(
+            "inference_objective_output_tokens_sum", {"model_name": "m1", "target_model_name": "m1"}
+        )
+        == 2.0
+    )
     assert int(director.table.snapshot().inflight.sum()) == 0
 
 
@@ -301,7 +222,12 @@ def test_buffered_json_response_usage_is_read_and_in_flight_released() -> None:
     stream.handle(response_headers("application/json"))
     out = stream.handle(response_body(b'{"usage": {"prompt_tokens": 5, "completion_tokens": 9}}', True))
     assert [r.WhichOneof("response") for r in out] == ["response_body"]
-    assert metrics.registry.get_sample_value("inference_objective_input_tokens_sum", M1) == 5.0
+    assert (
+        metrics.registry.get_sample_value(
+            "inference_objective_input_tokens_sum", {"model_name": "m1", "target_model_name": "m1"}
+        )
+        == 5.0
+    )
     assert int(director.table.snapshot().inflight.sum()) == 0
 
 
@@ -355,23 +281,36 @@ def test_refusal_codes_map_to_http_statuses() -> None:
     assert {c.http_status for c in ErrorCode} == {400, 413, 429, 500, 503}
 
 
-def _decision_answer(extra: dict[str, str] | None = None) -> pb.ProcessingResponse:
+def _one_endpoint_server() -> ExternalProcessor:
     table = EndpointTable()
     table.replace_all([EndpointInfo(address=POOL[0])])
     table.synced = True
-    stream, _, _ = make_stream(Director(table, RandomScheduler(seed=1), clock=lambda: 0.0))
+    director = Director(table, RandomScheduler(seed=1), clock=lambda: 0.0)
+    return ExternalProcessor(director, PickerMetrics(CollectorRegistry()), StreamSettings())
+
+
+def _decision_answer(server: ExternalProcessor, extra: dict[str, str] | None = None) -> pb.ProcessingResponse:
+    stream = server.new_stream()
     assert stream.handle(headers_msg(extra=extra)) == []
-    return stream.handle(body_msg(BODY, True))[0]
+    answer = stream.handle(body_msg(BODY, True))[0]
+    stream.close()
+    return answer
 
 
 def test_requests_to_the_same_endpoint_share_one_prebuilt_decision_answer() -> None:
-    first, second = _decision_answer(), _decision_answer()
+    server = _one_endpoint_server()
+    first, second = _decision_answer(server), _decision_answer(server)
     assert first is second  # built once: grpc serializes it per write, nobody mutates it
     assert destination(first) == POOL[0]
 
 
+def test_each_server_keeps_its_own_prebuilt_answers() -> None:
+    assert _decision_answer(_one_endpoint_server()) is not _decision_answer(_one_endpoint_server())
+
+
 def test_a_generated_request_id_is_never_shared_between_requests() -> None:
-    first, second = _decision_answer({"x-request-id": ""}), _decision_answer({"x-request-id": ""})
+    server = _one_endpoint_server()
+    first, second = _decision_answer(server, {"x-request-id": ""}), _decision_answer(server, {"x-request-id": ""})
     ids = [
         {h.header.key: h.header.raw_value for h in r.request_headers.response.header_mutation.set_headers}[
             "x-request-id"

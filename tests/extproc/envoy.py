@@ -1,0 +1,136 @@
+"""What Envoy sends on an ext_proc stream, built as Envoy builds it, and readers for what the picker answers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf import struct_pb2
+from prometheus_client import CollectorRegistry
+
+from epp.datastore import EndpointInfo, EndpointTable
+from epp.director import Director, RandomScheduler
+from epp.extproc.messages import MAX_CHUNK
+from epp.extproc.stream import StreamProcessor, StreamSettings
+from epp.observability.metrics import PickerMetrics
+
+Mode = processing_mode_pb2.ProcessingMode
+POOL = ["127.10.0.1:8000", "127.10.0.2:8000", "127.10.0.3:8000"]
+BODY = json.dumps({"model": "m1", "messages": [{"role": "user", "content": "héllo wörld ✓ “quotes” 日本語"}]}).encode()
+
+
+def make_director() -> Director:
+    table = EndpointTable()
+    table.replace_all(EndpointInfo(address=a) for a in POOL)
+    table.synced = True
+    return Director(table, RandomScheduler(seed=1), clock=lambda: 0.0)
+
+
+def make_stream(
+    director: Director | None = None, max_body: int = 1 << 20
+) -> tuple[StreamProcessor, Director, PickerMetrics]:
+    director = director or make_director()
+    metrics = PickerMetrics(CollectorRegistry())
+    return StreamProcessor(director, metrics, lambda: 0.0, StreamSettings(max_body_bytes=max_body)), director, metrics
+
+
+def inflight(director: Director) -> int:
+    return int(director.table.snapshot().inflight.sum())
+
+
+def config(request_mode: int, response_mode: int = Mode.NONE, early_body: bool = False) -> pb.ProtocolConfiguration:
+    return pb.ProtocolConfiguration(
+        request_body_mode=request_mode,  # type: ignore[arg-type]
+        response_body_mode=response_mode,  # type: ignore[arg-type]
+        send_body_without_waiting_for_header_response=early_body,
+    )
+
+
+def headers_msg(
+    end_of_stream: bool = False,
+    mode: int | None = Mode.FULL_DUPLEX_STREAMED,
+    extra: dict[str, str] | None = None,
+    path: str = "/v1/chat/completions",
+    subset: Sequence[str] | None = None,
+    response_mode: int | None = None,
+    early_body: bool = False,
+) -> pb.ProcessingRequest:
+    values = {
+        ":method": "POST",
+        ":path": path,
+        "content-type": "application/json",
+        "x-request-id": "r1",
+        **(extra or {}),
+    }
+    header_map = base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in values.items()]
+    )
+    msg = pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=header_map, end_of_stream=end_of_stream))
+    if mode is not None:
+        msg.protocol_config.CopyFrom(config(mode, mode if response_mode is None else response_mode, early_body))
+    if subset is not None:
+        hint = struct_pb2.Struct()
+        hint.fields["x-gateway-destination-endpoint-subset"].list_value.extend(list(subset))
+        msg.metadata_context.filter_metadata["envoy.lb.subset_hint"].CopyFrom(hint)
+    return msg
+
+
+def body_msg(chunk: bytes, end_of_stream: bool) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=chunk, end_of_stream=end_of_stream))
+
+
+def request_trailers() -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+
+
+def response_headers(content_type: str = "application/json", end_of_stream: bool = False) -> pb.ProcessingRequest:
+    header_map = base_pb2.HeaderMap(
+        headers=[
+            base_pb2.HeaderValue(key=":status", raw_value=b"200"),
+            base_pb2.HeaderValue(key="content-type", raw_value=content_type.encode()),
+        ]
+    )
+    return pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=header_map, end_of_stream=end_of_stream))
+
+
+def response_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(response_body=pb.HttpBody(body=chunk, end_of_stream=end_of_stream))
+
+
+def response_trailers() -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(response_trailers=pb.HttpTrailers())
+
+
+def kinds(responses: Sequence[pb.ProcessingResponse]) -> list[str]:
+    return [str(r.WhichOneof("response")) for r in responses]
+
+
+def destination(response: pb.ProcessingResponse) -> str:
+    common = getattr(response, response.WhichOneof("response")).response
+    values = {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
+    metadata = response.dynamic_metadata.fields["envoy.lb"].struct_value.fields["x-gateway-destination-endpoint"]
+    assert values["x-gateway-destination-endpoint"] == metadata.string_value
+    return metadata.string_value
+
+
+def streamed_body(responses: Sequence[pb.ProcessingResponse], request: bool = True) -> tuple[bytes, bool]:
+    body = b""
+    eos = False
+    for r in responses:
+        assert r.WhichOneof("response") == ("request_body" if request else "response_body")
+        part = r.request_body if request else r.response_body
+        streamed = part.response.body_mutation.streamed_response
+        assert len(streamed.body) <= MAX_CHUNK
+        assert not eos, "nothing may follow end_of_stream"
+        body += streamed.body
+        eos = streamed.end_of_stream
+    return body, eos
+
+
+def immediate(responses: Sequence[pb.ProcessingResponse]) -> tuple[int, str]:
+    assert len(responses) == 1 and responses[0].WhichOneof("response") == "immediate_response", kinds(responses)
+    r = responses[0].immediate_response
+    return r.status.code, r.body.decode()
