@@ -30,10 +30,13 @@ types: $(STAMP)
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
+# The fast tier: in-process tests only (no picker, Envoy or simulator processes); markers in tests/conftest.py.
 unit: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not e2e and not process" $(PYTEST_ARGS)
 
-test: lint types imports unit
+# Everything: static checks, then every test tier, with the 15 slowest steps listed.
+test: lint types imports
+	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/epp demo

@@ -6,6 +6,10 @@ response body chunk and reports what it returns.
 Usage comes from a JSON body or from the SSE event that carries `usage` (usually the last one). Chunks may split
 an event or a JSON document anywhere, so the unfinished part is carried over to the next chunk: for SSE only the
 incomplete last event, for JSON the body so far (up to `MAX_USAGE_BUFFER`).
+
+The counts come from another program and are not trusted: a count must be a JSON integer between 0 and
+`MAX_TOKENS`; anything else (negative, fractional, a string, a huge number, an object) makes the whole `usage`
+value invalid. An invalid usage is reported as such, once, and never touches the response itself.
 """
 
 from __future__ import annotations
@@ -16,14 +20,37 @@ from typing import NamedTuple
 import orjson
 
 MAX_USAGE_BUFFER = 1 << 20  # response bytes kept to find `usage`; a larger JSON answer is not searched
+MAX_TOKENS = 1 << 31  # no model context comes near it; a larger count is a broken server, not a real request
 
 
 class Usage(NamedTuple):
-    """Token counts of one response."""
+    """Token counts of one response; `valid` False when the server sent counts that cannot be true."""
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = -1  # usage.prompt_tokens_details.cached_tokens; -1: not reported
+    valid: bool = True
+
+
+INVALID_USAGE = Usage(0, 0, valid=False)
+
+
+def usage_of(value: object) -> Usage:
+    """The `usage` member of a response, checked: missing counts are 0, wrong ones make it invalid."""
+    if not isinstance(value, dict):
+        return INVALID_USAGE
+    prompt = value.get("prompt_tokens", 0)
+    completion = value.get("completion_tokens", 0)
+    # `type(...) is int` refuses bool (a subclass of int) as well as floats and strings.
+    if type(prompt) is not int or type(completion) is not int:
+        return INVALID_USAGE
+    if not (0 <= prompt <= MAX_TOKENS and 0 <= completion <= MAX_TOKENS):
+        return INVALID_USAGE
+    details = value.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if type(cached) is not int or not 0 <= cached <= prompt:  # an implausible cached count is just not recorded
+        cached = -1
+    return Usage(prompt, completion, cached)
 
 
 def model_restorer(target: str, original: str) -> tuple[bytes, bytes]:
@@ -43,7 +70,7 @@ class ResponseTracker:
         self._sse = sse
         self._rewrite = rewrite
         self._tail = b""
-        self._done = False  # usage found: nothing more is searched
+        self._done = False  # usage found (valid or not): nothing more is searched
 
     @property
     def rewrites(self) -> bool:
@@ -88,17 +115,16 @@ class ResponseTracker:
             if b'"usage"' not in text:
                 return None
             candidates = [text]
+        unreadable = False
         for raw in reversed(candidates):
             try:
-                value = orjson.loads(raw).get("usage")
-            except (ValueError, AttributeError):
+                document = orjson.loads(raw)
+            except ValueError:  # not JSON, or a number JSON cannot hold (1e400)
+                unreadable = True
                 continue
-            if isinstance(value, dict):
-                details = value.get("prompt_tokens_details")
-                cached = details.get("cached_tokens") if isinstance(details, dict) else None
-                return Usage(
-                    int(value.get("prompt_tokens") or 0),
-                    int(value.get("completion_tokens") or 0),
-                    cached if isinstance(cached, int) and cached >= 0 else -1,
-                )
-        return None
+            if isinstance(document, dict) and "usage" in document:
+                value = document["usage"]
+                if value is None:  # OpenAI sends `"usage": null` on chunks before the last
+                    continue
+                return usage_of(value)
+        return INVALID_USAGE if unreadable else None

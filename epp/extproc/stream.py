@@ -18,7 +18,8 @@ Request body modes (read from `protocol_config` on the first message):
   through, one answer each).
 
 Whatever goes wrong — bad JSON, an oversized body, no endpoint, a bug — becomes an ImmediateResponse with a clear
-status and reason; no exception leaves `handle`.
+status and reason while the request is being decided; no exception leaves `handle`. Once the request went on, a
+failure in the response phases answers the message unchanged: a good response is never broken by the picker.
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ class StreamObserver(Protocol):
         record: RequestRecord | None = None,
         cached_tokens: int = -1,
     ) -> None: ...
+
+    def usage_invalid(self) -> None: ...
 
     def served_mismatch(self) -> None: ...
 
@@ -226,7 +229,10 @@ class StreamProcessor:
         except EppError as err:
             return [self._refuse(err)]
         except Exception:
-            log.exception("ext_proc stream failed on %s in %s; answering 500", kind, phase.name)
+            log.exception("ext_proc stream failed on %s in %s", kind, phase.name)
+            if phase >= _RESPONSE_HEADERS and kind is not None and kind.startswith("response_"):
+                answers, self.phase = self._unchanged(msg, kind)
+                return answers
             return [self._refuse(EppError(ErrorCode.INTERNAL, "internal error in the endpoint picker"))]
 
     def close(self) -> None:
@@ -392,6 +398,9 @@ class StreamProcessor:
         return [m.response_trailers_response()], _RESPONSE_DONE
 
     def _report_usage(self, usage: Usage) -> None:
+        if not usage.valid:
+            self._observer.usage_invalid()
+            return
         decision = self._decision
         self._observer.usage(
             decision.original_model if decision else "",
@@ -400,6 +409,25 @@ class StreamProcessor:
             self._record,
             usage.cached_tokens,
         )
+
+    def _unchanged(self, msg: m.ProcessingRequest, kind: str) -> tuple[_Answers, Phase]:
+        """The answer that lets a response message through as Envoy sent it (after a failure of ours)."""
+        if kind == "response_headers":
+            if msg.response_headers.end_of_stream:
+                self._complete()
+                return [m.response_headers_response()], _RESPONSE_DONE
+            return [m.response_headers_response()], _RESPONSE_BODY
+        if kind == "response_body":
+            chunk = msg.response_body
+            next_phase = _RESPONSE_BODY
+            if chunk.end_of_stream:
+                self._complete()
+                next_phase = _RESPONSE_DONE
+            if self._response_body_mode == FULL_DUPLEX:
+                return m.streamed_body_responses(chunk.body, chunk.end_of_stream, request=False), next_phase
+            return [m.response_body_response()], next_phase
+        self._complete()
+        return [m.response_trailers_response()], _RESPONSE_DONE
 
     # -- endings ----------------------------------------------------------------------------------------------
 

@@ -237,6 +237,11 @@ class PickerMetrics(FreezableCollector):
             "Responses the gateway reports as served by an endpoint the picker did not name.",
             registry=registry,
         )
+        self.usage_invalid_total = Counter(
+            "epp_response_usage_invalid",
+            "Responses whose `usage` counts could not be true (negative, fractional, strings, huge); not recorded.",
+            registry=registry,
+        )
 
     # -- labels ---------------------------------------------------------------------------------------------
 
@@ -399,6 +404,12 @@ class PickerMetrics(FreezableCollector):
             completion_tokens,
             cached_tokens,
         )
+
+    def usage_invalid(self) -> None:
+        self.usage_invalid_total.inc()
+
+    def usage_invalid(self) -> None:
+        self.usage_invalid_total.inc()
 
     def served_mismatch(self) -> None:
         self.mismatches.inc()

@@ -8,9 +8,12 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.procs import free_port, http_ok, running, serve_argv, wait_until
+
+pytestmark = pytest.mark.process
 
 
 def health_status(port: int, service: str) -> int:

@@ -22,6 +22,8 @@ import pytest
 
 from tests.support.procs import free_port, http_ok, running, serve_argv, wait_until
 
+pytestmark = pytest.mark.process
+
 
 class _Page:
     waiting = 3

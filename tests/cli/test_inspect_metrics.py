@@ -44,6 +44,7 @@ def test_null_where_the_page_does_not_say(reference_data: Path, capsys: pytest.C
     assert out["running_lora_adapters"] is None and out["max_lora"] is None
 
 
+@pytest.mark.process
 def test_reads_an_http_url() -> None:
     async def scenario() -> str:
         server = await FakeMetricsServer(page=vllm_page(waiting=7).encode()).start()

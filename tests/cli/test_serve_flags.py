@@ -10,6 +10,7 @@ import pytest
 from tests.support.procs import epp_argv
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("args", "message"),
     [

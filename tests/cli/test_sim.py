@@ -56,6 +56,7 @@ def sim_process() -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
                 proc.wait()
 
 
+@pytest.mark.process
 def test_sim_serves_each_server_on_its_port_and_stops_on_sigterm(
     sim_process: tuple[subprocess.Popen[str], list[str]],
 ) -> None:

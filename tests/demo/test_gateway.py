@@ -38,6 +38,7 @@ def test_picker_listener_is_the_production_one_and_round_robin_covers_the_same_p
     assert clusters[ROUND_ROBIN_CLUSTER]["lb_policy"] == "ROUND_ROBIN"
 
 
+@pytest.mark.process
 def test_envoy_accepts_the_demo_bootstrap(tmp_path: Path) -> None:
     binary = find_envoy()
     if binary is None:

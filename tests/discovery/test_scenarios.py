@@ -15,7 +15,7 @@ from tests.discovery.pickers import ServedPicker, eventually, served_picker
 from tests.discovery.truth import expected_endpoints
 from tests.fakes.apiserver import FakeApiServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.process
 WITHIN_S = 2.0
 
 

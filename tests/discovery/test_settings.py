@@ -99,6 +99,7 @@ def test_bad_duration_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -
     assert "not a duration" in capsys.readouterr().err
 
 
+@pytest.mark.process
 def test_serve_with_an_unusable_kubeconfig_exits_2_with_one_line(tmp_path) -> None:
     import subprocess
 

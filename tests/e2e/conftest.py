@@ -13,8 +13,6 @@ from epp.gateway.binary import find_envoy
 from tests.support.envoy import envoy
 from tests.support.procs import free_port, http_ok, port_open, running, serve_argv, wait_until
 
-pytestmark = pytest.mark.e2e
-
 
 @dataclass(frozen=True)
 class Backends:

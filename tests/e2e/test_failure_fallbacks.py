@@ -26,8 +26,6 @@ from epp.gateway.binary import find_envoy
 from tests.e2e.conftest import Backends
 from tests.support.procs import ROOT, epp_argv, free_port, http_ok, running, wait_until
 
-pytestmark = pytest.mark.e2e
-
 
 @dataclass
 class ScriptedPicker(pb_grpc.ExternalProcessorServicer):

@@ -26,8 +26,6 @@ import pytest
 from tests.e2e.conftest import Backends, Picker, start_picker
 from tests.support.procs import ROOT, epp_argv, free_port, http_ok, running, stop, wait_until
 
-pytestmark = pytest.mark.e2e
-
 CHAT = "/v1/chat/completions"
 CONCURRENCY = 16
 LOAD_S = float(os.environ.get("EPP_E2E_FAILURE_LOAD_S", "6"))

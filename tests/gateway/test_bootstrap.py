@@ -242,6 +242,7 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
+@pytest.mark.process
 def test_envoy_accepts_every_rendered_variant(variant: str, tmp_path: Path) -> None:
     binary = find_envoy()
     if binary is None:

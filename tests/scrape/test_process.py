@@ -24,6 +24,7 @@ async def servers() -> AsyncIterator[list[FakeMetricsServer]]:
         await s.stop()
 
 
+@pytest.mark.process
 async def test_child_scrapes_into_the_parent_table_and_follows_membership(servers) -> None:
     a = await FakeMetricsServer(page=vllm_page(waiting=4, running_adapters="x,y").encode()).start()
     b = await FakeMetricsServer(page=b"sglang:num_queue_reqs 9\nsglang:token_usage 0.5\n").start()
@@ -60,6 +61,7 @@ async def test_child_scrapes_into_the_parent_table_and_follows_membership(server
     assert not os.path.exists(f"/dev/shm/{shm_name.lstrip('/')}")
 
 
+@pytest.mark.process
 async def test_a_reused_slot_never_gets_the_old_endpoints_rows(servers) -> None:
     a = await FakeMetricsServer(page=b"vllm:num_requests_waiting 1\n").start()
     b = await FakeMetricsServer(page=b"vllm:num_requests_waiting 2\n", mode="hang").start()

@@ -20,6 +20,8 @@ from tests.scrape.fake_server import FakeMetricsServer
 from tests.scrape.test_process import servers  # noqa: F401
 from tests.scrape.test_scraper import FAST, row, wait_for
 
+pytestmark = pytest.mark.process
+
 
 def scraped_at(table: EndpointTable, address: str) -> float:
     slot = table.slot_of(address)

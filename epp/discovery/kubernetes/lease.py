@@ -11,6 +11,12 @@ every request. The rules, as client-go's `leaderelection` package applies them:
   follower;
 - on a clean stop the leader releases the Lease (empty holder, 1 s duration) so a follower takes over at once.
 Every API call blocks, so it runs in a worker thread.
+
+Beyond client-go: a leader that steps down only because the API server did not answer (an outage, an expired
+token), with no sign of another holder, is `holding`: the last state it saw says the Lease is its own. What that
+means for readiness is the source's choice by the pool's failure mode (docs/failure-modes.md, "Leader election
+and API-server outages"). `holding` ends when a renewal succeeds (leader again) or when the Lease is seen held by
+another candidate (a follower, for sure).
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ class LeaderElector:
         self._on_change = on_change
         self._clock = clock
         self.is_leader = False
+        self.holding = False  # stepped down for want of answers from the API server, no other holder seen
+        self.unreachable_since: float | None = None  # first failed renewal of the current outage
+        self.last_error: str | None = None
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._last_renewal = 0.0
@@ -67,10 +76,24 @@ class LeaderElector:
             now = self._clock()
             if ok:
                 self._last_renewal = now
+                if self.unreachable_since is not None:
+                    log.warning(
+                        "lease %s: renewed again after %.1fs without the API server",
+                        self.name,
+                        now - self.unreachable_since,
+                    )
+                self.unreachable_since = self.last_error = None
                 self._set_leader(True)
             elif self.is_leader and now - self._last_renewal >= self._timing.renew_deadline_s:
-                log.warning("lease %s: not renewed for %.1fs; stepping down", self.name, now - self._last_renewal)
-                self._set_leader(False)
+                outage = self.unreachable_since is not None
+                log.warning(
+                    "lease %s: not renewed for %.1fs (%s); stepping down%s",
+                    self.name,
+                    now - self._last_renewal,
+                    self.last_error or "no answer",
+                    "; no other holder seen: holding the last state" if outage else "",
+                )
+                self._set_leader(False, holding=outage)
             delay = self._timing.retry_period_s
             await asyncio.sleep(delay if self.is_leader else delay * random.uniform(1.0, 1.2))
 
@@ -91,12 +114,26 @@ class LeaderElector:
         except ApiError as exc:
             log.info("lease %s: release failed (%s); it expires by itself", self.name, exc)
 
-    def _set_leader(self, leader: bool) -> None:
-        if leader != self.is_leader:
-            self.is_leader = leader
-            log.info("lease %s: %s is %s", self.name, self.identity, "now the leader" if leader else "a follower")
+    def state(self) -> str:
+        """`leader`, `holding` (stepped down for want of API answers, no other holder seen) or `follower`."""
+        return "leader" if self.is_leader else "holding" if self.holding else "follower"
+
+    def _set_leader(self, leader: bool, holding: bool = False) -> None:
+        holding = holding and not leader
+        if leader != self.is_leader or holding != self.holding:
+            was_leader = self.is_leader
+            self.is_leader, self.holding = leader, holding
+            if leader != was_leader:
+                log.info("lease %s: %s is %s", self.name, self.identity, "now the leader" if leader else "a follower")
             if self._on_change is not None:
                 self._on_change(leader)
+
+    def _unreachable(self, what: str, exc: ApiError) -> None:
+        """A call the API server did not answer as an API server that works would (5xx, 401, 403, timeouts)."""
+        if self.unreachable_since is None:
+            self.unreachable_since = self._clock()
+            log.info("lease %s: %s failed: %s", self.name, what, exc)
+        self.last_error = f"{what}: {exc}"
 
     def _lease_body(self, holder: str, duration_s: int, acquire_time: str, transitions: int | None) -> dict[str, Any]:
         spec: dict[str, Any] = {
@@ -118,7 +155,7 @@ class LeaderElector:
             lease = await asyncio.to_thread(self._rest.call, "GET", self._ref.item_path(self.name), None, None, timeout)
         except ApiError as exc:
             if exc.status != 404:
-                log.info("lease %s: get failed: %s", self.name, exc)
+                self._unreachable("get", exc)
                 return False
             self._resource_version = ""
             self._transitions = 0
@@ -133,6 +170,8 @@ class LeaderElector:
         holder = spec.get("holderIdentity") or ""
         held_for = float(spec.get("leaseDurationSeconds") or duration)
         if holder and holder != self.identity and now < self._observed_at + held_for:
+            if self.holding or self.is_leader:
+                log.warning("lease %s: held by %s now; a follower", self.name, holder)
             self._set_leader(False)  # someone else holds a live lease (we lost it while partitioned)
             return False
         transitions = int(spec.get("leaseTransitions") or 0)
@@ -149,8 +188,8 @@ class LeaderElector:
             written = await asyncio.to_thread(self._rest.call, method, path, None, body, timeout)
         except ApiError as exc:
             if exc.status != 409:
-                log.info("lease %s: %s failed: %s", self.name, method, exc)
-            return False  # 409: another candidate won the race
+                self._unreachable(method, exc)
+            return False  # 409: another candidate won the race (the next read shows who)
         spec = written.get("spec") or {}
         self._resource_version = str((written.get("metadata") or {}).get("resourceVersion") or "")
         self._observed = tuple(spec.get(k) for k in ("holderIdentity", "renewTime", "acquireTime", "leaseTransitions"))

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from epp.datastore.objectives import ObjectiveStore, RewriteRule
-from epp.datastore.pool import POOL_VERSION, PoolSpec, parse_pool
+from epp.datastore.pool import POOL_VERSION, FailureMode, PoolSpec, parse_pool
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.discovery.kubernetes.endpoints import PodView, endpoints_of, pod_view
 from epp.discovery.kubernetes.lease import LeaderElector
@@ -83,7 +83,19 @@ class KubernetesSource:
 
     @property
     def leader(self) -> bool:
-        return self._elector is None or self._elector.is_leader
+        """Whether this replica serves as the leader now.
+
+        The Lease's holder by client-go's rules, and also, for a FailClose pool, a leader that stepped down only
+        because the API server stopped answering while no other holder is known (`LeaderElector.holding`): the
+        endpoint set it holds is still the last one the API server gave, and not-ready would turn an API-server
+        blip into 503s for every request. Once the Lease is seen held by another candidate it is a follower.
+        A FailOpen pool steps down as client-go does: the gateway then balances over the pool by itself.
+        """
+        elector = self._elector
+        if elector is None or elector.is_leader:
+            return True
+        pool = self._pool
+        return elector.holding and pool is not None and pool.failure_mode is FailureMode.FAIL_CLOSE
 
     @property
     def ready(self) -> bool:
@@ -105,9 +117,19 @@ class KubernetesSource:
             "synced": self.table.synced,
             "leader_election": self._elector is not None,
             "leader": self.leader,
+            "lease": None if self._elector is None else self._lease_status(),
             "ready": self.ready,
             "pods_seen": len(self._pods),
             "endpoints": len(self.table),
+        }
+
+    def _lease_status(self) -> dict[str, Any]:
+        elector = self._elector
+        assert elector is not None
+        return {
+            "state": elector.state(),
+            "unreachableSince": elector.unreachable_since,
+            "lastError": elector.last_error,
         }
 
     def connect(self) -> None:
