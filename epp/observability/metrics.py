@@ -408,9 +408,6 @@ class PickerMetrics(FreezableCollector):
     def usage_invalid(self) -> None:
         self.usage_invalid_total.inc()
 
-    def usage_invalid(self) -> None:
-        self.usage_invalid_total.inc()
-
     def served_mismatch(self) -> None:
         self.mismatches.inc()
 

@@ -7,7 +7,11 @@ import re
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.support.procs import free_port, http_ok, running, serve_argv, wait_until
+
+pytestmark = pytest.mark.process
 
 # Prefix llm_d_epp_; counters as their sample names (…_total).
 EXPORTED = [
