@@ -20,6 +20,7 @@ from epp.app.metrics_auth import MetricsAuth
 from epp.datastore import EndpointTable
 from epp.datastore.pool import PoolSpec
 from epp.observability.metrics import FreezableCollector
+from epp.observability.stacks import dump_stacks
 
 
 def _num(value: float) -> float | None:
@@ -95,8 +96,11 @@ def build_http_app(
     ready: Callable[[], bool],
     loop_collectors: Sequence[FreezableCollector] = (),
     auth: MetricsAuth | None = None,
+    stacks: bool = False,
 ) -> web.Application:
-    """`loop_collectors`: those of `registry` whose numbers the serving loop writes (frozen before rendering)."""
+    """The metrics port's routes. `loop_collectors`: those of `registry` whose numbers the serving loop writes
+    (frozen before rendering); `auth`: --metrics-endpoint-auth; `stacks` adds `/debug/stacks` (every thread and
+    asyncio task, `--enable-pprof`)."""
 
     async def denied(request: web.Request) -> web.Response | None:
         if auth is None:
@@ -127,7 +131,14 @@ def build_http_app(
     async def readyz(_: web.Request) -> web.Response:
         return web.Response(text="ready\n") if ready() else web.Response(status=503, text="not ready\n")
 
+    async def debug_stacks(request: web.Request) -> web.Response:
+        if (refused := await denied(request)) is not None:
+            return refused
+        return web.Response(text=dump_stacks())
+
     app = web.Application()
+    if stacks:
+        app.router.add_get("/debug/stacks", debug_stacks)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/debug/pool", debug_pool)
     app.router.add_get("/healthz", healthz)

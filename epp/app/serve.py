@@ -180,7 +180,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     pool_collector = PoolCollector(state.table, lambda: pool_name, _poll_errors(scraper))
     state.registry.register(pool_collector)
     loop_collectors: list[FreezableCollector] = [metrics, pool_collector, plugin_timer, prefix, scrape_collector]
-    http_app = build_http_app(state.registry, report, state.ready, loop_collectors, auth)
+    stacks = bool(getattr(args, "enable_pprof", False))
+    http_app = build_http_app(state.registry, report, state.ready, loop_collectors, auth, stacks)
     http_runner = web.AppRunner(http_app, access_log=None)
     await http_runner.setup()
     site = web.TCPSite(http_runner, args.bind_address, args.metrics_port)

@@ -84,9 +84,12 @@ class BlockKeys:
         return r
 
     @staticmethod
-    def tokens_array(token_ids: Sequence[int]) -> U64Array:
+    def tokens_array(token_ids: Sequence[int] | U64Array) -> U64Array:
         """Token ids as uint64 without a per-element numpy conversion (array.array is ~2.5x faster on a list);
-        OverflowError for an id outside 0..2^64-1, TypeError for a non-integer."""
+        OverflowError for an id outside 0..2^64-1, TypeError for a non-integer. A uint64 array passes as is (a
+        tokenizer client that parses its JSON straight into numpy skips the list entirely)."""
+        if isinstance(token_ids, np.ndarray):
+            return token_ids.astype(np.uint64, copy=False)
         return np.frombuffer(array.array("Q", token_ids), dtype=np.uint64)
 
     def _values(self, tokens: U64Array, n: int) -> U64Array:
@@ -114,13 +117,15 @@ class BlockKeys:
             out.append(k)
         return out
 
-    def request_keys(self, token_ids: Sequence[int], lora_name: str | None = None) -> U64Array:
+    def request_keys(self, token_ids: Sequence[int] | U64Array, lora_name: str | None = None) -> U64Array:
         """The keys of a request's whole blocks from the root (at most `max_blocks`), in closed form."""
         b = self.block_size
         n = min(len(token_ids) // b, self.max_blocks)
         if n == 0:
             return np.zeros(0, dtype=np.uint64)
-        x = self._values(self.tokens_array(token_ids[: n * b]), n)
+        if len(token_ids) >= (n + 1) * b:  # longer than the cap: convert only what is hashed
+            token_ids = token_ids[: n * b]
+        x = self._values(self.tokens_array(token_ids), n)
         acc = np.add.accumulate(x * self._q[:n])
         acc += np.uint64(self.root(lora_name))
         acc *= self._p[:n]

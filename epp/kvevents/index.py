@@ -30,8 +30,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
-from epp.kvevents.blockkeys import BlockKeys
+from epp.kvevents.blockkeys import BlockKeys, U64Array
 from epp.kvevents.decode import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, engine_key
 
 DEFAULT_MAX_BLOCKS_PER_ENDPOINT = 65_536
@@ -254,7 +255,7 @@ class KvBlockIndex:
 
     # -- reads --------------------------------------------------------------------------------------------------
 
-    def request_keys(self, token_ids: Sequence[int], lora_name: str | None = None) -> list[int]:
+    def request_keys(self, token_ids: Sequence[int] | U64Array, lora_name: str | None = None) -> list[int]:
         """The block keys of a request's token ids, to pass to `match` (compute once per request)."""
         return self.keys.request_keys(token_ids, lora_name).tolist()  # type: ignore[no-any-return]
 
@@ -271,8 +272,8 @@ class KvBlockIndex:
                     acc |= ep.bit
         out: dict[str, int] = {}
         n = 0
-        for k in keys:
-            m = get(k, 0) & acc
+        for m in map(get, keys, repeat(0)):  # map in C: no per-key method lookup
+            m &= acc
             if m != acc:
                 self._credit(out, by_slot, acc & ~m, n)
                 acc = m

@@ -1,0 +1,264 @@
+"""KV events: decoder choice, what one feeder process sustains, index memory, and the lookup cost at 64 endpoints.
+
+    .venv/bin/python -m benchmarks.kv_events [--seconds S] [--blocks N]
+
+Sections (all side by side in one run; the machine is shared, so compare ratios):
+- decode: µs per batch for the same payloads through msgspec's typed decode (what `epp.kvevents.decode` does),
+  msgspec untyped + the Python walk (its fallback), and msgpack's `unpackb` + the same walk. Batches as vLLM sends
+  them during a busy step: 16 `BlockStored` of 4 blocks (64 token ids) and 4 `BlockRemoved`, array-like, int hashes.
+- feeder: block events per second through decode + index, on one core, in this process (`decode_batch` +
+  `KvBlockIndex.apply` over 64 endpoints with chains that continue earlier events and with removals), and the same
+  over real ZMQ on loopback: a publisher child process sends pre-encoded batches and the `Feeder` polls them.
+- memory: tracemalloc bytes held by the index per block stored, at `--blocks` blocks over 64 endpoints.
+- lookup: µs per pick at 64 endpoints: `request_keys` (token ids → keys, once per request, from a Python list or
+  from a uint64 array) and `match` (the longest prefix of all 64 endpoints) for 1k/4k/16k-token prompts whose first
+  half is cached on 8 of the endpoints; best of 5 rounds.
+Bounded: each timed loop runs at most `--seconds` (default 3); the ZMQ section sends at most 20,000 batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import msgspec
+import numpy as np
+import zmq
+
+from epp.kvevents.decode import BlockRemoved, BlockStored, _walk_batch, decode_batch
+from epp.kvevents.feeder import Feeder, FeederSettings, KvSource
+from epp.kvevents.index import KvBlockIndex
+
+ENDPOINTS = 64
+BLOCK = 16
+STORES_PER_BATCH, BLOCKS_PER_STORE, REMOVES_PER_BATCH = 16, 4, 4
+
+
+class _Wire(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+
+
+def make_batches(n: int, seed: int) -> tuple[list[bytes], int]:
+    """n payloads for one endpoint: chains that continue across batches, and removals of older blocks."""
+    rng = random.Random(seed)
+    next_hash = seed * 10**9 + 1
+    tips: list[int] = []  # chain ends that later stores continue
+    stored: list[int] = []
+    out: list[bytes] = []
+    blocks = 0
+    for _ in range(n):
+        events: list[Any] = []
+        for _ in range(STORES_PER_BATCH):
+            parent = tips.pop(rng.randrange(len(tips))) if tips and rng.random() < 0.7 else None
+            hashes = list(range(next_hash, next_hash + BLOCKS_PER_STORE))
+            next_hash += BLOCKS_PER_STORE
+            tokens = [rng.randrange(128_000) for _ in range(BLOCKS_PER_STORE * BLOCK)]
+            events.append(BlockStored(hashes, parent, tokens, BLOCK, None, "GPU"))
+            tips.append(hashes[-1])
+            stored.extend(hashes)
+            blocks += BLOCKS_PER_STORE
+        for _ in range(REMOVES_PER_BATCH):
+            if len(stored) > 64:
+                events.append(BlockRemoved([stored.pop(0)], "GPU"))
+                blocks += 1
+        if len(tips) > 64:
+            tips = tips[-64:]
+        out.append(msgspec.msgpack.encode(_Wire(time.time(), events, 0)))
+    return out, blocks
+
+
+def _time_loop(fn: Callable[[], None], seconds: float, max_calls: int) -> tuple[int, float]:
+    calls, start = 0, time.perf_counter()
+    while calls < max_calls and time.perf_counter() - start < seconds:
+        fn()
+        calls += 1
+    return calls, time.perf_counter() - start
+
+
+def bench_decode(payloads: list[bytes], seconds: float) -> dict[str, Any]:
+    untyped = msgspec.msgpack.Decoder()
+    ways: dict[str, Callable[[bytes], object]] = {
+        "msgspec_typed": decode_batch,
+        "msgspec_untyped_walk": lambda p: _walk_batch(untyped.decode(p)),
+        "msgpack_unpackb_walk": lambda p: _walk_batch(msgpack.unpackb(p, raw=False, strict_map_key=False)),
+    }
+    rounds: dict[str, list[float]] = {k: [] for k in ways}
+    for _ in range(5):  # interleaved rounds, median: the box's load hits every way alike
+        for name, fn in ways.items():
+
+            def run(fn: Callable[[bytes], object] = fn) -> None:
+                for p in payloads:
+                    fn(p)
+
+            calls, elapsed = _time_loop(run, seconds / 15, 10_000)
+            rounds[name].append(elapsed / (calls * len(payloads)) * 1e6)
+    med = {k: statistics.median(v) for k, v in rounds.items()}
+    return {
+        "us_per_batch": {k: round(v, 2) for k, v in med.items()},
+        "msgpack_walk_over_msgspec_typed": round(med["msgpack_unpackb_walk"] / med["msgspec_typed"], 2),
+        "payload_bytes": statistics.median(len(p) for p in payloads),
+    }
+
+
+def bench_feeder_in_process(batches: dict[str, list[bytes]], blocks: int, seconds: float) -> dict[str, Any]:
+    index = KvBlockIndex()
+    names = list(batches)
+    n = len(next(iter(batches.values())))
+    start_cpu, start = time.process_time(), time.perf_counter()
+    done_batches = 0
+    for i in range(n):
+        for name in names:
+            index.apply(name, decode_batch(batches[name][i]), 0.0)
+            done_batches += 1
+        if time.perf_counter() - start > seconds:
+            break
+    cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start
+    events = blocks / n * done_batches  # `blocks`: block events in one endpoint's n batches
+    return {
+        "batches": done_batches,
+        "block_events": int(events),
+        "block_events_per_cpu_s": round(events / cpu),
+        "block_events_per_wall_s": round(events / wall),
+        "index_blocks": index.total_blocks(),
+        "skipped": {k: v for k, v in index.counters.skipped.items() if v},
+    }
+
+
+def _publisher(port_q: Any, payloads: list[bytes], go: Any) -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, 0)  # never drop: the benchmark measures the subscriber
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    port_q.put(port)
+    go.wait(30)
+    # warm-up pings until the subscriber is joined, then the payloads once
+    for seq, p in enumerate(payloads):
+        pub.send_multipart([b"kv@bench@model", seq.to_bytes(8, "big"), p])
+    time.sleep(2)
+    pub.close(linger=1000)
+    ctx.term()
+
+
+def bench_feeder_zmq(payloads: list[bytes], blocks_per_batch: float, seconds: float) -> dict[str, Any]:
+    port_q: Any = mp.Queue()
+    go = mp.Event()
+    child = mp.Process(target=_publisher, args=(port_q, payloads, go), daemon=True)
+    child.start()
+    port = port_q.get(timeout=30)
+    index = KvBlockIndex()
+    feeder = Feeder(index, FeederSettings(max_messages_per_poll=4096))
+    feeder.update([KvSource("127.0.0.1:8000", "127.0.0.1", port=port)])
+    for _ in range(20):
+        feeder.poll(10)  # let the subscription reach the publisher
+    go.set()
+    start, start_cpu = time.perf_counter(), time.process_time()
+    deadline = time.monotonic() + seconds + 20
+    while time.monotonic() < deadline and feeder.stats()["127.0.0.1:8000"].batches < len(payloads):
+        feeder.poll(100)
+    wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    st = feeder.stats()["127.0.0.1:8000"]
+    feeder.close()
+    child.join(10)
+    events = st.batches * blocks_per_batch
+    return {
+        "batches": st.batches,
+        "gaps": st.gaps,
+        "block_events_per_cpu_s": round(events / cpu) if cpu else None,
+        "block_events_per_wall_s": round(events / wall) if wall else None,
+    }
+
+
+def bench_memory(total_blocks: int) -> dict[str, Any]:
+    per_endpoint = total_blocks // ENDPOINTS
+    rng = random.Random(3)
+    tokens = [rng.randrange(128_000) for _ in range(BLOCK * 64)]
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    index = KvBlockIndex(max_blocks_per_endpoint=per_endpoint)
+    for e in range(ENDPOINTS):
+        name = f"127.10.0.{e}:8000"
+        h = e * 10**9
+        parent = None
+        for b in range(0, per_endpoint, 64):  # chains of 64 blocks, each endpoint's own tokens
+            tokens[0] = e * 100_000 + b  # a different chain every time
+            n = min(64, per_endpoint - b)
+            index.apply(name, [BlockStored(list(range(h + b, h + b + n)), parent, tokens[: n * BLOCK], BLOCK)], 0.0)
+    held = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    blocks = index.total_blocks()
+    return {
+        "blocks": blocks,
+        "bytes_per_block": round(held / blocks, 1),
+        "mib_per_million_blocks": round(held / blocks),
+    }
+
+
+def bench_lookup(seconds: float) -> dict[str, Any]:
+    rng = random.Random(5)
+    index = KvBlockIndex()
+    out: dict[str, Any] = {}
+    for tokens_n in (1024, 4096, 16384):
+        prompt = [rng.randrange(128_000) for _ in range(tokens_n)]
+        half = tokens_n // 2 // BLOCK
+        for e in range(ENDPOINTS):
+            name = f"127.10.0.{e}:8000"
+            base = (tokens_n * 1000 + e) * 10**6
+            if e < 8:  # the first half of the prompt cached here
+                index.apply(
+                    name, [BlockStored(list(range(base, base + half)), None, prompt[: half * BLOCK], BLOCK)], 0.0
+                )
+            else:  # something else of the same size
+                other = [rng.randrange(128_000) for _ in range(half * BLOCK)]
+                index.apply(name, [BlockStored(list(range(base, base + half)), None, other, BLOCK)], 0.0)
+        keys = index.request_keys(prompt)
+        assert sum(1 for v in index.match(keys).values() if v == half) == 8
+        as_array = np.asarray(prompt, dtype=np.uint64)
+        cells = {
+            "request_keys_from_list_us": lambda p=prompt: index.request_keys(p),
+            "request_keys_from_uint64_array_us": lambda a=as_array: index.request_keys(a),
+            "match_64_endpoints_us": lambda k=keys: index.match(k),
+        }
+        row: dict[str, Any] = {"blocks": len(keys), "matched_blocks": half}
+        for name, fn in cells.items():
+            best = []
+            for _ in range(5):  # best of 5 rounds: the round least disturbed by the box's other jobs
+                calls, elapsed = _time_loop(fn, seconds / 45, 20_000)  # type: ignore[arg-type]
+                best.append(elapsed / calls * 1e6)
+            row[name] = round(min(best), 1)
+        out[f"{tokens_n}_tokens"] = row
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--blocks", type=int, default=1_000_000)
+    args = parser.parse_args()
+    load = os.getloadavg()[0]
+    print(f"# benchmarks/kv_events.py on {os.cpu_count()} CPUs, python {platform.python_version()}, load {load:.1f}")
+    sample, blocks = make_batches(200, 1)
+    print("decode:", json.dumps(bench_decode(sample, args.seconds)))
+    batches: dict[str, list[bytes]] = {}
+    for e in range(ENDPOINTS):
+        batches[f"127.10.0.{e}:8000"], blocks = make_batches(60, e + 1)
+    print("feeder_in_process:", json.dumps(bench_feeder_in_process(batches, blocks, args.seconds)))
+    zmq_batches, zmq_blocks = make_batches(5000, 99)
+    print("feeder_zmq:", json.dumps(bench_feeder_zmq(zmq_batches, zmq_blocks / len(zmq_batches), args.seconds)))
+    print("memory:", json.dumps(bench_memory(args.blocks)))
+    print("lookup:", json.dumps(bench_lookup(args.seconds)))
+
+
+if __name__ == "__main__":
+    main()
