@@ -30,7 +30,9 @@ from epp.app.http import build_http_app, pool_report
 from epp.app.metrics_auth import MetricsAuth
 from epp.app.pool_metrics import PoolCollector, PrefixCollector
 from epp.app.scrape_metrics import ScrapeCollector
+from epp.app.tls import TlsSettings, server_credentials
 from epp.cli.scrape_flags import scrape_settings_from_args
+from epp.config.model import EndpointPickerConfig
 from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode, PoolSpec
@@ -109,8 +111,13 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         pool_name = state.kubernetes.settings.pool_name or "standalone"
     _register_process_metrics(state.registry)
     scrape = scrape_settings_from_args(args)  # the scrape flags, read once: the scraper and /debug/pool share them
-    # --config-file: an EndpointPickerConfig (refused with exit 2 and the reason); none: the built-in profile.
-    config = load_config(args.config_file) if args.config_file else None
+    # --config-file / --config-text: an EndpointPickerConfig (refused with exit 2 and the reason); none: built-in.
+    config_text = getattr(args, "config_text", None)
+    config: EndpointPickerConfig | None = None
+    if config_text is not None:
+        config = load_config(None, text=config_text)
+    elif args.config_file:
+        config = load_config(args.config_file)
     scheduler = build_scheduler(config, seed=None)
     plugin_timer = PluginTimer()
     state.registry.register(plugin_timer)
@@ -118,6 +125,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     prefix = PrefixCollector([s.scorer for s in scheduler.profile.scorers if hasattr(s.scorer, "hit_ratio")])
     state.registry.register(prefix)
     auth = _metrics_auth(args, state)
+    for warning in getattr(args, "startup_warnings", ()):  # after the checks that refuse to start: errors stand alone
+        log.warning("%s", warning)
     federation = build_federation(args, state.failure_mode(), config, scheduler.saturation.saturated)
     if federation is not None:
         federation.connect(getattr(args, "kubeconfig", "") or "")
@@ -130,17 +139,22 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         objectives=state.objectives,  # priorities (shedding) and model rewrites, as the watches last saw them
         saturation=scheduler.saturation,
         federation=federation.router if federation is not None else None,
+        honour_subset=not getattr(args, "disable_endpoint_subset_filter", False),
     )
     processor = ExternalProcessor(director, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
 
     # A BUFFERED body arrives as one message: gRPC's default 4 MiB receive limit would break the stream below
-    # --max-body-bytes instead of answering 413, so the limit follows the flag (plus room for the headers).
-    receive_limit = args.max_body_bytes + _MESSAGE_OVERHEAD
-    grpc_server = grpc.aio.server(
-        options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", receive_limit)]
-    )
+    # --max-body-bytes instead of answering 413, so the limit follows the flag (plus room for the headers), unless
+    # upstream's --grpc-max-recv-msg-size sets it.
+    receive_limit = getattr(args, "grpc_max_recv_msg_size", None) or args.max_body_bytes + _MESSAGE_OVERHEAD
+    options: list[tuple[str, int]] = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", receive_limit)]
+    if getattr(args, "grpc_max_send_msg_size", None):
+        options.append(("grpc.max_send_message_length", args.grpc_max_send_msg_size))
+    grpc_server = grpc.aio.server(options=options)
     add_to_server(processor, grpc_server)
-    _bind(grpc_server, args.bind_address, args.grpc_port, "--grpc-port")
+    tls: TlsSettings = getattr(args, "tls", TlsSettings(enabled=False))
+    credentials = server_credentials(tls, _hostnames(args.bind_address)) if tls.enabled else None
+    _bind(grpc_server, args.bind_address, args.grpc_port, "--grpc-port", credentials)
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     from grpc_health.v1 import health_pb2_grpc
 
@@ -200,7 +214,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     if state.kubernetes is not None:
         await _start_kubernetes(state.kubernetes, state)
     log.info(
-        "epp serving: ext_proc on %s:%d, health on %d, metrics on %d; %d endpoints; pool %s (%s)",
+        "epp serving: ext_proc (%s) on %s:%d, health on %d, metrics on %d; %d endpoints; pool %s (%s)",
+        "TLS" if credentials is not None else "plaintext",
         args.bind_address,
         args.grpc_port,
         args.grpc_health_port,
@@ -217,10 +232,19 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             site_watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await site_watch
-        log.info("stopping: readiness off, %d open streams get %.1fs", processor.open_streams, args.grace_period)
+        drain_s = float(getattr(args, "drain_timeout", 0.0) or 0.0)
+        log.info(
+            "stopping: readiness off, ext_proc keeps accepting for %.1fs (--drain-timeout), then %d open streams "
+            "get %.1fs (--grace-period)",
+            drain_s,
+            processor.open_streams,
+            args.grace_period,
+        )
         await state.health.set_ready(False)
         if state.kubernetes is not None:
             await state.kubernetes.stop()  # releases the Lease now, so a standby takes over during our grace period
+        if drain_s > 0:
+            await asyncio.sleep(drain_s)  # gateways still holding our address (DNS, EDS) keep being served
         await grpc_server.stop(args.grace_period)
         await state.health.stopping()
         await health_server.stop(0)
@@ -313,10 +337,23 @@ def _settle_garbage_collector() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def _bind(server: grpc.aio.Server, host: str, port: int, flag: str) -> None:
+def _hostnames(bind_address: str) -> tuple[str, ...]:
+    """Names the self-signed certificate carries (nothing verifies it; kept truthful for humans reading it)."""
+    names = ["localhost", "127.0.0.1"]
+    if bind_address not in ("0.0.0.0", "::", "", *names):
+        names.append(bind_address)
+    return tuple(names)
+
+
+def _bind(
+    server: grpc.aio.Server, host: str, port: int, flag: str, credentials: grpc.ServerCredentials | None = None
+) -> None:
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        if credentials is not None:
+            bound = server.add_secure_port(address, credentials)
+        else:
+            bound = server.add_insecure_port(address)
     except RuntimeError:
         bound = 0
     if bound == 0 and port != 0:
@@ -342,7 +379,12 @@ def _run_loop(main: Coroutine[Any, Any, int]) -> int:
 
 
 def serve_from_args(args: argparse.Namespace) -> int:
-    configure_logging(args.verbosity)
+    configure_logging(
+        args.verbosity,
+        getattr(args, "zap_encoder", "console"),
+        getattr(args, "zap_log_level", ""),
+        getattr(args, "zap_time_encoding", ""),
+    )
     with contextlib.suppress(KeyboardInterrupt):
         return _run_loop(_main(args))
     return 130
