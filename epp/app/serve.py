@@ -16,7 +16,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -118,7 +118,10 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         config = load_config(None, text=config_text)
     elif args.config_file:
         config = load_config(args.config_file)
-    scheduler = build_scheduler(config, seed=None)
+    # One rule for usable endpoint data, for every decision and for /debug/pool: the flags' thresholds, or the
+    # config's saturationDetector.metricsStalenessThreshold where it gives one.
+    scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness)
+    scrape = replace(scrape, staleness_s=scheduler.freshness.staleness_s)
     plugin_timer = PluginTimer()
     state.registry.register(plugin_timer)
     scheduler.instrument(plugin_timer)
@@ -190,16 +193,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         if isinstance(scraper, ScrapeProcess):
             extra["scrapeProcess"] = scraper.supervision(now)
         statuses = {address: status.as_dict() for address, status in scraper.status().items()}
-        return pool_report(
-            state.table,
-            state.pool,
-            now,
-            state.ready(),
-            scrape.staleness_s,
-            scrape.max_failures,
-            extra or None,
-            statuses,
-        )
+        return pool_report(state.table, state.pool, now, state.ready(), scheduler.freshness, extra or None, statuses)
 
     pool_collector = PoolCollector(state.table, lambda: pool_name, _poll_errors(scraper))
     state.registry.register(pool_collector)

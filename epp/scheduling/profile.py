@@ -15,7 +15,16 @@ import numpy as np
 
 from epp.datastore import Snapshot
 from epp.datastore.table import FloatArray, IntArray
-from epp.scheduling.framework import CycleState, Filter, Picker, PickObserver, SchedulingRequest, Scorer, sanitize
+from epp.scheduling.framework import (
+    CycleState,
+    Filter,
+    Linear,
+    Picker,
+    PickObserver,
+    SchedulingRequest,
+    Scorer,
+    sanitize,
+)
 from epp.scheduling.saturation import SaturationDetector
 
 
@@ -56,13 +65,14 @@ class ProfileScheduler:
     def __init__(self, profile: SchedulingProfile, saturation: SaturationDetector | None = None) -> None:
         self.profile = profile
         self.saturation = saturation or SaturationDetector()
+        self.freshness = self.saturation.freshness  # the pool's one rule for usable data, shared with the detector
         self._filters = profile.filters
         self._scorers = tuple(
             (
                 s.scorer.score,
                 s.weight,
                 bool(getattr(s.scorer, "UNIT_INTERVAL", False)),
-                getattr(s.scorer, "affine", None),
+                getattr(s.scorer, "linear", None),
                 s.scorer,
             )
             for s in profile.scorers
@@ -70,11 +80,7 @@ class ProfileScheduler:
         )
         self._picker = profile.picker
         self._observers = profile.observers
-        self._plain = self._timed = (
-            tuple(f.filter for f in self._filters),
-            self._scorers,
-            self._picker.pick,
-        )
+        self._plain = self._timed = (tuple(f.filter for f in self._filters), self._scorers, self._picker.pick)
         self._every = 0  # 0: never instrumented
         self._count = 0
 
@@ -88,10 +94,10 @@ class ProfileScheduler:
                     wrapper.timed("Scorer", plugin, score),
                     w,
                     bounded,
-                    wrapper.timed("Scorer", plugin, affine) if affine is not None else None,
+                    wrapper.timed("Scorer", plugin, linear) if linear is not None else None,
                     plugin,
                 )
-                for score, w, bounded, affine, plugin in self._scorers
+                for score, w, bounded, linear, plugin in self._scorers
             ),
             wrapper.timed("Picker", self._picker, self._picker.pick),
         )
@@ -100,7 +106,7 @@ class ProfileScheduler:
     def pick(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> Sequence[int]:
         """Slots best first (empty: a filter left no candidate). `candidates` are distinct present slots in
         ascending order, as the director builds them (`CycleState.take` relies on it to skip gathers)."""
-        state = CycleState(snapshot, candidates, request, now)
+        state = CycleState(snapshot, candidates, request, now, self.freshness)
         filters, scorers, pick = self._plain
         if self._every:
             self._count += 1
@@ -112,15 +118,15 @@ class ProfileScheduler:
             if candidates.size == 0:
                 return ()
         total: FloatArray | None = None
-        offset = 0.0  # the affine scorers' constant parts, added once at the end
-        for score, weight, bounded, affine, _ in scorers:
-            term = affine(state, candidates) if affine is not None else None
-            if term is not None:
-                values, scale, shift = term
-                offset += weight * shift
-                if values is None or scale == 0.0:
+        offset = 0.0  # the linear scorers' constant parts, added once at the end
+        for score, weight, bounded, linear, _ in scorers:
+            if linear is not None:
+                form: Linear = linear(state, candidates)
+                offset += weight * form.offset
+                term = form.term(weight)  # a new array: `values` may be a snapshot column
+                if term is None:
                     continue
-                scores = values * (weight * scale)  # a new array: `values` may be a snapshot column
+                scores = term
             else:
                 scores = score(state, candidates)
                 if not bounded:
