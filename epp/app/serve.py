@@ -41,6 +41,7 @@ from epp.discovery.kubernetes.settings import settings_from_flags
 from epp.discovery.kubernetes.source import KubernetesSource
 from epp.discovery.static import load_pool_file, parse_static_endpoints
 from epp.errors import ConfigError
+from epp.extproc.bounds import ServerLimits
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.observability.logs import configure_logging
@@ -81,6 +82,17 @@ class PickerState:
         return self.health.ready
 
 
+def _server_limits(args: argparse.Namespace) -> ServerLimits:
+    """The stream bounds (epp/cli/serve.py), checked against each other before any port opens."""
+    limits = ServerLimits(
+        max_streams=args.max_concurrent_streams,
+        idle_timeout_s=args.stream_idle_timeout,
+        max_buffered_bytes=args.max_buffered_body_bytes,
+    )
+    limits.check(args.max_body_bytes)
+    return limits
+
+
 def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
     """Kubernetes (pool or standalone selector), or cluster-free: the pool file (optional) and the static list."""
     k8s = settings_from_flags(args)
@@ -113,14 +125,15 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     scrape = scrape_settings_from_args(args)  # the scrape flags, read once: the scraper and /debug/pool share them
     # --config-file / --config-text: an EndpointPickerConfig (refused with exit 2 and the reason); none: built-in.
     config_text = getattr(args, "config_text", None)
+    allow_experimental = bool(getattr(args, "allow_experimental_plugins", False))  # Alpha types, as upstream
     config: EndpointPickerConfig | None = None
     if config_text is not None:
-        config = load_config(None, text=config_text)
+        config = load_config(None, text=config_text, allow_experimental=allow_experimental)
     elif args.config_file:
-        config = load_config(args.config_file)
+        config = load_config(args.config_file, allow_experimental=allow_experimental)
     # One rule for usable endpoint data, for every decision and for /debug/pool: the flags' thresholds, or the
     # config's saturationDetector.metricsStalenessThreshold where it gives one.
-    scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness)
+    scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness, allow_experimental=allow_experimental)
     scrape = replace(scrape, staleness_s=scheduler.freshness.staleness_s)
     plugin_timer = PluginTimer()
     state.registry.register(plugin_timer)
@@ -154,7 +167,9 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         from epp.app.tracing import TracingDirector
 
         decider = TracingDirector(director, tracer)
-    processor = ExternalProcessor(decider, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
+    processor = ExternalProcessor(
+        decider, metrics, StreamSettings(max_body_bytes=args.max_body_bytes), limits=_server_limits(args)
+    )
 
     # A BUFFERED body arrives as one message: gRPC's default 4 MiB receive limit would break the stream below
     # --max-body-bytes instead of answering 413, so the limit follows the flag (plus room for the headers), unless

@@ -242,6 +242,12 @@ class PickerMetrics(FreezableCollector):
             "Responses whose `usage` counts could not be true (negative, fractional, strings, huge); not recorded.",
             registry=registry,
         )
+        self.stream_refusals = Counter(
+            "epp_stream_refusals",
+            "ext_proc streams refused or ended by a server bound, by reason (stream_cap, idle_timeout, body_budget).",
+            ["reason"],
+            registry=registry,
+        )
 
     # -- labels ---------------------------------------------------------------------------------------------
 
@@ -410,6 +416,9 @@ class PickerMetrics(FreezableCollector):
 
     def served_mismatch(self) -> None:
         self.mismatches.inc()
+
+    def stream_refused(self, reason: str) -> None:
+        self.stream_refusals.labels(reason).inc()
 
     # -- ext_proc streams ------------------------------------------------------------------------------------
 
