@@ -1,0 +1,89 @@
+"""The Grafana dashboard in manifests/dashboards/ asks only for series `epp serve` really exports.
+
+A dashboard whose panel names a metric the picker does not export shows "No data" exactly when someone needs it;
+this test reads every query of every panel and checks each metric it names against a running picker's /metrics
+(families are exported with their HELP/TYPE lines even before the first sample, so no traffic is needed).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.procs import ROOT, free_port, http_ok, running, serve_argv, wait_until
+
+pytestmark = pytest.mark.process
+
+DASHBOARD = ROOT / "manifests" / "dashboards" / "epp-grafana.json"
+_SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
+_LABEL_VALUES = re.compile(r"label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)")
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "summary": ("_sum", "_count", "_created"),
+}
+
+
+def exported_series(text: str) -> set[str]:
+    """Every series name a scrape of this page can return, from its TYPE lines and its samples."""
+    names: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            base = name.removesuffix("_total") if kind == "counter" else name
+            names |= {name, base, *(base + s for s in _SUFFIXES.get(kind, ()))}
+        elif line and not line.startswith("#"):
+            names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
+    return names
+
+
+def queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, query) for every target of every panel, rows' nested panels included, and the variables."""
+    out: list[tuple[str, str]] = []
+
+    def walk(panels: list[dict[str, Any]]) -> None:
+        for panel in panels:
+            for target in panel.get("targets", []):
+                out.append((panel["title"], target["expr"]))
+            walk(panel.get("panels", []))
+
+    walk(dashboard["panels"])
+    for variable in dashboard.get("templating", {}).get("list", []):
+        if variable.get("type") == "query":
+            out.append((f"variable {variable['name']}", variable["definition"]))
+    return out
+
+
+def metrics_named(query: str) -> set[str]:
+    return set(_SELECTOR.findall(query)) | set(_LABEL_VALUES.findall(query))
+
+
+def test_the_dashboard_is_well_formed() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    found = queries(dashboard)
+    assert len(found) >= 15
+    for title, query in found:
+        assert metrics_named(query), f"{title}: no metric selector in {query!r}"
+
+
+def test_every_panel_query_names_only_exported_series(tmp_path: Path) -> None:
+    metrics_port = free_port()
+    argv = serve_argv(free_port(), free_port(), metrics_port, "--static-endpoints", "127.10.0.1:8000")
+    with running(argv, tmp_path / "serve.log") as proc:
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/metrics"), 20, "serve", proc)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+            exported = exported_series(response.read().decode())
+    missing = {
+        (title, name)
+        for title, query in queries(json.loads(DASHBOARD.read_text()))
+        for name in metrics_named(query)
+        if name not in exported
+    }
+    assert not missing, f"panels query series /metrics does not export: {sorted(missing)}"
