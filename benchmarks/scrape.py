@@ -296,6 +296,7 @@ def bench_picker(seconds: float, rounds: int) -> dict[str, object]:
                     sys.executable, "-m", "epp", "serve", "--static-endpoints", ",".join(servers.addresses),
                     "--grpc-port", str(grpc_port), "--grpc-health-port", str(free_port()),
                     "--metrics-port", str(free_port()), "--bind-address", "127.0.0.1", "-v", "0", *flags,
+                    "--secure-serving=false",  # h2load speaks plaintext h2c; this measures scraping, not TLS
                 ]  # fmt: skip
                 pinned = shutil.which("taskset") is not None
                 if pinned:

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from epp.config.files import read_config
+from epp.config.files import read_config, read_config_text
 from epp.config.model import EndpointPickerConfig
 from epp.scheduling import build_scheduler
 from epp.scheduling.registry import Registry
 
 
-def load_config(path: str | Path, registry: Registry | None = None) -> EndpointPickerConfig:
-    """Read, decode, validate and test-build a config file; raises ConfigError naming file, plugin and why."""
-    config = read_config(path)
+def load_config(
+    path: str | Path | None, registry: Registry | None = None, *, text: str | None = None
+) -> EndpointPickerConfig:
+    """Read (or, with `text`, decode upstream's `--config-text`), validate and test-build a config; raises
+    ConfigError naming the source, plugin and why."""
+    config = read_config_text(text) if text is not None else read_config(path or "")
     build_scheduler(config, seed=0, registry=registry)
     return config

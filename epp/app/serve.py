@@ -16,7 +16,7 @@ import logging
 import signal
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -29,7 +29,9 @@ from epp.app.health import HealthState
 from epp.app.http import build_http_app, pool_report
 from epp.app.pool_metrics import PoolCollector
 from epp.app.scrape_metrics import ScrapeCollector
+from epp.app.tls import TlsSettings, server_credentials
 from epp.cli.scrape_flags import scrape_settings_from_args
+from epp.config.model import EndpointPickerConfig
 from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode, PoolSpec
@@ -107,9 +109,24 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         pool_name = state.kubernetes.settings.pool_name or "standalone"
     state.registry.register(PoolCollector(state.table, lambda: pool_name))
     scrape = scrape_settings_from_args(args)  # the scrape flags, read once: the scraper and /debug/pool share them
-    # --config-file: an EndpointPickerConfig (refused with exit 2 and the reason); none: the built-in profile.
-    config = load_config(args.config_file) if args.config_file else None
-    scheduler = build_scheduler(config, seed=None)
+    # --config-file / --config-text: an EndpointPickerConfig (refused with exit 2 and the reason); none: built-in.
+    config_text = getattr(args, "config_text", None)
+    config: EndpointPickerConfig | None = None
+    if config_text is not None:
+        config = load_config(None, text=config_text)
+    elif args.config_file:
+        config = load_config(args.config_file)
+    # One rule for usable endpoint data, for every decision and for /debug/pool: the flags' thresholds, or the
+    # config's saturationDetector.metricsStalenessThreshold where it gives one.
+    scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness)
+    scrape = replace(scrape, staleness_s=scheduler.freshness.staleness_s)
+    for warning in getattr(args, "startup_warnings", ()):  # after the checks that refuse to start: errors stand alone
+        log.warning("%s", warning)
+    tracer_provider, tracer = _tracing(args)
+    if tracer is not None:
+        from epp.app.tracing import TracingScheduler
+
+        scheduler = TracingScheduler(scheduler, tracer)  # type: ignore[assignment]
     federation = build_federation(args, state.failure_mode(), config, scheduler.saturation.saturated)
     if federation is not None:
         federation.connect(getattr(args, "kubeconfig", "") or "")
@@ -122,18 +139,28 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         objectives=state.objectives,  # priorities (shedding) and model rewrites, as the watches last saw them
         saturation=scheduler.saturation,
         federation=federation.router if federation is not None else None,
+        honour_subset=not getattr(args, "disable_endpoint_subset_filter", False),
     )
-    processor = ExternalProcessor(director, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
+    decider: Any = director
+    if tracer is not None:
+        from epp.app.tracing import TracingDirector
+
+        decider = TracingDirector(director, tracer)
+    processor = ExternalProcessor(decider, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
     metrics.open_streams.set_function(lambda: processor.open_streams)
 
     # A BUFFERED body arrives as one message: gRPC's default 4 MiB receive limit would break the stream below
-    # --max-body-bytes instead of answering 413, so the limit follows the flag (plus room for the headers).
-    receive_limit = args.max_body_bytes + _MESSAGE_OVERHEAD
-    grpc_server = grpc.aio.server(
-        options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", receive_limit)]
-    )
+    # --max-body-bytes instead of answering 413, so the limit follows the flag (plus room for the headers), unless
+    # upstream's --grpc-max-recv-msg-size sets it.
+    receive_limit = getattr(args, "grpc_max_recv_msg_size", None) or args.max_body_bytes + _MESSAGE_OVERHEAD
+    options: list[tuple[str, int]] = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", receive_limit)]
+    if getattr(args, "grpc_max_send_msg_size", None):
+        options.append(("grpc.max_send_message_length", args.grpc_max_send_msg_size))
+    grpc_server = grpc.aio.server(options=options)
     add_to_server(processor, grpc_server)
-    _bind(grpc_server, args.bind_address, args.grpc_port, "--grpc-port")
+    tls: TlsSettings = getattr(args, "tls", TlsSettings(enabled=False))
+    credentials = server_credentials(tls, _hostnames(args.bind_address)) if tls.enabled else None
+    _bind(grpc_server, args.bind_address, args.grpc_port, "--grpc-port", credentials)
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     from grpc_health.v1 import health_pb2_grpc
 
@@ -158,16 +185,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         if isinstance(scraper, ScrapeProcess):
             extra["scrapeProcess"] = scraper.supervision(now)
         statuses = {address: status.as_dict() for address, status in scraper.status().items()}
-        return pool_report(
-            state.table,
-            state.pool,
-            now,
-            state.ready(),
-            scrape.staleness_s,
-            scrape.max_failures,
-            extra or None,
-            statuses,
-        )
+        return pool_report(state.table, state.pool, now, state.ready(), scheduler.freshness, extra or None, statuses)
 
     http_runner = web.AppRunner(
         build_http_app(state.registry, report, state.ready, stacks=bool(getattr(args, "enable_pprof", False))),
@@ -190,7 +208,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     if state.kubernetes is not None:
         await _start_kubernetes(state.kubernetes, state)
     log.info(
-        "epp serving: ext_proc on %s:%d, health on %d, metrics on %d; %d endpoints; pool %s (%s)",
+        "epp serving: ext_proc (%s) on %s:%d, health on %d, metrics on %d; %d endpoints; pool %s (%s)",
+        "TLS" if credentials is not None else "plaintext",
         args.bind_address,
         args.grpc_port,
         args.grpc_health_port,
@@ -207,17 +226,41 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             site_watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await site_watch
-        log.info("stopping: readiness off, %d open streams get %.1fs", processor.open_streams, args.grace_period)
+        drain_s = float(getattr(args, "drain_timeout", 0.0) or 0.0)
+        log.info(
+            "stopping: readiness off, ext_proc keeps accepting for %.1fs (--drain-timeout), then %d open streams "
+            "get %.1fs (--grace-period)",
+            drain_s,
+            processor.open_streams,
+            args.grace_period,
+        )
         await state.health.set_ready(False)
         if state.kubernetes is not None:
             await state.kubernetes.stop()  # releases the Lease now, so a standby takes over during our grace period
+        if drain_s > 0:
+            await asyncio.sleep(drain_s)  # gateways still holding our address (DNS, EDS) keep being served
         await grpc_server.stop(args.grace_period)
         await state.health.stopping()
         await health_server.stop(0)
         await scraper.stop()
         await http_runner.cleanup()
+        if tracer_provider is not None:
+            await asyncio.get_running_loop().run_in_executor(None, tracer_provider.shutdown)  # flush what is left
         log.info("stopped")
     return 0
+
+
+def _tracing(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(provider, tracer) with `--tracing` and OpenTelemetry installed (the `tracing` extra); (None, None) else."""
+    if getattr(args, "tracing", None) is not True:
+        return None, None
+    try:
+        from epp.app.tracing import provider_from_env
+    except ImportError:
+        log.warning("--tracing: OpenTelemetry is not installed (pip install 'epp-picker[tracing]'); no traces are sent")
+        return None, None
+    provider = provider_from_env()
+    return provider, provider.get_tracer("epp")
 
 
 async def _start_kubernetes(source: KubernetesSource, state: PickerState) -> None:
@@ -248,10 +291,23 @@ def _settle_garbage_collector() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def _bind(server: grpc.aio.Server, host: str, port: int, flag: str) -> None:
+def _hostnames(bind_address: str) -> tuple[str, ...]:
+    """Names the self-signed certificate carries (nothing verifies it; kept truthful for humans reading it)."""
+    names = ["localhost", "127.0.0.1"]
+    if bind_address not in ("0.0.0.0", "::", "", *names):
+        names.append(bind_address)
+    return tuple(names)
+
+
+def _bind(
+    server: grpc.aio.Server, host: str, port: int, flag: str, credentials: grpc.ServerCredentials | None = None
+) -> None:
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        if credentials is not None:
+            bound = server.add_secure_port(address, credentials)
+        else:
+            bound = server.add_insecure_port(address)
     except RuntimeError:
         bound = 0
     if bound == 0 and port != 0:
@@ -277,7 +333,12 @@ def _run_loop(main: Coroutine[Any, Any, int]) -> int:
 
 
 def serve_from_args(args: argparse.Namespace) -> int:
-    configure_logging(args.verbosity)
+    configure_logging(
+        args.verbosity,
+        getattr(args, "zap_encoder", "console"),
+        getattr(args, "zap_log_level", ""),
+        getattr(args, "zap_time_encoding", ""),
+    )
     with contextlib.suppress(KeyboardInterrupt):
         return _run_loop(_main(args))
     return 130

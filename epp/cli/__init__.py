@@ -1,6 +1,7 @@
 """The `epp` command: one subcommand per module, each with `register(subparsers)`.
 
-Adding a subcommand is one module here and one line in `_SUBCOMMANDS`. Bad flags or files end with one line that
+Adding a subcommand is one module here and one line in `_SUBCOMMANDS`. With no subcommand the command is `serve`
+(upstream's picker takes its flags alone). Bad flags or files end with one line that
 names the problem and exit code 2, as argparse does for unknown flags.
 """
 
@@ -11,6 +12,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from epp import __version__
+from epp.cli.upstream_flags import go_style_argv
 from epp.errors import ConfigError
 
 _SUBCOMMANDS = (
@@ -31,6 +34,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="epp", description="Endpoint Picker for the Gateway API Inference Extension")
+    parser.add_argument("--version", action="version", version=f"epp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in _SUBCOMMANDS:
@@ -38,9 +42,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def upstream_argv(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """Upstream's command line as ours: no subcommand (or only flags) is `serve`, as upstream's image runs its picker
+    with flags alone; Go's single-dash long flags (`-pool-name`, `-v=4`) become `--` ones for `serve`."""
+    args = list(argv)
+    if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help", "--version")):
+        args.insert(0, "serve")
+    if args[0] == "serve":
+        serve = _subparsers(parser).choices["serve"]
+        long_options = {o for o in serve._option_string_actions if o.startswith("--")}
+        args = ["serve", *go_style_argv(args[1:], long_options)]
+    return args
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    raise LookupError("no subcommands")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(upstream_argv(parser, sys.argv[1:] if argv is None else argv))
     try:
         return int(args.func(args))
     except ConfigError as exc:

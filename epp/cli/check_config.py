@@ -37,10 +37,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"refused: {exc}", file=sys.stdout)
             continue
         print(f"ok: {path}: {scheduler.profile.describe()}")
-        t = config.saturation
+        t, fresh = config.saturation, scheduler.freshness
+        staleness = f"{fresh.staleness_s * 1000:g}ms" + ("" if t.staleness_s is not None else " (the flag's default)")
         print(
             f"    saturation: queueDepthThreshold {t.queue_depth:g}, kvCacheUtilThreshold {t.kv_util:g}, "
-            f"metricsStalenessThreshold {t.staleness_s * 1000:g}ms, headroom {t.headroom:g}"
+            f"metricsStalenessThreshold {staleness}, headroom {t.headroom:g}"
         )
         if federation is not None:
             rules = ", ".join(r.name for r in federation.rules) or "none"

@@ -18,6 +18,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--pool-file", required=True, help="InferencePool v1 YAML (its failureMode decides the routing)")
     p.add_argument("--epp", required=True, help="the picker's ext_proc address, host:port (an IP or a DNS name)")
+    tls = p.add_mutually_exclusive_group()
+    tls.add_argument(
+        "--epp-plaintext",
+        action="store_true",
+        help="dial the picker without TLS (only for a picker run with --secure-serving=false)",
+    )
+    tls.add_argument("--epp-sni", default="", help="SNI for the TLS connection to the picker (default: --epp's host)")
     p.add_argument("--listen", default="0.0.0.0:8081", help="where Envoy accepts requests (default 0.0.0.0:8081)")
     p.add_argument("--admin", default="127.0.0.1:9901", help="Envoy admin address (default 127.0.0.1:9901)")
     members = p.add_mutually_exclusive_group()
@@ -78,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         access_log=args.access_log,
         allow_full_duplex_fail_open=args.allow_full_duplex_fail_open,
+        epp_tls=not args.epp_plaintext,
+        epp_sni_name=args.epp_sni,
     )
     text = render_yaml(options)
     if args.output:

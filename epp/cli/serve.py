@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
+from epp.app.tls import tls_policy
 from epp.cli.flag_types import duration, positive_duration
 from epp.cli.scrape_flags import add_scrape_flags
+from epp.cli.upstream_flags import add_upstream_flags, go_bool, resolve_upstream_flags
 
 
 def _port(text: str) -> int:
@@ -29,16 +32,6 @@ def _positive_bytes(text: str) -> int:
     return value
 
 
-def _bool(text: str) -> bool:
-    """Go-style boolean flag values, so `--ha-enable-leader-election=false` from upstream manifests works."""
-    lowered = text.strip().lower()
-    if lowered in ("1", "t", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "f", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
-
-
 def _register_kubernetes(p: argparse.ArgumentParser) -> None:
     """Upstream's names; lease tuning as client-go components name it (upstream uses client-go's defaults)."""
     k = p.add_argument_group("Kubernetes (see docs/kubernetes.md)")
@@ -56,7 +49,7 @@ def _register_kubernetes(p: argparse.ArgumentParser) -> None:
     k.add_argument("--endpoint-target-ports", default="", help="standalone mode: model-server ports, e.g. 8000,8001")
     k.add_argument(
         "--ha-enable-leader-election",
-        type=_bool,
+        type=go_bool,
         nargs="?",
         const=True,
         default=False,
@@ -105,12 +98,19 @@ def register(sub: Any) -> None:
         action="store_true",
         help="start even though a FailOpen pool's fallback path would bypass a residency rule (logged loudly)",
     )
-    p.add_argument("-v", "--verbosity", type=int, default=1, help="log level: 0 warnings, 1 info, 2+ debug")
     _register_kubernetes(p)
+    add_upstream_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    args.startup_warnings = resolve_upstream_flags(args)
+    # gRPC core's own lines (e.g. one per refused plaintext handshake at INFO) bypass Python logging and would break
+    # JSON lines; errors only, unless the operator asks for more.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    if args.tls.enabled:
+        # Before gRPC's first import: it reads its TLS cipher list then (epp.app.serve imports it).
+        args.startup_warnings += tls_policy(args.tls)
     from epp.app.serve import serve_from_args
 
     return serve_from_args(args)

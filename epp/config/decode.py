@@ -141,7 +141,7 @@ def _decode_saturation(raw: object, source: str) -> SaturationThresholds:
             raise _fail(source, f"saturationDetector.{key}", f"must be <= {upper}, got {value}")
         return float(value)
 
-    staleness = defaults.staleness_s
+    staleness: float | None = None  # not given: the pool's threshold (--metrics-staleness-threshold)
     if entry.get("metricsStalenessThreshold") not in (None, 0, ""):
         try:
             staleness = parse_duration(entry["metricsStalenessThreshold"])

@@ -24,6 +24,11 @@ def read_config(path: str | Path) -> EndpointPickerConfig:
         raise ConfigError(f"{source}: cannot read the file ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{source}: not UTF-8 text") from None
+    return read_config_text(text, source)
+
+
+def read_config_text(text: str, source: str = "--config-text") -> EndpointPickerConfig:
+    """Decode a config given as text (upstream's `--config-text`), as `read_config` decodes a file's."""
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:

@@ -36,7 +36,6 @@ KNOWN_FEATURE_GATES = frozenset({"dataLayer", "flowControl", "prepareDataPlugins
 
 DEFAULT_QUEUE_DEPTH = 5
 DEFAULT_KV_UTIL = 0.8
-DEFAULT_STALENESS_S = 0.2
 DEFAULT_HEADROOM = 0.0
 
 
@@ -46,7 +45,9 @@ class SaturationThresholds:
 
     queue_depth: float = DEFAULT_QUEUE_DEPTH
     kv_util: float = DEFAULT_KV_UTIL
-    staleness_s: float = DEFAULT_STALENESS_S
+    # Upstream's saturation-only staleness threshold, where the file gives one: it becomes the pool's one threshold
+    # for usable data (`epp.scheduling.build.pool_freshness`). None: --metrics-staleness-threshold applies.
+    staleness_s: float | None = None
     headroom: float = DEFAULT_HEADROOM  # the filter's burst allowance above the thresholds, a fraction
 
 

@@ -100,10 +100,12 @@ class Director:
         saturation: SaturationSignal | None = None,
         seed: int | None = None,
         federation: Federation | None = None,
+        honour_subset: bool = True,
     ) -> None:
         """`objectives` gives priorities and model rewrites (none: every request priority 0, no rewrite);
         `saturation` decides shedding (none: the scheduler's own `.saturation` if it has one, else no shedding);
-        `seed` makes weighted rewrite choices reproducible."""
+        `seed` makes weighted rewrite choices reproducible; `honour_subset` False ignores the gateway's subset hint
+        (upstream's --disable-endpoint-subset-filter)."""
         self._table = table
         self._scheduler = scheduler
         self._clock = clock
@@ -116,6 +118,7 @@ class Director:
         self._saturation = saturation
         self._rewriter = ModelRewriter(objectives, seed)
         self._federation = federation  # None: no federation, every candidate is local
+        self._honour_subset = honour_subset
 
     @property
     def table(self) -> EndpointTable:
@@ -133,6 +136,8 @@ class Director:
     def decide(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
         """Choose endpoints for a request; raises EppError with the client-facing reason when it cannot."""
         snapshot = self._table.view()  # read-only live views: this method does not await
+        if not self._honour_subset:
+            subset = None
         if subset is not None and not subset:
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "the gateway's endpoint subset is empty")
         candidates = self.candidates(snapshot, subset)

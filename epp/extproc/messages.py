@@ -108,6 +108,19 @@ def request_body_response(
     return response
 
 
+def request_body_chunk_response(body: bytes | None, replace: bool) -> pb.ProcessingResponse:
+    """STREAMED: the answer to one body chunk; `replace` puts `body` in its place (None: the chunk is dropped)."""
+    response = pb.ProcessingResponse()
+    common = response.request_body.response
+    if not replace:
+        response.request_body.SetInParent()
+    elif body is None:
+        common.body_mutation.clear_body = True
+    else:
+        common.body_mutation.body = body
+    return response
+
+
 def streamed_body_responses(body: bytes, end_of_stream: bool, request: bool = True) -> list[pb.ProcessingResponse]:
     """FULL_DUPLEX_STREAMED: the body sent back in chunks of at most MAX_CHUNK bytes; the last carries eos."""
     size = len(body)

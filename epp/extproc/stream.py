@@ -14,8 +14,11 @@ Request body modes (read from `protocol_config` on the first message):
   as streamed chunks of ≤ 62,000 bytes.
 - BUFFERED / BUFFERED_PARTIAL: the headers are answered at once (pass-through, our routing headers removed); the
   decision rides on the answer to the single body message.
-- NONE / STREAMED, or a request with no body: decided on the headers alone (STREAMED body chunks then pass
-  through, one answer each).
+- STREAMED: Envoy waits for the headers answer before it sends the body, so the pick is made on the headers alone
+  (a pool-level pick, no model) and every body chunk is answered with a pass-through. When the gateway sets
+  `send_body_without_waiting_for_header_response`, the chunks come first: they are buffered, the decision is made on
+  the whole body, and the headers answer goes out followed by one answer per chunk.
+- NONE, or a request with no body: decided on the headers alone.
 
 Whatever goes wrong — bad JSON, an oversized body, no endpoint, a bug — becomes an ImmediateResponse with a clear
 status and reason while the request is being decided; no exception leaves `handle`. Once the request went on, a
@@ -38,7 +41,7 @@ from epp.director import Decision
 from epp.errors import EppError, ErrorCode
 from epp.extproc import messages as m
 from epp.extproc.response import ResponseTracker, Usage, model_restorer
-from epp.requests import InferenceRequest, parse_request
+from epp.requests import InferenceRequest, parse_request, request_without_body
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +124,9 @@ class StreamProcessor:
         "_decided",
         "_decider",
         "_decision",
+        "_early_body",
         "_headers",
+        "_held_chunks",
         "_observer",
         "_request_body_mode",
         "_response",
@@ -148,8 +153,10 @@ class StreamProcessor:
         self._config_seen = False
         self._request_body_mode = BUFFERED  # Envoy's default when no protocol_config is sent
         self._response_body_mode = NONE
+        self._early_body = False
         self._headers: dict[str, str] = {}
         self._body = bytearray()
+        self._held_chunks = 0  # STREAMED with early body: chunks whose answers wait for the decision
         self._subset: list[str] | None = None
         self._decided = False
         self._decision: Decision | None = None
@@ -179,6 +186,7 @@ class StreamProcessor:
                 config = msg.protocol_config
                 self._request_body_mode = config.request_body_mode
                 self._response_body_mode = config.response_body_mode
+                self._early_body = config.send_body_without_waiting_for_header_response
             if self._subset is None and msg.HasField("metadata_context"):
                 self._subset = m.subset_hint(msg)
             kind = msg.WhichOneof("request")
@@ -206,12 +214,14 @@ class StreamProcessor:
     def _on_request_headers(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
         self._headers = m.headers_to_dict(msg.request_headers.headers)
         mode = self._request_body_mode
-        if msg.request_headers.end_of_stream or mode == NONE:
+        if msg.request_headers.end_of_stream:
             return [self._decision_answer("headers", None)], _RESPONSE_HEADERS
-        if mode == STREAMED:
-            return [self._decision_answer("headers", None)], _REQUEST_PASS
-        if mode == FULL_DUPLEX:
+        if mode == FULL_DUPLEX or (mode == STREAMED and self._early_body):
             return [], _REQUEST_BODY  # the answer waits for the whole body
+        if mode == STREAMED:
+            return [self._decision_answer("headers", None, body_unseen=True)], _REQUEST_PASS
+        if mode == NONE:  # the body goes on without ever reaching the picker
+            return [self._decision_answer("headers", None, body_unseen=True)], _RESPONSE_HEADERS
         return [self._answers.pass_through_headers], _REQUEST_BODY
 
     def _on_request_body(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
@@ -228,6 +238,12 @@ class StreamProcessor:
             else:
                 self._check_size(len(data))  # the usual one-chunk body: not copied into the buffer and out again
             return self._finish_duplex(data, end_of_stream=True), _RESPONSE_HEADERS
+        if mode == STREAMED:  # with early body (otherwise the phase would be REQUEST_PASS)
+            self._buffer(data)
+            self._held_chunks += 1
+            if not chunk.end_of_stream:
+                return [], _REQUEST_BODY
+            return self._finish_streamed(), _RESPONSE_HEADERS
         # BUFFERED / BUFFERED_PARTIAL: one message carries the body (or, partial, the part that fitted).
         self._check_size(len(data))
         return [self._decision_answer("body", data)], _RESPONSE_HEADERS
@@ -237,6 +253,8 @@ class StreamProcessor:
         mode = self._request_body_mode
         if mode == FULL_DUPLEX:
             out = self._finish_duplex(bytes(self._body), end_of_stream=False)
+        elif mode == STREAMED:
+            out = self._finish_streamed()
         else:
             raise EppError(ErrorCode.BAD_REQUEST, "request_trailers arrived before the request body (BUFFERED)")
         out.append(m.request_trailers_response())
@@ -270,7 +288,19 @@ class StreamProcessor:
         out_body = decision.body if decision is not None and decision.body is not None else body
         return [headers, *m.streamed_body_responses(out_body, end_of_stream)]
 
-    def _decision_answer(self, phase: str, body: bytes | None) -> m.ProcessingResponse:
+    def _finish_streamed(self) -> _Answers:
+        """STREAMED with early body: the decision, then one answer per chunk (a new body rides on the first)."""
+        body = bytes(self._body)
+        self._release_body()
+        out = [self._decision_answer("headers", body)]
+        decision = self._decision
+        replaced = decision.body if decision is not None else None
+        for i in range(self._held_chunks):
+            out.append(m.request_body_chunk_response(replaced if i == 0 else None, replace=replaced is not None))
+        self._held_chunks = 0
+        return out
+
+    def _decision_answer(self, phase: str, body: bytes | None, body_unseen: bool = False) -> m.ProcessingResponse:
         """Parse, ask the director, and build the answer that carries the decision (on the headers or the body)."""
         if self._decided:  # the table makes this unreachable; a second booking would never be released
             raise EppError(ErrorCode.INTERNAL, "a second decision on one ext_proc stream")
@@ -281,7 +311,11 @@ class StreamProcessor:
         generated = not request_id
         if generated:
             request_id = uuid.uuid4().hex
-        request = parse_request(request_id, headers.get(":path", "/"), headers, body)
+        path = headers.get(":path", "/")
+        if body_unseen:
+            request = request_without_body(request_id, path, headers)
+        else:
+            request = parse_request(request_id, path, headers, body)
         decision = self._decider.decide(request, self._subset)
         self._decision = decision
         self._observer.decision_latency(self._clock() - started)

@@ -12,10 +12,11 @@ The pool cluster never reads a client header to choose its host:
 from __future__ import annotations
 
 from envoy.config.cluster.v3 import cluster_pb2
-from envoy.config.core.v3 import address_pb2, extension_pb2
+from envoy.config.core.v3 import address_pb2, base_pb2, extension_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.extensions.load_balancing_policies.override_host.v3 import override_host_pb2
 from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_pb2
+from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from envoy.type.metadata.v3 import metadata_pb2
 from google.protobuf import any_pb2, duration_pb2
@@ -71,8 +72,20 @@ def _dns_or_static(cluster: cluster_pb2.Cluster, hosts: list[HostPort], refresh_
     cluster.dns_refresh_rate.CopyFrom(duration(refresh_s))
 
 
+def upstream_tls(sni: str) -> base_pb2.TransportSocket:
+    """TLS to the picker, as kgateway and Envoy AI Gateway dial it: ALPN h2, SNI set, the certificate not verified.
+
+    The picker serves TLS by default with a certificate it makes at start (or one mounted with --cert-path), which
+    no gateway can verify without a CA to trust; the connection is encrypted, not authenticated. An operator with a
+    CA adds `validation_context` to this transport socket.
+    """
+    context = tls_pb2.UpstreamTlsContext(sni=sni, common_tls_context=tls_pb2.CommonTlsContext(alpn_protocols=["h2"]))
+    return base_pb2.TransportSocket(name="envoy.transport_sockets.tls", typed_config=packed(context))
+
+
 def epp_cluster(options: GatewayOptions) -> cluster_pb2.Cluster:
-    """The picker: gRPC needs HTTP/2; a DNS name (a Service) is resolved and followed."""
+    """The picker: gRPC needs HTTP/2, over TLS unless the picker runs with --secure-serving=false; a DNS name
+    (a Service) is resolved and followed."""
     http2 = http_protocol_options_pb2.HttpProtocolOptions(
         explicit_http_config=http_protocol_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(http2_protocol_options={})
     )
@@ -83,6 +96,8 @@ def epp_cluster(options: GatewayOptions) -> cluster_pb2.Cluster:
     )
     cluster.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(packed(http2))
     _dns_or_static(cluster, [options.epp], options.dns_refresh_s)
+    if options.epp_tls:
+        cluster.transport_socket.CopyFrom(upstream_tls(options.epp_sni))
     return cluster
 
 

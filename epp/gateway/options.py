@@ -123,6 +123,8 @@ class GatewayOptions:
     dns_refresh_s: float = 2.0
     access_log: str = ""  # a file path (or /dev/stdout): one JSON line per request, with the upstream that served
     allow_full_duplex_fail_open: bool = False
+    epp_tls: bool = True  # the picker serves TLS by default; False for one run with --secure-serving=false
+    epp_sni_name: str = ""  # SNI sent to the picker; default: --epp's host when it is a DNS name, else "localhost"
 
     def __post_init__(self) -> None:
         if self.endpoints and self.endpoints_dns:
@@ -147,6 +149,13 @@ class GatewayOptions:
             raise ConfigError(f"--max-body-bytes must be positive, got {self.max_body_bytes}")
         if self.dns_refresh_s <= 0:
             raise ConfigError(f"DNS refresh must be positive, got {self.dns_refresh_s}")
+
+    @property
+    def epp_sni(self) -> str:
+        """SNI must be a host name, never an IP: a DNS --epp is its own name, an IP gets the self-signed one's."""
+        if self.epp_sni_name:
+            return self.epp_sni_name
+        return "localhost" if self.epp.is_ip else self.epp.host
 
     @property
     def fail_open(self) -> bool:

@@ -13,6 +13,7 @@ _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_man
 _EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 _HTTP_OPTS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+_UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 
 
 def _address(port: int) -> dict[str, Any]:
@@ -93,7 +94,19 @@ def pool_cluster(name: str = "pool") -> dict[str, Any]:
     }
 
 
-def static_cluster(name: str, port: int, http2: bool = False) -> dict[str, Any]:
+def upstream_tls(sni: str = "localhost") -> dict[str, Any]:
+    """TLS to the picker (its default), unverified as gateways dial it: see epp.gateway.clusters.upstream_tls."""
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": _UPSTREAM_TLS,
+            "sni": sni,
+            "common_tls_context": {"alpn_protocols": ["h2"]},
+        },
+    }
+
+
+def static_cluster(name: str, port: int, http2: bool = False, tls: bool = False) -> dict[str, Any]:
     cluster: dict[str, Any] = {
         "name": name,
         "type": "STATIC",
@@ -110,6 +123,8 @@ def static_cluster(name: str, port: int, http2: bool = False) -> dict[str, Any]:
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
         }
+    if tls:
+        cluster["transport_socket"] = upstream_tls()
     return cluster
 
 
@@ -121,13 +136,14 @@ def bootstrap(listeners: list[dict[str, Any]], clusters: list[dict[str, Any]], a
 
 
 def gateway_bootstrap(
-    listen_port: int, admin_port: int, epp_port: int, body_mode: str, response_body_mode: str = ""
+    listen_port: int, admin_port: int, epp_port: int, body_mode: str, response_body_mode: str = "", tls: bool = True
 ) -> dict[str, Any]:
-    """One listener: ext_proc to the picker, then the original-destination pool cluster."""
+    """One listener: ext_proc to the picker (over TLS, the picker's default), then the original-destination pool
+    cluster."""
     mode = processing_mode(body_mode, response_body_mode or body_mode)
     route = {"route": {"cluster": "pool", "timeout": "30s"}}
     return bootstrap(
         [listener("gateway", listen_port, route, [ext_proc_filter("epp", mode)])],
-        [pool_cluster(), static_cluster("epp", epp_port, http2=True)],
+        [pool_cluster(), static_cluster("epp", epp_port, http2=True, tls=tls)],
         admin_port,
     )

@@ -162,6 +162,8 @@ def _prompt_of(api: ApiKind, body: dict[str, Any]) -> str:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _bad("chat completions need a non-empty 'messages' list")
+        if not all(isinstance(m, dict) for m in messages):
+            raise _bad("each entry of 'messages' must be an object")
         return _chat_prompt(messages)
     if api is ApiKind.COMPLETIONS:
         if "prompt" not in body or body["prompt"] in (None, "", []):
@@ -176,28 +178,41 @@ def _prompt_of(api: ApiKind, body: dict[str, Any]) -> str:
     return ""
 
 
+def request_without_body(request_id: str, path: str, headers: Mapping[str, str]) -> InferenceRequest:
+    """A request routed on its headers alone: a pool-level pick, no model.
+
+    For requests that have no body (e.g. `GET /v1/models`), and for those whose body the gateway does not show the
+    picker before it must answer (ext_proc body modes NONE and STREAMED).
+    """
+    get = headers.get
+    return InferenceRequest(
+        request_id=request_id,
+        api=api_kind_of_path(path),
+        model="",
+        objective=get(HEADER_OBJECTIVE) or None,
+        fairness_id=get(HEADER_FAIRNESS) or None,
+        session_token=get(HEADER_SESSION) or None,
+        model_rewrite=get(HEADER_MODEL_REWRITE) or None,
+        headers=headers,
+    )
+
+
 def parse_request(request_id: str, path: str, headers: Mapping[str, str], body: bytes | None) -> InferenceRequest:
     """Parse one request; raises EppError(BAD_REQUEST) with a short reason when the body cannot be routed.
 
     A request without a body (e.g. `GET /v1/models`) is routed with a pool-level pick and an empty model.
     """
     api = api_kind_of_path(path)
+    if not body:
+        if api is ApiKind.OTHER:
+            return request_without_body(request_id, path, headers)
+        raise _bad(f"{api.value} requests need a JSON body")
+    encoding = headers.get("content-encoding")
+    if encoding and encoding.strip().lower() != "identity":
+        raise _bad(f"the body has content-encoding {encoding}; the picker reads only uncompressed JSON bodies")
     get = headers.get
     objective, fairness_id = get(HEADER_OBJECTIVE) or None, get(HEADER_FAIRNESS) or None
     session_token, model_rewrite = get(HEADER_SESSION) or None, get(HEADER_MODEL_REWRITE) or None
-    if not body:
-        if api is ApiKind.OTHER:
-            return InferenceRequest(
-                request_id=request_id,
-                api=api,
-                model="",
-                objective=objective,
-                fairness_id=fairness_id,
-                session_token=session_token,
-                model_rewrite=model_rewrite,
-                headers=headers,
-            )
-        raise _bad(f"{api.value} requests need a JSON body")
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

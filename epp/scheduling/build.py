@@ -8,8 +8,9 @@ The default profile (no config file) adds two things to upstream's (queue 2, kv-
 - `inflight-load-scorer` ×2: the queue as it is now (scraped waiting + our picks since the scrape). Without it a
   burst between two scrapes sees identical numbers and lands wherever the first request went;
 - `utilization-detector` as a filter: endpoints whose effective queue or KV usage is at the saturation threshold,
-  or whose metrics are stale, are skipped while others remain. This bounds prefix-affinity herding: the prefix
-  scorer (weight 3) would otherwise keep a hot prompt on one endpoint however deep its queue grows.
+  or whose data is not usable (stale or failing: `epp.datastore.usable`), are skipped while others remain. This
+  bounds prefix-affinity herding: the prefix scorer (weight 3) would otherwise keep a hot prompt on one endpoint
+  however deep its queue grows.
 `upstream_default_config()` keeps upstream's exact profile for side-by-side benchmarks. Measured with
 benchmarks/quality.py (benchmarks/RESULTS.md, "Scheduling"): p90 TTFT equal or lower on every workload at 80% and
 110% load (azure-conv 157 vs 589 ms, azure-code 2.5 vs 4.2 s at 80%); the one loss is mooncake at 110%, where
@@ -20,11 +21,13 @@ one endpoint, so 2 it is.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import cast
 
 import numpy as np
 
 from epp.config.model import EndpointPickerConfig, PluginSpec, ProfilePlugin, ProfileSpec
+from epp.datastore import Freshness
 from epp.errors import ConfigError
 from epp.scheduling.framework import Filter, Picker, PickObserver
 from epp.scheduling.params import Params
@@ -117,17 +120,23 @@ def _profile(
 
 
 def build_scheduler(
-    config: EndpointPickerConfig | None = None, seed: int | None = 0, registry: Registry | None = None
+    config: EndpointPickerConfig | None = None,
+    seed: int | None = 0,
+    registry: Registry | None = None,
+    freshness: Freshness | None = None,
 ) -> ProfileScheduler:
     """Phase two: plugin objects from a decoded config (None → `default_config()`); raises ConfigError.
 
     The result satisfies the director's `Scheduler` protocol; `.saturation` is the pool's saturation detector
-    built from the config's `saturationDetector` block, for the director's shedding step.
+    built from the config's `saturationDetector` block, for the director's shedding step. `freshness` is the pool's
+    rule for usable data (`epp serve`: from --metrics-staleness-threshold and --metrics-max-failures);
+    `pool_freshness` says how the config can change it.
     """
     config = config or default_config()
     registry = registry or builtin_registry()
     seeds = np.random.SeedSequence(seed)
-    ctx = BuildContext(seed_sequence=seeds, saturation=config.saturation)
+    freshness = pool_freshness(config, freshness or Freshness())
+    ctx = BuildContext(seed_sequence=seeds, saturation=config.saturation, freshness=freshness)
     built = _instantiate(config, registry, ctx)
     handlers = [(name, spec) for name, (kind, _, spec) in built.items() if kind is Kind.PROFILE_HANDLER]
     if len(handlers) > 1:
@@ -145,4 +154,12 @@ def build_scheduler(
         if kind is not Kind.DATA_LAYER:
             raise ConfigError(f"{config.source}: data layer, plugin '{ref}' ({spec.type}): is not a data source here")
     profile = _profile(config, config.profiles[0], built, ctx.next_seed())
-    return ProfileScheduler(profile, SaturationDetector(config.saturation))
+    return ProfileScheduler(profile, SaturationDetector(config.saturation, freshness))
+
+
+def pool_freshness(config: EndpointPickerConfig, flags: Freshness) -> Freshness:
+    """The pool's one staleness threshold: upstream's saturation-only `saturationDetector.metricsStalenessThreshold`
+    where the config file gives one (an upstream config then behaves as it did there), else the flag's. A
+    utilization-detector plugin may repeat it, not differ from it (one threshold: see the registry)."""
+    staleness = config.saturation.staleness_s
+    return flags if staleness is None else replace(flags, staleness_s=staleness)

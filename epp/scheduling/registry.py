@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from epp.config.model import SaturationThresholds
+from epp.datastore import Freshness
 from epp.scheduling import affinity, filters, pickers, prefix, saturation, scorers
 from epp.scheduling.params import Params
 
@@ -28,10 +29,12 @@ class Kind(enum.Enum):
 
 @dataclass(slots=True)
 class BuildContext:
-    """What factories may use: a seed source so every randomised plugin gets its own reproducible stream."""
+    """What factories may use: a seed source so every randomised plugin gets its own reproducible stream, the
+    config's saturation thresholds, and the pool's one rule for usable data."""
 
     seed_sequence: np.random.SeedSequence
     saturation: SaturationThresholds
+    freshness: Freshness = field(default_factory=Freshness)
 
     def next_seed(self) -> int:
         return int(self.seed_sequence.spawn(1)[0].generate_state(1)[0])
@@ -104,10 +107,17 @@ def _picker(cls: Callable[..., object]) -> Factory:
 
 def _saturation_filter(name: str, params: Params, ctx: BuildContext) -> object:
     base = ctx.saturation  # the config's saturationDetector block, overridable per filter
+    pool = ctx.freshness.staleness_s
+    staleness = params.duration("metricsStalenessThreshold", pool)
+    if staleness != pool:  # the pool has one: the scorers, the detector and /debug/pool read the same data
+        raise params.error(
+            "metricsStalenessThreshold",
+            f"{staleness:g}s differs from the pool's staleness threshold ({pool:g}s); set it once, in "
+            "saturationDetector.metricsStalenessThreshold or with --metrics-staleness-threshold",
+        )
     thresholds = SaturationThresholds(
         queue_depth=params.number("queueDepthThreshold", base.queue_depth, minimum=0),
         kv_util=params.number("kvCacheUtilThreshold", base.kv_util, minimum=0, maximum=1),
-        staleness_s=params.duration("metricsStalenessThreshold", base.staleness_s),
         headroom=params.number("headroom", base.headroom, minimum=0, maximum=1),
     )
     params.finish()

@@ -1,8 +1,9 @@
 """Which series mean what, per model-server engine, and how a page becomes a `MetricsSample`.
 
-The table follows ../shared/notes/metrics.md. Engines rename metrics (vLLM's `gpu_cache_usage_perc` became
-`kv_cache_usage_perc`; a router that kept the old name read 0 for ever), so every signal lists alternatives, the
-first present wins, and a signal no alternative finds stays NaN: unknown, never zero.
+The table follows the engines' published metric names (sample pages in tests/data/metrics). Engines rename
+metrics (vLLM's `gpu_cache_usage_perc` became `kv_cache_usage_perc`; a router that kept the old name read 0 for
+ever), so every signal lists alternatives, the first present wins, and a signal no alternative finds stays NaN:
+unknown, never zero.
 
 Several series can match one signal (vLLM data-parallel ranks carry `engine="0"`, `engine="1"`; pages carry one
 series per model name). The rule per signal:

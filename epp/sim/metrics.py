@@ -1,8 +1,9 @@
 """The /metrics page of a simulated server, in the exposition format and metric names of each engine.
 
-Names follow ../shared/notes/metrics.md (vLLM, SGLang, trtllm-serve, llama.cpp server), so the picker's scraper
-reads a simulated pool exactly as it reads a real one. Rendering is plain string building: a page is small, and
-the simulator serves many servers from one process, so prometheus_client's registry machinery would only cost time.
+Names follow what the scraper reads (epp/scrape/engines.py: vLLM, SGLang, trtllm-serve, llama.cpp server), so
+the picker's scraper reads a simulated pool exactly as it reads a real one. Rendering is plain string building: a
+page is small, and the simulator serves many servers from one process, so prometheus_client's registry machinery
+would only cost time.
 The tests parse every page with prometheus_client's parser, the reference.
 """
 

@@ -12,6 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.procs import free_port, http_ok, running, serve_argv, wait_until
+from tests.support.tls import picker_channel
 
 pytestmark = pytest.mark.process
 
@@ -36,7 +37,7 @@ def test_serve_reports_health_and_pool_then_stops_cleanly_on_sigterm(tmp_path: P
     with running(argv, tmp_path / "serve.log") as proc:
         wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "serve", proc)
         serving = health_pb2.HealthCheckResponse.SERVING
-        for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+        for service in ("liveness", "readiness", "inference-extension", "envoy.service.ext_proc.v3.ExternalProcessor"):
             assert health_status(health_port, service) == serving
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/debug/pool") as response:
             report = json.load(response)
@@ -59,7 +60,7 @@ def test_sigterm_lets_an_open_stream_finish_then_exits_0(tmp_path: Path) -> None
     )
     with running(argv, tmp_path / "serve.log") as proc:
         wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "serve", proc)
-        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        with picker_channel(grpc_port) as channel:
             stub = pb_grpc.ExternalProcessorStub(channel)
             sent: list[object] = [headers_msg()]
             import queue
@@ -106,7 +107,7 @@ def test_a_buffered_body_above_grpcs_default_limit_is_decided_not_dropped(tmp_pa
     )
     with running(argv, tmp_path / "serve.log") as proc:
         wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "serve", proc)
-        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        with picker_channel(grpc_port) as channel:
             stub = pb_grpc.ExternalProcessorStub(channel)
             buffered = processing_mode_pb2.ProcessingMode.BUFFERED
             messages = [headers_msg(mode=buffered, path="/v1/completions"), body_msg(body, True)]

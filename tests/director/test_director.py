@@ -113,3 +113,10 @@ def test_a_decision_stays_inside_the_gateway_subset_hint(subset, prompt) -> None
     body = json.dumps({"model": "m", "prompt": prompt or "x"}).encode()
     decision = director.decide(parse_request("r", "/v1/completions", {}, body), hint)
     assert set(decision.addresses) <= set(hint)
+
+
+def test_with_the_subset_filter_disabled_the_hint_is_ignored() -> None:
+    table = _table(waiting=0.0)
+    director = Director(table, build_scheduler(None, seed=0), clock=lambda: NOW, honour_subset=False)
+    decision = director.decide(_request(), ["127.10.0.99:8000"])  # a hint naming no pool endpoint
+    assert decision.addresses[0] in {"127.10.0.1:8000", "127.10.0.2:8000"}

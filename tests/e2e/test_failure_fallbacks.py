@@ -22,6 +22,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp import wire
+from epp.app.tls import self_signed_pair
 from epp.gateway.binary import find_envoy
 from tests.e2e.conftest import Backends
 from tests.support.procs import ROOT, epp_argv, free_port, http_ok, running, wait_until
@@ -102,7 +103,7 @@ async def gateway(gateway_process: tuple[str, int, str, str]) -> AsyncIterator[G
     picker = ScriptedPicker()
     server = grpc.aio.server()
     pb_grpc.add_ExternalProcessorServicer_to_server(picker, server)
-    server.add_insecure_port(f"127.0.0.1:{epp_port}")
+    server.add_secure_port(f"127.0.0.1:{epp_port}", grpc.ssl_server_credentials([self_signed_pair()]))  # as epp
     await server.start()
     try:
         yield Gateway(url, picker, dead_member)

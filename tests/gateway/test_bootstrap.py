@@ -238,6 +238,7 @@ VARIANTS = {
         epp=HostPort("epp.ai.svc", 9002),
         endpoints_dns="vllm.ai.svc.cluster.local",
     ),
+    "failclose-plaintext-picker": options(epp_tls=False),
 }
 
 
@@ -254,3 +255,18 @@ def test_envoy_accepts_every_rendered_variant(variant: str, tmp_path: Path) -> N
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"configuration '{path}' OK" in result.stdout + result.stderr
+
+
+def test_the_picker_is_dialled_over_unverified_tls_by_default_with_sni_and_h2() -> None:
+    socket = cluster(bootstrap_dict(options()), "epp")["transport_socket"]
+    assert socket["name"] == "envoy.transport_sockets.tls"
+    context = socket["typed_config"]
+    assert context["@type"].endswith("envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext")
+    assert context["sni"] == "localhost"  # an IP --epp: SNI cannot be an IP
+    assert context["common_tls_context"] == {"alpn_protocols": ["h2"]}  # no validation_context: not verified
+    by_name = cluster(bootstrap_dict(options(epp=HostPort("vllm-pool-epp.ai.svc", 9002))), "epp")
+    assert by_name["transport_socket"]["typed_config"]["sni"] == "vllm-pool-epp.ai.svc"
+
+
+def test_a_plaintext_picker_gets_no_transport_socket() -> None:
+    assert "transport_socket" not in cluster(bootstrap_dict(options(epp_tls=False)), "epp")

@@ -77,3 +77,18 @@ def test_istio_strips_our_headers_with_a_real_early_header_mutation() -> None:
     assert packed.Unpack(manager)
     (early,) = value["early_header_mutation_extensions"]
     assert [m["remove"] for m in early["typed_config"]["mutations"]] == list(wire.ROUTING_HEADERS)
+
+
+def test_every_sample_dials_the_picker_over_tls_as_it_serves_by_default() -> None:
+    (rule,) = of_kind(documents("istio"), "DestinationRule")
+    assert rule["spec"]["host"].startswith("vllm-pool-epp.")
+    assert rule["spec"]["trafficPolicy"]["tls"] == {"mode": "SIMPLE", "insecureSkipVerify": True}
+    eg = documents("envoy-gateway")
+    (backend,) = of_kind(eg, "Backend")
+    assert backend["spec"]["tls"] == {"insecureSkipVerify": True}
+    assert backend["spec"]["endpoints"][0]["fqdn"]["port"] == 9002
+    (policy,) = of_kind(eg, "EnvoyExtensionPolicy")
+    assert policy["spec"]["extProc"][0]["backendRefs"] == [
+        {"group": "gateway.envoyproxy.io", "kind": "Backend", "name": backend["metadata"]["name"]}
+    ]
+    assert "TLS" in (SAMPLES / "kgateway" / "inference.yaml").read_text().split("apiVersion")[0]

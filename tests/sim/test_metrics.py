@@ -11,7 +11,7 @@ from epp.sim.engine import Engine, SimRequest
 from epp.sim.metrics import ENGINES, LatencyStats, render
 from epp.sim.profiles import H100_LLAMA_8B
 
-# The names the picker reads per engine (../shared/notes/metrics.md): waiting, running, KV usage (None: not exported).
+# The names the picker reads per engine (epp/scrape/engines.py): waiting, running, KV usage (None: not exported).
 SIGNALS = {
     "vllm": ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"),
     "sglang": ("sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage"),
