@@ -40,6 +40,7 @@ from epp.discovery.kubernetes.settings import settings_from_flags
 from epp.discovery.kubernetes.source import KubernetesSource
 from epp.discovery.static import load_pool_file, parse_static_endpoints
 from epp.errors import ConfigError
+from epp.extproc.bounds import ServerLimits
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.observability.logs import configure_logging
@@ -77,6 +78,17 @@ class PickerState:
     def ready(self) -> bool:
         """What readiness reports now: off before the source syncs and from the moment the picker is stopping."""
         return self.health.ready
+
+
+def _server_limits(args: argparse.Namespace) -> ServerLimits:
+    """The stream bounds (epp/cli/serve.py), checked against each other before any port opens."""
+    limits = ServerLimits(
+        max_streams=args.max_concurrent_streams,
+        idle_timeout_s=args.stream_idle_timeout,
+        max_buffered_bytes=args.max_buffered_body_bytes,
+    )
+    limits.check(args.max_body_bytes)
+    return limits
 
 
 def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
@@ -146,7 +158,9 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         from epp.app.tracing import TracingDirector
 
         decider = TracingDirector(director, tracer)
-    processor = ExternalProcessor(decider, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
+    processor = ExternalProcessor(
+        decider, metrics, StreamSettings(max_body_bytes=args.max_body_bytes), limits=_server_limits(args)
+    )
     metrics.open_streams.set_function(lambda: processor.open_streams)
 
     # A BUFFERED body arrives as one message: gRPC's default 4 MiB receive limit would break the stream below
