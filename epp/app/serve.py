@@ -123,14 +123,15 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     scrape = scrape_settings_from_args(args)  # the scrape flags, read once: the scraper and /debug/pool share them
     # --config-file / --config-text: an EndpointPickerConfig (refused with exit 2 and the reason); none: built-in.
     config_text = getattr(args, "config_text", None)
+    allow_experimental = bool(getattr(args, "allow_experimental_plugins", False))  # Alpha types, as upstream
     config: EndpointPickerConfig | None = None
     if config_text is not None:
-        config = load_config(None, text=config_text)
+        config = load_config(None, text=config_text, allow_experimental=allow_experimental)
     elif args.config_file:
-        config = load_config(args.config_file)
+        config = load_config(args.config_file, allow_experimental=allow_experimental)
     # One rule for usable endpoint data, for every decision and for /debug/pool: the flags' thresholds, or the
     # config's saturationDetector.metricsStalenessThreshold where it gives one.
-    scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness)
+    scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness, allow_experimental=allow_experimental)
     scrape = replace(scrape, staleness_s=scheduler.freshness.staleness_s)
     for warning in getattr(args, "startup_warnings", ()):  # after the checks that refuse to start: errors stand alone
         log.warning("%s", warning)
