@@ -105,6 +105,10 @@ def register(sub: Any) -> None:
     p.add_argument("--metrics-port", type=_port, default=9090, help="Prometheus /metrics and /debug (default 9090)")
     p.add_argument("--bind-address", default="0.0.0.0", help="address the servers listen on (default 0.0.0.0)")
     p.add_argument("--config-file", help="EndpointPickerConfig YAML (default: the built-in profile)")
+    p.add_argument(
+        "--objectives-file",
+        help="cluster-free mode: InferenceObjective / InferenceModelRewrite YAML documents (priorities, rewrites)",
+    )
     p.add_argument("--static-endpoints", help="cluster-free mode: comma list of ip:port endpoints")
     p.add_argument("--pool-file", help="cluster-free mode: an InferencePool v1 YAML (its failureMode is honoured)")
     p.add_argument(
