@@ -30,8 +30,8 @@ class Usage(NamedTuple):
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = -1  # usage.prompt_tokens_details.cached_tokens; -1: not reported
     valid: bool = True
-    cached_tokens: int = 0  # prompt tokens served from the engine's cache, where the response says (Anthropic)
 
 
 INVALID_USAGE = Usage(0, 0, valid=False)
@@ -48,23 +48,27 @@ def usage_of(value: object) -> Usage:
         return INVALID_USAGE
     if not (0 <= prompt <= MAX_TOKENS and 0 <= completion <= MAX_TOKENS):
         return INVALID_USAGE
-    return Usage(prompt, completion)
+    details = value.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if type(cached) is not int or not 0 <= cached <= prompt:  # an implausible cached count is just not recorded
+        cached = -1
+    return Usage(prompt, completion, cached)
 
 
 def _count(value: object) -> int | None:
     return value if type(value) is int and 0 <= value <= MAX_TOKENS else None
 
 
-def anthropic_usage_of(value: object, prompt: int = 0, cached: int = 0) -> Usage:
+def anthropic_usage_of(value: object, prompt: int = 0, cached: int = -1) -> Usage:
     """An Anthropic `usage` object (`input_tokens`, `output_tokens`, `cache_read_input_tokens`), checked as
     `usage_of` checks OpenAI's; `prompt` and `cached` fill in what an SSE `message_delta` leaves out."""
     if not isinstance(value, dict):
         return INVALID_USAGE
-    counts = [_count(value.get(k, d)) for k, d in (("input_tokens", prompt), ("output_tokens", 0))]
-    cache = _count(value.get("cache_read_input_tokens", cached))
-    if counts[0] is None or counts[1] is None or cache is None:
+    prompt_count, output = _count(value.get("input_tokens", prompt)), _count(value.get("output_tokens", 0))
+    if prompt_count is None or output is None:
         return INVALID_USAGE
-    return Usage(counts[0], counts[1], cached_tokens=cache)
+    cache = _count(value.get("cache_read_input_tokens", cached))
+    return Usage(prompt_count, output, -1 if cache is None else cache)  # an implausible cached count: not recorded
 
 
 def model_restorer(target: str, original: str) -> tuple[bytes, bytes]:
