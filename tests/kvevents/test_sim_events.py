@@ -206,3 +206,33 @@ async def test_a_lost_batch_is_replayed_and_nothing_is_dropped(http: aiohttp.Cli
     finally:
         feeder.close()
         await server.stop()
+
+
+@pytest.mark.process
+async def test_the_feeder_runs_as_a_process_of_its_own(http: aiohttp.ClientSession) -> None:
+    import json
+    import subprocess
+    import sys
+
+    server = await _server("own")
+    assert server.kv_events is not None
+    argv = ["--source", f"{server.address}=127.0.0.1", "--port", str(server.kv_events.port), "--stats-interval", "0.2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "epp.kvevents.feeder", *argv, "--duration", "20"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        for _ in range(3):  # its first stats lines: it is up, connected, and its subscription reached the publisher
+            json.loads(await asyncio.to_thread(proc.stdout.readline))
+        await _complete(http, server, _prompt(30))
+        blocks = 0
+        for _ in range(100):
+            line = json.loads(await asyncio.to_thread(proc.stdout.readline))
+            blocks = line["blocks"]
+            if blocks:
+                break
+        assert blocks == 25 and line["streams"][server.address]["batches"] >= 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        await server.stop()
