@@ -132,6 +132,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         saturation=scheduler.saturation,
         federation=federation.router if federation is not None else None,
         honour_subset=not getattr(args, "disable_endpoint_subset_filter", False),
+        test_selection=bool(getattr(args, "enable_test_endpoint_selection", False)),
     )
     processor = ExternalProcessor(director, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
     metrics.open_streams.set_function(lambda: processor.open_streams)

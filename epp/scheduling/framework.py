@@ -9,7 +9,7 @@ so a 128 KB prompt is hashed once per pick, not once per plugin.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -31,6 +31,9 @@ class SchedulingRequest(Protocol):
 
     @property
     def session_token(self) -> str | None: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
 
 
 # Up to this many candidates, per-pick reductions and passes run on Python lists: a numpy call costs thousands of

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from epp.config.model import SaturationThresholds
-from epp.scheduling import affinity, filters, pickers, prefix, saturation, scorers
+from epp.scheduling import affinity, filters, pickers, prefix, saturation, scorers, test_selection
 from epp.scheduling.params import Params
 
 
@@ -132,6 +132,11 @@ def _by_label(name: str, params: Params, ctx: BuildContext) -> object:
     return filters.LabelFilter("by-label", name, filters.label_in(label, valid, allow_missing))
 
 
+def _header_testing_filter(name: str, params: Params, ctx: BuildContext) -> object:
+    params.finish()
+    return test_selection.HeaderBasedTestingFilter(name)
+
+
 def _role_filter(make: Callable[[str], object]) -> Factory:
     def factory(name: str, params: Params, ctx: BuildContext) -> object:
         params.finish()
@@ -191,6 +196,12 @@ def register_builtins(registry: Registry) -> Registry:
     r("by-label", Kind.FILTER, _by_label, "llm-d: label value in validValues")
     r("decode-filter", Kind.FILTER, _role_filter(filters.decode_filter), "llm-d: decode or both role")
     r("prefill-filter", Kind.FILTER, _role_filter(filters.prefill_filter), "llm-d: prefill role")
+    r(
+        "header-based-testing-filter",
+        Kind.FILTER,
+        _header_testing_filter,
+        "conformance tests only: keeps the endpoints named by test-epp-endpoint-selection",
+    )
     r("max-score-picker", Kind.PICKER, _picker(pickers.MaxScorePicker), "highest score, random tie-break")
     r("random-picker", Kind.PICKER, _picker(pickers.RandomPicker), "uniform")
     r("weighted-random-picker", Kind.PICKER, _picker(pickers.WeightedRandomPicker), "proportional to score")
