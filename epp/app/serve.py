@@ -119,6 +119,11 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     scheduler = build_scheduler(config, seed=None)
     for warning in getattr(args, "startup_warnings", ()):  # after the checks that refuse to start: errors stand alone
         log.warning("%s", warning)
+    tracer_provider, tracer = _tracing(args)
+    if tracer is not None:
+        from epp.app.tracing import TracingScheduler
+
+        scheduler = TracingScheduler(scheduler, tracer)  # type: ignore[assignment]
     federation = build_federation(args, state.failure_mode(), config, scheduler.saturation.saturated)
     if federation is not None:
         federation.connect(getattr(args, "kubeconfig", "") or "")
@@ -134,7 +139,12 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         honour_subset=not getattr(args, "disable_endpoint_subset_filter", False),
         test_selection=bool(getattr(args, "enable_test_endpoint_selection", False)),
     )
-    processor = ExternalProcessor(director, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
+    decider: Any = director
+    if tracer is not None:
+        from epp.app.tracing import TracingDirector
+
+        decider = TracingDirector(director, tracer)
+    processor = ExternalProcessor(decider, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
     metrics.open_streams.set_function(lambda: processor.open_streams)
 
     # A BUFFERED body arrives as one message: gRPC's default 4 MiB receive limit would break the stream below
@@ -241,8 +251,23 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         await health_server.stop(0)
         await scraper.stop()
         await http_runner.cleanup()
+        if tracer_provider is not None:
+            await asyncio.get_running_loop().run_in_executor(None, tracer_provider.shutdown)  # flush what is left
         log.info("stopped")
     return 0
+
+
+def _tracing(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(provider, tracer) with `--tracing` and OpenTelemetry installed (the `tracing` extra); (None, None) else."""
+    if getattr(args, "tracing", None) is not True:
+        return None, None
+    try:
+        from epp.app.tracing import provider_from_env
+    except ImportError:
+        log.warning("--tracing: OpenTelemetry is not installed (pip install 'epp-picker[tracing]'); no traces are sent")
+        return None, None
+    provider = provider_from_env()
+    return provider, provider.get_tracer("epp")
 
 
 async def _start_kubernetes(source: KubernetesSource, state: PickerState) -> None:

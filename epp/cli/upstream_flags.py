@@ -97,7 +97,7 @@ def add_upstream_flags(p: argparse.ArgumentParser) -> None:
     logs.add_argument("--zap-stacktrace-level", default=None, help="accepted; tracebacks go with their error lines")
 
     diag = p.add_argument_group("diagnostics (upstream's flags)")
-    _bool_flag(diag, "--tracing", None, "OpenTelemetry traces (upstream default true)")
+    _bool_flag(diag, "--tracing", None, "OpenTelemetry traces (the tracing extra; upstream default true)")
     _bool_flag(
         diag, "--metrics-endpoint-auth", None, "/metrics needs an authorized bearer token (default: on in a cluster)"
     )
@@ -205,8 +205,6 @@ def resolve_upstream_flags(args: argparse.Namespace) -> list[str]:
     for attr, flag in _IGNORED.items():
         if getattr(args, attr, None) is not None:
             warnings.append(f"{flag}: accepted and ignored ({_WHY.get(flag, _ENGINE_WHY)})")
-    if args.tracing:
-        warnings.append("--tracing=true: accepted and ignored (no OpenTelemetry exporter yet; no spans are emitted)")
     if args.emit_endpoint_scores:
         warnings.append("--emit-endpoint-scores=true: accepted and ignored (scores are not written to metadata)")
     if args.health_checking is False:

@@ -27,6 +27,24 @@ async def _run_until(predicate, timeout_s: float = 10.0) -> None:
             await asyncio.sleep(0.02)
 
 
+def _count_calls(rest: KubeRest) -> dict[str, int]:
+    """Counts the elector's API calls (answered and failed), so a test can wait for attempts, not for time."""
+    counts = {"ok": 0, "failed": 0}
+    call = rest.call
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        try:
+            result = call(*args, **kwargs)
+        except Exception:
+            counts["failed"] += 1
+            raise
+        counts["ok"] += 1
+        return result
+
+    rest.call = counted  # type: ignore[method-assign]
+    return counts
+
+
 @contextlib.asynccontextmanager
 async def campaigning(elector: LeaderElector):
     task = asyncio.create_task(elector.run())
@@ -75,23 +93,13 @@ async def test_leader_steps_down_when_it_cannot_renew_for_the_renew_deadline(
     now = [0.0]
     flips: list[bool] = []
     a = LeaderElector(rest, "default", "epp-lease", "a", FAST, on_change=flips.append, clock=lambda: now[0])
-    failures = 0
-    call = rest.call
-
-    def counted(*args: object, **kwargs: object) -> object:
-        nonlocal failures
-        try:
-            return call(*args, **kwargs)
-        except Exception:
-            failures += 1
-            raise
-
-    rest.call = counted
+    calls = _count_calls(rest)
     async with campaigning(a):
         await _run_until(lambda: a.is_leader)
         apiserver.token = "revoked"  # every renewal now fails
+        await _run_until(lambda: calls["failed"] >= 3)  # from here on no renewal can land
         now[0] = FAST.renew_deadline_s * 0.9  # just short of the deadline since the last renewal
-        await _run_until(lambda: failures >= 3)
+        await _run_until(lambda: calls["failed"] >= 6)
         assert a.is_leader  # failed renewals alone do not depose it before the deadline
         now[0] = FAST.renew_deadline_s + 0.01
         await _run_until(lambda: not a.is_leader)
@@ -107,10 +115,19 @@ async def test_a_live_lease_held_by_another_is_respected(apiserver: FakeApiServe
             "spec": {"holderIdentity": "someone", "leaseDurationSeconds": 30, "renewTime": "2026-01-01T00:00:00.0Z"},
         }
     )
-    a = LeaderElector(rest, "default", "epp-lease", "a", FAST)
+    now = [0.0]
+    a = LeaderElector(rest, "default", "epp-lease", "a", FAST, clock=lambda: now[0])
+    calls = _count_calls(rest)
     async with campaigning(a):
-        await asyncio.sleep(FAST.lease_duration_s)  # far less than the holder's 30 s, observed locally
+        await _run_until(lambda: calls["ok"] >= 2)  # the first answer is processed: the record was seen at 0 s
+        now[0] = 29.9  # the holder's 30 s, measured on our own clock since we saw the record, not yet over
+        seen = calls["ok"]
+        await _run_until(lambda: calls["ok"] >= seen + 3)
         assert not a.is_leader
+        now[0] = 30.1  # the holder stopped renewing 30 s ago: the lease is ours to take
+        await _run_until(lambda: a.is_leader)
+    lease = apiserver.get("coordination.k8s.io/v1", "Lease", "default", "epp-lease")
+    assert lease is not None and lease["spec"]["holderIdentity"] == "a"
 
 
 def _lease(api: FakeApiServer) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import pytest
 from epp.errors import EppError, ErrorCode
 from epp.requests import parse_request
 from epp.requests.openai import MAX_MODEL_CHARS, MAX_NESTING
-from tests.extproc.test_stream import body_msg, headers_msg, immediate, make_stream
+from tests.extproc.envoy import body_msg, headers_msg, immediate, make_stream
 
 DEEP = "[" * 1000 + "]" * 1000  # the probe's depth: ~2 KB of brackets
 

@@ -1,0 +1,123 @@
+"""`--tracing`: spans for the request, the decision, the scheduling profile and each plugin; W3C trace context
+continued from the client and passed on to the model server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+from prometheus_client import CollectorRegistry
+
+from epp.app.tracing import TracingDirector, TracingScheduler
+from epp.datastore import EndpointInfo, EndpointTable
+from epp.director import Director
+from epp.extproc.stream import StreamProcessor, StreamSettings
+from epp.observability.metrics import PickerMetrics
+from epp.scheduling import build_scheduler
+from tests.extproc.envoy import BODY, POOL, body_msg, destination, headers_msg, immediate
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
+
+
+@pytest.fixture
+def traced() -> tuple[StreamProcessor, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    table = EndpointTable()
+    table.replace_all(EndpointInfo(address=a) for a in POOL)
+    table.synced = True
+    scheduler = TracingScheduler(build_scheduler(None, seed=1), tracer)
+    director = TracingDirector(Director(table, scheduler, clock=lambda: 0.0), tracer)  # type: ignore[arg-type]
+    metrics = PickerMetrics(CollectorRegistry())
+    return StreamProcessor(director, metrics, lambda: 0.0, StreamSettings()), exporter
+
+
+def by_name(spans: tuple[ReadableSpan, ...]) -> dict[str, list[ReadableSpan]]:
+    out: dict[str, list[ReadableSpan]] = {}
+    for span in spans:
+        out.setdefault(span.name, []).append(span)
+    return out
+
+
+def set_headers(response: object) -> dict[str, str]:
+    common = getattr(response, response.WhichOneof("response")).response  # type: ignore[attr-defined]
+    return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
+
+
+def test_spans_continue_the_clients_trace_and_the_gateway_passes_it_on(traced) -> None:
+    stream, exporter = traced
+    stream.handle(headers_msg(extra={"traceparent": TRACEPARENT}))
+    out = stream.handle(body_msg(BODY, True))
+    assert destination(out[0]) in POOL
+    assert not [s for s in exporter.get_finished_spans() if s.name == "epp.request"]  # open until the stream ends
+    stream.close()
+    spans = by_name(exporter.get_finished_spans())
+    request = spans["epp.request"][0]
+    assert f"{request.context.trace_id:032x}" == TRACE_ID  # continued, not a new trace
+    assert request.parent is not None and f"{request.parent.span_id:016x}" == PARENT_ID
+    assert request.attributes["gen_ai.request.model"] == "m1"
+    assert request.attributes["epp.endpoint"] == destination(out[0])
+    decision = spans["epp.decision"][0]
+    assert decision.parent.span_id == request.context.span_id
+    scheduling = spans["epp.scheduling"][0]
+    assert scheduling.parent.span_id == decision.context.span_id
+    plugins = [s for s in exporter.get_finished_spans() if s.name.startswith("epp.plugin.")]
+    assert plugins and all(s.parent.span_id == scheduling.context.span_id for s in plugins)
+    assert {s.name for s in plugins} >= {"epp.plugin.scorer", "epp.plugin.picker"}
+    # what the gateway forwards: a traceparent naming the picker's request span, in the same trace
+    forwarded = set_headers(out[0])["traceparent"]
+    assert forwarded == f"00-{TRACE_ID}-{request.context.span_id:016x}-01"
+
+
+def test_a_request_without_trace_context_starts_a_trace(traced) -> None:
+    stream, exporter = traced
+    stream.handle(headers_msg())
+    out = stream.handle(body_msg(BODY, True))
+    stream.close()
+    request = by_name(exporter.get_finished_spans())["epp.request"][0]
+    assert request.parent is None
+    assert set_headers(out[0])["traceparent"].split("-")[1] == f"{request.context.trace_id:032x}"
+
+
+def test_a_refused_request_ends_its_span_with_the_reason(traced) -> None:
+    stream, exporter = traced
+    stream.handle(headers_msg(extra={"traceparent": TRACEPARENT}))
+    status, _ = immediate(stream.handle(body_msg(json.dumps({"model": "m1"}).encode(), True)))
+    assert status == 400
+    spans = by_name(exporter.get_finished_spans())
+    assert "epp.request" not in spans  # a refusal at parsing comes before the director: nothing to trace yet
+
+
+def test_a_refusal_by_the_director_is_an_error_span(traced) -> None:
+    stream, exporter = traced
+    stream._decider._director._table.replace_all([])  # no endpoint: 503  # type: ignore[attr-defined]
+    stream.handle(headers_msg(extra={"traceparent": TRACEPARENT}))
+    status, _ = immediate(stream.handle(body_msg(BODY, True)))
+    assert status == 503
+    request = by_name(exporter.get_finished_spans())["epp.request"][0]
+    assert request.status.status_code is StatusCode.ERROR
+    assert request.attributes["http.response.status_code"] == 503
+
+
+def test_the_exporter_and_service_name_come_from_the_otel_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    from argparse import Namespace
+
+    from epp.app.serve import _tracing
+    from epp.app.tracing import provider_from_env
+
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "picker-a")
+    provider = provider_from_env()
+    assert provider.resource.attributes["service.name"] == "picker-a"
+    assert _tracing(Namespace(tracing=None)) == (None, None)  # off unless asked for
+    provider, tracer = _tracing(Namespace(tracing=True))
+    assert provider is not None and tracer is not None
+    provider.shutdown()
