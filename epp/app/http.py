@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from epp.datastore import EndpointTable
+from epp.datastore import EndpointTable, Freshness, usable_slots
 from epp.datastore.pool import PoolSpec
 from epp.observability.stacks import dump_stacks
 
@@ -23,15 +23,15 @@ def pool_report(
     pool: PoolSpec | None,
     now: float,
     ready: bool,
-    stale_after_s: float,
-    max_failures: int,
+    freshness: Freshness,
     extra: dict[str, Any] | None = None,
     scrape_status: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """What `/debug/pool` shows: the pool, and each endpoint with its health, latest metrics and scrape status
+    """What `/debug/pool` shows: the pool, and each endpoint with whether decisions use its data (`healthy`: the
+    datastore's `usable` rule, the one the scorers and saturation apply), its latest metrics and scrape status
     (the last error, since when and why it is unusable)."""
     snap = table.snapshot()
-    stale = snap.stale(now, stale_after_s, max_failures)
+    fresh = usable_slots(snap, now, freshness)
     endpoints = []
     for slot in snap.slots:
         info = snap.infos[slot]
@@ -44,7 +44,7 @@ def pool_report(
                 "engine": info.engine,
                 "pod": info.pod_name,
                 "labels": dict(info.labels),
-                "healthy": not bool(stale[slot]),
+                "healthy": bool(fresh[slot]),
                 "metrics": {
                     "waiting": _num(snap.waiting[slot]),
                     "running": _num(snap.running[slot]),

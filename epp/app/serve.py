@@ -16,7 +16,7 @@ import logging
 import signal
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -40,6 +40,7 @@ from epp.discovery.kubernetes.settings import settings_from_flags
 from epp.discovery.kubernetes.source import KubernetesSource
 from epp.discovery.static import load_pool_file, parse_static_endpoints
 from epp.errors import ConfigError
+from epp.extproc.bounds import ServerLimits
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.observability.logs import configure_logging
@@ -79,6 +80,17 @@ class PickerState:
         return self.health.ready
 
 
+def _server_limits(args: argparse.Namespace) -> ServerLimits:
+    """The stream bounds (epp/cli/serve.py), checked against each other before any port opens."""
+    limits = ServerLimits(
+        max_streams=args.max_concurrent_streams,
+        idle_timeout_s=args.stream_idle_timeout,
+        max_buffered_bytes=args.max_buffered_body_bytes,
+    )
+    limits.check(args.max_body_bytes)
+    return limits
+
+
 def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
     """Kubernetes (pool or standalone selector), or cluster-free: the pool file (optional) and the static list."""
     k8s = settings_from_flags(args)
@@ -111,12 +123,16 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     scrape = scrape_settings_from_args(args)  # the scrape flags, read once: the scraper and /debug/pool share them
     # --config-file / --config-text: an EndpointPickerConfig (refused with exit 2 and the reason); none: built-in.
     config_text = getattr(args, "config_text", None)
+    allow_experimental = bool(getattr(args, "allow_experimental_plugins", False))  # Alpha types, as upstream
     config: EndpointPickerConfig | None = None
     if config_text is not None:
-        config = load_config(None, text=config_text)
+        config = load_config(None, text=config_text, allow_experimental=allow_experimental)
     elif args.config_file:
-        config = load_config(args.config_file)
-    scheduler = build_scheduler(config, seed=None)
+        config = load_config(args.config_file, allow_experimental=allow_experimental)
+    # One rule for usable endpoint data, for every decision and for /debug/pool: the flags' thresholds, or the
+    # config's saturationDetector.metricsStalenessThreshold where it gives one.
+    scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness, allow_experimental=allow_experimental)
+    scrape = replace(scrape, staleness_s=scheduler.freshness.staleness_s)
     for warning in getattr(args, "startup_warnings", ()):  # after the checks that refuse to start: errors stand alone
         log.warning("%s", warning)
     tracer_provider, tracer = _tracing(args)
@@ -144,7 +160,9 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         from epp.app.tracing import TracingDirector
 
         decider = TracingDirector(director, tracer)
-    processor = ExternalProcessor(decider, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
+    processor = ExternalProcessor(
+        decider, metrics, StreamSettings(max_body_bytes=args.max_body_bytes), limits=_server_limits(args)
+    )
     metrics.open_streams.set_function(lambda: processor.open_streams)
 
     # A BUFFERED body arrives as one message: gRPC's default 4 MiB receive limit would break the stream below
@@ -183,16 +201,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         if isinstance(scraper, ScrapeProcess):
             extra["scrapeProcess"] = scraper.supervision(now)
         statuses = {address: status.as_dict() for address, status in scraper.status().items()}
-        return pool_report(
-            state.table,
-            state.pool,
-            now,
-            state.ready(),
-            scrape.staleness_s,
-            scrape.max_failures,
-            extra or None,
-            statuses,
-        )
+        return pool_report(state.table, state.pool, now, state.ready(), scheduler.freshness, extra or None, statuses)
 
     http_runner = web.AppRunner(
         build_http_app(state.registry, report, state.ready, stacks=bool(getattr(args, "enable_pprof", False))),

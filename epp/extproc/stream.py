@@ -40,7 +40,9 @@ from epp import wire
 from epp.director import Decision
 from epp.errors import EppError, ErrorCode
 from epp.extproc import messages as m
+from epp.extproc.bounds import BodyBudget
 from epp.extproc.response import ResponseTracker, Usage, model_restorer
+from epp.observability.ratelimit import RateLimitedLog
 from epp.requests import InferenceRequest, parse_request, request_without_body
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ class StreamObserver(Protocol):
 
     def served_mismatch(self) -> None: ...
 
+    def stream_refused(self, reason: str) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class StreamSettings:
@@ -88,7 +92,7 @@ class Phase(enum.IntEnum):
     RESPONSE_HEADERS = 3  # decided; request trailers may still come, then the response
     RESPONSE_BODY = 4  # response headers seen; body chunks flow
     RESPONSE_DONE = 5  # the response ended
-    FINISHED = 6  # an ImmediateResponse was sent: every message is ignored
+    FINISHED = 6  # an ImmediateResponse was sent, or the server gave up: every message is ignored
 
 
 # Module-level names for the phases: an enum member read through its class costs ~10x a global on the hot path.
@@ -119,6 +123,7 @@ class StreamProcessor:
     __slots__ = (
         "_answers",
         "_body",
+        "_budget",
         "_clock",
         "_config_seen",
         "_decided",
@@ -129,11 +134,13 @@ class StreamProcessor:
         "_held_chunks",
         "_observer",
         "_request_body_mode",
+        "_reserved",
         "_response",
         "_response_body_mode",
         "_rewrite",
         "_settings",
         "_subset",
+        "_warn",
         "phase",
     )
 
@@ -144,18 +151,23 @@ class StreamProcessor:
         clock: Callable[[], float],
         settings: StreamSettings = StreamSettings(),
         answers: m.DecisionAnswers | None = None,
+        budget: BodyBudget | None = None,
+        warn: RateLimitedLog | None = None,
     ) -> None:
         self._decider = decider
         self._observer = observer
         self._clock = clock
         self._settings = settings
         self._answers = answers if answers is not None else m.DecisionAnswers()
+        self._budget = budget
+        self._warn = warn
         self._config_seen = False
         self._request_body_mode = BUFFERED  # Envoy's default when no protocol_config is sent
         self._response_body_mode = NONE
         self._early_body = False
         self._headers: dict[str, str] = {}
         self._body = bytearray()
+        self._reserved = 0  # bytes of `_body` taken from the server's budget
         self._held_chunks = 0  # STREAMED with early body: chunks whose answers wait for the decision
         self._subset: list[str] | None = None
         self._decided = False
@@ -198,14 +210,39 @@ class StreamProcessor:
         except EppError as err:
             return [self._refuse(err)]
         except Exception:
-            log.exception("ext_proc stream failed on %s in %s", kind, phase.name)
+            if self._warn is not None:
+                self._warn.log(
+                    "stream-failure",
+                    logging.ERROR,
+                    "ext_proc stream failed on %s in %s",
+                    kind,
+                    phase.name,
+                    exc_info=True,
+                )
+            else:
+                log.exception("ext_proc stream failed on %s in %s", kind, phase.name)
             if phase >= _RESPONSE_HEADERS and kind is not None and kind.startswith("response_"):
                 answers, self.phase = self._unchanged(msg, kind)
                 return answers
             return [self._refuse(EppError(ErrorCode.INTERNAL, "internal error in the endpoint picker"))]
 
+    def expire(self, idle_s: float) -> list[m.ProcessingResponse]:
+        """The server stops waiting for this stream. Before the request was decided the client gets a clear
+        503; after it, nothing is answered (Envoy goes on without the picker when the stream closes)."""
+        if self.phase is _FINISHED:
+            return []
+        self._observer.stream_refused("idle_timeout")
+        if self.phase < _RESPONSE_HEADERS:
+            err = EppError(
+                ErrorCode.SERVICE_UNAVAILABLE, f"no ext_proc message for {idle_s:g}s; the request is dropped"
+            )
+            return [self._refuse(err)]
+        self.phase = _FINISHED
+        self._complete()
+        return []
+
     def close(self) -> None:
-        """The stream ended, normally or not: release the in-flight booking exactly once."""
+        """The stream ended, normally or not: release the in-flight booking and buffered bytes exactly once."""
         self._release_body()
         self._complete()
 
@@ -269,6 +306,24 @@ class StreamProcessor:
 
     def _buffer(self, data: bytes) -> None:
         self._check_size(len(self._body) + len(data))
+        budget = self._budget
+        if budget is not None and data:
+            if not budget.take(len(data)):
+                self._observer.stream_refused("body_budget")
+                if self._warn is not None:
+                    self._warn.log(
+                        "body-budget",
+                        logging.WARNING,
+                        "refusing a request: %d bytes of request bodies are buffered, the limit "
+                        "(--max-buffered-body-bytes) is %d",
+                        budget.used,
+                        budget.limit,
+                    )
+                raise EppError(
+                    ErrorCode.RESOURCE_EXHAUSTED,
+                    "the endpoint picker is buffering too many request bodies; retry later",
+                )
+            self._reserved += len(data)
         self._body += data
 
     def _check_size(self, size: int) -> None:
@@ -278,6 +333,10 @@ class StreamProcessor:
             )
 
     def _release_body(self) -> None:
+        if self._reserved:
+            assert self._budget is not None
+            self._budget.give(self._reserved)
+            self._reserved = 0
         if self._body:
             self._body = bytearray()
 

@@ -106,6 +106,12 @@ class PickerMetrics:
             "Responses whose `usage` counts could not be true (negative, fractional, strings, huge); not recorded.",
             registry=registry,
         )
+        self.stream_refusals = Counter(
+            "epp_stream_refusals",
+            "ext_proc streams refused or ended by a server bound, by reason (stream_cap, idle_timeout, body_budget).",
+            ["reason"],
+            registry=registry,
+        )
         self.open_streams = Gauge("epp_open_streams", "ext_proc streams open now.", registry=registry)
         self._by_outcome = self._hot.by_outcome
         self._routed_by_model = self._hot.routed_by_model
@@ -137,6 +143,9 @@ class PickerMetrics:
 
     def served_mismatch(self) -> None:
         self.mismatches.inc()
+
+    def stream_refused(self, reason: str) -> None:
+        self.stream_refusals.labels(reason).inc()
 
     # DecisionObserver -----------------------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from epp.datastore import Snapshot
 from epp.datastore.table import FloatArray, IntArray
-from epp.scheduling.framework import AffineScore, CycleState
+from epp.scheduling.framework import CycleState, Linear, LinearScorer
 from epp.scheduling.hashing import BlockHasher
 
 AVERAGE_BYTES_PER_TOKEN = 4
@@ -147,7 +147,7 @@ class PrefixIndex:
             self._young[slot] = set()
 
 
-class PrefixCacheScorer:
+class PrefixCacheScorer(LinearScorer):
     """`prefix-cache-scorer`: score = leading blocks the endpoint is believed to hold / blocks in the prompt.
 
     Parameters as upstream: blockSize (bytes of prompt per block, default 64 = 16 tokens × 4), maxPrefixBlocksToMatch
@@ -156,7 +156,6 @@ class PrefixCacheScorer:
     """
 
     type_name = "prefix-cache-scorer"
-    UNIT_INTERVAL = True
 
     def __init__(
         self,
@@ -198,17 +197,11 @@ class PrefixCacheScorer:
             cached = state.scratch[self._key] = (hashes, matched, self.index.reach if hashes else 0)
         return cached
 
-    def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
+    def linear(self, state: CycleState, candidates: IntArray) -> Linear:
         hashes, matched, reach = self._state(state, candidates)
         if not reach:  # nobody holds even the first block (or the prompt is shorter than one block)
-            return np.zeros(candidates.size)
-        return state.take(matched, candidates) * (1.0 / len(hashes))
-
-    def affine(self, state: CycleState, candidates: IntArray) -> AffineScore | None:
-        hashes, matched, reach = self._state(state, candidates)
-        if not reach:
-            return None, 0.0, 0.0
-        return state.take(matched, candidates), 1.0 / len(hashes), 0.0
+            return Linear(None, 0.0, 0.0)
+        return Linear(state.take(matched, candidates), 1.0 / len(hashes), 0.0)
 
     def picked(self, state: CycleState, slot: int) -> None:
         hashes, matched, reach = self._state(state, state.candidates)

@@ -14,7 +14,16 @@ import numpy as np
 
 from epp.datastore import Snapshot
 from epp.datastore.table import FloatArray, IntArray
-from epp.scheduling.framework import CycleState, Filter, Picker, PickObserver, SchedulingRequest, Scorer, sanitize
+from epp.scheduling.framework import (
+    CycleState,
+    Filter,
+    Linear,
+    Picker,
+    PickObserver,
+    SchedulingRequest,
+    Scorer,
+    sanitize,
+)
 from epp.scheduling.saturation import SaturationDetector
 
 
@@ -47,9 +56,10 @@ class ProfileScheduler:
     def __init__(self, profile: SchedulingProfile, saturation: SaturationDetector | None = None) -> None:
         self.profile = profile
         self.saturation = saturation or SaturationDetector()
+        self.freshness = self.saturation.freshness  # the pool's one rule for usable data, shared with the detector
         self._filters = profile.filters
         self._scorers = tuple(
-            (s.scorer, s.weight, bool(getattr(s.scorer, "UNIT_INTERVAL", False)), getattr(s.scorer, "affine", None))
+            (s.scorer, s.weight, bool(getattr(s.scorer, "UNIT_INTERVAL", False)), getattr(s.scorer, "linear", None))
             for s in profile.scorers
             if s.weight > 0
         )
@@ -59,21 +69,21 @@ class ProfileScheduler:
     def pick(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> Sequence[int]:
         """Slots best first (empty: a filter left no candidate). `candidates` are distinct present slots in
         ascending order, as the director builds them (`CycleState.take` relies on it to skip gathers)."""
-        state = CycleState(snapshot, candidates, request, now)
+        state = CycleState(snapshot, candidates, request, now, self.freshness)
         for f in self._filters:
             candidates = f.filter(state, candidates)
             if candidates.size == 0:
                 return ()
         total: FloatArray | None = None
-        offset = 0.0  # the affine scorers' constant parts, added once at the end
-        for scorer, weight, bounded, affine in self._scorers:
-            term = affine(state, candidates) if affine is not None else None
-            if term is not None:
-                values, scale, shift = term
-                offset += weight * shift
-                if values is None or scale == 0.0:
+        offset = 0.0  # the linear scorers' constant parts, added once at the end
+        for scorer, weight, bounded, linear in self._scorers:
+            if linear is not None:
+                form: Linear = linear(state, candidates)
+                offset += weight * form.offset
+                term = form.term(weight)  # a new array: `values` may be a snapshot column
+                if term is None:
                     continue
-                scores = values * (weight * scale)  # a new array: `values` may be a snapshot column
+                scores = term
             else:
                 scores = scorer.score(state, candidates)
                 if not bounded:
