@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -27,11 +27,19 @@ from epp.observability.ratelimit import RateLimitedLog
 log = logging.getLogger(__name__)
 
 
+class ServerObserver(StreamObserver, Protocol):
+    """What the server reports about whole streams (upstream's extproc_streams_*); the metrics implement it."""
+
+    def stream_started(self) -> None: ...
+
+    def stream_finished(self, code: str, seconds: float) -> None: ...
+
+
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(
         self,
         decider: Decider,
-        observer: StreamObserver,
+        observer: ServerObserver,
         settings: StreamSettings,
         clock: Callable[[], float] = time.perf_counter,
         limits: ServerLimits | None = None,
@@ -62,15 +70,21 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self.open_streams += 1
         watchdog = _IdleWatchdog(self._limits.idle_timeout_s)
         messages = aiter(request_iterator)
+        started = self._clock()
+        self._observer.stream_started()
+        code = "Unknown"  # an exception out of the stream (a broken stream), unless it ends or is cancelled
         try:
             while True:
                 try:
                     message = await anext(messages)
                 except StopAsyncIteration:
+                    code = "OK"
                     return
                 except asyncio.CancelledError:
                     if not watchdog.fired():
+                        code = "Canceled"
                         raise
+                    code = "DeadlineExceeded"
                     self._warn.log(
                         "idle",
                         logging.WARNING,
@@ -85,11 +99,13 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 for response in stream.handle(message):
                     yield response
                 if stream.finished:
+                    code = "OK"
                     return
         finally:
             watchdog.stop()
             stream.close()
             self.open_streams -= 1
+            self._observer.stream_finished(code, self._clock() - started)
 
     def _over_cap(self) -> pb.ProcessingResponse:
         """The answer to a stream above `--max-concurrent-streams`: 503 at once, before anything is read."""
