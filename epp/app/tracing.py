@@ -160,17 +160,17 @@ class _TracedFilter(_Traced):
 class _TracedScorer(_Traced):
     def __init__(self, plugin: Any, tracer: Tracer) -> None:
         super().__init__(plugin, tracer, "scorer")
-        if getattr(plugin, "affine", None) is not None:
-            self.affine = self._affine
+        if getattr(plugin, "linear", None) is not None:  # a LinearScorer: the runner reads its `linear` form
+            self.linear = self._linear
 
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
         with self._span():
             out: FloatArray = self._plugin.score(state, candidates)
             return out
 
-    def _affine(self, state: CycleState, candidates: IntArray) -> Any:
+    def _linear(self, state: CycleState, candidates: IntArray) -> Any:
         with self._span():
-            return self._plugin.affine(state, candidates)
+            return self._plugin.linear(state, candidates)
 
 
 class _TracedPicker(_Traced):

@@ -63,7 +63,7 @@ class MetricsSample:
 # The order of these tuples is the row order of the blocks; `snapshot()` indexes rows by position.
 _FLOAT_COLUMNS = ("waiting", "running", "kv_usage", "max_lora", "block_size", "num_blocks", "scraped_at")
 _INT_COLUMNS = ("scrape_failures", "inflight", "picks_since_scrape")
-_BOOL_COLUMNS = ("present", "scrape_ok", "healthy")
+_BOOL_COLUMNS = ("present", "scrape_ok")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +91,6 @@ class Snapshot:
     picks_since_scrape: IntArray  # own picks since the endpoint's last scrape: load the metrics cannot show yet
     running_adapters: tuple[frozenset[str], ...]
     waiting_adapters: tuple[frozenset[str], ...]
-    # Metrics fresh by the scraper's own rules (scraped recently, not failing); False until the first scrape.
-    # Defaulted so code that builds a Snapshot by hand keeps working.
-    healthy: BoolArray = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
     # `slots`, when the builder already knows it (the table's cached view); None: computed from `present`.
     slot_index: IntArray | None = None
 
@@ -104,11 +101,10 @@ class Snapshot:
             return self.slot_index
         return np.flatnonzero(self.present)
 
-    def stale(self, now: float, threshold_s: float, max_failures: int) -> BoolArray:
-        """Per slot: metrics older than the threshold, never scraped, or failing `max_failures` times in a row."""
-        with np.errstate(invalid="ignore"):
-            old = ~(now - self.scraped_at <= threshold_s)  # NaN (never scraped) compares False → stale
-        return old | (self.scrape_failures >= max_failures)
+    def effective_queue(self) -> FloatArray:
+        """Per slot, last scraped `waiting` + the picker's own picks since that scrape (NaN where waiting is
+        unknown): the queue as it is now, which the next scrape would show."""
+        return self.waiting + self.picks_since_scrape
 
 
 class EndpointTable:
@@ -239,7 +235,6 @@ class EndpointTable:
         c["num_blocks"][slot] = sample.num_blocks
         c["scraped_at"][slot] = now
         c["scrape_ok"][slot] = True
-        c["healthy"][slot] = True
         c["scrape_failures"][slot] = 0
         c["picks_since_scrape"][slot] = 0
         running = frozenset(sample.running_adapters or ())
@@ -263,7 +258,7 @@ class EndpointTable:
         """Vectorised `record_scrape`/`record_scrape_failure` for rows scraped elsewhere (a scrape process).
 
         `floats` has one row per slot and the columns of `SCRAPE_ROW`. Rows whose `scraped_at` moved forward are
-        fresh pages: their in-flight-since-scrape count restarts and they turn healthy. Adapters go separately
+        fresh pages: their in-flight-since-scrape count restarts. Adapters go separately
         (`set_adapters`): they change rarely and are strings.
         """
         if not len(slots):
@@ -275,7 +270,6 @@ class EndpointTable:
         self._cols["scrape_ok"][slots] = ok
         self._cols["scrape_failures"][slots] = failures
         self._cols["picks_since_scrape"][slots[fresh]] = 0
-        self._cols["healthy"][slots[fresh & ok]] = True
 
     def set_adapters(self, slot: int, running: Iterable[str], waiting: Iterable[str]) -> None:
         r, w = frozenset(running), frozenset(waiting)
@@ -283,18 +277,6 @@ class EndpointTable:
             self._running_adapters[slot] = r
             self._waiting_adapters[slot] = w
             self._adapters_cache = None
-
-    def mark_stale(self, now: float, threshold_s: float, max_failures: int) -> list[int]:
-        """Clear `healthy` where metrics are older than the threshold or failing; returns the slots just cleared."""
-        n = self._high_water
-        healthy = self._cols["healthy"][:n]
-        with np.errstate(invalid="ignore"):
-            old = ~(now - self._cols["scraped_at"][:n] <= threshold_s)
-        stale = healthy & (old | (self._cols["scrape_failures"][:n] >= max_failures))
-        slots = np.flatnonzero(stale)
-        if slots.size:
-            healthy[slots] = False
-        return [int(s) for s in slots]
 
     def book_pick(self, slot: int) -> None:
         self._cols["inflight"][slot] += 1
@@ -385,6 +367,5 @@ class EndpointTable:
             picks_since_scrape=ints[2],
             running_adapters=adapters[0],
             waiting_adapters=adapters[1],
-            healthy=bools[2],
             slot_index=slot_index,
         )

@@ -14,11 +14,12 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from epp import wire
 from epp.errors import EppError, ErrorCode
 
-HEADER_OBJECTIVE = "x-gateway-inference-objective"
-HEADER_FAIRNESS = "x-gateway-inference-fairness-id"
-HEADER_MODEL_REWRITE = "x-gateway-model-name-rewrite"
+HEADER_OBJECTIVE, _OLD_OBJECTIVE = wire.OBJECTIVE_HEADERS
+HEADER_FAIRNESS, _OLD_FAIRNESS = wire.FAIRNESS_HEADERS
+HEADER_MODEL_REWRITE, _OLD_MODEL_REWRITE = wire.MODEL_REWRITE_HEADERS
 HEADER_SESSION = "x-session-token"
 HEADER_REQUEST_ID = "x-request-id"
 
@@ -32,7 +33,17 @@ class ApiKind(enum.Enum):
     COMPLETIONS = "completions"
     EMBEDDINGS = "embeddings"
     RESPONSES = "responses"
+    MESSAGES = "messages"  # Anthropic Messages API (epp.requests.anthropic)
+    GENERATE = "generate"  # vLLM's /inference/v1/generate (epp.requests.vllm)
     OTHER = "other"
+
+
+class UsageDialect(enum.Enum):
+    """How the response reports token usage, so the response tracker reads the right fields."""
+
+    OPENAI = "openai"  # usage.prompt_tokens / completion_tokens, JSON or the SSE chunk that carries it
+    ANTHROPIC = "anthropic"  # usage.input_tokens / output_tokens; SSE message_start + message_delta
+    NONE = "none"  # not read (passthrough)
 
 
 _PATH_SUFFIXES: tuple[tuple[str, ApiKind], ...] = (
@@ -84,6 +95,43 @@ class InferenceRequest(NamedTuple):
     headers: Mapping[str, str] = _NO_HEADERS
     body: dict[str, Any] | None = None
     body_size: int = 0
+    max_output_tokens: int | None = None  # the body's max_tokens (Anthropic, vLLM generate), when it gives one
+    usage: UsageDialect = UsageDialect.OPENAI
+    slo_ttft_ms: float | None = None  # x-llm-d-slo-ttft-ms (alias x-slo-ttft-ms); a value that is no number: None
+    slo_tpot_ms: float | None = None  # x-llm-d-slo-tpot-ms (alias x-slo-tpot-ms)
+
+
+class ControlHeaders(NamedTuple):
+    """The request-control headers, each read by upstream's current name first, then its older alias."""
+
+    objective: str | None
+    fairness_id: str | None
+    session_token: str | None
+    model_rewrite: str | None
+    slo_ttft_ms: float | None
+    slo_tpot_ms: float | None
+
+
+def _milliseconds(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < float("inf") else None
+
+
+def control_headers(headers: Mapping[str, str]) -> ControlHeaders:
+    get = headers.get
+    return ControlHeaders(
+        objective=get(HEADER_OBJECTIVE) or get(_OLD_OBJECTIVE) or None,
+        fairness_id=get(HEADER_FAIRNESS) or get(_OLD_FAIRNESS) or None,
+        session_token=get(HEADER_SESSION) or None,
+        model_rewrite=get(HEADER_MODEL_REWRITE) or get(_OLD_MODEL_REWRITE) or None,
+        slo_ttft_ms=_milliseconds(get(wire.SLO_TTFT_HEADERS[0]) or get(wire.SLO_TTFT_HEADERS[1])),
+        slo_tpot_ms=_milliseconds(get(wire.SLO_TPOT_HEADERS[0]) or get(wire.SLO_TPOT_HEADERS[1])),
+    )
 
 
 def _text_of_content(content: object) -> str:
@@ -178,22 +226,54 @@ def _prompt_of(api: ApiKind, body: dict[str, Any]) -> str:
     return ""
 
 
+def json_object_body(headers: Mapping[str, str], body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, every parser's first step; 400s for a compressed, invalid or too deep body."""
+    encoding = headers.get("content-encoding")
+    if encoding and encoding.strip().lower() != "identity":
+        raise _bad(f"the body has content-encoding {encoding}; the picker reads only uncompressed JSON bodies")
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        reason = str(exc).split(":", 1)[0]
+        if "depth" in reason or "ecursion" in reason:  # orjson's own limit (1,024 levels)
+            raise _bad(f"nesting too deep (more than {MAX_NESTING} levels of arrays and objects)") from None
+        raise _bad(f"body is not valid JSON ({reason})") from None
+    if not isinstance(parsed, dict):
+        raise _bad("body must be a JSON object")
+    _check_nesting(body, parsed)
+    return parsed
+
+
+def model_of(parsed: Mapping[str, Any], required: bool) -> str:
+    """The body's `model` ("" when absent and not required); 400 when it is not a usable name."""
+    model = parsed.get("model")
+    if model is None and not required:
+        return ""
+    if not isinstance(model, str) or not model:
+        raise _bad("'model' is missing or not a string")
+    if len(model) > MAX_MODEL_CHARS:
+        raise _bad(f"'model' is longer than {MAX_MODEL_CHARS} characters")
+    return model
+
+
 def request_without_body(request_id: str, path: str, headers: Mapping[str, str]) -> InferenceRequest:
     """A request routed on its headers alone: a pool-level pick, no model.
 
     For requests that have no body (e.g. `GET /v1/models`), and for those whose body the gateway does not show the
     picker before it must answer (ext_proc body modes NONE and STREAMED).
     """
-    get = headers.get
+    control = control_headers(headers)
     return InferenceRequest(
         request_id=request_id,
         api=api_kind_of_path(path),
         model="",
-        objective=get(HEADER_OBJECTIVE) or None,
-        fairness_id=get(HEADER_FAIRNESS) or None,
-        session_token=get(HEADER_SESSION) or None,
-        model_rewrite=get(HEADER_MODEL_REWRITE) or None,
+        objective=control.objective,
+        fairness_id=control.fairness_id,
+        session_token=control.session_token,
+        model_rewrite=control.model_rewrite,
         headers=headers,
+        slo_ttft_ms=control.slo_ttft_ms,
+        slo_tpot_ms=control.slo_tpot_ms,
     )
 
 
@@ -207,39 +287,22 @@ def parse_request(request_id: str, path: str, headers: Mapping[str, str], body: 
         if api is ApiKind.OTHER:
             return request_without_body(request_id, path, headers)
         raise _bad(f"{api.value} requests need a JSON body")
-    encoding = headers.get("content-encoding")
-    if encoding and encoding.strip().lower() != "identity":
-        raise _bad(f"the body has content-encoding {encoding}; the picker reads only uncompressed JSON bodies")
-    get = headers.get
-    objective, fairness_id = get(HEADER_OBJECTIVE) or None, get(HEADER_FAIRNESS) or None
-    session_token, model_rewrite = get(HEADER_SESSION) or None, get(HEADER_MODEL_REWRITE) or None
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        reason = str(exc).split(":", 1)[0]
-        if "depth" in reason or "ecursion" in reason:  # orjson's own limit (1,024 levels)
-            raise _bad(f"nesting too deep (more than {MAX_NESTING} levels of arrays and objects)") from None
-        raise _bad(f"body is not valid JSON ({reason})") from None
-    if not isinstance(parsed, dict):
-        raise _bad("body must be a JSON object")
-    _check_nesting(body, parsed)
-    model = parsed.get("model")
-    needs_model = api is not ApiKind.OTHER or model is not None
-    if needs_model and (not isinstance(model, str) or not model):
-        raise _bad("'model' is missing or not a string")
-    if needs_model and len(model) > MAX_MODEL_CHARS:  # type: ignore[arg-type]
-        raise _bad(f"'model' is longer than {MAX_MODEL_CHARS} characters")
+    control = control_headers(headers)
+    parsed = json_object_body(headers, body)
+    model = model_of(parsed, required=api is not ApiKind.OTHER)
     return InferenceRequest(
         request_id=request_id,
         api=api,
-        model=model if isinstance(model, str) else "",
+        model=model,
         prompt=_prompt_of(api, parsed),
         stream=parsed.get("stream") is True,
-        objective=objective,
-        fairness_id=fairness_id,
-        session_token=session_token,
-        model_rewrite=model_rewrite,
+        objective=control.objective,
+        fairness_id=control.fairness_id,
+        session_token=control.session_token,
+        model_rewrite=control.model_rewrite,
         headers=headers,
         body=parsed,
         body_size=len(body),
+        slo_ttft_ms=control.slo_ttft_ms,
+        slo_tpot_ms=control.slo_tpot_ms,
     )

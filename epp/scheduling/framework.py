@@ -9,14 +9,16 @@ so a 128 KB prompt is hashed once per pick, not once per plugin.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from epp.datastore import Snapshot
-from epp.datastore.table import FloatArray, IntArray
+from epp.datastore import Freshness, Snapshot, usable
+from epp.datastore.table import BoolArray, FloatArray, IntArray
+
+_DEFAULT_FRESHNESS = Freshness()
 
 
 class SchedulingRequest(Protocol):
@@ -32,70 +34,135 @@ class SchedulingRequest(Protocol):
     @property
     def session_token(self) -> str | None: ...
 
+    @property
+    def headers(self) -> Mapping[str, str]: ...
 
-# Up to this many candidates, per-pick reductions and passes run on Python lists: a numpy call costs thousands of
-# instructions of dispatch, more than the arithmetic of a few dozen values (CycleState.extreme, the saturation
-# filter's exact pass, the max-score picker's tie search).
+
+# Up to this many values, `extremes` reduces a Python list instead of calling numpy: a numpy reduction costs
+# thousands of instructions of dispatch, more than the arithmetic of a few dozen values. The one small-pool path.
 SMALL_POOL = 32
 
 
+# (min, max) of the known (non-NaN) values, NaN when none is known; and whether any value is unknown (NaN). A plain
+# tuple: built several times per pick, where a NamedTuple's constructor costs a Python call.
+Extremes = tuple[float, float, bool]
+_NONE_KNOWN: Extremes = (math.nan, math.nan, False)
+
+
+def extremes(values: FloatArray | IntArray) -> Extremes:
+    """`Extremes` of an array: for a pool of a few dozen endpoints on a Python list, both ends in one pass (unless a
+    NaN is present: its sum is NaN then); otherwise numpy's reductions, NaN-ignoring ones only when needed."""
+    if values.size <= SMALL_POOL:
+        listed: list[float] = values.tolist()
+        total = sum(listed)
+        if total == total:  # no NaN (an inf − inf sum goes to numpy, which gets it right)
+            return (min(listed), max(listed), False) if listed else _NONE_KNOWN
+    lo = float(np.minimum.reduce(values))
+    if lo == lo:
+        return lo, float(np.maximum.reduce(values)), False
+    return float(np.fmin.reduce(values)), float(np.fmax.reduce(values)), True
+
+
+class Signal:
+    """A per-endpoint load signal that scorers and the saturation filter read through `CycleState.signal`: the
+    four class attributes below (an index into the pick's cache, and the snapshot column it reads)."""
+
+    __slots__ = ("column", "index")
+    WAITING: ClassVar[Signal]
+    RUNNING: ClassVar[Signal]
+    KV_USAGE: ClassVar[Signal]
+    EFFECTIVE_QUEUE: ClassVar[Signal]  # waiting + own picks since the scrape (`Snapshot.effective_queue`)
+    ALL: ClassVar[tuple[Signal, ...]]
+
+    def __init__(self, index: int, column: str) -> None:
+        self.index = index
+        self.column = column
+
+    def __repr__(self) -> str:
+        return f"Signal.{self.column.upper()}"
+
+
+Signal.WAITING = Signal(0, "waiting")
+Signal.RUNNING = Signal(1, "running")
+Signal.KV_USAGE = Signal(2, "kv_usage")
+Signal.EFFECTIVE_QUEUE = Signal(3, "effective_queue")
+Signal.ALL = (Signal.WAITING, Signal.RUNNING, Signal.KV_USAGE, Signal.EFFECTIVE_QUEUE)
+
+
 class CycleState:
-    """One pick's inputs plus a scratch dict for values computed once per pick (e.g. prompt block hashes)."""
+    """One pick's inputs plus what several plugins of the pick read and is computed once: which candidates have
+    usable data, each signal over the candidates and its extremes, and a scratch dict (e.g. prompt block hashes)."""
 
-    __slots__ = ("_extremes", "_whole", "candidates", "now", "request", "scratch", "snapshot")
+    __slots__ = (
+        "_queue",
+        "_signals",
+        "_usable",
+        "_whole",
+        "candidates",
+        "freshness",
+        "now",
+        "request",
+        "scratch",
+        "snapshot",
+    )
 
-    def __init__(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        candidates: IntArray,
+        request: SchedulingRequest,
+        now: float,
+        freshness: Freshness = _DEFAULT_FRESHNESS,
+    ) -> None:
         self.snapshot = snapshot
         self.candidates = candidates
         self.request = request
         self.now = now
+        self.freshness = freshness
         self.scratch: dict[str, Any] = {}
         # Candidates are distinct present slots in ascending order; as many as the snapshot has slots means every
         # slot, in order, so a column can be used as is instead of gathered (the common case: no subset hint, no
         # free slots).
         self._whole = candidates.size == snapshot.present.size
-        self._extremes: dict[str, tuple[IntArray, float, float]] = {}  # column → (candidates, min, max)
+        self._usable: tuple[IntArray, BoolArray | None] | None = None
+        self._queue: FloatArray | None = None
+        self._signals: list[tuple[IntArray, FloatArray, Extremes] | None] = [None] * len(Signal.ALL)
 
-    def effective_queue(self) -> FloatArray:
-        """Per slot, last scraped `waiting` + own picks since that scrape (NaN where waiting is unknown).
-
-        Computed once per pick over the whole table and shared by the saturation filter and the in-flight scorer.
-        """
-        queue: FloatArray | None = self.scratch.get("effective_queue")
-        if queue is None:
-            queue = self.snapshot.waiting + self.snapshot.picks_since_scrape
-            self.scratch["effective_queue"] = queue
-        return queue
-
-    def bounds(self, name: str, candidates: IntArray) -> tuple[float, float]:
-        """(min, max) of a snapshot column (or "effective_queue") over `candidates`; NaN if any value is NaN."""
-        return self.extreme(name, candidates, False), self.extreme(name, candidates, True)
-
-    def extreme(self, name: str, candidates: IntArray, highest: bool) -> float:
-        """The max (or min) of a snapshot column (or "effective_queue") over `candidates`; NaN if any is NaN.
-
-        Several plugins of one pick need the same extremes (the saturation filter's thresholds, the scorers'
-        min-max normalisation), so each is computed once per pick. For a pool of a few dozen endpoints a numpy
-        reduction costs thousands of instructions of dispatch for a handful of comparisons, so small columns are
-        reduced as a Python list, both extremes in one pass, unless a NaN is present (its sum is NaN then).
-        """
-        cached = self._extremes.get(name)
+    def usable(self, candidates: IntArray) -> BoolArray | None:
+        """Per candidate, whether its data is usable (`epp.datastore.usable`); None when all of them are (the
+        common case, decided from the oldest scrape and the longest failure streak without a per-endpoint pass)."""
+        cached = self._usable
         if cached is not None and cached[0] is candidates:
-            return cached[2] if highest else cached[1]
-        column = self.effective_queue() if name == "effective_queue" else getattr(self.snapshot, name)
-        values = self.take(column, candidates)
-        if values.size <= SMALL_POOL:
-            listed: list[float] = values.tolist()
-            total = sum(listed)
-            if total == total and listed:  # no NaN (an inf − inf sum also goes to numpy, which gets it right)
-                lo, hi = min(listed), max(listed)
-                self._extremes[name] = (candidates, lo, hi)
-                return hi if highest else lo
-        if not values.size:
-            return math.nan
-        lo, hi = float(np.minimum.reduce(values)), float(np.maximum.reduce(values))
-        self._extremes[name] = (candidates, lo, hi)
-        return hi if highest else lo
+            return cached[1]
+        snapshot, now, freshness = self.snapshot, self.now, self.freshness
+        scraped_at = self.take(snapshot.scraped_at, candidates)
+        failures = self.take(snapshot.scrape_failures, candidates)
+        oldest, _, never = extremes(scraped_at)
+        streak = extremes(failures)[1]
+        mask: BoolArray | None = None
+        if not usable(math.nan if never else oldest, streak, now, freshness):
+            mask = usable(scraped_at, failures, now, freshness)
+        self._usable = (candidates, mask)
+        return mask
+
+    def signal(self, signal: Signal, candidates: IntArray) -> tuple[FloatArray, Extremes]:
+        """A signal's values over `candidates`, NaN (unknown) where the endpoint's data is not usable, and their
+        `extremes`; computed once per pick and candidate set. The values are read-only (maybe a snapshot view)."""
+        cached = self._signals[signal.index]
+        if cached is None or cached[0] is not candidates:
+            snapshot = self.snapshot
+            if signal is Signal.EFFECTIVE_QUEUE:
+                if self._queue is None:  # over the whole table, once per pick whatever the candidate sets
+                    self._queue = snapshot.effective_queue()
+                column = self._queue
+            else:
+                column = getattr(snapshot, signal.column)
+            values = self.take(column, candidates)
+            mask = self.usable(candidates)
+            if mask is not None:
+                values = np.where(mask, values, math.nan)
+            cached = self._signals[signal.index] = (candidates, values, extremes(values))
+        return cached[1], cached[2]
 
     def take(self, column: npt.NDArray[Any], candidates: IntArray) -> npt.NDArray[Any]:
         """`column[candidates]`, without the gather when `candidates` is the whole table. Read-only result."""
@@ -123,26 +190,58 @@ class Scorer(Plugin, Protocol):
 
     Each scorer applies its own NaN policy (unknown → neutral, documented per scorer). Scorers whose class sets
     `UNIT_INTERVAL = True` guarantee [0, 1] by construction (the property tests check it); the runner clamps any
-    other scorer's output, and maps a NaN total to 0, so a scorer bug can bias a pick but never poison it."""
+    other scorer's output, and maps a NaN total to 0, so a scorer bug can bias a pick but never poison it.
+    A `LinearScorer` is scored through its `linear` form instead."""
 
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray: ...
 
 
-# A scorer's score as scale × values + offset (values read-only, None when scale is 0); see `Affine`.
-AffineScore = tuple[FloatArray | None, float, float]
+class Linear(NamedTuple):
+    """A score as an affine function of one array: scale × values + offset where a value is known, `unknown`
+    where it is NaN (None: no value is NaN). `values` None: the score is `offset` everywhere.
 
-
-class Affine(Protocol):
-    """Optional for a scorer whose score this pick is an affine function of one array (a min-max normalised
-    column, 1 − a column, a match count over the prompt length): `affine` returns it as (values, scale, offset),
-    or None when the pick needs the general `score` (NaN present, a degenerate range).
-
-    The runner then adds weight × scale × values to the total with one multiply-add, instead of the scorer
-    building its own array and the runner weighting and adding it: at pool sizes of a few dozen, numpy calls
-    cost more than their arithmetic. The affine form must equal `score` up to rounding (tests check both).
+    Most scores are one (a min-max normalised column, 1 − a column, a match count over the prompt length), and at
+    pool sizes of a few dozen numpy calls cost more than their arithmetic: the runner adds `term(weight)` of each
+    scorer to the total with one multiply, and all the offsets at once, instead of every scorer building its score
+    and the runner weighting and adding it.
     """
 
-    def affine(self, state: CycleState, candidates: IntArray) -> AffineScore | None: ...
+    values: FloatArray | None
+    scale: float
+    offset: float
+    unknown: float | None = None
+
+    def term(self, weight: float) -> FloatArray | None:
+        """weight × (score − offset) per candidate, a new array; None when that is 0 everywhere."""
+        if self.values is None or (self.scale == 0.0 and self.unknown is None):
+            return None
+        out: FloatArray = self.values * (weight * self.scale)
+        if self.unknown is not None:
+            np.nan_to_num(out, copy=False, nan=weight * (self.unknown - self.offset))
+        return out
+
+    def scores(self, size: int) -> FloatArray:
+        """The score itself, per candidate (clamped to [0, 1] against rounding): what `term` adds up to."""
+        out = self.term(1.0)
+        if out is None:
+            return np.full(size, self.offset)
+        out += self.offset
+        return sanitize(out)
+
+
+class LinearScorer:
+    """Base of the scorers whose score is a `Linear`: `linear` is their one implementation; the runner reads it,
+    and `score` (for everything else: tests, tools) is derived from it."""
+
+    type_name: str
+    name: str
+    UNIT_INTERVAL = True
+
+    def linear(self, state: CycleState, candidates: IntArray) -> Linear:
+        raise NotImplementedError
+
+    def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
+        return self.linear(state, candidates).scores(candidates.size)
 
 
 class Picker(Plugin, Protocol):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from epp.datastore.table import FloatArray, IntArray
-from epp.scheduling.framework import SMALL_POOL, CycleState
+from epp.scheduling.framework import CycleState, extremes
 
 _TIE = 1e-9  # scores closer than this are a tie (weighted sums of floats rarely compare exactly equal)
 
@@ -33,13 +33,8 @@ class MaxScorePicker:
         if n == 0:
             return ()
         if self.max_endpoints == 1:
-            if n <= SMALL_POOL:
-                values = scores.tolist()
-                floor = max(values) - _TIE
-                ties = [i for i, v in enumerate(values) if v >= floor]
-            else:
-                ties = (scores >= np.maximum.reduce(scores) - _TIE).nonzero()[0]
-            choice = ties[0] if len(ties) == 1 else ties[int(self._draw() * len(ties))]
+            ties = (scores >= extremes(scores)[1] - _TIE).nonzero()[0]  # the runner leaves no NaN in `scores`
+            choice = ties[0] if ties.size == 1 else ties[int(self._draw() * ties.size)]
             return (int(candidates[choice]),)
         # Shuffle, then a stable sort by score: ties keep their random order.
         order = self._rng.permutation(n)

@@ -25,7 +25,9 @@ import numpy as np
 
 from epp.datastore import Snapshot
 from epp.datastore.table import FloatArray, IntArray
-from epp.scheduling.framework import AffineScore, CycleState
+from epp.observability import buckets
+from epp.observability.plain import PlainHistogram
+from epp.scheduling.framework import CycleState, Linear, LinearScorer
 from epp.scheduling.hashing import BlockHasher
 
 AVERAGE_BYTES_PER_TOKEN = 4
@@ -147,7 +149,7 @@ class PrefixIndex:
             self._young[slot] = set()
 
 
-class PrefixCacheScorer:
+class PrefixCacheScorer(LinearScorer):
     """`prefix-cache-scorer`: score = leading blocks the endpoint is believed to hold / blocks in the prompt.
 
     Parameters as upstream: blockSize (bytes of prompt per block, default 64 = 16 tokens × 4), maxPrefixBlocksToMatch
@@ -156,7 +158,6 @@ class PrefixCacheScorer:
     """
 
     type_name = "prefix-cache-scorer"
-    UNIT_INTERVAL = True
 
     def __init__(
         self,
@@ -173,6 +174,10 @@ class PrefixCacheScorer:
         self.index = PrefixIndex(lru_capacity)
         self._hashers: dict[int, BlockHasher] = {}
         self._key = f"prefix-cache:{name}"
+        # Per lookup: matched share of the prompt and matched bytes (upstream's prefix_indexer_hit_* histograms),
+        # plain counts read when /metrics is scraped.
+        self.hit_ratio = PlainHistogram(buckets.PREFIX_HIT_RATIO)
+        self.hit_bytes = PlainHistogram(buckets.PREFIX_HIT_BYTES)
 
     def _hasher(self, snapshot: Snapshot, candidates: IntArray) -> BlockHasher:
         block = self.block_size
@@ -195,20 +200,18 @@ class PrefixCacheScorer:
             hashes: list[int] = hasher.hash_prompt(request.prompt, request.model).tolist()
             self.index.sync(state.snapshot)
             matched = self.index.match(hashes, state.snapshot.present.size) if hashes else _NO_MATCH
-            cached = state.scratch[self._key] = (hashes, matched, self.index.reach if hashes else 0)
+            reach = self.index.reach if hashes else 0
+            cached = state.scratch[self._key] = (hashes, matched, reach)
+            if hashes:
+                self.hit_ratio.observe(reach / len(hashes))
+                self.hit_bytes.observe(reach * hasher.block_bytes)
         return cached
 
-    def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
+    def linear(self, state: CycleState, candidates: IntArray) -> Linear:
         hashes, matched, reach = self._state(state, candidates)
         if not reach:  # nobody holds even the first block (or the prompt is shorter than one block)
-            return np.zeros(candidates.size)
-        return state.take(matched, candidates) * (1.0 / len(hashes))
-
-    def affine(self, state: CycleState, candidates: IntArray) -> AffineScore | None:
-        hashes, matched, reach = self._state(state, candidates)
-        if not reach:
-            return None, 0.0, 0.0
-        return state.take(matched, candidates), 1.0 / len(hashes), 0.0
+            return Linear(None, 0.0, 0.0)
+        return Linear(state.take(matched, candidates), 1.0 / len(hashes), 0.0)
 
     def picked(self, state: CycleState, slot: int) -> None:
         hashes, matched, reach = self._state(state, state.candidates)

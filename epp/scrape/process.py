@@ -348,7 +348,6 @@ class ScrapeProcess:
     async def _run(self) -> None:
         s = self.settings
         every = min(APPLY_MAX_S, max(APPLY_MIN_S, s.interval_s / 2))
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(every)
             try:
@@ -357,7 +356,6 @@ class ScrapeProcess:
                 self.apply()
             except Exception:  # the supervisor must outlive any surprise, or nothing restarts the child again
                 log.exception("scrape supervisor pass failed")
-            self.table.mark_stale(loop.time(), s.staleness_s, s.max_failures)
 
     def _on_message(self) -> None:
         conn = self._conn

@@ -6,13 +6,14 @@ carries jitter, so hundreds of endpoints do not fire in lockstep. A failed scrap
 `backoff_max_s`. The service follows the table's membership (`EndpointTable.version`), whoever changed it.
 
 What a page turns into:
-- page parsed, all wanted lines fine: `record_scrape` (healthy);
+- page parsed, all wanted lines fine: `record_scrape`;
 - some wanted lines malformed or duplicated: the signals that parsed are recorded, and the endpoint's status
   carries the problem (partial pages keep what parsed);
 - no page (connect/timeout/HTTP error/too large), or a page with problems and no signal at all (binary garbage):
   `record_scrape_failure`; the old values stay and age.
-A sweep every interval clears `healthy` for endpoints whose data is older than `staleness_s` or that failed
-`max_failures` times in a row; scorers treat those as unknown, the saturation logic as saturated.
+Whether decisions use an endpoint's data is the datastore's `usable` rule (older than `staleness_s`, or
+`max_failures` failed scrapes in a row: scorers read it as unknown, the saturation logic as saturated), applied by
+each decision at its own `now`; a sweep every interval applies the same rule to report endpoints that turn stale.
 
 What an operator sees: one WARNING line when an endpoint turns unusable, with the reason (`refused`, `timeout`,
 `http_error`, `too_large`, `parse_error`, `internal`, `stale`) and the last error, one INFO line when it recovers
@@ -30,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from epp.datastore import Freshness, usable_slots
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.observability.ratelimit import RateLimitedLog
 from epp.scrape.engines import EngineRegistry, EngineSpec, extract
@@ -52,6 +54,11 @@ class ScrapeSettings:
     concurrency: int = 512  # scrapes in flight at once, all endpoints together
     jitter: float = 0.1  # each interval varies by ±10%
     backoff_max_s: float = 5.0
+
+    @property
+    def freshness(self) -> Freshness:
+        """The thresholds of the datastore's `usable` rule these settings carry (one set for the whole picker)."""
+        return Freshness(self.staleness_s, self.max_failures)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.timeout_s <= 0 or self.staleness_s <= 0:
@@ -206,12 +213,13 @@ class ScrapeService:
             await asyncio.sleep(min(s.interval_s, 0.05))
             self.sync()
             now = self._clock()
-            for slot in self.table.mark_stale(now, s.staleness_s, s.max_failures):
-                info = self.table.info(slot)
-                status = self._status.get(info.address) if info is not None else None
-                if status is not None and status.unusable is None:
-                    age = now - status.last_ok_at if status.last_ok_at is not None else None
-                    detail = f"no page for {age:.1f}s" if age is not None else "never scraped"
+            snap = self.table.view()
+            usable = usable_slots(snap, now, s.freshness)  # the rule decisions apply
+            for slot in snap.slots[~usable[snap.slots]].tolist():
+                status = self._status.get(snap.addresses[slot])
+                # Only endpoints that had a page: one never scraped yet is not news (its failures are, below).
+                if status is not None and status.unusable is None and status.last_ok_at is not None:
+                    detail = f"no page for {now - status.last_ok_at:.1f}s"
                     self._turn_unusable(status, "stale", detail, now)
             self._log_pending(now)
 

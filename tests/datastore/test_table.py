@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
+from epp.datastore import EndpointInfo, EndpointTable, Freshness, MetricsSample, usable, usable_slots
 
 
 def _info(n: int) -> EndpointInfo:
@@ -75,16 +75,25 @@ def test_replace_all_reconciles_additions_and_removals() -> None:
     assert list(table.snapshot().slots) == sorted(table.slot_of(a) for a in table.addresses())  # type: ignore[type-var]
 
 
-def test_stale_marks_never_scraped_old_and_failing_rows() -> None:
+def test_usable_excludes_never_scraped_old_and_failing_rows() -> None:
     table = EndpointTable()
-    fresh, old, never, failing = (table.upsert(_info(i)) for i in range(4))
+    fresh, old, _never, failing, bound = (table.upsert(_info(i)) for i in range(5))
     table.record_scrape(fresh, MetricsSample(), now=100.0)
     table.record_scrape(old, MetricsSample(), now=99.0)
     table.record_scrape(failing, MetricsSample(), now=100.0)
+    table.record_scrape(bound, MetricsSample(), now=99.75)  # exactly at the threshold: still fresh
     for _ in range(3):
         table.record_scrape_failure(failing)
-    stale = table.snapshot().stale(now=100.1, threshold_s=0.2, max_failures=3)
-    assert list(np.flatnonzero(stale)) == [old, never, failing]
+    table.record_scrape_failure(fresh)  # fewer failures than the limit: still usable
+    freshness = Freshness(staleness_s=0.25, max_failures=3)
+    assert list(np.flatnonzero(usable_slots(table.snapshot(), 100.0, freshness))) == [fresh, bound]
+
+
+def test_usable_on_extremes_answers_for_the_whole_set() -> None:
+    """The rule is monotone: the oldest scrape and the longest failure streak decide for every endpoint at once."""
+    freshness = Freshness(staleness_s=2.0, max_failures=3)
+    assert usable(98.0, 2, 100.0, freshness) and not usable(97.9, 0, 100.0, freshness)
+    assert not usable(100.0, 3, 100.0, freshness) and not usable(math.nan, 0, 100.0, freshness)
 
 
 def test_inflight_bookings_are_released_and_never_negative() -> None:

@@ -6,20 +6,20 @@ import numpy as np
 import pytest
 
 from epp.config.federation import parse_federation
-from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
+from epp.datastore import EndpointInfo, EndpointTable, Freshness, MetricsSample
 from epp.federation.policy import SaturationConfig, locally_saturated
 from epp.federation.policy.residency import Residency, allowance_for
 
 NOW = 100.0
-CFG = SaturationConfig(queue_depth_threshold=5, kv_cache_util_threshold=0.8, metrics_staleness_threshold_s=2.0)
+CFG = SaturationConfig(queue_depth_threshold=5, kv_cache_util_threshold=0.8, freshness=Freshness(2.0, max_failures=3))
 
 
-def _one(sample: MetricsSample | None, scraped_at: float = NOW, picks: int = 0, failed: bool = False) -> bool:
+def _one(sample: MetricsSample | None, scraped_at: float = NOW, picks: int = 0, failed: int = 0) -> bool:
     table = EndpointTable()
     slot = table.upsert(EndpointInfo(address="127.10.0.1:8000"))
     if sample is not None:
         table.record_scrape(slot, sample, scraped_at)
-    if failed:
+    for _ in range(failed):
         table.record_scrape_failure(slot)
     for _ in range(picks):
         table.book_pick(slot)
@@ -36,7 +36,8 @@ CASES = [
     (MetricsSample(waiting=math.nan, kv_usage=math.nan), {}, False, "engine-without-those-metrics"),
     (MetricsSample(waiting=0), {"scraped_at": NOW - 2.0}, False, "age-at-staleness-bound"),
     (MetricsSample(waiting=0), {"scraped_at": NOW - 2.5}, True, "stale-metrics"),
-    (MetricsSample(waiting=0), {"failed": True}, True, "last-scrape-failed"),
+    (MetricsSample(waiting=0), {"failed": 3}, True, "failing-max-failures-in-a-row"),
+    (MetricsSample(waiting=0), {"failed": 2}, False, "fewer-failures-still-usable"),
     (None, {}, True, "never-scraped"),
 ]
 

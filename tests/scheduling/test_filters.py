@@ -1,9 +1,11 @@
 import pytest
 
 from epp.config.model import SaturationThresholds
+from epp.datastore import Freshness
 from epp.scheduling.filters import LabelFilter, decode_filter, match_labels, prefill_filter
+from epp.scheduling.framework import CycleState
 from epp.scheduling.saturation import SaturationFilter
-from tests.scheduling.tables import NAN, NOW, state, table_with
+from tests.scheduling.tables import NAN, NOW, request, state, table_with
 
 FRESH = dict(waiting=0, kv_usage=0.1)
 
@@ -24,8 +26,22 @@ def test_saturation_filter_table(rows, kept) -> None:
 
 def test_saturation_filter_drops_metrics_older_than_staleness() -> None:
     snap = table_with([FRESH, FRESH]).snapshot()
-    snap.scraped_at[1] = NOW - 0.5
+    snap.scraped_at[1] = NOW - 2.5  # the pool's threshold: 2 s by default
     assert SaturationFilter().filter(state(snap), snap.slots).tolist() == [0]
+    snap.scraped_at[1] = NOW - 0.5
+    short = CycleState(snap, snap.slots, request(), NOW, Freshness(staleness_s=0.2))
+    assert SaturationFilter().filter(short, snap.slots).tolist() == [0]
+
+
+def test_saturation_filter_drops_endpoints_failing_max_failures_times() -> None:
+    table = table_with([FRESH, FRESH])
+    for _ in range(2):
+        table.record_scrape_failure(1)
+    snap = table.snapshot()
+    assert SaturationFilter().filter(state(snap), snap.slots).tolist() == [0, 1]
+    assert SaturationFilter().filter(
+        CycleState(snap, snap.slots, request(), NOW, Freshness(max_failures=2)), snap.slots
+    ).tolist() == [0]
 
 
 def test_saturation_filter_counts_own_picks_and_headroom() -> None:
@@ -45,7 +61,7 @@ LABELS = [{"llm-d.ai/role": "decode"}, {"llm-d.ai/role": "prefill"}, {"llm-d.ai/
     ("make", "kept"),
     [
         pytest.param(decode_filter, [0, 2, 3], id="decode-or-both-or-unlabelled"),
-        pytest.param(prefill_filter, [1], id="prefill-only"),
+        pytest.param(prefill_filter, [1, 2], id="prefill-or-both"),
         pytest.param(lambda n: LabelFilter("label-filter", n, match_labels({"zone": "a"})), [3], id="match-labels"),
         pytest.param(lambda n: LabelFilter("label-filter", n, match_labels({"zone": "b"})), [], id="none-match"),
     ],

@@ -63,36 +63,46 @@ wide_row = st.fixed_dictionaries({"waiting": big, "running": big, "kv_usage": us
 
 
 @settings(max_examples=80, deadline=None)
-@given(rows=st.lists(wide_row, min_size=1, max_size=40), picks=st.lists(st.integers(0, 39), max_size=30))
-def test_affine_forms_equal_the_scores_they_stand_for(rows, picks) -> None:
+@given(
+    rows=st.lists(wide_row, min_size=1, max_size=40),
+    picks=st.lists(st.integers(0, 39), max_size=30),
+    failing=st.lists(st.integers(0, 39), max_size=10),
+)
+def test_the_runner_total_is_the_weighted_sum_of_the_linear_scores(rows, picks, failing) -> None:
+    """Each linear scorer computes its score once, as a `Linear`; the runner's multiply-adds of those forms give
+    the same total as weighting and adding the scores they stand for, with NaN, subnormal ranges, unusable data."""
     from epp.scheduling.prefix import PrefixCacheScorer
+    from epp.scheduling.profile import ProfileScheduler, SchedulingProfile, WeightedScorer
     from epp.scheduling.scorers import InflightLoadScorer, KvCacheUtilizationScorer, QueueScorer, RunningRequestsScorer
+
+    class Capture:
+        type_name = name = "capture"
+        total = None
+
+        def pick(self, state, candidates, scores):
+            Capture.total = scores.copy()
+            return (int(candidates[0]),)
 
     table = table_with(rows)
     for slot in picks:
         if slot < len(rows):
             table.book_pick(slot)
+    for slot in failing:
+        if slot < len(rows):
+            for _ in range(3):
+                table.record_scrape_failure(slot)
     snap = table.view()
-    for candidates in (snap.slots, snap.slots[::2]):
-        state = CycleState(snap, snap.slots, request("the same prompt " * 8), NOW)
-        prefix = PrefixCacheScorer(block_size=8)
-        prefix.index.add(
-            int(candidates[0]), snap.addresses[int(candidates[0])], prefix._state(state, candidates)[0], 0, 100
-        )
-        state = CycleState(snap, snap.slots, request("the same prompt " * 8), NOW)
-        for scorer in (
-            QueueScorer(),
-            KvCacheUtilizationScorer(),
-            InflightLoadScorer(),
-            RunningRequestsScorer(),
-            prefix,
-        ):
-            term = scorer.affine(state, candidates)
-            if term is None:
-                continue
-            values, scale, offset = term
-            affine = np.full(candidates.size, offset) if values is None else values * scale + offset
-            np.testing.assert_allclose(affine, scorer.score(state, candidates), rtol=0, atol=1e-9)
+    prompt = request("the same prompt " * 8)
+    prefix = PrefixCacheScorer(block_size=8)
+    warm = CycleState(snap, snap.slots, prompt, NOW)
+    prefix.index.add(0, snap.addresses[0], prefix._state(warm, snap.slots)[0], 0, 100)
+    scorers = (QueueScorer(), KvCacheUtilizationScorer(), InflightLoadScorer(), RunningRequestsScorer(), prefix)
+    weights = (2.0, 3.0, 0.5, 1.0, 1.5)
+    weighted = tuple(WeightedScorer(s, w) for s, w in zip(scorers, weights, strict=True))
+    ProfileScheduler(SchedulingProfile("p", (), weighted, Capture())).pick(snap, snap.slots, prompt, NOW)
+    state = CycleState(snap, snap.slots, prompt, NOW)
+    expected = sum(w * s.score(state, snap.slots) for s, w in zip(scorers, weights, strict=True))
+    np.testing.assert_allclose(Capture.total, np.fmax(expected, 0.0), rtol=0, atol=1e-9)
 
 
 def test_the_runner_adds_affine_and_general_scorers_with_their_weights() -> None:

@@ -64,3 +64,28 @@ def test_the_filter_keeps_the_same_endpoints_on_small_and_large_pools(rows, stal
 
     small, large = kept(1), kept(33 // len(rows) + 1)  # ≤ 16 candidates, then more than 32 of the same rows
     assert [s for s in large if s < len(rows)] == small
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=st.lists(filter_row, min_size=1, max_size=40), picks=st.lists(st.integers(0, 39), max_size=40))
+def test_the_filter_keeps_exactly_the_usable_endpoints_under_the_limits(rows, picks) -> None:
+    """The filter's one rule, endpoint by endpoint: usable data, effective queue and KV usage under the limits
+    (unknown is not over); everyone when that would leave no one. The extremes-based shortcut agrees."""
+    from epp.datastore import Freshness, usable
+    from epp.scheduling.framework import CycleState
+    from epp.scheduling.saturation import SaturationFilter
+
+    table = table_with(rows)
+    for slot in picks:
+        if slot < len(rows):
+            table.book_pick(slot)
+    snap = table.snapshot()
+    freshness = Freshness()
+    expected = [
+        slot
+        for slot in range(len(rows))
+        if usable(float(snap.scraped_at[slot]), int(snap.scrape_failures[slot]), NOW, freshness)
+        and not (snap.waiting[slot] + snap.picks_since_scrape[slot] >= 5 or snap.kv_usage[slot] >= 0.8)
+    ]
+    state = CycleState(snap, snap.slots, request(), NOW, freshness)
+    assert SaturationFilter().filter(state, snap.slots).tolist() == (expected or list(range(len(rows))))

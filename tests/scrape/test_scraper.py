@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from epp.datastore import usable_slots
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.scrape.scraper import ScrapeService, ScrapeSettings
 from tests.scrape.fake_server import FakeMetricsServer
@@ -66,7 +68,7 @@ def row(table: EndpointTable, address: str) -> dict[str, object]:
         "waiting": snap.waiting[slot],
         "running": snap.running[slot],
         "kv": snap.kv_usage[slot],
-        "healthy": bool(snap.healthy[slot]),
+        "healthy": bool(usable_slots(snap, time.monotonic(), FAST.freshness)[slot]),  # decisions use its data
         "failures": int(snap.scrape_failures[slot]),
         "adapters": snap.running_adapters[slot],
     }
@@ -118,8 +120,8 @@ async def test_dead_endpoint_goes_stale_and_comes_back_healthy(servers, service_
     await wait_for(lambda: not row(table, server.address)["healthy"])
     snap = table.snapshot()
     now = asyncio.get_running_loop().time()
-    # unhealthy because failing or old: either way the snapshot reads it as stale
-    assert snap.stale(now, FAST.staleness_s, FAST.max_failures)[table.slot_of(server.address)]
+    # not usable because failing or old: either way decisions read its data as unknown
+    assert not usable_slots(snap, now, FAST.freshness)[table.slot_of(server.address)]
     assert svc.status()[server.address].last_error
 
     await server.start()  # same port

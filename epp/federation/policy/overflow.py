@@ -1,9 +1,9 @@
 """Overflow: when local endpoints count as saturated, and which remote site takes the overflow.
 
 Local endpoints always come first — they are the cheapest hop and the one the gateway's own fallback reaches. They
-count as saturated when none has capacity (upstream's saturation detector rule): every candidate either has stale
-metrics, a queue at the threshold (counting the picker's own picks the last scrape cannot show yet), or a KV cache
-at the threshold. Then eligible remote sites compete.
+count as saturated when none has capacity: every candidate either has data that is not usable (the datastore's
+`usable` rule: stale, never scraped or failing), a queue at the threshold (counting the picker's own picks the last
+scrape cannot show yet), or a KV cache at the threshold. Then eligible remote sites compete.
 
 A site is eligible when it has a gateway address, its tier is allowed, it reports at least one ready inference
 service, and the heartbeat rule says Connected (Stale only as a last resort when the config allows it and no
@@ -16,10 +16,10 @@ overflow spreads instead of herding onto one site.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.config.federation import OverflowWeights
-from epp.datastore import Snapshot
+from epp.datastore import Freshness, Snapshot, usable_slots
 from epp.datastore.sites import Site
 from epp.datastore.table import IntArray
 from epp.federation.phase import Deadlines, Phase, PhaseRule
@@ -33,20 +33,19 @@ class SaturationConfig:
 
     queue_depth_threshold: float = 5.0
     kv_cache_util_threshold: float = 0.8
-    metrics_staleness_threshold_s: float = 2.0
+    freshness: Freshness = field(default_factory=Freshness)  # the pool's rule for usable data
 
 
 def locally_saturated(snapshot: Snapshot, candidates: IntArray, now: float, config: SaturationConfig) -> bool:
     """True when no candidate has capacity (an empty candidate set is saturated too)."""
     if candidates.size == 0:
         return True
-    # NaN compares False both ways: `~(x >= threshold)` reads an unknown signal as "not over the threshold" (an
-    # engine without KV metrics is not full), while `age <= staleness` reads a never-scraped row as not fresh.
-    # Whole columns (short, contiguous) and one gather at the end: cheaper than gathering every column.
+    # NaN compares False: `~(x >= threshold)` reads an unknown signal as "not over the threshold" (an engine
+    # without KV metrics is not full). Whole columns (short, contiguous) and one gather at the end: cheaper than
+    # gathering every column.
     has_capacity = (
-        (now - snapshot.scraped_at <= config.metrics_staleness_threshold_s)
-        & snapshot.scrape_ok
-        & ~(snapshot.waiting + snapshot.picks_since_scrape >= config.queue_depth_threshold)
+        usable_slots(snapshot, now, config.freshness)
+        & ~(snapshot.effective_queue() >= config.queue_depth_threshold)
         & ~(snapshot.kv_usage >= config.kv_cache_util_threshold)
     )
     return not bool(has_capacity[candidates].any())
