@@ -11,7 +11,7 @@ IMAGE ?= ghcr.io/llmkube/epp:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' epp
 BASE ?= python:3.11-slim-bookworm
 CONTAINER ?= $(shell command -v podman || command -v docker)
 
-.PHONY: image all install test lint types imports unit demo bench clean lock
+.PHONY: image all install test lint types imports unit fuzz demo bench clean lock
 
 all: test
 
@@ -41,6 +41,11 @@ unit: $(STAMP)
 # Everything: static checks, then every test tier, with the 15 slowest steps listed.
 test: lint types imports
 	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
+
+# A long run of the stateful ext_proc fuzz test: 100,000 sequences (`make test` runs 2,000 of them).
+fuzz: $(STAMP)
+	EPP_HYPOTHESIS_PROFILE=epp-fuzz $(BIN)/python -m pytest tests/extproc/test_stream_fuzz.py -q --timeout 0 \
+		--hypothesis-show-statistics $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/epp demo
