@@ -161,6 +161,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         saturation=scheduler.saturation,
         federation=federation.router if federation is not None else None,
         honour_subset=not getattr(args, "disable_endpoint_subset_filter", False),
+        test_selection=bool(getattr(args, "enable_test_endpoint_selection", False)),
     )
     decider: Any = director
     if tracer is not None:

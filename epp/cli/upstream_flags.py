@@ -211,6 +211,11 @@ def resolve_upstream_flags(args: argparse.Namespace) -> list[str]:
         warnings.append("--health-checking=false: accepted and ignored (the gRPC health service is always on)")
     if args.enable_grpc_stream_metrics is False:
         warnings.append("--enable-grpc-stream-metrics=false: accepted and ignored (stream metrics are always on)")
+    if args.enable_test_endpoint_selection:
+        warnings.append(
+            "--enable-test-endpoint-selection: clients choose their endpoint with test-epp-endpoint-selection "
+            "(conformance tests only; never in production)"
+        )
     if args.metrics_endpoint_auth:
         warnings.append(
             "--metrics-endpoint-auth: not enforced yet; /metrics is served without a token "

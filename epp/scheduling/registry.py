@@ -14,7 +14,7 @@ import numpy as np
 
 from epp.config.model import SaturationThresholds
 from epp.datastore import Freshness
-from epp.scheduling import affinity, filters, pickers, prefix, saturation, scorers
+from epp.scheduling import affinity, filters, pickers, prefix, saturation, scorers, test_selection
 from epp.scheduling.params import Params
 
 
@@ -161,6 +161,11 @@ def _by_label(name: str, params: Params, ctx: BuildContext) -> object:
     return filters.LabelFilter("by-label", name, filters.label_in(label, valid, allow_missing))
 
 
+def _header_testing_filter(name: str, params: Params, ctx: BuildContext) -> object:
+    params.finish()
+    return test_selection.HeaderBasedTestingFilter(name)
+
+
 @dataclass(frozen=True, slots=True)
 class FileDiscoveryPlugin:
     """Upstream's `file-discovery`: endpoints from a YAML/JSON file instead of a cluster (`dataLayer.discovery`).
@@ -245,6 +250,12 @@ def register_builtins(registry: Registry) -> Registry:
     r("decode-filter", Kind.FILTER, _role_filter(filters.decode_filter), "roles that decode; unlabelled kept")
     r("prefill-filter", Kind.FILTER, _role_filter(filters.prefill_filter), "roles that prefill")
     r("encode-filter", Kind.FILTER, _role_filter(filters.encode_filter), "roles that encode")
+    r(
+        "header-based-testing-filter",
+        Kind.FILTER,
+        _header_testing_filter,
+        "conformance tests only: keeps the endpoints named by test-epp-endpoint-selection",
+    )
     r("max-score-picker", Kind.PICKER, _picker(pickers.MaxScorePicker), "highest score, random tie-break")
     r("random-picker", Kind.PICKER, _picker(pickers.RandomPicker), "uniform")
     r("weighted-random-picker", Kind.PICKER, _picker(pickers.WeightedRandomPicker), "proportional to score")

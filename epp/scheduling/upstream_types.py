@@ -71,7 +71,13 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     UpstreamType(
         "utilization-filter", "filter", True, _R, "not implemented; utilization-detector filters saturated endpoints"
     ),
-    UpstreamType("header-based-testing-filter", "filter", False, _R, "not implemented yet (conformance test filter)"),
+    UpstreamType(
+        "header-based-testing-filter",
+        "filter",
+        False,
+        _S,
+        "conformance tests only: keeps the endpoints test-epp-endpoint-selection names",
+    ),
     # scorers
     UpstreamType("queue-scorer", "scorer", False, _S, ""),
     UpstreamType("kv-cache-utilization-scorer", "scorer", False, _S, ""),

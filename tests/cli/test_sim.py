@@ -108,8 +108,11 @@ def test_sim_publishes_kv_events_on_its_kv_events_ports() -> None:
         assert [line[-1] for line in lines] == [f"kv-events=127.0.0.1:{kv}", f"kv-events=127.0.0.1:{kv + 1}"]
         address = lines[1][1]
         feeder.update([KvSource(line[1], "127.0.0.1", port=int(line[-1].rsplit(":", 1)[1])) for line in lines])
-        for _ in range(15):
-            feeder.poll(20)  # the subscriptions reach the publishers
+        while (stats := feeder.stats().get(address)) is None or stats.batches == 0:  # until subscribed
+            reset = urllib.request.Request(f"http://{address}/reset_prefix_cache", data=b"", method="POST")
+            with urllib.request.urlopen(reset, timeout=10):
+                pass
+            feeder.poll(50)
         prompt = "the same long system prompt, " * 40
         body = json.dumps({"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": prompt, "max_tokens": 2}).encode()
         request = urllib.request.Request(
