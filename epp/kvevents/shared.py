@@ -146,18 +146,21 @@ class SharedBlockTable:
         k = keys.astype(np.uint64, copy=True)
         k[k < 2] += np.uint64(2)
         slot = _fmix(k) & self._mask_c
-        masks = np.zeros((n, self.words), dtype=np.uint64)
-        todo = np.arange(n)
-        for _ in range(MAX_PROBE):
-            seen = self._keys[slot[todo]]
-            hit = seen == k[todo]
-            if hit.any():
-                masks[todo[hit]] = self._masks[slot[todo[hit]]]
-            going = ~hit & (seen != 0)  # occupied by another key: probe on; empty: not in the table
-            todo = todo[going]
+        # the first probe for every key at once; only keys whose slot holds another key probe on
+        seen = self._keys[slot]
+        hit = seen == k
+        masks = self._masks[slot]
+        masks[~hit] = 0
+        todo = np.flatnonzero(~hit & (seen != 0))
+        for _ in range(MAX_PROBE - 1):
             if not len(todo):
                 break
             slot[todo] = (slot[todo] + np.uint64(1)) & self._mask_c
+            seen = self._keys[slot[todo]]
+            found = seen == k[todo]
+            if found.any():
+                masks[todo[found]] = self._masks[slot[todo[found]]]
+            todo = todo[~found & (seen != 0)]
         held = np.bitwise_and.accumulate(masks, axis=0)
         # each bit stays set for a leading run of rows: its count is the row where it drops (n if never). The
         # column changes value at most once per endpoint, so walking its change points is cheap.
