@@ -7,7 +7,7 @@ ENVOY := $(VENV)/tools/envoy/_bin/envoy
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all install test lint types imports unit demo bench clean lock
+.PHONY: all install test lint types imports unit fuzz demo bench clean lock
 
 all: test
 
@@ -37,6 +37,11 @@ unit: $(STAMP)
 # Everything: static checks, then every test tier, with the 15 slowest steps listed.
 test: lint types imports
 	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
+
+# A long run of the stateful ext_proc fuzz test: 100,000 sequences (`make test` runs 2,000 of them).
+fuzz: $(STAMP)
+	EPP_HYPOTHESIS_PROFILE=epp-fuzz $(BIN)/python -m pytest tests/extproc/test_stream_fuzz.py -q --timeout 0 \
+		--hypothesis-show-statistics $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/epp demo

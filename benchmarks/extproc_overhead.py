@@ -127,7 +127,7 @@ def run(
                     [
                         static_cluster("backend", backend),
                         pool_cluster(),
-                        static_cluster("noop", noop_port, http2=True),
+                        static_cluster("noop", noop_port, http2=True, tls=True),
                         static_cluster("epp", epp_port, http2=True, tls=True),  # the picker's default: TLS
                     ],
                     free_port(),

@@ -19,6 +19,8 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from epp.app.tls import self_signed_pair
+
 FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 
 
@@ -69,7 +71,8 @@ class Noop(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 async def main(port: int) -> None:
     server = grpc.aio.server()
     pb_grpc.add_ExternalProcessorServicer_to_server(Noop(), server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    # TLS like `epp serve` by default, so (b) and (c) of extproc_overhead pay the same transport.
+    server.add_secure_port(f"127.0.0.1:{port}", grpc.ssl_server_credentials([self_signed_pair()]))
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

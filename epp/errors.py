@@ -26,10 +26,13 @@ class ErrorCode(enum.Enum):
 class EppError(Exception):
     """A request the picker refuses, with the reason the client will read."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, dropped_reason: str | None = None) -> None:
+        """`dropped_reason`: upstream's `x-llm-d-request-dropped-reason` value (e.g. `rejected-saturated`), for the
+        refusals upstream gives one for."""
         super().__init__(message)
         self.code = code
         self.message = message
+        self.dropped_reason = dropped_reason
 
     @property
     def body(self) -> str:

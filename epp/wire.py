@@ -14,3 +14,19 @@ TIER_HEADER = "x-epp-allowed-tiers"  # a client may narrow its request's tiers (
 # Set by a picker on a request it sends to a remote site (value: its tier). A picker never sends such a request to
 # another site again: one hop at most, so two saturated sites cannot bounce a request between them.
 HOP_HEADER = "x-epp-federated-from"
+
+# Request control headers: upstream's current names first, the older names as aliases (read when the current one is
+# absent), as upstream reads them (llm-d-router pkg/epp/metadata).
+OBJECTIVE_HEADERS = ("x-llm-d-inference-objective", "x-gateway-inference-objective")
+FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
+MODEL_REWRITE_HEADERS = ("x-llm-d-model-name-rewrite", "x-gateway-model-name-rewrite")
+SLO_TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
+SLO_TPOT_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
+
+# On a refusal, why the request was dropped (upstream's header and values, pkg/common/error).
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
+REJECTED_SATURATED = "rejected-saturated"
+REJECTED_NO_ENDPOINTS = "rejected-no-endpoints"
+
+# Conformance: the endpoints a test asks for (IPs or ip:port, comma separated); honoured only when enabled.
+TEST_ENDPOINT_SELECTION_HEADER = "test-epp-endpoint-selection"

@@ -14,14 +14,23 @@ tier stays in-process as tests are added.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Hypothesis profiles, chosen by EPP_HYPOTHESIS_PROFILE: `epp-ci` (the default, what `make test` runs) and
+# `epp-fuzz` (`make fuzz`: long runs of the stateful fuzz tests, which scale their example counts from it).
+# No deadline in either: these machines are shared, and a slow example is not a failure.
+settings.register_profile("epp-ci", deadline=None)
+settings.register_profile("epp-fuzz", deadline=None, max_examples=100_000)
+settings.load_profile(os.environ.get("EPP_HYPOTHESIS_PROFILE", "epp-ci"))
 DATA = ROOT / "tests" / "data"
 E2E = ROOT / "tests" / "e2e"
 

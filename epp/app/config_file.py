@@ -1,24 +1,38 @@
 """`--config-file`: read an EndpointPickerConfig and prove it builds, before any port is opened.
 
 Reading and decoding are `epp.config`; building is `epp.scheduling.build`. Both verdicts come from here, so
-`epp serve` and the benchmarks refuse exactly what `epp check-config` refuses, in the same words.
+`epp serve` and the benchmarks refuse exactly what `epp check-config` refuses, in the same words. Upstream's
+deprecation warnings (the older apiVersion, top-level parser and saturationDetector, deprecated plugin types, a
+flowControl section with its gate off) are logged here once, at WARNING.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from epp.config.files import read_config, read_config_text
 from epp.config.model import EndpointPickerConfig
 from epp.scheduling import build_scheduler
+from epp.scheduling.build import deprecations
 from epp.scheduling.registry import Registry
+
+log = logging.getLogger("epp.config")
 
 
 def load_config(
-    path: str | Path | None, registry: Registry | None = None, *, text: str | None = None
+    path: str | Path | None,
+    registry: Registry | None = None,
+    *,
+    text: str | None = None,
+    allow_experimental: bool = False,
+    warn: bool = True,
 ) -> EndpointPickerConfig:
     """Read (or, with `text`, decode upstream's `--config-text`), validate and test-build a config; raises
-    ConfigError naming the source, plugin and why."""
+    ConfigError naming the source, plugin and why. Deprecations are logged at WARNING unless `warn` is false."""
     config = read_config_text(text) if text is not None else read_config(path or "")
-    build_scheduler(config, seed=0, registry=registry)
+    build_scheduler(config, seed=0, registry=registry, allow_experimental=allow_experimental)
+    if warn:
+        for warning in deprecations(config, registry):
+            log.warning("%s: DEPRECATION/IGNORED: %s", config.source, warning)
     return config

@@ -1,16 +1,25 @@
-"""The metrics port: Prometheus `/metrics`, the operator's `/debug/pool`, and plain `/healthz` and `/readyz`."""
+"""The metrics port: Prometheus `/metrics`, the operator's `/debug/pool`, and plain `/healthz` and `/readyz`.
+
+`/metrics` is rendered in a worker thread: the collectors whose numbers live on the serving loop are frozen there
+first (a copy of bounded size), then the text is built off the loop, so a large scrape never delays a decision.
+With `--metrics-endpoint-auth`, `/metrics` and `/debug/pool` need an authorized bearer token (metrics_auth.py);
+`/healthz` and `/readyz` stay open (probes).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from epp.app.metrics_auth import MetricsAuth
 from epp.datastore import EndpointTable, Freshness, usable_slots
 from epp.datastore.pool import PoolSpec
+from epp.observability.metrics import FreezableCollector
 from epp.observability.stacks import dump_stacks
 
 
@@ -85,14 +94,35 @@ def build_http_app(
     registry: CollectorRegistry,
     report: Callable[[], dict[str, Any]],
     ready: Callable[[], bool],
+    loop_collectors: Sequence[FreezableCollector] = (),
+    auth: MetricsAuth | None = None,
     stacks: bool = False,
 ) -> web.Application:
-    """The metrics port's routes; `stacks` adds `/debug/stacks` (every thread and asyncio task, `--enable-pprof`)."""
+    """The metrics port's routes. `loop_collectors`: those of `registry` whose numbers the serving loop writes
+    (frozen before rendering); `auth`: --metrics-endpoint-auth; `stacks` adds `/debug/stacks` (every thread and
+    asyncio task, `--enable-pprof`)."""
 
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def denied(request: web.Request) -> web.Response | None:
+        if auth is None:
+            return None
+        refusal = await auth.check(request.headers.get("Authorization", ""))
+        if refusal is None:
+            return None
+        status, reason = refusal
+        headers = {"WWW-Authenticate": 'Bearer realm="epp-metrics"'} if status == 401 else None
+        return web.Response(status=status, text=reason + "\n", headers=headers)
 
-    async def debug_pool(_: web.Request) -> web.Response:
+    async def metrics(request: web.Request) -> web.Response:
+        if (refused := await denied(request)) is not None:
+            return refused
+        for collector in loop_collectors:
+            collector.freeze()
+        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def debug_pool(request: web.Request) -> web.Response:
+        if (refused := await denied(request)) is not None:
+            return refused
         return web.json_response(report(), dumps=_dumps)
 
     async def healthz(_: web.Request) -> web.Response:
@@ -101,7 +131,9 @@ def build_http_app(
     async def readyz(_: web.Request) -> web.Response:
         return web.Response(text="ready\n") if ready() else web.Response(status=503, text="not ready\n")
 
-    async def debug_stacks(_: web.Request) -> web.Response:
+    async def debug_stacks(request: web.Request) -> web.Response:
+        if (refused := await denied(request)) is not None:
+            return refused
         return web.Response(text=dump_stacks())
 
     app = web.Application()

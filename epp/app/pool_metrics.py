@@ -1,38 +1,170 @@
-"""Upstream's pool gauges, computed from the endpoint table when Prometheus scrapes, not on every request."""
+"""Upstream's pool gauges and the data layer's counters, computed from the endpoint table at scrape time.
+
+`freeze()` runs on the serving loop (a few vector operations over the table); the families are built from that copy,
+so `/metrics` can render in a worker thread while the loop keeps deciding.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client.core import Metric
 
 from epp.datastore import EndpointTable
+from epp.observability import buckets as b
+from epp.observability.families import counter_family, gauge_family, histogram_family
+from epp.observability.metrics import FreezableCollector
+from epp.observability.plain import PlainHistogram
+
+SOURCE_TYPE = "metrics-data-source"  # upstream's data source type name for the /metrics poller
 
 
-class PoolCollector(Collector):
-    """Upstream's pool gauges, computed from the endpoint table at scrape time."""
+def _stats(values: np.ndarray[Any, Any]) -> tuple[float, float]:
+    known = values[~np.isnan(values)]
+    if not known.size:
+        return math.nan, math.nan
+    return float(known.mean()), float(known.std())
 
-    def __init__(self, table: EndpointTable, pool_name: Callable[[], str]) -> None:
+
+class PoolCollector(FreezableCollector):
+    """Averages, standard deviations and ready endpoints (upstream's and the deprecated names), per-endpoint queue
+    sizes and in-flight picks, and data-layer poll errors by reason."""
+
+    def __init__(
+        self,
+        table: EndpointTable,
+        pool_name: Callable[[], str],
+        poll_errors: Callable[[], dict[str, int]] | None = None,
+    ) -> None:
+        """`poll_errors`: failed scrapes so far by reason (refused, timeout, http-status, ...), monotonic."""
         self._table = table
         self._pool_name = pool_name
+        self._poll_errors = poll_errors or dict
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        name = self._pool_name()
+    def snapshot(self) -> dict[str, Any]:
         snap = self._table.snapshot()
         present = snap.present
-        ready = GaugeMetricFamily("inference_pool_ready_pods", "Endpoints in the pool.", labels=["name"])
-        ready.add_metric([name], float(np.count_nonzero(present)))
-        yield ready
-        for metric, column, help_text in (
-            ("inference_pool_average_kv_cache_utilization", snap.kv_usage, "Mean KV-cache usage (0..1)."),
-            ("inference_pool_average_queue_size", snap.waiting, "Mean waiting requests per endpoint."),
-            ("inference_pool_average_running_requests", snap.running, "Mean running requests per endpoint."),
+        per_endpoint = []
+        for slot in snap.slots:
+            info = snap.infos[slot]
+            if info is None:
+                continue
+            waiting = float(snap.waiting[slot])
+            per_endpoint.append((info.address, info.pod_name or info.address, waiting, int(snap.inflight[slot])))
+        return {
+            "name": self._pool_name(),
+            "ready": float(np.count_nonzero(present)),
+            "kv": _stats(snap.kv_usage[present]),
+            "queue": _stats(snap.waiting[present]),
+            "running": _stats(snap.running[present]),
+            "endpoints": sorted(per_endpoint),
+            "poll_errors": dict(self._poll_errors()),
+        }
+
+    def families(self, data: Any) -> Iterator[Metric]:
+        name = data["name"]
+        one = ("name",)
+        yield gauge_family(
+            "llm_d_epp_ready_endpoints", "The number of ready endpoints in the inference server pool.", one,
+            [((name,), data["ready"])],
+        )  # fmt: skip
+        yield gauge_family(
+            "inference_pool_ready_pods", "[Deprecated: use llm_d_epp_ready_endpoints] Endpoints in the pool.", one,
+            [((name,), data["ready"])],
+        )  # fmt: skip
+        for key, metric, what in (
+            ("kv", "kv_cache_utilization", "kv cache utilization (0..1)"),
+            ("queue", "queue_size", "number of requests pending in the model server queue"),
+            ("running", "running_requests", "number of running requests across model servers"),
         ):
-            values = column[present]
-            known = values[~np.isnan(values)]
-            family = GaugeMetricFamily(metric, help_text, labels=["name"])
-            family.add_metric([name], float(known.mean()) if known.size else math.nan)
-            yield family
+            mean, std = data[key]
+            yield gauge_family(f"llm_d_epp_average_{metric}", f"The average {what}.", one, [((name,), mean)])
+            yield gauge_family(
+                f"llm_d_epp_std_dev_{metric}", f"The standard deviation of the {what}.", one, [((name,), std)]
+            )
+            yield gauge_family(
+                f"inference_pool_average_{metric}", f"[Deprecated: use llm_d_epp_average_{metric}] The average {what}.",
+                one, [((name,), mean)],
+            )  # fmt: skip
+        yield gauge_family(
+            "llm_d_epp_per_endpoint_queue_size",
+            "The total number of requests pending in the model server queue for each underlying endpoint.",
+            ("name", "model_server_endpoint"),
+            [((name, address), waiting) for address, _, waiting, _ in data["endpoints"]],
+        )
+        yield gauge_family(
+            "llm_d_epp_inflight_requests",
+            "Current number of in-flight requests per endpoint, as booked by the picker's own picks.",
+            ("endpoint_name", "namespace", "producer_name", "fairness_id", "priority"),
+            [((pod, "", "inflight-load-producer", "", ""), float(n)) for _, pod, _, n in data["endpoints"]],
+        )
+        errors = sorted(((SOURCE_TYPE, reason), float(n)) for reason, n in data["poll_errors"].items())
+        yield counter_family(
+            "llm_d_epp_datalayer_poll_errors",
+            "Data-source poll errors per source type, by reason.",
+            ("source_type", "reason"),
+            errors,
+        )
+        yield counter_family(
+            "llm_d_inference_scheduler_datalayer_poll_errors",
+            "[Deprecated: use llm_d_epp_datalayer_poll_errors_total] Data-source poll errors per source type.",
+            ("source_type",),
+            [((SOURCE_TYPE,), sum(n for _, n in errors))] if errors else [],
+        )
+        yield counter_family(
+            "llm_d_epp_datalayer_extract_errors",
+            "Extract errors per source/extractor type (a page that parsed but carried none of the engine's metrics).",
+            ("source_type", "extractor_type"),
+            [((SOURCE_TYPE, "core-metrics-extractor"), float(data["poll_errors"].get("parse", 0)))],
+        )
+
+
+class PrefixCollector(FreezableCollector):
+    """Prefix-index size and hit ratio of each `prefix-cache-scorer` (upstream: the approximate prefix producer)."""
+
+    def __init__(self, plugins: list[Any]) -> None:
+        self._plugins = plugins  # objects with name, type_name, index (len), hit_ratio (PlainHistogram)
+
+    def snapshot(self) -> list[tuple[str, str, float, PlainHistogram, PlainHistogram]]:
+        out = []
+        for p in self._plugins:
+            ratio = PlainHistogram(b.PREFIX_HIT_RATIO)
+            ratio.add(p.hit_ratio)
+            hit = PlainHistogram(b.PREFIX_HIT_BYTES)
+            hit.add(p.hit_bytes)
+            out.append((p.name, p.type_name, float(len(p.index)), ratio, hit))
+        return out
+
+    def families(self, data: Any) -> Iterator[Metric]:
+        labels = ("plugin_name", "plugin_type")
+        yield gauge_family(
+            "llm_d_epp_prefix_indexer_size", "Size of the prefix indexer (blocks indexed).", labels,
+            [((n, t), size) for n, t, size, _, _ in data],
+        )  # fmt: skip
+        yield histogram_family(
+            "llm_d_epp_prefix_indexer_hit_ratio",
+            "Ratio of prefix length matched to total prefix length in the cache lookup.", labels,
+            [((n, t), ratio) for n, t, _, ratio, _ in data],
+        )  # fmt: skip
+        yield histogram_family(
+            "llm_d_epp_prefix_indexer_hit_bytes", "Length of the prefix match in bytes in the cache lookup.", labels,
+            [((n, t), hit) for n, t, _, _, hit in data],
+        )  # fmt: skip
+        if not data:
+            return
+        # The deprecated names have no labels: all prefix plugins together.
+        ratio, hit = PlainHistogram(b.PREFIX_HIT_RATIO), PlainHistogram(b.PREFIX_HIT_BYTES)
+        for _, _, _, r, h in data:
+            ratio.add(r)
+            hit.add(h)
+        deprecated = "[Deprecated: use llm_d_epp_prefix_indexer_*] "
+        size = sum(size for _, _, size, _, _ in data)
+        yield gauge_family("inference_extension_prefix_indexer_size", deprecated + "Size of the prefix indexer.", (),
+                           [((), size)])  # fmt: skip
+        yield histogram_family("inference_extension_prefix_indexer_hit_ratio", deprecated + "Prefix hit ratio.", (),
+                               [((), ratio)])  # fmt: skip
+        yield histogram_family("inference_extension_prefix_indexer_hit_bytes", deprecated + "Prefix hit bytes.", (),
+                               [((), hit)])  # fmt: skip

@@ -15,7 +15,7 @@ import gc
 import logging
 import signal
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,7 +27,8 @@ from epp.app.config_file import load_config
 from epp.app.federation import build_federation
 from epp.app.health import HealthState
 from epp.app.http import build_http_app, pool_report
-from epp.app.pool_metrics import PoolCollector
+from epp.app.metrics_auth import MetricsAuth
+from epp.app.pool_metrics import PoolCollector, PrefixCollector
 from epp.app.scrape_metrics import ScrapeCollector
 from epp.app.tls import TlsSettings, server_credentials
 from epp.cli.scrape_flags import scrape_settings_from_args
@@ -40,10 +41,12 @@ from epp.discovery.kubernetes.settings import settings_from_flags
 from epp.discovery.kubernetes.source import KubernetesSource
 from epp.discovery.static import load_pool_file, parse_static_endpoints
 from epp.errors import ConfigError
+from epp.extproc.bounds import ServerLimits
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.observability.logs import configure_logging
-from epp.observability.metrics import PickerMetrics
+from epp.observability.metrics import FreezableCollector, LoopCollector, PickerMetrics
+from epp.observability.plugins import PluginTimer
 from epp.scheduling import build_scheduler
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
@@ -79,6 +82,17 @@ class PickerState:
         return self.health.ready
 
 
+def _server_limits(args: argparse.Namespace) -> ServerLimits:
+    """The stream bounds (epp/cli/serve.py), checked against each other before any port opens."""
+    limits = ServerLimits(
+        max_streams=args.max_concurrent_streams,
+        idle_timeout_s=args.stream_idle_timeout,
+        max_buffered_bytes=args.max_buffered_body_bytes,
+    )
+    limits.check(args.max_body_bytes)
+    return limits
+
+
 def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
     """Kubernetes (pool or standalone selector), or cluster-free: the pool file (optional) and the static list."""
     k8s = settings_from_flags(args)
@@ -103,23 +117,30 @@ def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
 async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     state = PickerState()
     _endpoint_source(args, state)
-    metrics = PickerMetrics(state.registry)
+    metrics = PickerMetrics(state.registry, labels=state.objectives, endpoint_name=_endpoint_labels(state))
     pool_name = state.pool.name if state.pool is not None else "static"
     if state.kubernetes is not None:
         pool_name = state.kubernetes.settings.pool_name or "standalone"
-    state.registry.register(PoolCollector(state.table, lambda: pool_name))
+    _register_process_metrics(state.registry)
     scrape = scrape_settings_from_args(args)  # the scrape flags, read once: the scraper and /debug/pool share them
     # --config-file / --config-text: an EndpointPickerConfig (refused with exit 2 and the reason); none: built-in.
     config_text = getattr(args, "config_text", None)
+    allow_experimental = bool(getattr(args, "allow_experimental_plugins", False))  # Alpha types, as upstream
     config: EndpointPickerConfig | None = None
     if config_text is not None:
-        config = load_config(None, text=config_text)
+        config = load_config(None, text=config_text, allow_experimental=allow_experimental)
     elif args.config_file:
-        config = load_config(args.config_file)
+        config = load_config(args.config_file, allow_experimental=allow_experimental)
     # One rule for usable endpoint data, for every decision and for /debug/pool: the flags' thresholds, or the
     # config's saturationDetector.metricsStalenessThreshold where it gives one.
-    scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness)
+    scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness, allow_experimental=allow_experimental)
     scrape = replace(scrape, staleness_s=scheduler.freshness.staleness_s)
+    plugin_timer = PluginTimer()
+    state.registry.register(plugin_timer)
+    scheduler.instrument(plugin_timer)
+    prefix = PrefixCollector([s.scorer for s in scheduler.profile.scorers if hasattr(s.scorer, "hit_ratio")])
+    state.registry.register(prefix)
+    auth = _metrics_auth(args, state)
     for warning in getattr(args, "startup_warnings", ()):  # after the checks that refuse to start: errors stand alone
         log.warning("%s", warning)
     tracer_provider, tracer = _tracing(args)
@@ -140,14 +161,16 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         saturation=scheduler.saturation,
         federation=federation.router if federation is not None else None,
         honour_subset=not getattr(args, "disable_endpoint_subset_filter", False),
+        test_selection=bool(getattr(args, "enable_test_endpoint_selection", False)),
     )
     decider: Any = director
     if tracer is not None:
         from epp.app.tracing import TracingDirector
 
         decider = TracingDirector(director, tracer)
-    processor = ExternalProcessor(decider, metrics, StreamSettings(max_body_bytes=args.max_body_bytes))
-    metrics.open_streams.set_function(lambda: processor.open_streams)
+    processor = ExternalProcessor(
+        decider, metrics, StreamSettings(max_body_bytes=args.max_body_bytes), limits=_server_limits(args)
+    )
 
     # A BUFFERED body arrives as one message: gRPC's default 4 MiB receive limit would break the stream below
     # --max-body-bytes instead of answering 413, so the limit follows the flag (plus room for the headers), unless
@@ -175,7 +198,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         scraper = ScrapeService(state.table, scrape, engines)
     else:
         scraper = ScrapeProcess(state.table, scrape, engines)
-    state.registry.register(ScrapeCollector(state.table, scraper))
+    scrape_collector = LoopCollector(ScrapeCollector(state.table, scraper))
+    state.registry.register(scrape_collector)
 
     def report() -> dict[str, Any]:
         now = time.monotonic()
@@ -187,10 +211,12 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         statuses = {address: status.as_dict() for address, status in scraper.status().items()}
         return pool_report(state.table, state.pool, now, state.ready(), scheduler.freshness, extra or None, statuses)
 
-    http_runner = web.AppRunner(
-        build_http_app(state.registry, report, state.ready, stacks=bool(getattr(args, "enable_pprof", False))),
-        access_log=None,
-    )
+    pool_collector = PoolCollector(state.table, lambda: pool_name, _poll_errors(scraper))
+    state.registry.register(pool_collector)
+    loop_collectors: list[FreezableCollector] = [metrics, pool_collector, plugin_timer, prefix, scrape_collector]
+    stacks = bool(getattr(args, "enable_pprof", False))
+    http_app = build_http_app(state.registry, report, state.ready, loop_collectors, auth, stacks)
+    http_runner = web.AppRunner(http_app, access_log=None)
     await http_runner.setup()
     site = web.TCPSite(http_runner, args.bind_address, args.metrics_port)
     try:
@@ -248,6 +274,61 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             await asyncio.get_running_loop().run_in_executor(None, tracer_provider.shutdown)  # flush what is left
         log.info("stopped")
     return 0
+
+
+def _poll_errors(scraper: ScrapeService | ScrapeProcess) -> Callable[[], dict[str, int]]:
+    if isinstance(scraper, ScrapeProcess):
+        return scraper.poll_errors
+    return lambda: dict(scraper.poll_errors)
+
+
+def _endpoint_labels(state: PickerState) -> Callable[[str], tuple[str, str, str]]:
+    """address → (pod name, namespace, port) for upstream's endpoint labels."""
+
+    def labels(address: str) -> tuple[str, str, str]:
+        slot = state.table.slot_of(address)
+        info = state.table.info(slot) if slot is not None else None
+        namespace = state.pool.namespace if state.pool is not None else ""
+        return (info.pod_name if info is not None and info.pod_name else address), namespace, address.rpartition(":")[2]
+
+    return labels
+
+
+def _register_process_metrics(registry: CollectorRegistry) -> None:
+    """process_* (CPU, memory, fds), python_info and python_gc_*, and upstream's info gauge."""
+    from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, Gauge
+
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
+    from epp import __version__
+
+    for name in ("llm_d_epp_info", "inference_extension_info"):
+        info = Gauge(name, "General information of the current build of the endpoint picker.", ["commit", "build_ref"],
+                     registry=registry)  # fmt: skip
+        info.labels(_commit(), __version__).set(1)
+
+
+def _commit() -> str:
+    import os
+
+    return os.environ.get("EPP_COMMIT", "unknown")
+
+
+def _metrics_auth(args: argparse.Namespace, state: PickerState) -> MetricsAuth | None:
+    """--metrics-endpoint-auth: on by default with Kubernetes discovery (as upstream), off without a cluster."""
+    wanted = getattr(args, "metrics_endpoint_auth", None)
+    if wanted is None:
+        wanted = state.kubernetes is not None
+    if not wanted:
+        return None
+    from epp.discovery.kubernetes.rest import KubeRest, load_api_client
+    from epp.discovery.kubernetes.review import AccessReviewer
+
+    try:
+        client = load_api_client(getattr(args, "kubeconfig", "") or None)
+    except Exception as exc:
+        raise ConfigError(f"--metrics-endpoint-auth needs the API server (kubeconfig or in-cluster): {exc}") from None
+    return MetricsAuth(AccessReviewer(KubeRest(client)))
 
 
 def _tracing(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -64,6 +64,40 @@ def _register_kubernetes(p: argparse.ArgumentParser) -> None:
     k.add_argument("--leader-elect-retry-period", type=positive_duration, default=2.0, help="retry period (default 2s)")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {value}")
+    return value
+
+
+def _register_stream_bounds(p: argparse.ArgumentParser) -> None:
+    """What one picker holds for the gateway at most (docs/failure-modes.md); each refusal is counted."""
+    from epp.extproc.bounds import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_STREAMS
+
+    p.add_argument(
+        "--max-concurrent-streams",
+        type=_positive_int,
+        default=DEFAULT_MAX_STREAMS,
+        help=f"ext_proc streams open at once; more get 503 (default {DEFAULT_MAX_STREAMS})",
+    )
+    p.add_argument(
+        "--stream-idle-timeout",
+        type=positive_duration,
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        help="a stream with no message for this long is ended: 503 if its request was not complete (default 5m)",
+    )
+    p.add_argument(
+        "--max-buffered-body-bytes",
+        type=_positive_bytes,
+        default=DEFAULT_MAX_BUFFERED_BYTES,
+        help="request-body bytes buffered across all streams; a body that would pass it gets 429 (default 256 MiB)",
+    )
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the endpoint picker (ext_proc gRPC server)")
     p.add_argument("--grpc-port", type=_port, default=9002, help="ext_proc gRPC port (default 9002)")
@@ -71,6 +105,10 @@ def register(sub: Any) -> None:
     p.add_argument("--metrics-port", type=_port, default=9090, help="Prometheus /metrics and /debug (default 9090)")
     p.add_argument("--bind-address", default="0.0.0.0", help="address the servers listen on (default 0.0.0.0)")
     p.add_argument("--config-file", help="EndpointPickerConfig YAML (default: the built-in profile)")
+    p.add_argument(
+        "--objectives-file",
+        help="cluster-free mode: InferenceObjective / InferenceModelRewrite YAML documents (priorities, rewrites)",
+    )
     p.add_argument("--static-endpoints", help="cluster-free mode: comma list of ip:port endpoints")
     p.add_argument("--pool-file", help="cluster-free mode: an InferencePool v1 YAML (its failureMode is honoured)")
     p.add_argument(
@@ -79,6 +117,7 @@ def register(sub: Any) -> None:
         default=16 * 1024 * 1024,
         help="largest request body accepted; larger gets 413 (default 16 MiB)",
     )
+    _register_stream_bounds(p)
     p.add_argument(
         "--grace-period",
         type=duration,

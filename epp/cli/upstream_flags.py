@@ -117,7 +117,7 @@ def add_upstream_flags(p: argparse.ArgumentParser) -> None:
     srv.add_argument("--grpc-max-send-msg-size", type=byte_quantity, default=None, help="gRPC send limit")
     srv.add_argument("--config-text", default=None, help="an EndpointPickerConfig given inline (YAML)")
     _bool_flag(srv, "--disable-endpoint-subset-filter", False, "ignore the gateway's endpoint subset hint")
-    _bool_flag(srv, "--allow-experimental-plugins", None, "accepted; every plugin type epp has is available")
+    _bool_flag(srv, "--allow-experimental-plugins", False, "accept plugin types upstream marks Alpha in the config")
     _bool_flag(srv, "--emit-endpoint-scores", None, "accepted; per-endpoint scores are not emitted")
     _bool_flag(
         srv, "--enable-test-endpoint-selection", False,
@@ -211,6 +211,11 @@ def resolve_upstream_flags(args: argparse.Namespace) -> list[str]:
         warnings.append("--health-checking=false: accepted and ignored (the gRPC health service is always on)")
     if args.enable_grpc_stream_metrics is False:
         warnings.append("--enable-grpc-stream-metrics=false: accepted and ignored (stream metrics are always on)")
+    if args.enable_test_endpoint_selection:
+        warnings.append(
+            "--enable-test-endpoint-selection: clients choose their endpoint with test-epp-endpoint-selection "
+            "(conformance tests only; never in production)"
+        )
     if args.metrics_endpoint_auth:
         warnings.append(
             "--metrics-endpoint-auth: not enforced yet; /metrics is served without a token "

@@ -5,10 +5,12 @@ these values into plugin objects. Splitting them keeps every structural error (a
 pluginRef, an unknown top-level key) independent of which plugins we implement, and lets `epp check-config` report
 both kinds in the same words the server would use at start-up.
 
-Accepted top-level keys are upstream's (apiVersion, kind, plugins, schedulingProfiles, saturationDetector,
-featureGates, parser, data / dataLayer, flowControl) plus `federation`, kept as a raw mapping that
-`epp.config.federation` parses. Anything else is refused: a misspelt key that is silently ignored is a config that
-does not do what its author thinks.
+Accepted top-level keys are upstream's (apiVersion, kind, plugins, schedulingProfiles, featureGates,
+requestHandler, dataLayer / data, flowControl, and the deprecated saturationDetector and parser) plus `federation`,
+kept as a raw mapping that `epp.config.federation` parses. Anything else is refused: a misspelt key that is silently
+ignored is a config that does not do what its author thinks. Where upstream logs a deprecation (the older apiVersion,
+top-level parser and saturationDetector, a flowControl section with its gate off) the decoded config carries the
+same sentence in `warnings`, which the loader logs and check-config prints.
 """
 
 from __future__ import annotations
@@ -18,11 +20,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from epp.config.durations import parse_duration
+from epp.config.flowcontrol import parse_flow_control
 from epp.config.model import (
     API_VERSIONS,
+    CURRENT_API_VERSION,
+    FEATURE_GATES,
+    FLOW_CONTROL_GATE,
+    HA_POPULATE_GATE,
     KIND,
-    KNOWN_FEATURE_GATES,
+    RETIRED_FEATURE_GATES,
     TOP_LEVEL_KEYS,
+    DataSourceSpec,
     EndpointPickerConfig,
     PluginSpec,
     ProfilePlugin,
@@ -32,6 +40,7 @@ from epp.config.model import (
 from epp.errors import ConfigError
 
 _SATURATION_FIELDS = {
+    "pluginRef",
     "queueDepthThreshold",
     "kvCacheUtilThreshold",
     "metricsStalenessThreshold",
@@ -155,24 +164,129 @@ def _decode_saturation(raw: object, source: str) -> SaturationThresholds:
     )
 
 
-def _decode_refs(raw: object, source: str, key: str, plugin_names: set[str]) -> tuple[str, ...]:
-    """`parser` / `data(Layer)`: references to plugins; we check they resolve (their types are checked in build)."""
+def _ref_to(value: object, source: str, where: str, plugin_names: set[str]) -> str:
+    ref = _name(value, source, f"{where}.pluginRef")
+    if ref not in plugin_names:
+        raise _fail(source, f"{where}, plugin '{ref}'", "pluginRef names no entry of 'plugins'")
+    return ref
+
+
+def _decode_parsers(top: Mapping[str, Any], source: str, names: set[str], warnings: list[str]) -> tuple[str, ...]:
+    """`requestHandler.parsers`, else the deprecated top-level `parser` (upstream: the new field wins)."""
     refs: list[str] = []
-    if key == "parser":
-        entry = _mapping(raw, source, key)
-        refs.append(_name(entry.get("pluginRef"), source, f"{key}.pluginRef"))
-    else:
-        entry = _mapping(raw, source, key)
-        for i, src in enumerate(_list(entry.get("sources", []), source, f"{key}.sources")):
-            src_map = _mapping(src, source, f"{key}.sources[{i}]")
-            refs.append(_name(src_map.get("pluginRef"), source, f"{key}.sources[{i}].pluginRef"))
-            for j, ext in enumerate(_list(src_map.get("extractors", []), source, f"{key}.sources[{i}].extractors")):
-                ext_map = _mapping(ext, source, f"{key}.sources[{i}].extractors[{j}]")
-                refs.append(_name(ext_map.get("pluginRef"), source, f"{key}.sources[{i}].extractors[{j}].pluginRef"))
-    for ref in refs:
-        if ref not in plugin_names:
-            raise _fail(source, f"{key}, plugin '{ref}'", "pluginRef names no entry of 'plugins'")
+    handler = top.get("requestHandler")
+    if handler is not None:
+        entry = _mapping(handler, source, "requestHandler")
+        unknown = set(entry) - {"parsers"}
+        if unknown:
+            raise _fail(source, "requestHandler", f"unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+        for i, item in enumerate(_list(entry.get("parsers") or [], source, "requestHandler.parsers")):
+            where = f"requestHandler.parsers[{i}]"
+            ref_map = _mapping(item, source, where)
+            if set(ref_map) - {"pluginRef"}:
+                raise _fail(source, where, "expected only 'pluginRef'")
+            refs.append(_ref_to(ref_map.get("pluginRef"), source, where, names))
+    if top.get("parser") is not None:
+        warnings.append(
+            "top-level 'parser' is deprecated, use requestHandler.parsers (if both are set, the new one is used)"
+        )
+        entry = _mapping(top["parser"], source, "parser")
+        if set(entry) - {"pluginRef"}:
+            raise _fail(source, "parser", "expected only 'pluginRef'")
+        old = _ref_to(entry.get("pluginRef"), source, "parser", names)
+        if not refs:
+            refs.append(old)
     return tuple(refs)
+
+
+_DATA_LAYER_FIELDS = {"sources", "discovery", "injectDefaults"}
+
+
+def _decode_data_layer(
+    raw: object, source: str, key: str, names: set[str]
+) -> tuple[tuple[DataSourceSpec, ...], str | None, bool]:
+    """`dataLayer` (or the older `data`): sources with their extractors, the discovery plugin, injectDefaults."""
+    entry = _mapping(raw, source, key)
+    unknown = set(entry) - _DATA_LAYER_FIELDS
+    if unknown:
+        raise _fail(
+            source,
+            key,
+            f"unknown field(s) {', '.join(sorted(map(str, unknown)))} "
+            f"(accepted: {', '.join(sorted(_DATA_LAYER_FIELDS))}; "
+            "peer discovery and cross-replica state sharing are not implemented here)",
+        )
+    sources: list[DataSourceSpec] = []
+    for i, src in enumerate(_list(entry.get("sources") or [], source, f"{key}.sources")):
+        where = f"{key}.sources[{i}]"
+        src_map = _mapping(src, source, where)
+        if set(src_map) - {"pluginRef", "extractors"}:
+            raise _fail(source, where, "expected only 'pluginRef' and 'extractors'")
+        ref = _ref_to(src_map.get("pluginRef"), source, where, names)
+        extractors = tuple(
+            _ref_to(
+                _mapping(ext, source, f"{where}.extractors[{j}]").get("pluginRef"),
+                source,
+                f"{where}.extractors[{j}]",
+                names,
+            )
+            for j, ext in enumerate(_list(src_map.get("extractors") or [], source, f"{where}.extractors"))
+        )
+        sources.append(DataSourceSpec(ref, extractors))
+    discovery = None
+    if entry.get("discovery") is not None:
+        disc = _mapping(entry["discovery"], source, f"{key}.discovery")
+        if set(disc) - {"pluginRef"}:
+            raise _fail(source, f"{key}.discovery", "expected only 'pluginRef'")
+        discovery = _ref_to(disc.get("pluginRef"), source, f"{key}.discovery", names)
+    inject = entry.get("injectDefaults", True)
+    if not isinstance(inject, bool):
+        raise _fail(source, f"{key}.injectDefaults", f"expected true or false, got {inject!r}")
+    return tuple(sources), discovery, inject
+
+
+def _decode_gates(raw: object, source: str, notes: list[str], warnings: list[str]) -> dict[str, bool]:
+    """`name`, `name=true`, `name=false` (upstream's forms; the value as Go's strconv.ParseBool reads it)."""
+    gates = dict(FEATURE_GATES)
+    for i, item in enumerate(_list(raw or [], source, "featureGates")):
+        text = _name(item, source, f"featureGates[{i}]")
+        name, sep, value_text = text.partition("=")
+        name = name.strip()
+        if name in RETIRED_FEATURE_GATES:
+            warnings.append(f"feature gate '{name}' belongs to an older release of the API and has no effect")
+            continue
+        if name not in FEATURE_GATES:
+            raise _fail(
+                source,
+                f"featureGates[{i}]",
+                f"unknown feature gate '{name}' (known: {', '.join(sorted(FEATURE_GATES))})",
+            )
+        value = True
+        if sep:
+            word = value_text.strip().lower()
+            if word in _TRUE:
+                value = True
+            elif word in _FALSE:
+                value = False
+            else:
+                raise _fail(
+                    source, f"featureGates[{i}]", f"{value_text!r} is not a valid value for the feature gate {name}"
+                )
+        gates[name] = value
+    if gates[HA_POPULATE_GATE] is False:
+        notes.append(f"feature gate '{HA_POPULATE_GATE}' off: standbys do not watch the pool (they always do here)")
+    return gates
+
+
+_TRUE = {"1", "t", "true"}
+_FALSE = {"0", "f", "false"}
+
+
+def _saturation_ref(raw: object, source: str, names: set[str]) -> str | None:
+    """The deprecated top-level `saturationDetector`: upstream's `{pluginRef}`, or the older threshold fields."""
+    if isinstance(raw, Mapping) and raw.get("pluginRef") is not None:
+        return _ref_to(raw["pluginRef"], source, "saturationDetector", names)
+    return None
 
 
 def parse_config(doc: object, source: str = "<config>") -> EndpointPickerConfig:
@@ -192,13 +306,10 @@ def parse_config(doc: object, source: str = "<config>") -> EndpointPickerConfig:
         raise _fail(source, "apiVersion", f"expected one of {', '.join(API_VERSIONS)}, got {api_version!r}")
     if top.get("kind") != KIND:
         raise _fail(source, "kind", f"expected {KIND}, got {top.get('kind')!r}")
-    if "flowControl" in top:
-        raise _fail(
-            source,
-            "flowControl",
-            "flow control (priority-band queueing) is not implemented here; "
-            "sheddable requests are refused with 429 while the pool is saturated instead",
-        )
+    notes: list[str] = []
+    warnings: list[str] = []
+    if api_version != CURRENT_API_VERSION:
+        warnings.append(f"apiVersion {api_version} is deprecated, use {CURRENT_API_VERSION}")
     if "plugins" not in top:
         raise _fail(source, "plugins", "required")
     plugins = _decode_plugins(top["plugins"], source)
@@ -206,23 +317,32 @@ def parse_config(doc: object, source: str = "<config>") -> EndpointPickerConfig:
     if "schedulingProfiles" not in top:
         raise _fail(source, "schedulingProfiles", "required")
     profiles = _decode_profiles(top["schedulingProfiles"], source, names)
-    notes: list[str] = []
-    gates: list[str] = []
-    for i, gate in enumerate(_list(top.get("featureGates", []), source, "featureGates")):
-        gate = _name(gate, source, f"featureGates[{i}]")
-        if gate not in KNOWN_FEATURE_GATES:
-            raise _fail(
-                source,
-                f"featureGates[{i}]",
-                f"unknown feature gate {gate!r} (known: {', '.join(sorted(KNOWN_FEATURE_GATES))})",
-            )
-        gates.append(gate)
-        notes.append(f"feature gate {gate!r} has no effect here")
-    parser_ref = _decode_refs(top["parser"], source, "parser", names)[0] if top.get("parser") is not None else None
-    data_refs: tuple[str, ...] = ()
+    gates = _decode_gates(top.get("featureGates"), source, notes, warnings)
+    parser_refs = _decode_parsers(top, source, names, warnings)
+    sources: tuple[DataSourceSpec, ...] = ()
+    discovery: str | None = None
+    inject = True
     for key in ("data", "dataLayer"):
         if top.get(key) is not None:
-            data_refs += _decode_refs(top[key], source, key, names)
+            more, disc, inj = _decode_data_layer(top[key], source, key, names)
+            sources += more
+            discovery = disc or discovery
+            inject = inject and inj
+    flow_control = None
+    if top.get("flowControl") is not None:
+        flow_control = parse_flow_control(top["flowControl"], source, names)
+        if not gates[FLOW_CONTROL_GATE] and flow_control.ignored_without_gate:
+            warnings.append(
+                "the flowControl section is set but the flowControl feature gate is off; its settings other than "
+                f"saturationDetector are ignored ({', '.join(flow_control.ignored_without_gate)})"
+            )
+    detector_ref = flow_control.saturation_detector_ref if flow_control is not None else None
+    if top.get("saturationDetector") is not None:
+        warnings.append(
+            "top-level saturationDetector is deprecated, use flowControl.saturationDetector "
+            "(if both are set, the new one is used)"
+        )
+        detector_ref = detector_ref or _saturation_ref(top["saturationDetector"], source, names)
     federation = top.get("federation")
     if federation is not None:
         federation = dict(_mapping(federation, source, "federation"))
@@ -231,10 +351,15 @@ def parse_config(doc: object, source: str = "<config>") -> EndpointPickerConfig:
         profiles=profiles,
         api_version=str(api_version),
         saturation=_decode_saturation(top.get("saturationDetector"), source),
-        feature_gates=tuple(gates),
-        parser_ref=parser_ref,
-        data_source_refs=data_refs,
+        feature_gates=gates,
+        parser_refs=parser_refs,
+        data_sources=sources,
+        discovery_ref=discovery,
+        inject_data_defaults=inject,
+        saturation_detector_ref=detector_ref,
+        flow_control=flow_control,
         federation=federation,
         source=source,
         notes=tuple(notes),
+        warnings=tuple(warnings),
     )

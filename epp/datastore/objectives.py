@@ -73,6 +73,15 @@ class ObjectiveStore:
         self._rules_by_model = None
         self.version += 1
 
+    def configured_models(self) -> set[str]:
+        """Every model name a rewrite rule names (sources and targets): these keep their own metric labels."""
+        names: set[str] = set()
+        for rules in self._rewrites.values():
+            for rule in rules:
+                names.add(rule.source_model)
+                names.update(t.model for t in rule.targets)
+        return names
+
     def rewrite_rule_for(self, model: str) -> RewriteRule | None:
         """The rule whose source is exactly `model`; when several objects name it, the first by key wins."""
         if self._rules_by_model is None:

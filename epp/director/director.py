@@ -13,6 +13,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from epp import wire
 from epp.datastore import EndpointTable, Snapshot
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
@@ -22,8 +23,10 @@ from epp.director.rewrite import ModelRewriter
 from epp.errors import EppError, ErrorCode
 from epp.federation.policy import Route
 from epp.requests import InferenceRequest
+from epp.scheduling import test_selection
 
 log = logging.getLogger(__name__)
+_NO_ENDPOINTS = wire.REJECTED_NO_ENDPOINTS  # upstream's reason when no candidate endpoint exists at all
 
 
 class Scheduler(Protocol):
@@ -101,11 +104,13 @@ class Director:
         seed: int | None = None,
         federation: Federation | None = None,
         honour_subset: bool = True,
+        test_selection: bool = False,
     ) -> None:
         """`objectives` gives priorities and model rewrites (none: every request priority 0, no rewrite);
         `saturation` decides shedding (none: the scheduler's own `.saturation` if it has one, else no shedding);
         `seed` makes weighted rewrite choices reproducible; `honour_subset` False ignores the gateway's subset hint
-        (upstream's --disable-endpoint-subset-filter)."""
+        (upstream's --disable-endpoint-subset-filter); `test_selection` honours conformance's
+        `test-epp-endpoint-selection` header (--enable-test-endpoint-selection; tests only)."""
         self._table = table
         self._scheduler = scheduler
         self._clock = clock
@@ -119,6 +124,7 @@ class Director:
         self._rewriter = ModelRewriter(objectives, seed)
         self._federation = federation  # None: no federation, every candidate is local
         self._honour_subset = honour_subset
+        self._test_selection = test_selection
 
     @property
     def table(self) -> EndpointTable:
@@ -139,8 +145,16 @@ class Director:
         if not self._honour_subset:
             subset = None
         if subset is not None and not subset:
-            raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "the gateway's endpoint subset is empty")
+            raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "the gateway's endpoint subset is empty", _NO_ENDPOINTS)
         candidates = self.candidates(snapshot, subset)
+        if self._test_selection:
+            named = request.headers.get(test_selection.HEADER, "").strip()
+            if named:
+                candidates = test_selection.selected(snapshot, candidates, named)
+                if candidates.size == 0:
+                    raise EppError(
+                        ErrorCode.SERVICE_UNAVAILABLE, f"{test_selection.HEADER} names no pool endpoint", _NO_ENDPOINTS
+                    )
         now = self._clock()
         original_model = request.model
         request, body = self._rewriter.rewrite(request)
@@ -162,8 +176,10 @@ class Director:
             candidates = route.local
         if candidates.size == 0:
             if subset is not None:
-                raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no pool endpoint matches the gateway's subset hint")
-            raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no ready endpoint in the pool")
+                raise EppError(
+                    ErrorCode.SERVICE_UNAVAILABLE, "no pool endpoint matches the gateway's subset hint", _NO_ENDPOINTS
+                )
+            raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no ready endpoint in the pool", _NO_ENDPOINTS)
         self._admit(request, snapshot, candidates, now)
         degraded = False
         try:
@@ -202,6 +218,7 @@ class Director:
             raise EppError(
                 ErrorCode.RESOURCE_EXHAUSTED,
                 f"pool saturated: sheddable request (objective {request.objective!r}, priority {priority}) dropped",
+                wire.REJECTED_SATURATED,
             )
 
     def complete(self, decision: Decision) -> None:

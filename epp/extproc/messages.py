@@ -210,12 +210,19 @@ def response_trailers_response() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
 
 
+def _refusal_headers(error: EppError) -> list[tuple[str, str]]:
+    headers = [("content-type", "text/plain; charset=utf-8")]
+    if error.dropped_reason:  # upstream's reason header, on the refusals it gives one for
+        headers.append((wire.DROPPED_REASON_HEADER, error.dropped_reason))
+    return headers
+
+
 def immediate_response(error: EppError) -> pb.ProcessingResponse:
     """The clear HTTP answer Envoy sends the client instead of forwarding the request."""
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=error.code.http_status),
-            headers=header_mutation([("content-type", "text/plain; charset=utf-8")]),
+            headers=header_mutation(_refusal_headers(error)),
             body=error.body.encode(),
             details=f"epp_{error.code.label}",
         )

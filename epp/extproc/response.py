@@ -28,6 +28,7 @@ class Usage(NamedTuple):
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = -1  # usage.prompt_tokens_details.cached_tokens; -1: not reported
     valid: bool = True
 
 
@@ -45,7 +46,11 @@ def usage_of(value: object) -> Usage:
         return INVALID_USAGE
     if not (0 <= prompt <= MAX_TOKENS and 0 <= completion <= MAX_TOKENS):
         return INVALID_USAGE
-    return Usage(prompt, completion)
+    details = value.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if type(cached) is not int or not 0 <= cached <= prompt:  # an implausible cached count is just not recorded
+        cached = -1
+    return Usage(prompt, completion, cached)
 
 
 def model_restorer(target: str, original: str) -> tuple[bytes, bytes]:

@@ -1,61 +1,171 @@
 """The grpc.aio adapter: feeds each stream's messages to a StreamProcessor and writes back what it answers.
 
 Everything protocol-shaped lives in `stream`; this file moves messages, owns what the streams share (the prebuilt
-decision answers) and guarantees the ending: whatever happens to the stream (client gone, Envoy reset, server
-stopping) the processor's `close()` runs, so the request's in-flight booking is released.
+decision answers, the buffered-body budget), enforces the server's bounds (`bounds.ServerLimits`) and guarantees
+the ending: whatever happens to the stream (client gone, Envoy reset, server stopping, idle too long) the
+processor's `close()` runs, so the request's in-flight booking and its buffered bytes are released.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from epp.errors import EppError, ErrorCode
 from epp.extproc import messages as m
+from epp.extproc.bounds import BodyBudget, ServerLimits
 from epp.extproc.stream import Decider, StreamObserver, StreamProcessor, StreamSettings
+from epp.observability.ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
+
+
+class ServerObserver(StreamObserver, Protocol):
+    """What the server reports about whole streams (upstream's extproc_streams_*); the metrics implement it."""
+
+    def stream_started(self) -> None: ...
+
+    def stream_finished(self, code: str, seconds: float) -> None: ...
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(
         self,
         decider: Decider,
-        observer: StreamObserver,
+        observer: ServerObserver,
         settings: StreamSettings,
         clock: Callable[[], float] = time.perf_counter,
+        limits: ServerLimits | None = None,
     ) -> None:
         self._decider = decider
         self._observer = observer
         self._settings = settings
         self._clock = clock
+        self._limits = limits = limits or ServerLimits()
         self.answers = m.DecisionAnswers()
+        self.budget = BodyBudget(limits.max_buffered_bytes)
+        self._warn = RateLimitedLog(log, every_s=10.0)
         self.open_streams = 0
 
     def new_stream(self) -> StreamProcessor:
-        """A stream's state machine, sharing this server's prebuilt answers."""
-        return StreamProcessor(self._decider, self._observer, self._clock, self._settings, self.answers)
+        """A stream's state machine, sharing this server's answers, budget and rate-limited log."""
+        return StreamProcessor(
+            self._decider, self._observer, self._clock, self._settings, self.answers, self.budget, self._warn
+        )
 
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.ProcessingResponse]:
+        if self.open_streams >= self._limits.max_streams:
+            yield self._over_cap()
+            return
         stream = self.new_stream()
         self.open_streams += 1
+        watchdog = _IdleWatchdog(self._limits.idle_timeout_s)
+        messages = aiter(request_iterator)
+        started = self._clock()
+        self._observer.stream_started()
+        code = "Unknown"  # an exception out of the stream (a broken stream), unless it ends or is cancelled
         try:
-            async for message in request_iterator:
+            while True:
+                try:
+                    message = await anext(messages)
+                except StopAsyncIteration:
+                    code = "OK"
+                    return
+                except asyncio.CancelledError:
+                    if not watchdog.fired():
+                        code = "Canceled"
+                        raise
+                    code = "DeadlineExceeded"
+                    self._warn.log(
+                        "idle",
+                        logging.WARNING,
+                        "ending an ext_proc stream idle for %gs (--stream-idle-timeout) in %s",
+                        watchdog.idle_s,
+                        stream.phase.name,
+                    )
+                    for response in stream.expire(watchdog.idle_s):
+                        yield response
+                    return
+                watchdog.touch()
                 for response in stream.handle(message):
                     yield response
                 if stream.finished:
+                    code = "OK"
                     return
         finally:
+            watchdog.stop()
             stream.close()
             self.open_streams -= 1
+            self._observer.stream_finished(code, self._clock() - started)
+
+    def _over_cap(self) -> pb.ProcessingResponse:
+        """The answer to a stream above `--max-concurrent-streams`: 503 at once, before anything is read."""
+        self._observer.stream_refused("stream_cap")
+        self._warn.log(
+            "stream-cap",
+            logging.WARNING,
+            "refusing an ext_proc stream: %d are open (--max-concurrent-streams %d)",
+            self.open_streams,
+            self._limits.max_streams,
+        )
+        err = EppError(ErrorCode.SERVICE_UNAVAILABLE, "the endpoint picker has too many open streams; retry later")
+        self._observer.request_done(err.code, "", "")
+        return m.immediate_response(err)
 
 
 def add_to_server(processor: ExternalProcessor, server: grpc.aio.Server) -> None:
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+
+
+class _IdleWatchdog:
+    """Cancels the stream's task when no message came for `idle_s`.
+
+    One timer per stream, re-armed only when it fires: a message costs a clock read, where a timeout context
+    around each read cost ~5–12 µs per message. The cancel lands in the pending read (or, if the task is stuck
+    writing to a peer that stopped reading, in the write, which ends the stream); `fired()` tells our own cancel
+    from a real one and takes it back from the task, so later awaits are not cancelled again.
+    """
+
+    __slots__ = ("_expired", "_handle", "_loop", "_task", "idle_s", "last")
+
+    def __init__(self, idle_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self.idle_s = idle_s
+        self.last = self._loop.time()
+        self._expired = False
+        self._handle: asyncio.TimerHandle | None = self._loop.call_at(self.last + idle_s, self._check)
+
+    def touch(self) -> None:
+        self.last = self._loop.time()
+
+    def _check(self) -> None:
+        due = self.last + self.idle_s
+        if self._loop.time() < due:
+            self._handle = self._loop.call_at(due, self._check)
+            return
+        self._handle = None
+        self._expired = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def fired(self) -> bool:
+        if not self._expired:
+            return False
+        if self._task is not None:
+            self._task.uncancel()
+        return True
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None

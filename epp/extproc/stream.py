@@ -40,7 +40,10 @@ from epp import wire
 from epp.director import Decision
 from epp.errors import EppError, ErrorCode
 from epp.extproc import messages as m
+from epp.extproc.bounds import BodyBudget
 from epp.extproc.response import ResponseTracker, Usage, model_restorer
+from epp.observability.metrics import RequestRecord
+from epp.observability.ratelimit import RateLimitedLog
 from epp.requests import InferenceRequest, parse_request, request_without_body
 
 log = logging.getLogger(__name__)
@@ -61,17 +64,53 @@ class Decider(Protocol):
 
 
 class StreamObserver(Protocol):
-    """Where a stream reports what happened (the metrics); every method is cheap and never raises."""
+    """Where a stream reports what happened (the metrics); every method is cheap and never raises.
 
-    def request_done(self, code: ErrorCode | None, model: str, target_model: str) -> None: ...
+    `request_started` hands out the stream's record (epp.observability.metrics.RequestRecord), passed back on
+    every later call so the labels of a request are resolved once."""
+
+    def request_started(self, now: float) -> RequestRecord: ...
+
+    def decided(
+        self,
+        record: RequestRecord | None,
+        now: float,
+        model: str,
+        target: str,
+        fairness_id: str | None,
+        objective: str | None,
+        address: str,
+    ) -> None: ...
+
+    def request_done(
+        self,
+        code: ErrorCode | None,
+        model: str,
+        target_model: str,
+        record: RequestRecord | None = None,
+        now: float = 0.0,
+        fairness_id: str | None = None,
+        objective: str | None = None,
+    ) -> None: ...
 
     def decision_latency(self, seconds: float) -> None: ...
 
-    def usage(self, model: str, prompt_tokens: int, completion_tokens: int) -> None: ...
+    def response_chunk(self, record: RequestRecord, now: float, size: int) -> None: ...
+
+    def usage(
+        self,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        record: RequestRecord | None = None,
+        cached_tokens: int = -1,
+    ) -> None: ...
 
     def usage_invalid(self) -> None: ...
 
     def served_mismatch(self) -> None: ...
+
+    def stream_refused(self, reason: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +127,7 @@ class Phase(enum.IntEnum):
     RESPONSE_HEADERS = 3  # decided; request trailers may still come, then the response
     RESPONSE_BODY = 4  # response headers seen; body chunks flow
     RESPONSE_DONE = 5  # the response ended
-    FINISHED = 6  # an ImmediateResponse was sent: every message is ignored
+    FINISHED = 6  # an ImmediateResponse was sent, or the server gave up: every message is ignored
 
 
 # Module-level names for the phases: an enum member read through its class costs ~10x a global on the hot path.
@@ -119,6 +158,7 @@ class StreamProcessor:
     __slots__ = (
         "_answers",
         "_body",
+        "_budget",
         "_clock",
         "_config_seen",
         "_decided",
@@ -128,12 +168,16 @@ class StreamProcessor:
         "_headers",
         "_held_chunks",
         "_observer",
+        "_record",
+        "_request",
         "_request_body_mode",
+        "_reserved",
         "_response",
         "_response_body_mode",
         "_rewrite",
         "_settings",
         "_subset",
+        "_warn",
         "phase",
     )
 
@@ -144,24 +188,31 @@ class StreamProcessor:
         clock: Callable[[], float],
         settings: StreamSettings = StreamSettings(),
         answers: m.DecisionAnswers | None = None,
+        budget: BodyBudget | None = None,
+        warn: RateLimitedLog | None = None,
     ) -> None:
         self._decider = decider
         self._observer = observer
         self._clock = clock
         self._settings = settings
         self._answers = answers if answers is not None else m.DecisionAnswers()
+        self._budget = budget
+        self._warn = warn
         self._config_seen = False
         self._request_body_mode = BUFFERED  # Envoy's default when no protocol_config is sent
         self._response_body_mode = NONE
         self._early_body = False
         self._headers: dict[str, str] = {}
         self._body = bytearray()
+        self._reserved = 0  # bytes of `_body` taken from the server's budget
         self._held_chunks = 0  # STREAMED with early body: chunks whose answers wait for the decision
         self._subset: list[str] | None = None
         self._decided = False
         self._decision: Decision | None = None
         self._rewrite: tuple[bytes, bytes] | None = None
         self._response: ResponseTracker | None = None
+        self._record: RequestRecord | None = None  # what the metrics learn about this request, from its headers on
+        self._request: InferenceRequest | None = None  # parsed (labels of a refusal after parsing)
         self.phase = _REQUEST_HEADERS
 
     @property
@@ -198,14 +249,39 @@ class StreamProcessor:
         except EppError as err:
             return [self._refuse(err)]
         except Exception:
-            log.exception("ext_proc stream failed on %s in %s", kind, phase.name)
+            if self._warn is not None:
+                self._warn.log(
+                    "stream-failure",
+                    logging.ERROR,
+                    "ext_proc stream failed on %s in %s",
+                    kind,
+                    phase.name,
+                    exc_info=True,
+                )
+            else:
+                log.exception("ext_proc stream failed on %s in %s", kind, phase.name)
             if phase >= _RESPONSE_HEADERS and kind is not None and kind.startswith("response_"):
                 answers, self.phase = self._unchanged(msg, kind)
                 return answers
             return [self._refuse(EppError(ErrorCode.INTERNAL, "internal error in the endpoint picker"))]
 
+    def expire(self, idle_s: float) -> list[m.ProcessingResponse]:
+        """The server stops waiting for this stream. Before the request was decided the client gets a clear
+        503; after it, nothing is answered (Envoy goes on without the picker when the stream closes)."""
+        if self.phase is _FINISHED:
+            return []
+        self._observer.stream_refused("idle_timeout")
+        if self.phase < _RESPONSE_HEADERS:
+            err = EppError(
+                ErrorCode.SERVICE_UNAVAILABLE, f"no ext_proc message for {idle_s:g}s; the request is dropped"
+            )
+            return [self._refuse(err)]
+        self.phase = _FINISHED
+        self._complete()
+        return []
+
     def close(self) -> None:
-        """The stream ended, normally or not: release the in-flight booking exactly once."""
+        """The stream ended, normally or not: release the in-flight booking and buffered bytes exactly once."""
         self._release_body()
         self._complete()
 
@@ -213,6 +289,7 @@ class StreamProcessor:
 
     def _on_request_headers(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
         self._headers = m.headers_to_dict(msg.request_headers.headers)
+        self._record = self._observer.request_started(self._clock())
         mode = self._request_body_mode
         if msg.request_headers.end_of_stream:
             return [self._decision_answer("headers", None)], _RESPONSE_HEADERS
@@ -269,6 +346,24 @@ class StreamProcessor:
 
     def _buffer(self, data: bytes) -> None:
         self._check_size(len(self._body) + len(data))
+        budget = self._budget
+        if budget is not None and data:
+            if not budget.take(len(data)):
+                self._observer.stream_refused("body_budget")
+                if self._warn is not None:
+                    self._warn.log(
+                        "body-budget",
+                        logging.WARNING,
+                        "refusing a request: %d bytes of request bodies are buffered, the limit "
+                        "(--max-buffered-body-bytes) is %d",
+                        budget.used,
+                        budget.limit,
+                    )
+                raise EppError(
+                    ErrorCode.RESOURCE_EXHAUSTED,
+                    "the endpoint picker is buffering too many request bodies; retry later",
+                )
+            self._reserved += len(data)
         self._body += data
 
     def _check_size(self, size: int) -> None:
@@ -278,6 +373,10 @@ class StreamProcessor:
             )
 
     def _release_body(self) -> None:
+        if self._reserved:
+            assert self._budget is not None
+            self._budget.give(self._reserved)
+            self._reserved = 0
         if self._body:
             self._body = bytearray()
 
@@ -311,14 +410,29 @@ class StreamProcessor:
         generated = not request_id
         if generated:
             request_id = uuid.uuid4().hex
+        record = self._record
+        if record is not None and body is not None:
+            record.request_bytes = len(body)
         path = headers.get(":path", "/")
         if body_unseen:
             request = request_without_body(request_id, path, headers)
         else:
             request = parse_request(request_id, path, headers, body)
+        self._request = request
         decision = self._decider.decide(request, self._subset)
         self._decision = decision
-        self._observer.decision_latency(self._clock() - started)
+        now = self._clock()
+        observer = self._observer
+        observer.decision_latency(now - started)
+        observer.decided(
+            record,
+            now,
+            decision.original_model,
+            decision.target_model,
+            request.fairness_id,
+            request.objective,
+            decision.addresses[0] if decision.addresses else "",
+        )
         destination = decision.header_value
         set_headers: tuple[tuple[str, str], ...] = ((wire.DESTINATION_HEADER, destination), *decision.headers)
         if generated:
@@ -335,7 +449,12 @@ class StreamProcessor:
 
     def _on_response_headers(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
         headers = m.headers_to_dict(msg.response_headers.headers)
-        self._response = ResponseTracker("text/event-stream" in headers.get("content-type", ""), self._rewrite)
+        streaming = "text/event-stream" in headers.get("content-type", "")
+        self._response = ResponseTracker(streaming, self._rewrite)
+        record = self._record
+        if record is not None:
+            record.response_started_at = self._clock()
+            record.streaming = streaming
         decision = self._decision
         if decision is not None:
             served = m.served_endpoint(msg, headers)
@@ -352,6 +471,8 @@ class StreamProcessor:
     def _on_response_body(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
         chunk = msg.response_body
         tracker = self._response
+        if self._record is not None:
+            self._observer.response_chunk(self._record, self._clock(), len(chunk.body))
         if tracker is None:  # response headers were skipped: a plain JSON body is assumed
             tracker = self._response = ResponseTracker(False, self._rewrite)
         body, usage = tracker.feed(chunk.body, chunk.end_of_stream)
@@ -374,7 +495,13 @@ class StreamProcessor:
             self._observer.usage_invalid()
             return
         decision = self._decision
-        self._observer.usage(decision.original_model if decision else "", usage.prompt_tokens, usage.completion_tokens)
+        self._observer.usage(
+            decision.original_model if decision else "",
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            self._record,
+            usage.cached_tokens,
+        )
 
     def _unchanged(self, msg: m.ProcessingRequest, kind: str) -> tuple[_Answers, Phase]:
         """The answer that lets a response message through as Envoy sent it (after a failure of ours)."""
@@ -403,7 +530,7 @@ class StreamProcessor:
             return
         self._decision = None
         self._decider.complete(decision)
-        self._observer.request_done(None, decision.original_model, decision.target_model)
+        self._observer.request_done(None, decision.original_model, decision.target_model, self._record, self._clock())
 
     def _refuse(self, err: EppError) -> m.ProcessingResponse:
         self.phase = _FINISHED
@@ -413,7 +540,14 @@ class StreamProcessor:
             self._decision = None
         # Per-request refusals are counted in metrics; the log gets them at DEBUG only (hot path).
         log.debug("refusing request: %s", err.body)
-        self._observer.request_done(err.code, "", "")
+        request = self._request
+        if request is None:
+            self._observer.request_done(err.code, "", "", self._record, self._clock())
+        else:
+            self._observer.request_done(
+                err.code, request.model, request.model, self._record, self._clock(), request.fairness_id,
+                request.objective,
+            )  # fmt: skip
         return m.immediate_response(err)
 
 

@@ -28,7 +28,7 @@ on the engine's next request.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -71,6 +71,7 @@ class KvBlockIndex:
         hash_seed: str = "",
         max_blocks_per_endpoint: int = DEFAULT_MAX_BLOCKS_PER_ENDPOINT,
         max_request_blocks: int = 8192,
+        mirror: Callable[[int, int], None] | None = None,
     ) -> None:
         if max_blocks_per_endpoint < 1:
             raise ValueError("max_blocks_per_endpoint must be positive")
@@ -78,6 +79,8 @@ class KvBlockIndex:
         self.block_size = block_size
         self.max_blocks_per_endpoint = max_blocks_per_endpoint
         self.holders: dict[int, int] = {}
+        # told (key, new holder mask) on every change: the shared-memory table (epp.kvevents.shared) follows it
+        self.mirror = mirror
         self.counters = IndexCounters()
         self._endpoints: dict[str, _Endpoint] = {}
         self._by_slot: list[str | None] = []
@@ -107,6 +110,14 @@ class KvBlockIndex:
 
     def endpoints(self) -> list[str]:
         return list(self._endpoints)
+
+    def slots(self) -> int:
+        """Endpoint slots in use or freed (a holder mask has at most this many bits)."""
+        return len(self._by_slot)
+
+    def slot_names(self) -> list[str | None]:
+        """The endpoint of each slot (None: free), for a reader of the shared table's masks."""
+        return list(self._by_slot)
 
     def clear(self, endpoint: str) -> int:
         """Forget every block of one endpoint (a clear event, a sequence gap, a restart); returns how many."""
@@ -213,15 +224,20 @@ class KvBlockIndex:
             old = engine.pop(ek, None)
             if old is not None:
                 self._unhold(old, bit)
+            mirror = self.mirror
             if per == 1:
                 key = keys[i]
                 engine[ek] = key
-                holders[key] = holders.get(key, 0) | bit
+                m = holders[key] = holders.get(key, 0) | bit
+                if mirror is not None:
+                    mirror(key, m)
             else:
                 span = tuple(keys[i * per : (i + 1) * per])
                 engine[ek] = span
                 for key in span:
-                    holders[key] = holders.get(key, 0) | bit
+                    m = holders[key] = holders.get(key, 0) | bit
+                    if mirror is not None:
+                        mirror(key, m)
         self.counters.stored_blocks += len(ev.block_hashes)
         ep.last_store_at = now
 
@@ -239,12 +255,15 @@ class KvBlockIndex:
 
     def _unhold(self, keys: Keys, bit: int) -> None:
         holders = self.holders
+        mirror = self.mirror
         for k in (keys,) if isinstance(keys, int) else keys:
             m = holders.get(k, 0) & ~bit
             if m:
                 holders[k] = m
             else:
                 holders.pop(k, None)
+            if mirror is not None:
+                mirror(k, m)
 
     def _evict(self, ep: _Endpoint, n: int) -> None:
         engine = ep.engine

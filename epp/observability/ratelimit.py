@@ -27,8 +27,9 @@ class RateLimitedLog:
         self._last: dict[object, float] = {}
         self._held: dict[object, int] = {}
 
-    def log(self, key: object, level: int, msg: str, *args: object) -> bool:
-        """Log now, or count the line as held back; True when it was logged."""
+    def log(self, key: object, level: int, msg: str, *args: object, exc_info: bool = False) -> bool:
+        """Log now, or count the line as held back; True when it was logged (`exc_info`: with the traceback of
+        the exception being handled)."""
         now = self._clock()
         last = self._last.get(key)
         if last is not None and now - last < self._every_s:
@@ -42,7 +43,7 @@ class RateLimitedLog:
         if held:
             msg += " (%d similar lines held back in the last %.0fs)"
             args = (*args, held, self._every_s)
-        self._logger.log(level, msg, *args, stacklevel=2)
+        self._logger.log(level, msg, *args, stacklevel=2, exc_info=exc_info)
         return True
 
     def held(self, key: object) -> int:

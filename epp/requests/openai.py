@@ -14,11 +14,12 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from epp import wire
 from epp.errors import EppError, ErrorCode
 
-HEADER_OBJECTIVE = "x-gateway-inference-objective"
-HEADER_FAIRNESS = "x-gateway-inference-fairness-id"
-HEADER_MODEL_REWRITE = "x-gateway-model-name-rewrite"
+HEADER_OBJECTIVE, _OLD_OBJECTIVE = wire.OBJECTIVE_HEADERS
+HEADER_FAIRNESS, _OLD_FAIRNESS = wire.FAIRNESS_HEADERS
+HEADER_MODEL_REWRITE, _OLD_MODEL_REWRITE = wire.MODEL_REWRITE_HEADERS
 HEADER_SESSION = "x-session-token"
 HEADER_REQUEST_ID = "x-request-id"
 
@@ -84,6 +85,41 @@ class InferenceRequest(NamedTuple):
     headers: Mapping[str, str] = _NO_HEADERS
     body: dict[str, Any] | None = None
     body_size: int = 0
+    slo_ttft_ms: float | None = None  # x-llm-d-slo-ttft-ms (alias x-slo-ttft-ms); a value that is no number: None
+    slo_tpot_ms: float | None = None  # x-llm-d-slo-tpot-ms (alias x-slo-tpot-ms)
+
+
+class ControlHeaders(NamedTuple):
+    """The request-control headers, each read by upstream's current name first, then its older alias."""
+
+    objective: str | None
+    fairness_id: str | None
+    session_token: str | None
+    model_rewrite: str | None
+    slo_ttft_ms: float | None
+    slo_tpot_ms: float | None
+
+
+def _milliseconds(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < float("inf") else None
+
+
+def control_headers(headers: Mapping[str, str]) -> ControlHeaders:
+    get = headers.get
+    return ControlHeaders(
+        objective=get(HEADER_OBJECTIVE) or get(_OLD_OBJECTIVE) or None,
+        fairness_id=get(HEADER_FAIRNESS) or get(_OLD_FAIRNESS) or None,
+        session_token=get(HEADER_SESSION) or None,
+        model_rewrite=get(HEADER_MODEL_REWRITE) or get(_OLD_MODEL_REWRITE) or None,
+        slo_ttft_ms=_milliseconds(get(wire.SLO_TTFT_HEADERS[0]) or get(wire.SLO_TTFT_HEADERS[1])),
+        slo_tpot_ms=_milliseconds(get(wire.SLO_TPOT_HEADERS[0]) or get(wire.SLO_TPOT_HEADERS[1])),
+    )
 
 
 def _text_of_content(content: object) -> str:
@@ -184,16 +220,18 @@ def request_without_body(request_id: str, path: str, headers: Mapping[str, str])
     For requests that have no body (e.g. `GET /v1/models`), and for those whose body the gateway does not show the
     picker before it must answer (ext_proc body modes NONE and STREAMED).
     """
-    get = headers.get
+    control = control_headers(headers)
     return InferenceRequest(
         request_id=request_id,
         api=api_kind_of_path(path),
         model="",
-        objective=get(HEADER_OBJECTIVE) or None,
-        fairness_id=get(HEADER_FAIRNESS) or None,
-        session_token=get(HEADER_SESSION) or None,
-        model_rewrite=get(HEADER_MODEL_REWRITE) or None,
+        objective=control.objective,
+        fairness_id=control.fairness_id,
+        session_token=control.session_token,
+        model_rewrite=control.model_rewrite,
         headers=headers,
+        slo_ttft_ms=control.slo_ttft_ms,
+        slo_tpot_ms=control.slo_tpot_ms,
     )
 
 
@@ -210,9 +248,7 @@ def parse_request(request_id: str, path: str, headers: Mapping[str, str], body: 
     encoding = headers.get("content-encoding")
     if encoding and encoding.strip().lower() != "identity":
         raise _bad(f"the body has content-encoding {encoding}; the picker reads only uncompressed JSON bodies")
-    get = headers.get
-    objective, fairness_id = get(HEADER_OBJECTIVE) or None, get(HEADER_FAIRNESS) or None
-    session_token, model_rewrite = get(HEADER_SESSION) or None, get(HEADER_MODEL_REWRITE) or None
+    control = control_headers(headers)
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -235,11 +271,13 @@ def parse_request(request_id: str, path: str, headers: Mapping[str, str], body: 
         model=model if isinstance(model, str) else "",
         prompt=_prompt_of(api, parsed),
         stream=parsed.get("stream") is True,
-        objective=objective,
-        fairness_id=fairness_id,
-        session_token=session_token,
-        model_rewrite=model_rewrite,
+        objective=control.objective,
+        fairness_id=control.fairness_id,
+        session_token=control.session_token,
+        model_rewrite=control.model_rewrite,
         headers=headers,
         body=parsed,
         body_size=len(body),
+        slo_ttft_ms=control.slo_ttft_ms,
+        slo_tpot_ms=control.slo_tpot_ms,
     )

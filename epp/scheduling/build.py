@@ -21,20 +21,28 @@ one endpoint, so 2 it is.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import cast
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import numpy as np
 
-from epp.config.model import EndpointPickerConfig, PluginSpec, ProfilePlugin, ProfileSpec
+from epp.config.model import (
+    DEFAULT_PARSERS,
+    FLOW_CONTROL_GATE,
+    EndpointPickerConfig,
+    PluginSpec,
+    ProfilePlugin,
+    ProfileSpec,
+)
 from epp.datastore import Freshness
 from epp.errors import ConfigError
 from epp.scheduling.framework import Filter, Picker, PickObserver
 from epp.scheduling.params import Params
 from epp.scheduling.pickers import MaxScorePicker
 from epp.scheduling.profile import ProfileScheduler, SchedulingProfile, WeightedScorer
-from epp.scheduling.registry import BuildContext, Kind, Registry, builtin_registry
-from epp.scheduling.saturation import SaturationDetector
+from epp.scheduling.registry import BuildContext, Kind, Registry, Stability, builtin_registry
+from epp.scheduling.saturation import SaturationDetector, SaturationFilter
+from epp.scheduling.upstream_types import describe_unimplemented
 
 DEFAULT_SCORER_WEIGHT = 1.0
 
@@ -73,32 +81,96 @@ def default_config() -> EndpointPickerConfig:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class EffectivePlugin:
+    """One plugin as the picker runs it: its parameters after defaults; `implicit` when the file did not list it."""
+
+    name: str
+    type_name: str
+    kind: Kind
+    parameters: dict[str, Any]
+    implicit: bool = False
+
+
+Built = dict[str, tuple[Kind, object, PluginSpec, Params]]
+
+
 def _instantiate(
-    config: EndpointPickerConfig, registry: Registry, ctx: BuildContext
-) -> dict[str, tuple[Kind, object, PluginSpec]]:
+    config: EndpointPickerConfig, registry: Registry, ctx: BuildContext, allow_experimental: bool
+) -> Built:
     unknown = [spec for spec in config.plugins if registry.get(spec.type) is None]
     if unknown:
-        listed = "; ".join(f"plugin '{s.name}': type '{s.type}'" for s in unknown)
+        listed = "; ".join(f"plugin '{s.name}': type '{s.type}'{describe_unimplemented(s.type)}" for s in unknown)
         raise ConfigError(
             f"{config.source}: {listed}: not implemented here (known types: {', '.join(registry.names())})"
         )
-    built: dict[str, tuple[Kind, object, PluginSpec]] = {}
+    built: Built = {}
     for spec in config.plugins:
         plugin_type = registry.get(spec.type)
         assert plugin_type is not None
+        if plugin_type.stability is Stability.ALPHA and not allow_experimental:
+            raise ConfigError(
+                f"{config.source}: plugin '{spec.name}' (type: '{spec.type}') has Alpha stability level, but "
+                "command line flag --allow-experimental-plugins is not set"
+            )
         params = Params(spec.parameters, f"{config.source}: plugin '{spec.name}' ({spec.type})")
-        built[spec.name] = (plugin_type.kind, plugin_type.factory(spec.name, params, ctx), spec)
+        built[spec.name] = (plugin_type.kind, plugin_type.factory(spec.name, params, ctx), spec, params)
     return built
 
 
-def _profile(
-    config: EndpointPickerConfig, spec: ProfileSpec, built: dict[str, tuple[Kind, object, PluginSpec]], seed: int
-) -> SchedulingProfile:
+def deprecations(config: EndpointPickerConfig, registry: Registry | None = None) -> list[str]:
+    """Upstream's deprecation warnings for this file: its own (`config.warnings`) and each deprecated plugin type."""
+    registry = registry or builtin_registry()
+    out = list(config.warnings)
+    for spec in config.plugins:
+        plugin_type = registry.get(spec.type)
+        if plugin_type is not None and plugin_type.replaced_by:
+            out.append(f"plugin '{spec.name}': type '{spec.type}' is deprecated, use '{plugin_type.replaced_by}'")
+    return out
+
+
+def _check_references(config: EndpointPickerConfig, built: Built) -> None:
+    """What each section's pluginRef names must be of the right kind (decode checked that it exists)."""
+    source = config.source
+    for ref in config.parser_refs:
+        if built[ref][0] is not Kind.PARSER:
+            raise ConfigError(
+                f"{source}: requestHandler.parsers, plugin '{ref}' ({built[ref][2].type}): is not a parser"
+            )
+    for ref in config.data_source_refs:
+        kind, _, spec, _ = built[ref]
+        if kind is not Kind.DATA_LAYER:
+            raise ConfigError(f"{source}: data layer, plugin '{ref}' ({spec.type}): is not a data source here")
+    if config.discovery_ref is not None and built[config.discovery_ref][0] is not Kind.DISCOVERY:
+        spec = built[config.discovery_ref][2]
+        raise ConfigError(
+            f"{source}: dataLayer.discovery, plugin '{spec.name}' ({spec.type}): is not an endpoint-discovery plugin"
+        )
+    for name, (kind, _, spec, _) in built.items():
+        if kind is Kind.DISCOVERY and name != config.discovery_ref:
+            raise ConfigError(
+                f"{source}: plugin '{name}' ({spec.type}): an endpoint-discovery plugin needs dataLayer.discovery."
+                f"pluginRef: {name}"
+            )
+    detector = config.saturation_detector_ref
+    if detector is not None and detector in built and not isinstance(built[detector][1], SaturationFilter):
+        raise ConfigError(
+            f"{source}: saturationDetector, plugin '{detector}' ({built[detector][2].type}): is not a detector"
+        )
+    if config.gate(FLOW_CONTROL_GATE):
+        # Replaced when flow control lands: the gate then builds the queues from config.flow_control.
+        raise ConfigError(
+            f"{source}: featureGates: flowControl is on, but flow control (priority-band queueing) is not yet "
+            "supported here; remove the gate (sheddable requests then get 429 while the pool is saturated)"
+        )
+
+
+def _profile(config: EndpointPickerConfig, spec: ProfileSpec, built: Built, seed: int) -> SchedulingProfile:
     filters: list[Filter] = []
     scorers: list[WeightedScorer] = []
     pickers: list[Picker] = []
     for ref in spec.plugins:
-        kind, plugin, plugin_spec = built[ref.plugin_ref]
+        kind, plugin, plugin_spec, _ = built[ref.plugin_ref]
         where = f"{config.source}: profile '{spec.name}', plugin '{ref.plugin_ref}' ({plugin_spec.type})"
         if ref.weight is not None and kind is not Kind.SCORER:
             raise ConfigError(f"{where}: a weight applies to scorers only; this plugin is a {kind.value}")
@@ -119,26 +191,18 @@ def _profile(
     return SchedulingProfile(spec.name, tuple(filters), tuple(scorers), picker, observers)
 
 
-def build_scheduler(
-    config: EndpointPickerConfig | None = None,
-    seed: int | None = 0,
-    registry: Registry | None = None,
+def _build(
+    config: EndpointPickerConfig,
+    seed: int | None,
+    registry: Registry,
+    allow_experimental: bool,
     freshness: Freshness | None = None,
-) -> ProfileScheduler:
-    """Phase two: plugin objects from a decoded config (None → `default_config()`); raises ConfigError.
-
-    The result satisfies the director's `Scheduler` protocol; `.saturation` is the pool's saturation detector
-    built from the config's `saturationDetector` block, for the director's shedding step. `freshness` is the pool's
-    rule for usable data (`epp serve`: from --metrics-staleness-threshold and --metrics-max-failures);
-    `pool_freshness` says how the config can change it.
-    """
-    config = config or default_config()
-    registry = registry or builtin_registry()
+) -> tuple[ProfileScheduler, Built]:
     seeds = np.random.SeedSequence(seed)
     freshness = pool_freshness(config, freshness or Freshness())
     ctx = BuildContext(seed_sequence=seeds, saturation=config.saturation, freshness=freshness)
-    built = _instantiate(config, registry, ctx)
-    handlers = [(name, spec) for name, (kind, _, spec) in built.items() if kind is Kind.PROFILE_HANDLER]
+    built = _instantiate(config, registry, ctx, allow_experimental)
+    handlers = [(name, spec) for name, (kind, _, spec, _) in built.items() if kind is Kind.PROFILE_HANDLER]
     if len(handlers) > 1:
         raise ConfigError(f"{config.source}: more than one profile handler ({', '.join(n for n, _ in handlers)})")
     if len(config.profiles) > 1:
@@ -147,14 +211,32 @@ def build_scheduler(
             f"{config.source}: {len(config.profiles)} scheduling profiles ({names}): only a single profile is "
             "implemented here (single-profile-handler); multi-profile handlers such as P/D disaggregation are not"
         )
-    if config.parser_ref is not None and built[config.parser_ref][0] is not Kind.PARSER:
-        raise ConfigError(f"{config.source}: parser, plugin '{config.parser_ref}': is not a parser plugin")
-    for ref in config.data_source_refs:
-        kind, _, spec = built[ref]
-        if kind is not Kind.DATA_LAYER:
-            raise ConfigError(f"{config.source}: data layer, plugin '{ref}' ({spec.type}): is not a data source here")
+    _check_references(config, built)
     profile = _profile(config, config.profiles[0], built, ctx.next_seed())
-    return ProfileScheduler(profile, SaturationDetector(config.saturation, freshness))
+    thresholds = config.saturation
+    detector = built.get(config.saturation_detector_ref or "")
+    if detector is not None and isinstance(detector[1], SaturationFilter):
+        thresholds = detector[1].thresholds  # flowControl.saturationDetector names the pool's detector plugin
+    return ProfileScheduler(profile, SaturationDetector(thresholds, freshness)), built
+
+
+def build_scheduler(
+    config: EndpointPickerConfig | None = None,
+    seed: int | None = 0,
+    registry: Registry | None = None,
+    freshness: Freshness | None = None,
+    allow_experimental: bool = False,
+) -> ProfileScheduler:
+    """Phase two: plugin objects from a decoded config (None → `default_config()`); raises ConfigError.
+
+    The result satisfies the director's `Scheduler` protocol; `.saturation` is the pool's saturation detector
+    built from the config's saturation detector (its plugin's thresholds, or the older top-level fields), for the
+    director's shedding step. `freshness` is the pool's rule for usable data (`epp serve`: from
+    --metrics-staleness-threshold and --metrics-max-failures); `pool_freshness` says how the config can change it.
+    Alpha plugin types need `allow_experimental` (`--allow-experimental-plugins`).
+    """
+    config = config or default_config()
+    return _build(config, seed, registry or builtin_registry(), allow_experimental, freshness)[0]
 
 
 def pool_freshness(config: EndpointPickerConfig, flags: Freshness) -> Freshness:
@@ -163,3 +245,45 @@ def pool_freshness(config: EndpointPickerConfig, flags: Freshness) -> Freshness:
     utilization-detector plugin may repeat it, not differ from it (one threshold: see the registry)."""
     staleness = config.saturation.staleness_s
     return flags if staleness is None else replace(flags, staleness_s=staleness)
+
+
+def effective_plugins(
+    config: EndpointPickerConfig, registry: Registry | None = None, allow_experimental: bool = False
+) -> list[EffectivePlugin]:
+    """Every plugin the picker runs for this config with its parameters after defaults, those it adds as upstream
+    does (parsers, picker, profile handler, detector, metrics source and extractor) marked implicit."""
+    registry = registry or builtin_registry()
+    scheduler, built = _build(config, 0, registry, allow_experimental)
+    out = [
+        EffectivePlugin(name, spec.type, kind, dict(params.effective))
+        for name, (kind, _, spec, params) in built.items()
+    ]
+    types = {spec.type for _, _, spec, _ in built.values()}
+
+    def implicit(type_name: str, kind: Kind, parameters: dict[str, Any] | None = None) -> None:
+        if type_name not in types:
+            types.add(type_name)
+            out.append(EffectivePlugin(type_name, type_name, kind, parameters or {}, implicit=True))
+
+    if not any(kind is Kind.PROFILE_HANDLER for kind, *_ in built.values()):
+        implicit("single-profile-handler", Kind.PROFILE_HANDLER)
+    if not any(kind is Kind.PICKER for kind, *_ in built.values()):
+        implicit("max-score-picker", Kind.PICKER, {"maxNumOfEndpoints": 1})
+    for parser in () if config.parser_refs else DEFAULT_PARSERS:
+        implicit(parser, Kind.PARSER)
+    if config.saturation_detector_ref is None:
+        t = scheduler.saturation.thresholds
+        implicit(
+            "utilization-detector",
+            Kind.FILTER,
+            {
+                "queueDepthThreshold": t.queue_depth,
+                "kvCacheUtilThreshold": t.kv_util,
+                "metricsStalenessThreshold": scheduler.freshness.staleness_s,
+                "headroom": t.headroom,
+            },
+        )
+    if config.inject_data_defaults:
+        implicit("metrics-data-source", Kind.DATA_LAYER)
+        implicit("core-metrics-extractor", Kind.DATA_LAYER)
+    return out

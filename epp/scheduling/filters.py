@@ -58,11 +58,23 @@ class LabelFilter:
         return candidates[self._keep_mask(state.snapshot)[candidates]]
 
 
+# The role sets of llm-d's role filters (llm-d-router pkg/epp/framework/plugins/scheduling/filter/bylabel/roles.go):
+# a pod serves every stage its role names. Only decode keeps pods without the role label.
+DECODE_ROLES = ("decode", "prefill-decode", "both", "encode-prefill-decode")
+PREFILL_ROLES = ("prefill", "encode-prefill", "prefill-decode", "both", "encode-prefill-decode")
+ENCODE_ROLES = ("encode", "encode-prefill", "encode-prefill-decode")
+
+
 def decode_filter(name: str) -> LabelFilter:
-    """llm-d's `decode-filter`: role decode or both; an endpoint without the role label serves decode too."""
-    return LabelFilter("decode-filter", name, label_in(ROLE_LABEL, ("decode", "both"), allow_missing=True))
+    """`decode-filter`: roles that decode; an endpoint without the role label serves decode too."""
+    return LabelFilter("decode-filter", name, label_in(ROLE_LABEL, DECODE_ROLES, allow_missing=True))
 
 
 def prefill_filter(name: str) -> LabelFilter:
-    """llm-d's `prefill-filter`: only endpoints labelled for prefill."""
-    return LabelFilter("prefill-filter", name, label_in(ROLE_LABEL, ("prefill",), allow_missing=False))
+    """`prefill-filter`: roles that prefill; unlabelled endpoints are not prefill workers."""
+    return LabelFilter("prefill-filter", name, label_in(ROLE_LABEL, PREFILL_ROLES, allow_missing=False))
+
+
+def encode_filter(name: str) -> LabelFilter:
+    """`encode-filter`: roles that encode (multimodal inputs); unlabelled endpoints are not encoders."""
+    return LabelFilter("encode-filter", name, label_in(ROLE_LABEL, ENCODE_ROLES, allow_missing=False))

@@ -9,7 +9,7 @@ so a 128 KB prompt is hashed once per pick, not once per plugin.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
@@ -33,6 +33,9 @@ class SchedulingRequest(Protocol):
 
     @property
     def session_token(self) -> str | None: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
 
 
 # Up to this many values, `extremes` reduces a Python list instead of calling numpy: a numpy reduction costs

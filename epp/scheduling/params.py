@@ -7,20 +7,40 @@ nobody can see. Every field a plugin reads must be consumed; `finish()` refuses 
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from epp.config.durations import parse_duration
 from epp.errors import ConfigError
 
+_T = TypeVar("_T")
+
+
+def _recorded(getter: Callable[..., _T]) -> Callable[..., _T]:
+    """Keep what a getter returned (the file's value or the default) in `Params.effective`, for check-config."""
+
+    @functools.wraps(getter)
+    def read(self: Params, field: str, *args: Any, **kwargs: Any) -> _T:
+        value = getter(self, field, *args, **kwargs)
+        self.effective[field] = value
+        return value
+
+    return read
+
 
 class Params:
-    """Reads one plugin's parameters; each getter removes the key so `finish()` can name the leftovers."""
+    """Reads one plugin's parameters; each getter removes the key so `finish()` can name the leftovers.
+
+    `effective` collects every field read with the value the plugin got, defaults included: the profile a file
+    builds, as `epp check-config` prints it.
+    """
 
     def __init__(self, raw: Mapping[str, Any] | None, where: str) -> None:
         self._left = dict(raw or {})
         self.where = where  # e.g. "config.yaml: plugin 'prefix' (prefix-cache-scorer)"
+        self.effective: dict[str, Any] = {}
 
     def error(self, field: str, why: str) -> ConfigError:
         return ConfigError(f"{self.where}: parameter '{field}': {why}")
@@ -28,11 +48,13 @@ class Params:
     def rest(self) -> dict[str, Any]:
         """Everything not read yet, handed on whole (for plugins whose parameters another layer checks)."""
         rest, self._left = self._left, {}
+        self.effective.update(rest)
         return rest
 
     def _take(self, field: str) -> Any:
         return self._left.pop(field, None)
 
+    @_recorded
     def integer(self, field: str, default: int, minimum: int | None = None) -> int:
         value = self._take(field)
         if value is None:
@@ -43,6 +65,7 @@ class Params:
             raise self.error(field, f"must be >= {minimum}, got {value}")
         return int(value)
 
+    @_recorded
     def number(self, field: str, default: float, minimum: float | None = None, maximum: float | None = None) -> float:
         value = self._take(field)
         if value is None:
@@ -55,6 +78,7 @@ class Params:
             raise self.error(field, f"must be <= {maximum}, got {value}")
         return float(value)
 
+    @_recorded
     def flag(self, field: str, default: bool) -> bool:
         value = self._take(field)
         if value is None:
@@ -63,6 +87,7 @@ class Params:
             raise self.error(field, f"expected true or false, got {value!r}")
         return value
 
+    @_recorded
     def text(self, field: str, default: str) -> str:
         value = self._take(field)
         if value is None:
@@ -71,6 +96,7 @@ class Params:
             raise self.error(field, f"expected a string, got {value!r}")
         return value
 
+    @_recorded
     def duration(self, field: str, default: float) -> float:
         value = self._take(field)
         if value is None:
@@ -80,6 +106,7 @@ class Params:
         except ValueError as exc:
             raise self.error(field, str(exc)) from None
 
+    @_recorded
     def mapping(self, field: str) -> dict[str, str]:
         value = self._take(field)
         if value is None:
@@ -88,6 +115,7 @@ class Params:
             raise self.error(field, f"expected a mapping of strings, got {value!r}")
         return {k: str(v) for k, v in value.items()}
 
+    @_recorded
     def strings(self, field: str) -> tuple[str, ...]:
         value = self._take(field)
         if value is None:

@@ -25,6 +25,8 @@ import numpy as np
 
 from epp.datastore import Snapshot
 from epp.datastore.table import FloatArray, IntArray
+from epp.observability import buckets
+from epp.observability.plain import PlainHistogram
 from epp.scheduling.framework import CycleState, Linear, LinearScorer
 from epp.scheduling.hashing import BlockHasher
 
@@ -172,6 +174,10 @@ class PrefixCacheScorer(LinearScorer):
         self.index = PrefixIndex(lru_capacity)
         self._hashers: dict[int, BlockHasher] = {}
         self._key = f"prefix-cache:{name}"
+        # Per lookup: matched share of the prompt and matched bytes (upstream's prefix_indexer_hit_* histograms),
+        # plain counts read when /metrics is scraped.
+        self.hit_ratio = PlainHistogram(buckets.PREFIX_HIT_RATIO)
+        self.hit_bytes = PlainHistogram(buckets.PREFIX_HIT_BYTES)
 
     def _hasher(self, snapshot: Snapshot, candidates: IntArray) -> BlockHasher:
         block = self.block_size
@@ -194,7 +200,11 @@ class PrefixCacheScorer(LinearScorer):
             hashes: list[int] = hasher.hash_prompt(request.prompt, request.model).tolist()
             self.index.sync(state.snapshot)
             matched = self.index.match(hashes, state.snapshot.present.size) if hashes else _NO_MATCH
-            cached = state.scratch[self._key] = (hashes, matched, self.index.reach if hashes else 0)
+            reach = self.index.reach if hashes else 0
+            cached = state.scratch[self._key] = (hashes, matched, reach)
+            if hashes:
+                self.hit_ratio.observe(reach / len(hashes))
+                self.hit_bytes.observe(reach * hasher.block_bytes)
         return cached
 
     def linear(self, state: CycleState, candidates: IntArray) -> Linear:

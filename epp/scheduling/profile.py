@@ -7,8 +7,9 @@ virtual-time benchmark drives exactly this code.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -50,6 +51,14 @@ class SchedulingProfile:
         return " ".join(parts)
 
 
+class PluginWrapper(Protocol):
+    """Wraps one plugin method (extension point, plugin, bound method) into an equivalent callable, e.g. a timer."""
+
+    every: int
+
+    def timed(self, point: str, plugin: Any, method: Callable[..., Any]) -> Callable[..., Any]: ...
+
+
 class ProfileScheduler:
     """Runs one scheduling profile (upstream's single-profile-handler) and carries the pool's saturation detector."""
 
@@ -59,24 +68,58 @@ class ProfileScheduler:
         self.freshness = self.saturation.freshness  # the pool's one rule for usable data, shared with the detector
         self._filters = profile.filters
         self._scorers = tuple(
-            (s.scorer, s.weight, bool(getattr(s.scorer, "UNIT_INTERVAL", False)), getattr(s.scorer, "linear", None))
+            (
+                s.scorer.score,
+                s.weight,
+                bool(getattr(s.scorer, "UNIT_INTERVAL", False)),
+                getattr(s.scorer, "linear", None),
+                s.scorer,
+            )
             for s in profile.scorers
             if s.weight > 0
         )
         self._picker = profile.picker
         self._observers = profile.observers
+        self._plain = self._timed = (tuple(f.filter for f in self._filters), self._scorers, self._picker.pick)
+        self._every = 0  # 0: never instrumented
+        self._count = 0
+
+    def instrument(self, wrapper: PluginWrapper) -> None:
+        """Run one pick in `wrapper.every` through wrapped plugin methods (per-plugin durations); the others, and
+        the decisions of all, are unchanged: the same loop iterates the other tuple."""
+        self._timed = (
+            tuple(wrapper.timed("Filter", f, f.filter) for f in self._filters),
+            tuple(
+                (
+                    wrapper.timed("Scorer", plugin, score),
+                    w,
+                    bounded,
+                    wrapper.timed("Scorer", plugin, linear) if linear is not None else None,
+                    plugin,
+                )
+                for score, w, bounded, linear, plugin in self._scorers
+            ),
+            wrapper.timed("Picker", self._picker, self._picker.pick),
+        )
+        self._every = max(1, wrapper.every)
 
     def pick(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> Sequence[int]:
         """Slots best first (empty: a filter left no candidate). `candidates` are distinct present slots in
         ascending order, as the director builds them (`CycleState.take` relies on it to skip gathers)."""
         state = CycleState(snapshot, candidates, request, now, self.freshness)
-        for f in self._filters:
-            candidates = f.filter(state, candidates)
+        filters, scorers, pick = self._plain
+        if self._every:
+            self._count += 1
+            if self._count >= self._every:
+                self._count = 0
+                filters, scorers, pick = self._timed
+        for run_filter in filters:
+            candidates = run_filter(state, candidates)
             if candidates.size == 0:
                 return ()
         total: FloatArray | None = None
         offset = 0.0  # the linear scorers' constant parts, added once at the end
-        for scorer, weight, bounded, linear in self._scorers:
+        for score, weight, bounded, linear, _ in scorers:
             if linear is not None:
                 form: Linear = linear(state, candidates)
                 offset += weight * form.offset
@@ -85,7 +128,7 @@ class ProfileScheduler:
                     continue
                 scores = term
             else:
-                scores = scorer.score(state, candidates)
+                scores = score(state, candidates)
                 if not bounded:
                     scores = sanitize(np.array(scores, dtype=np.float64))
                 scores *= weight
@@ -99,7 +142,7 @@ class ProfileScheduler:
             if offset:
                 total += offset
             np.fmax(total, 0.0, out=total)  # a NaN that slipped through counts as 0, not as "best"
-        slots = self._picker.pick(state, candidates, total)
+        slots = pick(state, candidates, total)
         if slots:
             primary = int(slots[0])
             for observer in self._observers:

@@ -14,7 +14,7 @@ import numpy as np
 
 from epp.config.model import SaturationThresholds
 from epp.datastore import Freshness
-from epp.scheduling import affinity, filters, pickers, prefix, saturation, scorers
+from epp.scheduling import affinity, filters, pickers, prefix, saturation, scorers, test_selection
 from epp.scheduling.params import Params
 
 
@@ -25,6 +25,14 @@ class Kind(enum.Enum):
     PROFILE_HANDLER = "profile handler"
     PARSER = "parser"
     DATA_LAYER = "data-layer plugin"
+    DISCOVERY = "endpoint-discovery plugin"
+
+
+class Stability(enum.Enum):
+    """Upstream's stability levels: an ALPHA type loads only with `--allow-experimental-plugins`, as upstream."""
+
+    ALPHA = "alpha"
+    BETA = "beta"
 
 
 @dataclass(slots=True)
@@ -49,16 +57,27 @@ class PluginType:
     kind: Kind
     factory: Factory
     summary: str
+    stability: Stability = Stability.BETA
+    replaced_by: str | None = None  # deprecated upstream in favour of this type: loading it logs a warning
 
 
 class Registry:
     def __init__(self) -> None:
         self._types: dict[str, PluginType] = {}
 
-    def register(self, type_name: str, kind: Kind, factory: Factory, summary: str) -> None:
+    def register(
+        self,
+        type_name: str,
+        kind: Kind,
+        factory: Factory,
+        summary: str,
+        *,
+        stability: Stability = Stability.BETA,
+        replaced_by: str | None = None,
+    ) -> None:
         if type_name in self._types:
             raise ValueError(f"plugin type {type_name!r} registered twice")
-        self._types[type_name] = PluginType(type_name, kind, factory, summary)
+        self._types[type_name] = PluginType(type_name, kind, factory, summary, stability, replaced_by)
 
     def get(self, type_name: str) -> PluginType | None:
         return self._types.get(type_name)
@@ -142,6 +161,34 @@ def _by_label(name: str, params: Params, ctx: BuildContext) -> object:
     return filters.LabelFilter("by-label", name, filters.label_in(label, valid, allow_missing))
 
 
+def _header_testing_filter(name: str, params: Params, ctx: BuildContext) -> object:
+    params.finish()
+    return test_selection.HeaderBasedTestingFilter(name)
+
+
+@dataclass(frozen=True, slots=True)
+class FileDiscoveryPlugin:
+    """Upstream's `file-discovery`: endpoints from a YAML/JSON file instead of a cluster (`dataLayer.discovery`).
+
+    Only the parameters here: reading and watching the file is a feeder's job (`epp.discovery.file`), which the
+    composition root starts when the config names this plugin.
+    """
+
+    type_name: str
+    name: str
+    path: str
+    watch_file: bool
+
+
+def _file_discovery(name: str, params: Params, ctx: BuildContext) -> object:
+    path = params.text("path", "")
+    watch = params.flag("watchFile", False)
+    params.finish()
+    if not path:
+        raise params.error("path", "required: the endpoints file to read")
+    return FileDiscoveryPlugin("file-discovery", name, path, watch)
+
+
 def _role_filter(make: Callable[[str], object]) -> Factory:
     def factory(name: str, params: Params, ctx: BuildContext) -> object:
         params.finish()
@@ -152,7 +199,8 @@ def _role_filter(make: Callable[[str], object]) -> Factory:
 
 @dataclass(frozen=True, slots=True)
 class Marker:
-    """A plugin with no behaviour of its own here: the single profile handler, the OpenAI parser."""
+    """A plugin with no behaviour of its own here: the single profile handler; a parser (the request path runs
+    it: `epp.requests.parsers` holds the implementation of each parser type)."""
 
     type_name: str
     name: str
@@ -194,18 +242,29 @@ def register_builtins(registry: Registry) -> Registry:
     r("inflight-load-scorer", Kind.SCORER, _no_params(scorers.InflightLoadScorer), "waiting + own unscraped picks")
     r("prefix-cache-scorer", Kind.SCORER, _prefix, "approximate prefix-cache affinity")
     r("lora-affinity-scorer", Kind.SCORER, _no_params(affinity.LoraAffinityScorer), "LoRA adapter affinity")
-    r("session-affinity-scorer", Kind.SCORER, _session, "x-session-token stickiness")
+    r("session-affinity-scorer", Kind.SCORER, _session, "x-session-token stickiness", stability=Stability.ALPHA)
     r("utilization-detector", Kind.FILTER, _saturation_filter, "drops saturated or stale endpoints")
     r("saturation-filter", Kind.FILTER, _saturation_filter, "alias of utilization-detector")
     r("label-filter", Kind.FILTER, _label_filter, "keeps endpoints carrying matchLabels")
-    r("by-label", Kind.FILTER, _by_label, "llm-d: label value in validValues")
-    r("decode-filter", Kind.FILTER, _role_filter(filters.decode_filter), "llm-d: decode or both role")
-    r("prefill-filter", Kind.FILTER, _role_filter(filters.prefill_filter), "llm-d: prefill role")
+    r("by-label", Kind.FILTER, _by_label, "label value in validValues", replaced_by="label-selector-filter")
+    r("decode-filter", Kind.FILTER, _role_filter(filters.decode_filter), "roles that decode; unlabelled kept")
+    r("prefill-filter", Kind.FILTER, _role_filter(filters.prefill_filter), "roles that prefill")
+    r("encode-filter", Kind.FILTER, _role_filter(filters.encode_filter), "roles that encode")
+    r(
+        "header-based-testing-filter",
+        Kind.FILTER,
+        _header_testing_filter,
+        "conformance tests only: keeps the endpoints named by test-epp-endpoint-selection",
+    )
     r("max-score-picker", Kind.PICKER, _picker(pickers.MaxScorePicker), "highest score, random tie-break")
     r("random-picker", Kind.PICKER, _picker(pickers.RandomPicker), "uniform")
     r("weighted-random-picker", Kind.PICKER, _picker(pickers.WeightedRandomPicker), "proportional to score")
     r("single-profile-handler", Kind.PROFILE_HANDLER, _marker("single-profile-handler"), "runs the one profile")
-    r("openai-parser", Kind.PARSER, _marker("openai-parser"), "OpenAI request bodies (always on)")
+    r("openai-parser", Kind.PARSER, _marker("openai-parser"), "OpenAI API bodies and usage")
+    r("anthropic-parser", Kind.PARSER, _marker("anthropic-parser"), "Anthropic Messages API bodies and usage")
+    r("vllmhttp-parser", Kind.PARSER, _marker("vllmhttp-parser"), "vLLM /inference/v1/generate (token ids)")
+    r("passthrough-parser", Kind.PARSER, _marker("passthrough-parser"), "any body, unread: a pool-level pick")
+    r("file-discovery", Kind.DISCOVERY, _file_discovery, "endpoints from a YAML/JSON file, optionally watched")
     r("metrics-data-source", Kind.DATA_LAYER, _data_layer("metrics-data-source"), "the /metrics scraper (always on)")
     r(
         "core-metrics-extractor",

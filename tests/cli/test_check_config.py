@@ -28,6 +28,23 @@ def test_a_good_file_exits_0_and_describes_the_profile(tmp_path: Path, capsys) -
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
     assert "ok: " in out and "queue-scorer×2" in out and "federation" in out
+    # the effective profile: every plugin with its parameters after defaults, the added ones marked
+    assert (
+        'plugin prefix-cache-scorer (prefix-cache-scorer, scorer): {"autoTune": true, "blockSize": 32, '
+        '"lruCapacityPerServer": 31250, "maxPrefixBlocksToMatch": 256}'
+    ) in out
+    assert 'plugin max-score-picker (max-score-picker, picker) (added): {"maxNumOfEndpoints": 1}' in out
+    assert "plugin passthrough-parser (passthrough-parser, parser) (added): {}" in out
+    assert "parsers: openai-parser, anthropic-parser, vllmhttp-parser, passthrough-parser" in out
+    assert "warning: apiVersion inference.networking.x-k8s.io/v1alpha1 is deprecated" in out
+
+
+def test_alpha_types_need_the_flag(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "alpha.yaml"
+    path.write_text(GOOD.replace("- type: queue-scorer\n", "- type: queue-scorer\n- type: session-affinity-scorer\n"))
+    assert main(["check-config", str(path)]) == 1
+    assert "--allow-experimental-plugins is not set" in capsys.readouterr().out
+    assert main(["check-config", "--allow-experimental-plugins", str(path)]) == 0
 
 
 def test_a_refused_file_exits_1_with_the_reason(tmp_path: Path, capsys) -> None:

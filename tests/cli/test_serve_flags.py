@@ -21,8 +21,22 @@ from tests.support.procs import epp_argv
         (["serve", "--static-endpoints", "nope"], "not an IP address"),
         (["serve"], "no endpoint source"),
         (["serve", "--static-endpoints", "127.0.0.1:1", "--pool-file", "/nonexistent/pool.yaml"], "cannot read"),
+        (["serve", "--max-concurrent-streams", "0"], "must be positive"),
+        (["serve", "--stream-idle-timeout", "0s"], "--stream-idle-timeout"),
+        (["serve", "--static-endpoints", "127.0.0.1:1", "--max-buffered-body-bytes", "10"], "below --max-body-bytes"),
     ],
-    ids=["port-range", "port-text", "body-limit", "unknown-flag", "bad-endpoint", "no-source", "missing-pool-file"],
+    ids=[
+        "port-range",
+        "port-text",
+        "body-limit",
+        "unknown-flag",
+        "bad-endpoint",
+        "no-source",
+        "missing-pool-file",
+        "stream-cap",
+        "idle-timeout",
+        "budget-below-body-limit",
+    ],
 )
 def test_bad_flags_exit_2_with_one_line(args: list[str], message: str, tmp_path: Path) -> None:
     result = subprocess.run(epp_argv(*args), capture_output=True, text=True, timeout=60)

@@ -90,3 +90,43 @@ def test_bad_flags_end_with_one_line_and_exit_2(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.process
+def test_sim_publishes_kv_events_on_its_kv_events_ports() -> None:
+    from epp.kvevents.feeder import Feeder, KvSource
+    from epp.kvevents.index import KvBlockIndex
+    from epp.sim.tokens import token_ids
+
+    base, kv = _free_port_pair(), _free_port_pair()
+    argv = ["--servers", "2", "--base-port", str(base), "--kv-events-port", str(kv)]
+    proc = subprocess.Popen([sys.executable, "-m", "epp", "sim", *argv], stdout=subprocess.PIPE, text=True)
+    feeder = Feeder(KvBlockIndex())
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline().split() for _ in range(2)]
+        assert [line[-1] for line in lines] == [f"kv-events=127.0.0.1:{kv}", f"kv-events=127.0.0.1:{kv + 1}"]
+        address = lines[1][1]
+        feeder.update([KvSource(line[1], "127.0.0.1", port=int(line[-1].rsplit(":", 1)[1])) for line in lines])
+        while (stats := feeder.stats().get(address)) is None or stats.batches == 0:  # until subscribed
+            reset = urllib.request.Request(f"http://{address}/reset_prefix_cache", data=b"", method="POST")
+            with urllib.request.urlopen(reset, timeout=10):
+                pass
+            feeder.poll(50)
+        prompt = "the same long system prompt, " * 40
+        body = json.dumps({"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": prompt, "max_tokens": 2}).encode()
+        request = urllib.request.Request(
+            f"http://{address}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+        keys = feeder.index.request_keys(token_ids(prompt))
+        for _ in range(250):
+            if feeder.index.match(keys):
+                break
+            feeder.poll(20)
+        assert feeder.index.match(keys) == {address: len(prompt) // 4 // 16}
+    finally:
+        feeder.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)

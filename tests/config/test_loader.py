@@ -15,7 +15,11 @@ REFERENCE_VERDICTS = {
     "llmd-router-epp-config.yaml": None,
     "gie-configloader_1_test.yaml": ("plugin 'test1'", "type 'test-one'", "not implemented"),
     "gie-integration-datalayer-config.yaml": ("plugin 'mock-metrics-source'", "not implemented"),
-    "llmd-router-pd-epp-config.yaml": ("plugin 'disagg-profile-handler'", "plugin 'approx-prefix-cache-producer'"),
+    "llmd-router-pd-epp-config.yaml": (
+        "plugin 'disagg-profile-handler': type 'disagg-profile-handler' (upstream profile handler",
+        "plugin 'approx-prefix-cache-producer': type 'approx-prefix-cache-producer' (upstream producer",
+        "plugin 'prefix-based-pd-decider'",
+    ),
 }
 
 
@@ -35,6 +39,7 @@ def test_reference_config_loads_or_is_refused_precisely(reference_data: Path, na
         load_config(path)
     message = str(err.value)
     assert message.startswith(str(path))
+    assert "\n" not in message  # one line, as the server logs it
     for words in refusal:
         assert words in message
 
@@ -72,7 +77,8 @@ REFUSALS = [
     pytest.param(_doc(featureGates=["warpDrive"]), "unknown feature gate 'warpDrive'", id="unknown-gate"),
     pytest.param(_doc(saturationDetector={"queueDepth": 3}), "unknown field(s) queueDepth", id="saturation-typo"),
     pytest.param(_doc(saturationDetector={"metricsStalenessThreshold": "soon"}), "not a duration", id="bad-staleness"),
-    pytest.param(_doc(flowControl={}), "flow control", id="flow-control"),
+    pytest.param(_doc(flowControl=[]), "flowControl: expected a mapping", id="flow-control-not-mapping"),
+    pytest.param(_doc(featureGates=["flowControl=maybe"]), "'maybe' is not a valid value", id="gate-bad-value"),
     pytest.param(_doc(federation=["x"]), "federation: expected a mapping", id="federation-not-mapping"),
     pytest.param(None, "empty", id="empty-file"),
 ]

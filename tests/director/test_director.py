@@ -11,6 +11,7 @@ from epp.datastore.objectives import ObjectiveStore, RewriteRule, RewriteTarget
 from epp.datastore.table import EndpointInfo, MetricsSample
 from epp.director import Director
 from epp.errors import EppError, ErrorCode
+from epp.extproc.messages import immediate_response
 from epp.requests import parse_request
 from epp.scheduling import build_scheduler
 
@@ -120,3 +121,37 @@ def test_with_the_subset_filter_disabled_the_hint_is_ignored() -> None:
     director = Director(table, build_scheduler(None, seed=0), clock=lambda: NOW, honour_subset=False)
     decision = director.decide(_request(), ["127.10.0.99:8000"])  # a hint naming no pool endpoint
     assert decision.addresses[0] in {"127.10.0.1:8000", "127.10.0.2:8000"}
+
+
+def test_a_sheddable_request_named_by_upstreams_header_gets_429_with_the_dropped_reason() -> None:
+    store = ObjectiveStore()
+    store.put_objective("batch", -1)
+    director = _director(_table(10.0), store)
+    with pytest.raises(EppError) as err:
+        director.decide(_request(**{"x-llm-d-inference-objective": "batch"}))
+    assert err.value.code.http_status == 429 and err.value.dropped_reason == "rejected-saturated"
+    answer = immediate_response(err.value).immediate_response
+    assert answer.status.code == 429
+    headers = {h.header.key: h.header.raw_value.decode() for h in answer.headers.set_headers}
+    assert headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
+
+
+def test_an_empty_pool_is_refused_with_rejected_no_endpoints_and_a_scheduler_failure_without_a_reason() -> None:
+    director = _director(EndpointTable(), ObjectiveStore())
+    with pytest.raises(EppError) as err:
+        director.decide(_request())
+    assert err.value.code.http_status == 503 and err.value.dropped_reason == "rejected-no-endpoints"
+    headers = immediate_response(EppError(ErrorCode.SERVICE_UNAVAILABLE, "x")).immediate_response.headers
+    assert [h.header.key for h in headers.set_headers] == ["content-type"]
+
+
+def test_the_conformance_selection_header_is_honoured_only_when_enabled() -> None:
+    table = _table(waiting=0.0)
+    named = _request(**{"test-epp-endpoint-selection": "127.10.0.2"})
+    enabled = Director(table, build_scheduler(None, seed=0), clock=lambda: NOW, test_selection=True)
+    assert {enabled.decide(named).addresses[0] for _ in range(20)} == {"127.10.0.2:8000"}
+    with pytest.raises(EppError) as err:
+        enabled.decide(_request(**{"test-epp-endpoint-selection": "127.10.0.77"}))
+    assert "test-epp-endpoint-selection" in err.value.message
+    disabled = Director(table, build_scheduler(None, seed=0), clock=lambda: NOW)
+    assert len({disabled.decide(named).addresses[0] for _ in range(40)}) == 2

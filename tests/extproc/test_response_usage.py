@@ -53,7 +53,12 @@ def test_odd_usage_keeps_a_buffered_200_a_200_and_is_counted(name: str, payload:
     out = stream.handle(response_body(payload, True))
     assert kinds(out) == ["response_body"]
     assert not out[0].response_body.response.HasField("body_mutation")
-    assert metrics.registry.get_sample_value("inference_objective_input_tokens_count", {"model_name": "m1"}) is None
+    assert (
+        metrics.registry.get_sample_value(
+            "inference_objective_input_tokens_count", {"model_name": "m1", "target_model_name": "m1"}
+        )
+        is None
+    )
     assert metrics.registry.get_sample_value("epp_response_usage_invalid_total") == 1.0
     assert inflight(director) == 0
 
@@ -80,8 +85,18 @@ def test_good_usage_split_across_chunks_is_read_once() -> None:
     payload = b'{"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 3}}'
     for i in range(0, len(payload), 9):
         stream.handle(response_body(payload[i : i + 9], i + 9 >= len(payload)))
-    assert metrics.registry.get_sample_value("inference_objective_input_tokens_sum", {"model_name": "m1"}) == 11.0
-    assert metrics.registry.get_sample_value("inference_objective_output_tokens_count", {"model_name": "m1"}) == 1.0
+    assert (
+        metrics.registry.get_sample_value(
+            "inference_objective_input_tokens_sum", {"model_name": "m1", "target_model_name": "m1"}
+        )
+        == 11.0
+    )
+    assert (
+        metrics.registry.get_sample_value(
+            "inference_objective_output_tokens_count", {"model_name": "m1", "target_model_name": "m1"}
+        )
+        == 1.0
+    )
     assert metrics.registry.get_sample_value("epp_response_usage_invalid_total") == 0.0
 
 

@@ -206,7 +206,12 @@ def test_streamed_sse_response_passes_through_untouched_and_usage_is_read() -> N
         out = stream.handle(response_body(chunk, i == len(chunks) - 1))
         echoed += b"".join(r.response_body.response.body_mutation.streamed_response.body for r in out)
     assert echoed == b"".join(chunks)
-    assert metrics.registry.get_sample_value("inference_objective_output_tokens_sum", {"model_name": "m1"}) == 2.0
+    assert (
+        metrics.registry.get_sample_value(
+            "inference_objective_output_tokens_sum", {"model_name": "m1", "target_model_name": "m1"}
+        )
+        == 2.0
+    )
     assert int(director.table.snapshot().inflight.sum()) == 0
 
 
@@ -217,7 +222,12 @@ def test_buffered_json_response_usage_is_read_and_in_flight_released() -> None:
     stream.handle(response_headers("application/json"))
     out = stream.handle(response_body(b'{"usage": {"prompt_tokens": 5, "completion_tokens": 9}}', True))
     assert [r.WhichOneof("response") for r in out] == ["response_body"]
-    assert metrics.registry.get_sample_value("inference_objective_input_tokens_sum", {"model_name": "m1"}) == 5.0
+    assert (
+        metrics.registry.get_sample_value(
+            "inference_objective_input_tokens_sum", {"model_name": "m1", "target_model_name": "m1"}
+        )
+        == 5.0
+    )
     assert int(director.table.snapshot().inflight.sum()) == 0
 
 

@@ -15,6 +15,9 @@ group/version/plural, namespaced or cluster-scoped:
   inactivity timeout notices); `compact()` forgets history so resuming from an old resourceVersion gets 410;
   `always_gone()` answers every watch with 410, even one from the resourceVersion the list just gave (a broken
   watch cache); `go_away()`/`come_back()` refuse every request with 503 (an API server outage).
+- TokenReview (authentication.k8s.io/v1) and SubjectAccessReview (authorization.k8s.io/v1), as `--metrics-endpoint-auth`
+  uses them: `review_tokens` maps a bearer token to its user (name, groups), `allow_non_resource` holds the
+  (user, verb, path) triples that are authorized; anything else is unauthenticated or denied.
 - `calls`: every API call it served as (verb, path), verbs in RBAC's words (get, list, watch, create, update,
   patch, delete), for checking the manifests' RBAC against what the code really does.
 
@@ -102,6 +105,12 @@ class _Watcher:
         return _fields_match(self.fields, meta)
 
 
+_REVIEWS = (
+    "/apis/authentication.k8s.io/v1/tokenreviews",
+    "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+)
+
+
 def _status(code: int, reason: str, message: str) -> Obj:
     return {
         "kind": "Status",
@@ -161,6 +170,8 @@ class FakeApiServer:
         self.bookmark_interval_s = bookmark_interval_s
         self.calls: list[Call] = []
         self.rejected = 0  # requests refused for a missing or wrong bearer token
+        self.review_tokens: dict[str, tuple[str, list[str]]] = {}  # TokenReview: token → (username, groups)
+        self.allow_non_resource: set[tuple[str, str, str]] = set()  # SubjectAccessReview: (user, verb, path)
         self._resources: dict[tuple[str, str, str], Resource] = {}
         self._by_kind: dict[tuple[str, str], Resource] = {}
         for res in resources:
@@ -467,6 +478,8 @@ class FakeApiServer:
         if route is not None and route[2] is None and verb == "get":
             verb = "list"
         self.calls.append(Call(verb, request.path))
+        if method == "POST" and request.path in _REVIEWS:
+            return web.json_response(self._review(request.path, await request.json()), status=201)
         if route is None:
             return web.json_response(_status(404, "NotFound", f"the server could not find {request.path}"), status=404)
         res, namespace, name, sub = route
@@ -486,6 +499,20 @@ class FakeApiServer:
                 return web.json_response(_status(400, "BadRequest", "body is not an object"), status=400)
         status, payload = self._mutate(method, res, namespace or "", name, sub, body, request.content_type)
         return web.json_response(payload, status=status)
+
+    def _review(self, path: str, body: Obj) -> Obj:
+        """A TokenReview or SubjectAccessReview answered from `review_tokens` / `allow_non_resource`."""
+        spec = body.get("spec") or {}
+        if path == _REVIEWS[0]:
+            user = self.review_tokens.get(str(spec.get("token", "")))
+            status: Obj = {"authenticated": False, "error": "invalid bearer token"}
+            if user is not None:
+                status = {"authenticated": True, "user": {"username": user[0], "groups": list(user[1])}}
+        else:
+            attrs = spec.get("nonResourceAttributes") or {}
+            allowed = (spec.get("user"), attrs.get("verb"), attrs.get("path")) in self.allow_non_resource
+            status = {"allowed": allowed} if allowed else {"allowed": False, "reason": "no RBAC rule allows it"}
+        return {**body, "status": status}
 
     def _list(self, res: Resource, namespace: str | None, query: Mapping[str, str]) -> web.Response:
         labels = _parse_selector(query.get("labelSelector", ""))

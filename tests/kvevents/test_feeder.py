@@ -160,3 +160,28 @@ def test_source_syntax() -> None:
     assert parse_source("127.0.0.1:8001=127.0.0.2#3") == KvSource("127.0.0.1:8001", "127.0.0.2", 3)
     with pytest.raises(ValueError):
         parse_source("127.0.0.1:8000#-1")
+
+
+def test_a_publisher_that_comes_back_on_its_port_is_reconnected(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    pub = _Pub(ctx)
+    feeder = _feeder(ctx, pub, reconnect_ivl_ms=20, reconnect_ivl_max_ms=200)
+    for seq in range(3):
+        pub.send(seq, seq, seq - 1 if seq else None)
+    _until(feeder, lambda: _matched(feeder) == 3)
+    port = pub.port
+    pub.sock.close(linger=0)  # the engine goes away...
+    for _ in range(5):
+        feeder.poll(20)
+    again = ctx.socket(zmq.PUB)  # ...and a new one binds the same port: libzmq reconnects with its backoff
+    again.setsockopt(zmq.LINGER, 0)
+    again.bind(f"tcp://127.0.0.1:{port}")
+    pub.sock = again
+    seq = 0
+    deadline = time.monotonic() + 10
+    while feeder.stats()[EP].restarts == 0:
+        assert time.monotonic() < deadline, "never reconnected"
+        pub.send(seq, 7)  # the new engine's sequence starts at 0
+        seq = 1 if seq == 0 else seq + 1
+        feeder.poll(50)
+    assert _matched(feeder) == 0  # the old engine's blocks went with it
+    feeder.close()

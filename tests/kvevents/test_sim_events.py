@@ -74,10 +74,17 @@ async def _pump(feeder: Feeder, until: Callable[[], bool], seconds: float = 10.0
         await asyncio.to_thread(feeder.poll, 20)
 
 
-async def _connected(feeder: Feeder) -> None:
-    # a SUB socket gets nothing published before its subscription reaches the PUB (ZMQ's slow joiner)
-    for _ in range(15):
-        await asyncio.to_thread(feeder.poll, 20)
+async def _connected(feeder: Feeder, http: aiohttp.ClientSession, *servers: SimServer) -> None:
+    """A SUB gets nothing published before its subscription reaches the PUB (ZMQ's slow joiner): reset the
+    (still empty) caches until each server's `AllBlocksCleared` arrives, so the test's own events are never lost."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    for server in servers:
+        while (stats := feeder.stats().get(server.address)) is None or stats.batches == 0:
+            assert loop.time() < deadline, "the feeder never joined the publisher"
+            async with http.post(f"http://{server.address}/reset_prefix_cache") as r:
+                assert r.status == 200
+            await asyncio.to_thread(feeder.poll, 50)
 
 
 def _cached_blocks(server: SimServer, prompt: str) -> int:
@@ -102,7 +109,7 @@ async def test_index_matches_the_simulators_cache_across_servers(http: aiohttp.C
     feeder = Feeder(index)
     try:
         feeder.update([_source(a), _source(b)])
-        await _connected(feeder)
+        await _connected(feeder, http, a, b)
         pa, pb = _prompt(1), _prompt(2)
         await _complete(http, a, pa)
         await _complete(http, b, pb)
@@ -126,7 +133,7 @@ async def test_evictions_remove_index_entries_as_the_simulator_evicts(http: aioh
     feeder = Feeder(index)
     try:
         feeder.update([_source(server)])
-        await _connected(feeder)
+        await _connected(feeder, http, server)
         prompts = [_prompt(i) for i in range(5)]  # 5 × 25 blocks through a 64-block cache
         for p in prompts:
             await _complete(http, server, p)
@@ -146,13 +153,14 @@ async def test_reset_prefix_cache_clears_the_endpoints_entries(http: aiohttp.Cli
     feeder = Feeder(index)
     try:
         feeder.update([_source(server)])
-        await _connected(feeder)
+        await _connected(feeder, http, server)
         prompt = _prompt(7)
         await _complete(http, server, prompt)
         await _pump(feeder, lambda: index.blocks(server.address) == 25)
+        cleared = index.counters.cleared
         async with http.post(f"http://{server.address}/reset_prefix_cache") as r:
             assert r.status == 200
-        await _pump(feeder, lambda: index.counters.cleared == 1)
+        await _pump(feeder, lambda: index.counters.cleared == cleared + 1)
         assert index.blocks(server.address) == 0
         assert _index_blocks(index, server, prompt) == 0 == _cached_blocks(server, prompt)
     finally:
@@ -166,7 +174,7 @@ async def test_a_lost_batch_without_replay_drops_the_endpoints_entries(http: aio
     feeder = Feeder(index)
     try:
         feeder.update([_source(server)])
-        await _connected(feeder)
+        await _connected(feeder, http, server)
         first, lost, after = _prompt(10), _prompt(11), _prompt(12)
         await _complete(http, server, first)
         await _pump(feeder, lambda: index.blocks(server.address) == 25)
@@ -190,7 +198,7 @@ async def test_a_lost_batch_is_replayed_and_nothing_is_dropped(http: aiohttp.Cli
     feeder = Feeder(index, FeederSettings(replay_timeout_s=5.0))
     try:
         feeder.update([_source(server)])
-        await _connected(feeder)
+        await _connected(feeder, http, server)
         first, lost, after = _prompt(20), _prompt(21), _prompt(22)
         await _complete(http, server, first)
         await _pump(feeder, lambda: index.blocks(server.address) == 25)
@@ -199,10 +207,41 @@ async def test_a_lost_batch_is_replayed_and_nothing_is_dropped(http: aiohttp.Cli
         await _complete(http, server, lost)
         await _complete(http, server, after)
         stats = feeder.stats()[server.address]
-        await _pump(feeder, lambda: stats.replays_complete == 1 and index.blocks(server.address) == 75)
+        before = stats.replays_complete  # joining may already have replayed the (empty) history
+        await _pump(feeder, lambda: stats.replays_complete == before + 1 and index.blocks(server.address) == 75)
         assert (stats.gaps, stats.drops) == (1, 0)
         for p in (first, lost, after):
             assert _index_blocks(index, server, p) == 25 == _cached_blocks(server, p)
     finally:
         feeder.close()
+        await server.stop()
+
+
+@pytest.mark.process
+async def test_the_feeder_runs_as_a_process_of_its_own(http: aiohttp.ClientSession) -> None:
+    import json
+    import subprocess
+    import sys
+
+    server = await _server("own")
+    assert server.kv_events is not None
+    argv = ["--source", f"{server.address}=127.0.0.1", "--port", str(server.kv_events.port), "--stats-interval", "0.2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "epp.kvevents.feeder", *argv, "--duration", "20"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        for _ in range(3):  # its first stats lines: it is up, connected, and its subscription reached the publisher
+            json.loads(await asyncio.to_thread(proc.stdout.readline))
+        await _complete(http, server, _prompt(30))
+        blocks = 0
+        for _ in range(100):
+            line = json.loads(await asyncio.to_thread(proc.stdout.readline))
+            blocks = line["blocks"]
+            if blocks:
+                break
+        assert blocks == 25 and line["streams"][server.address]["batches"] >= 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
         await server.stop()

@@ -64,3 +64,48 @@ def test_stream_flag_and_control_headers_are_read() -> None:
     assert request.stream is True
     assert request.objective == "critical"
     assert request.session_token == "s1"
+
+
+UPSTREAM_NAMES = {
+    "x-llm-d-inference-objective": "new-objective",
+    "x-llm-d-inference-fairness-id": "tenant-a",
+    "x-llm-d-model-name-rewrite": "base-v2",
+    "x-llm-d-slo-ttft-ms": "250",
+    "x-llm-d-slo-tpot-ms": "20.5",
+}
+OLD_NAMES = {
+    "x-gateway-inference-objective": "old-objective",
+    "x-gateway-inference-fairness-id": "tenant-old",
+    "x-gateway-model-name-rewrite": "base-old",
+    "x-slo-ttft-ms": "900",
+    "x-slo-tpot-ms": "90",
+}
+BODY = {"model": "m", "prompt": "p"}
+
+
+def _control(request: InferenceRequest) -> tuple[object, ...]:
+    return (
+        request.objective,
+        request.fairness_id,
+        request.model_rewrite,
+        request.slo_ttft_ms,
+        request.slo_tpot_ms,
+    )
+
+
+@pytest.mark.parametrize("body", [BODY, None], ids=["with-body", "headers-only"])
+def test_upstreams_current_header_names_are_read_first_and_the_old_ones_are_aliases(body: object) -> None:
+    path = "/v1/completions" if body else "/v1/models"
+    raw = json.dumps(body).encode() if body else None
+
+    def parse(headers: dict[str, str]) -> InferenceRequest:
+        return parse_request("r1", path, headers, raw)
+
+    assert _control(parse({**OLD_NAMES, **UPSTREAM_NAMES})) == ("new-objective", "tenant-a", "base-v2", 250.0, 20.5)
+    assert _control(parse(OLD_NAMES)) == ("old-objective", "tenant-old", "base-old", 900.0, 90.0)
+    assert _control(parse({})) == (None,) * 5
+
+
+def test_an_slo_header_that_is_no_positive_number_counts_as_absent() -> None:
+    for value in ("soon", "-5", "0", "inf", ""):
+        assert _parse("/v1/completions", BODY, {"x-llm-d-slo-ttft-ms": value}).slo_ttft_ms is None

@@ -61,7 +61,7 @@ LABELS = [{"llm-d.ai/role": "decode"}, {"llm-d.ai/role": "prefill"}, {"llm-d.ai/
     ("make", "kept"),
     [
         pytest.param(decode_filter, [0, 2, 3], id="decode-or-both-or-unlabelled"),
-        pytest.param(prefill_filter, [1], id="prefill-only"),
+        pytest.param(prefill_filter, [1, 2], id="prefill-or-both"),
         pytest.param(lambda n: LabelFilter("label-filter", n, match_labels({"zone": "a"})), [3], id="match-labels"),
         pytest.param(lambda n: LabelFilter("label-filter", n, match_labels({"zone": "b"})), [], id="none-match"),
     ],

@@ -1,0 +1,207 @@
+"""Every plugin type upstream's picker registers, and what this picker does with each: the table behind
+docs/scheduling.md and behind the one-line refusal of a config naming a type we do not build.
+
+Source: llm-d-router `cmd/epp/runner/runner.go` `registerInTreePlugins()` (the stability of each type as it is
+registered there; ALPHA types need `--allow-experimental-plugins` upstream and here). A test checks this table
+against the registry (a type is SUPPORTED or ALIAS exactly when the registry builds it) and against the docs.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+
+class Status(enum.Enum):
+    SUPPORTED = "supported"
+    ALIAS = "accepted as alias"
+    REFUSED = "refused"
+
+
+class UpstreamType(NamedTuple):
+    type_name: str
+    kind: str
+    alpha: bool
+    status: Status
+    why: str
+
+
+_S, _A, _R = Status.SUPPORTED, Status.ALIAS, Status.REFUSED
+_FC = "flow control (priority-band queueing) is not implemented yet; sheddable requests get 429 when saturated"
+_PD = "multi-profile handlers (P/D disaggregation) are not implemented yet"
+_MC = "multi-cluster through InferencePoolImport is not implemented; epp federates sites instead (docs/federation.md)"
+_LAT = "latency prediction (a trained-model sidecar) is not implemented"
+_PROD = "producers are not implemented yet; prefix-cache-scorer computes its own match"
+_MM = "multimodal caching is not implemented"
+
+UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
+    # filters
+    UpstreamType(
+        "label-selector-filter",
+        "filter",
+        False,
+        _R,
+        "matchExpressions not implemented yet (label-filter takes matchLabels)",
+    ),
+    UpstreamType("by-label-selector", "filter", False, _R, "deprecated upstream (v0.9) for label-selector-filter"),
+    UpstreamType("by-label", "filter", False, _S, "deprecated upstream for label-selector-filter; warns on load"),
+    UpstreamType(
+        "decode-filter",
+        "filter",
+        False,
+        _S,
+        "roles decode, prefill-decode, both, encode-prefill-decode; unlabelled kept",
+    ),
+    UpstreamType(
+        "prefill-filter",
+        "filter",
+        False,
+        _S,
+        "roles prefill, encode-prefill, prefill-decode, both, encode-prefill-decode",
+    ),
+    UpstreamType("encode-filter", "filter", False, _S, "roles encode, encode-prefill, encode-prefill-decode"),
+    UpstreamType("prefix-cache-affinity-filter", "filter", False, _R, "needs a prefix-match producer"),
+    UpstreamType("slo-headroom-tier-filter", "filter", False, _R, _LAT),
+    UpstreamType(
+        "session-affinity-filter", "filter", True, _R, "session affinity is a scorer here (session-affinity-scorer)"
+    ),
+    UpstreamType("multicluster-session-affinity-filter", "filter", True, _R, _MC),
+    UpstreamType("endpoint-attribute-filter", "filter", True, _R, "not implemented"),
+    UpstreamType("topology-affinity-filter", "filter", True, _R, "topology attributes are not collected"),
+    UpstreamType(
+        "utilization-filter", "filter", True, _R, "not implemented; utilization-detector filters saturated endpoints"
+    ),
+    UpstreamType(
+        "header-based-testing-filter",
+        "filter",
+        False,
+        _S,
+        "conformance tests only: keeps the endpoints test-epp-endpoint-selection names",
+    ),
+    # scorers
+    UpstreamType("queue-scorer", "scorer", False, _S, ""),
+    UpstreamType("kv-cache-utilization-scorer", "scorer", False, _S, ""),
+    UpstreamType("running-requests-size-scorer", "scorer", False, _S, ""),
+    UpstreamType("lora-affinity-scorer", "scorer", False, _S, ""),
+    UpstreamType(
+        "prefix-cache-scorer", "scorer", False, _S, "computes its own match; producer parameters not yet accepted"
+    ),
+    UpstreamType("session-affinity-scorer", "scorer", True, _S, "x-session-token; no `strategy` parameter yet"),
+    UpstreamType(
+        "active-request-scorer", "scorer", False, _R, "not implemented yet (inflight-load-scorer is the nearest)"
+    ),
+    UpstreamType("load-aware-scorer", "scorer", False, _R, "not implemented yet"),
+    UpstreamType("context-length-aware", "scorer", False, _R, "not implemented yet"),
+    UpstreamType("token-load-scorer", "scorer", False, _R, "not implemented yet"),
+    UpstreamType("no-hit-lru-scorer", "scorer", False, _R, "not implemented yet"),
+    UpstreamType("mm-embeddings-cache-scorer", "scorer", False, _R, _MM),
+    UpstreamType("latency-scorer", "scorer", False, _R, _LAT),
+    UpstreamType(
+        "precise-prefix-cache-scorer",
+        "scorer",
+        False,
+        _R,
+        "deprecated upstream; KV-event routing not wired into scheduling yet",
+    ),
+    UpstreamType("header-label-affinity-scorer", "scorer", True, _R, "not implemented"),
+    UpstreamType("endpoint-attribute-scorer", "scorer", True, _R, "not implemented"),
+    UpstreamType("topology-affinity-scorer", "scorer", True, _R, "topology attributes are not collected"),
+    UpstreamType("multicluster-queue-scorer", "scorer", True, _R, _MC),
+    UpstreamType("multicluster-kv-cache-utilization-scorer", "scorer", True, _R, _MC),
+    UpstreamType("multicluster-prefix-cache-scorer", "scorer", True, _R, _MC),
+    # pickers
+    UpstreamType("max-score-picker", "picker", False, _S, ""),
+    UpstreamType("random-picker", "picker", False, _S, ""),
+    UpstreamType("weighted-random-picker", "picker", False, _S, ""),
+    # profile handlers and deciders
+    UpstreamType("single-profile-handler", "profile handler", False, _S, ""),
+    UpstreamType("disagg-profile-handler", "profile handler", False, _R, _PD),
+    UpstreamType("pd-profile-handler", "profile handler", False, _R, "deprecated upstream (v0.7); " + _PD),
+    UpstreamType("header-profile-handler", "profile handler", True, _R, _PD),
+    UpstreamType(
+        "data-parallel-profile-handler",
+        "profile handler",
+        False,
+        _R,
+        "deprecated upstream; data parallelism is several targetPorts",
+    ),
+    UpstreamType("prefix-based-pd-decider", "decider", False, _R, _PD),
+    UpstreamType("always-disagg-pd-decider", "decider", False, _R, _PD),
+    UpstreamType("always-disagg-multimodal-decider", "decider", False, _R, _PD),
+    UpstreamType("disagg-headers-handler", "pre-request", False, _R, "deprecated upstream; " + _PD),
+    UpstreamType("prefill-header-handler", "pre-request", False, _R, "deprecated upstream; " + _PD),
+    # data layer
+    UpstreamType("metrics-data-source", "data source", False, _S, "always on; the scraper"),
+    UpstreamType("core-metrics-extractor", "data extractor", False, _S, "per-engine metric names honoured"),
+    UpstreamType("file-discovery", "endpoint discovery", False, _S, "dataLayer.discovery; path, watchFile"),
+    UpstreamType("models-data-source", "data source", False, _R, "/v1/models is not polled"),
+    UpstreamType("models-data-extractor", "data extractor", False, _R, "/v1/models is not polled"),
+    UpstreamType("k8s-notification-source", "data source", False, _R, "the Kubernetes watches feed the table directly"),
+    UpstreamType(
+        "endpoint-notification-source", "data source", False, _R, "the Kubernetes watches feed the table directly"
+    ),
+    UpstreamType("dcgm-data-source", "data source", True, _R, "GPU utilisation is not collected"),
+    UpstreamType("dcgm-extractor", "data extractor", True, _R, "GPU utilisation is not collected"),
+    UpstreamType("topology-extractor", "data extractor", True, _R, "topology attributes are not collected"),
+    UpstreamType("multicluster-file-discovery", "endpoint discovery", True, _R, _MC),
+    UpstreamType("multicluster-metrics-data-source", "data source", True, _R, _MC),
+    UpstreamType("multicluster-metrics-extractor", "data extractor", True, _R, _MC),
+    # flow control
+    UpstreamType("global-strict-fairness-policy", "flow-control policy", False, _R, _FC),
+    UpstreamType("round-robin-fairness-policy", "flow-control policy", False, _R, _FC),
+    UpstreamType("program-aware-fairness", "flow-control policy", False, _R, _FC),
+    UpstreamType("fcfs-ordering-policy", "flow-control policy", False, _R, _FC),
+    UpstreamType("edf-ordering-policy", "flow-control policy", False, _R, _FC),
+    UpstreamType("slo-deadline-ordering-policy", "flow-control policy", False, _R, _FC),
+    UpstreamType("static-usage-limit-policy", "flow-control policy", False, _R, _FC),
+    UpstreamType("priority-holdback-policy", "flow-control policy", True, _R, _FC),
+    UpstreamType("soft-reflective-ceiling-policy", "flow-control policy", True, _R, _FC),
+    UpstreamType("sheddable-eviction-filter", "flow-control eviction", True, _R, _FC),
+    UpstreamType("priority-then-time-eviction-order-policy", "flow-control eviction", True, _R, _FC),
+    UpstreamType(
+        "utilization-detector", "saturation detector", False, _S, "also usable as a filter (alias saturation-filter)"
+    ),
+    UpstreamType("concurrency-detector", "saturation detector", False, _R, "not implemented yet"),
+    # admission
+    UpstreamType("latency-slo-admitter", "admitter", False, _R, _LAT),
+    UpstreamType(
+        "probabilistic-admitter", "admitter", False, _R, "not implemented; sheddable requests get 429 when saturated"
+    ),
+    # producers
+    UpstreamType("approx-prefix-cache-producer", "producer", False, _R, _PROD),
+    UpstreamType("inflight-load-producer", "producer", False, _R, _PROD),
+    UpstreamType("predicted-latency-producer", "producer", False, _R, _LAT),
+    UpstreamType("mm-embeddings-cache-producer", "producer", False, _R, _MM),
+    UpstreamType("token-producer", "producer", False, _R, _PROD),
+    UpstreamType("tokenizer", "producer", False, _R, "deprecated upstream for token-producer; " + _PROD),
+    UpstreamType("session-id-producer", "producer", False, _R, _PROD),
+    UpstreamType("precise-prefix-cache-producer", "producer", False, _R, _PROD),
+    UpstreamType("burst-prefix-cache-producer", "producer", True, _R, _PROD),
+    UpstreamType("p2p-source-producer", "producer", True, _R, _PROD),
+    UpstreamType("multicluster-approx-prefix-cache-producer", "producer", True, _R, _MC),
+    # other hooks
+    UpstreamType("request-attribute-reporter", "request hook", False, _R, "usage is reported as metrics only"),
+    UpstreamType("agent-identity", "request hook", True, _R, "not implemented"),
+    UpstreamType("disaggregatedset-rollout-screener", "request hook", True, _R, "not implemented"),
+    UpstreamType(
+        "destination-endpoint-served-verifier", "response hook", False, _R, "the served-endpoint check is built in"
+    ),
+    # parsers
+    UpstreamType("openai-parser", "parser", False, _S, ""),
+    UpstreamType("anthropic-parser", "parser", False, _S, "/v1/messages; usage from JSON and SSE"),
+    UpstreamType("vllmhttp-parser", "parser", False, _S, "/inference/v1/generate"),
+    UpstreamType("passthrough-parser", "parser", False, _S, "no body parsing: a pool-level pick"),
+    UpstreamType("vllmgrpc-parser", "parser", False, _R, "gRPC model-server protocols are not parsed"),
+    UpstreamType("sglanghttp-parser", "parser", False, _R, "not implemented"),
+    UpstreamType("vertexai-parser", "parser", False, _R, "gRPC model-server protocols are not parsed"),
+)
+
+BY_NAME = {t.type_name: t for t in UPSTREAM_TYPES}
+
+
+def describe_unimplemented(type_name: str) -> str:
+    """For a refusal: ` (upstream producer: <why>)` when upstream knows the type, else nothing."""
+    known = BY_NAME.get(type_name)
+    if known is None:
+        return ""
+    return f" (upstream {known.kind}{', alpha' if known.alpha else ''}: {known.why})"

@@ -1,0 +1,119 @@
+"""The shared-memory block table answers exactly what the index answers, through rebuilds and any endpoint count."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from multiprocessing import shared_memory
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from epp.kvevents.decode import AllBlocksCleared, BlockRemoved, BlockStored
+from epp.kvevents.index import KvBlockIndex
+from epp.kvevents.shared import SharedBlockTable, TableWriter
+
+_RNG = random.Random(11)
+TOKENS = [_RNG.randrange(128_000) for _ in range(16 * 24)]
+
+
+def _buffers() -> tuple[dict[int, bytearray], Callable[[int, int], bytearray]]:
+    made: dict[int, bytearray] = {}
+
+    def alloc(generation: int, nbytes: int) -> bytearray:
+        made[generation] = bytearray(nbytes)
+        return made[generation]
+
+    return made, alloc
+
+
+def _from_table(index: KvBlockIndex, table: SharedBlockTable, keys: list[int]) -> dict[str, int]:
+    counts = table.prefix_blocks(np.asarray(keys, dtype=np.uint64))
+    names = index.slot_names()
+    return {names[i]: int(c) for i, c in enumerate(counts) if c and i < len(names) and names[i] is not None}  # type: ignore[misc]
+
+
+def _stored(first: int, n: int, parent: int | None) -> BlockStored:
+    return BlockStored(list(range(first, first + n)), parent, TOKENS[first * 16 : (first + n) * 16], 16, None, "GPU")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.integers(0, 70), st.sampled_from(["store", "extend", "remove", "clear"]), st.integers(1, 6)),
+        max_size=40,
+    )
+)
+def test_the_table_matches_the_index_after_any_events(ops: list[tuple[int, str, int]]) -> None:
+    index = KvBlockIndex()
+    made, alloc = _buffers()
+    writer = TableWriter(index, alloc, capacity=8)  # tiny: rebuilds happen
+    for endpoint, op, n in ops:
+        name = f"127.10.0.{endpoint}:8000"
+        have = index.blocks(name)
+        if op == "store":
+            index.apply(name, [_stored(0, n, None)], 1.0)
+        elif op == "extend" and have:
+            index.apply(name, [_stored(have, n, have - 1)], 1.0)
+        elif op == "remove" and have:
+            index.apply(name, [BlockRemoved([have - 1], "GPU")], 1.0)
+        elif op == "clear":
+            index.apply(name, [AllBlocksCleared()], 1.0)
+    keys = index.request_keys(TOKENS)
+    assert _from_table(index, writer.table, keys) == index.match(keys)
+    # a second view of the same bytes (as another process maps the segment) reads the same, without a copy
+    again = SharedBlockTable(made[writer.table.generation])
+    assert _from_table(index, again, keys) == index.match(keys)
+
+
+def test_a_full_table_is_rebuilt_larger_and_the_old_one_retired() -> None:
+    index = KvBlockIndex()
+    _, alloc = _buffers()
+    writer = TableWriter(index, alloc, capacity=8)
+    first = writer.table
+    index.apply("127.10.0.1:8000", [_stored(0, 20, None)], 1.0)
+    assert writer.table.generation > 0 and first.retired and not writer.table.retired
+    assert writer.table.capacity >= 40
+    keys = index.request_keys(TOKENS)
+    assert _from_table(index, writer.table, keys) == {"127.10.0.1:8000": 20}
+
+
+def test_more_than_64_endpoints_widen_the_masks() -> None:
+    index = KvBlockIndex()
+    _, alloc = _buffers()
+    writer = TableWriter(index, alloc)
+    for e in range(130):
+        index.apply(f"127.10.1.{e}:8000", [_stored(0, 1 + e % 3, None)], 1.0)
+    assert writer.table.words == 3
+    keys = index.request_keys(TOKENS)
+    assert _from_table(index, writer.table, keys) == index.match(keys)
+    assert len(index.match(keys)) == 130
+
+
+def test_a_real_shared_memory_segment_attached_by_name_reads_the_writers_table() -> None:
+    segments: list[shared_memory.SharedMemory] = []
+
+    def alloc(generation: int, nbytes: int) -> memoryview:
+        seg = shared_memory.SharedMemory(create=True, size=nbytes)
+        segments.append(seg)
+        return seg.buf
+
+    index = KvBlockIndex()
+    writer = TableWriter(index, alloc)
+    try:
+        index.apply("127.10.0.9:8000", [_stored(0, 5, None)], 1.0)
+        reader_seg = shared_memory.SharedMemory(name=segments[-1].name)
+        reader = SharedBlockTable(reader_seg.buf)
+        keys = index.request_keys(TOKENS)
+        assert _from_table(index, reader, keys) == {"127.10.0.9:8000": 5}
+        index.apply("127.10.0.9:8000", [BlockRemoved([4], "GPU")], 2.0)  # the reader sees writes as they land
+        assert _from_table(index, reader, keys) == {"127.10.0.9:8000": 4}
+        del reader
+        reader_seg.close()
+    finally:
+        del writer
+        index.mirror = None
+        for seg in segments:
+            seg.close()
+            seg.unlink()
