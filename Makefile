@@ -7,7 +7,11 @@ ENVOY := $(VENV)/tools/envoy/_bin/envoy
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all install test lint types imports unit fuzz demo bench clean lock
+IMAGE ?= ghcr.io/llmkube/epp:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' epp/__init__.py)
+BASE ?= python:3.11-slim-bookworm
+CONTAINER ?= $(shell command -v podman || command -v docker)
+
+.PHONY: image all install test lint types imports unit fuzz demo bench clean lock
 
 all: test
 
@@ -54,3 +58,8 @@ lock:
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# The picker's image (Dockerfile); not part of `make test`. manifests/image/prove.sh builds and runs it without a
+# registry (a debootstrapped base, podman with chroot isolation).
+image:
+	$(CONTAINER) build $(CONTAINER_BUILD_ARGS) --build-arg BASE=$(BASE) -t $(IMAGE) .

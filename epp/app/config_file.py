@@ -13,6 +13,7 @@ from pathlib import Path
 
 from epp.config.files import read_config, read_config_text
 from epp.config.model import EndpointPickerConfig
+from epp.requests import DEFAULT_PARSERS, ParserChain
 from epp.scheduling import build_scheduler
 from epp.scheduling.build import deprecations
 from epp.scheduling.registry import Registry
@@ -36,3 +37,10 @@ def load_config(
         for warning in deprecations(config, registry):
             log.warning("%s: DEPRECATION/IGNORED: %s", config.source, warning)
     return config
+
+
+def parser_chain_of(config: EndpointPickerConfig | None) -> ParserChain:
+    """The parsers `requestHandler.parsers` lists, in order (their plugins' types); none listed: upstream's default."""
+    if config is None or not config.parser_refs:
+        return DEFAULT_PARSERS
+    return ParserChain([config.plugin(ref).type for ref in config.parser_refs])

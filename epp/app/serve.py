@@ -23,7 +23,7 @@ import grpc
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from epp.app.config_file import load_config
+from epp.app.config_file import load_config, parser_chain_of
 from epp.app.federation import build_federation
 from epp.app.health import HealthState
 from epp.app.http import build_http_app, pool_report
@@ -48,6 +48,7 @@ from epp.observability.logs import configure_logging
 from epp.observability.metrics import FreezableCollector, LoopCollector, PickerMetrics
 from epp.observability.plugins import PluginTimer
 from epp.scheduling import build_scheduler
+from epp.scheduling.build import deprecations
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
 from epp.scrape.scraper import ScrapeService
@@ -128,9 +129,9 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     allow_experimental = bool(getattr(args, "allow_experimental_plugins", False))  # Alpha types, as upstream
     config: EndpointPickerConfig | None = None
     if config_text is not None:
-        config = load_config(None, text=config_text, allow_experimental=allow_experimental)
+        config = load_config(None, text=config_text, allow_experimental=allow_experimental, warn=False)
     elif args.config_file:
-        config = load_config(args.config_file, allow_experimental=allow_experimental)
+        config = load_config(args.config_file, allow_experimental=allow_experimental, warn=False)
     # One rule for usable endpoint data, for every decision and for /debug/pool: the flags' thresholds, or the
     # config's saturationDetector.metricsStalenessThreshold where it gives one.
     scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness, allow_experimental=allow_experimental)
@@ -149,6 +150,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
 
         scheduler = TracingScheduler(scheduler, tracer)  # type: ignore[assignment]
     federation = build_federation(args, state.failure_mode(), config, scheduler.saturation.saturated)
+    for warning in deprecations(config) if config is not None else ():  # after every check that refuses to start
+        log.warning("%s: %s", config.source if config is not None else "", warning)
     if federation is not None:
         federation.connect(getattr(args, "kubeconfig", "") or "")
     director = Director(
@@ -169,7 +172,10 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
 
         decider = TracingDirector(director, tracer)
     processor = ExternalProcessor(
-        decider, metrics, StreamSettings(max_body_bytes=args.max_body_bytes), limits=_server_limits(args)
+        decider,
+        metrics,
+        StreamSettings(max_body_bytes=args.max_body_bytes, parsers=parser_chain_of(config)),
+        limits=_server_limits(args),
     )
 
     # A BUFFERED body arrives as one message: gRPC's default 4 MiB receive limit would break the stream below

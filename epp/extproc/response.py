@@ -19,6 +19,8 @@ from typing import NamedTuple
 
 import orjson
 
+from epp.requests import UsageDialect
+
 MAX_USAGE_BUFFER = 1 << 20  # response bytes kept to find `usage`; a larger JSON answer is not searched
 MAX_TOKENS = 1 << 31  # no model context comes near it; a larger count is a broken server, not a real request
 
@@ -53,6 +55,22 @@ def usage_of(value: object) -> Usage:
     return Usage(prompt, completion, cached)
 
 
+def _count(value: object) -> int | None:
+    return value if type(value) is int and 0 <= value <= MAX_TOKENS else None
+
+
+def anthropic_usage_of(value: object, prompt: int = 0, cached: int = -1) -> Usage:
+    """An Anthropic `usage` object (`input_tokens`, `output_tokens`, `cache_read_input_tokens`), checked as
+    `usage_of` checks OpenAI's; `prompt` and `cached` fill in what an SSE `message_delta` leaves out."""
+    if not isinstance(value, dict):
+        return INVALID_USAGE
+    prompt_count, output = _count(value.get("input_tokens", prompt)), _count(value.get("output_tokens", 0))
+    if prompt_count is None or output is None:
+        return INVALID_USAGE
+    cache = _count(value.get("cache_read_input_tokens", cached))
+    return Usage(prompt_count, output, -1 if cache is None else cache)  # an implausible cached count: not recorded
+
+
 def model_restorer(target: str, original: str) -> tuple[bytes, bytes]:
     """The byte pair `ResponseTracker` swaps back: the model name the endpoint served, and the one the client sent.
 
@@ -64,13 +82,18 @@ def model_restorer(target: str, original: str) -> tuple[bytes, bytes]:
 class ResponseTracker:
     """One response's body, chunk by chunk: finds `usage` once and puts a rewritten model name back."""
 
-    __slots__ = ("_done", "_rewrite", "_sse", "_tail")
+    __slots__ = ("_dialect", "_done", "_rewrite", "_sse", "_started", "_tail")
 
-    def __init__(self, sse: bool, rewrite: tuple[bytes, bytes] | None) -> None:
+    def __init__(
+        self, sse: bool, rewrite: tuple[bytes, bytes] | None, dialect: UsageDialect = UsageDialect.OPENAI
+    ) -> None:
         self._sse = sse
         self._rewrite = rewrite
+        self._dialect = dialect
         self._tail = b""
-        self._done = False  # usage found (valid or not): nothing more is searched
+        # usage found (valid or not), or never read (passthrough): nothing more is searched
+        self._done = dialect is UsageDialect.NONE
+        self._started: Usage | None = None  # Anthropic SSE: the prompt counts `message_start` gave
 
     @property
     def rewrites(self) -> bool:
@@ -79,6 +102,8 @@ class ResponseTracker:
     def feed(self, body: bytes, end_of_stream: bool) -> tuple[bytes, Usage | None]:
         """The chunk to send on (the model name restored), and the usage if this chunk completed it."""
         usage = None if self._done else self._read_usage(body, end_of_stream)
+        if usage is None and end_of_stream and not self._done and self._started is not None:
+            usage = self._started  # an Anthropic stream that ended after message_start alone
         if usage is not None:
             self._done = True
             self._tail = b""
@@ -115,6 +140,8 @@ class ResponseTracker:
             if b'"usage"' not in text:
                 return None
             candidates = [text]
+        if self._dialect is UsageDialect.ANTHROPIC:
+            return self._anthropic(candidates)
         unreadable = False
         for raw in reversed(candidates):
             try:
@@ -128,3 +155,28 @@ class ResponseTracker:
                     continue
                 return usage_of(value)
         return INVALID_USAGE if unreadable else None
+
+    def _anthropic(self, candidates: list[bytes]) -> Usage | None:
+        """Anthropic: the JSON body's `usage`, or, streamed, `message_start` (the prompt) then `message_delta` (the
+        output count, cumulative; it ends the search). A stream that ends after `message_start` alone reports it."""
+        for raw in candidates:
+            try:
+                document = orjson.loads(raw)
+            except ValueError:
+                return INVALID_USAGE
+            if not isinstance(document, dict):
+                continue
+            if not self._sse:
+                return anthropic_usage_of(document["usage"]) if "usage" in document else None
+            kind = document.get("type")
+            if kind == "message_start":
+                message = document.get("message")
+                started = anthropic_usage_of(message.get("usage") if isinstance(message, dict) else None)
+                if not started.valid:
+                    return started
+                self._started = started
+            elif kind == "message_delta" and "usage" in document:
+                prompt = self._started.prompt_tokens if self._started is not None else 0
+                cached = self._started.cached_tokens if self._started is not None else 0
+                return anthropic_usage_of(document["usage"], prompt, cached)
+        return None

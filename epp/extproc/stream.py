@@ -44,7 +44,7 @@ from epp.extproc.bounds import BodyBudget
 from epp.extproc.response import ResponseTracker, Usage, model_restorer
 from epp.observability.metrics import RequestRecord
 from epp.observability.ratelimit import RateLimitedLog
-from epp.requests import InferenceRequest, parse_request, request_without_body
+from epp.requests import DEFAULT_PARSERS, InferenceRequest, ParserChain, UsageDialect
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ class StreamObserver(Protocol):
 @dataclass(frozen=True, slots=True)
 class StreamSettings:
     max_body_bytes: int = 16 * 1024 * 1024
+    parsers: ParserChain = DEFAULT_PARSERS  # requestHandler.parsers: which parser reads a request, by its path
 
 
 class Phase(enum.IntEnum):
@@ -177,6 +178,7 @@ class StreamProcessor:
         "_rewrite",
         "_settings",
         "_subset",
+        "_usage",
         "_warn",
         "phase",
     )
@@ -211,6 +213,7 @@ class StreamProcessor:
         self._decision: Decision | None = None
         self._rewrite: tuple[bytes, bytes] | None = None
         self._response: ResponseTracker | None = None
+        self._usage = UsageDialect.OPENAI  # how the response reports usage: the request's parser says
         self._record: RequestRecord | None = None  # what the metrics learn about this request, from its headers on
         self._request: InferenceRequest | None = None  # parsed (labels of a refusal after parsing)
         self.phase = _REQUEST_HEADERS
@@ -414,10 +417,12 @@ class StreamProcessor:
         if record is not None and body is not None:
             record.request_bytes = len(body)
         path = headers.get(":path", "/")
+        parsers = self._settings.parsers
         if body_unseen:
-            request = request_without_body(request_id, path, headers)
+            request = parsers.without_body(request_id, path, headers)
         else:
-            request = parse_request(request_id, path, headers, body)
+            request = parsers.parse(request_id, path, headers, body)
+        self._usage = request.usage
         self._request = request
         decision = self._decider.decide(request, self._subset)
         self._decision = decision
@@ -450,7 +455,7 @@ class StreamProcessor:
     def _on_response_headers(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
         headers = m.headers_to_dict(msg.response_headers.headers)
         streaming = "text/event-stream" in headers.get("content-type", "")
-        self._response = ResponseTracker(streaming, self._rewrite)
+        self._response = ResponseTracker(streaming, self._rewrite, self._usage)
         record = self._record
         if record is not None:
             record.response_started_at = self._clock()
@@ -474,7 +479,7 @@ class StreamProcessor:
         if self._record is not None:
             self._observer.response_chunk(self._record, self._clock(), len(chunk.body))
         if tracker is None:  # response headers were skipped: a plain JSON body is assumed
-            tracker = self._response = ResponseTracker(False, self._rewrite)
+            tracker = self._response = ResponseTracker(False, self._rewrite, self._usage)
         body, usage = tracker.feed(chunk.body, chunk.end_of_stream)
         if usage is not None:
             self._report_usage(usage)

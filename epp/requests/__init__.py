@@ -1,5 +1,24 @@
-"""OpenAI request bodies parsed into the small value the decision needs."""
+"""Request bodies parsed into the small value the decision needs: OpenAI, Anthropic Messages, vLLM generate, or
+passed through unread, by the parser the request's path selects (`parsers`)."""
 
-from epp.requests.openai import ApiKind, InferenceRequest, api_kind_of_path, parse_request, request_without_body
+from epp.requests.openai import (
+    ApiKind,
+    InferenceRequest,
+    UsageDialect,
+    api_kind_of_path,
+    parse_request,
+    request_without_body,
+)
+from epp.requests.parsers import DEFAULT_PARSERS, PARSER_TYPES, ParserChain
 
-__all__ = ["ApiKind", "InferenceRequest", "api_kind_of_path", "parse_request", "request_without_body"]
+__all__ = [
+    "DEFAULT_PARSERS",
+    "PARSER_TYPES",
+    "ApiKind",
+    "InferenceRequest",
+    "ParserChain",
+    "UsageDialect",
+    "api_kind_of_path",
+    "parse_request",
+    "request_without_body",
+]

@@ -33,7 +33,17 @@ class ApiKind(enum.Enum):
     COMPLETIONS = "completions"
     EMBEDDINGS = "embeddings"
     RESPONSES = "responses"
+    MESSAGES = "messages"  # Anthropic Messages API (epp.requests.anthropic)
+    GENERATE = "generate"  # vLLM's /inference/v1/generate (epp.requests.vllm)
     OTHER = "other"
+
+
+class UsageDialect(enum.Enum):
+    """How the response reports token usage, so the response tracker reads the right fields."""
+
+    OPENAI = "openai"  # usage.prompt_tokens / completion_tokens, JSON or the SSE chunk that carries it
+    ANTHROPIC = "anthropic"  # usage.input_tokens / output_tokens; SSE message_start + message_delta
+    NONE = "none"  # not read (passthrough)
 
 
 _PATH_SUFFIXES: tuple[tuple[str, ApiKind], ...] = (
@@ -85,6 +95,8 @@ class InferenceRequest(NamedTuple):
     headers: Mapping[str, str] = _NO_HEADERS
     body: dict[str, Any] | None = None
     body_size: int = 0
+    max_output_tokens: int | None = None  # the body's max_tokens (Anthropic, vLLM generate), when it gives one
+    usage: UsageDialect = UsageDialect.OPENAI
     slo_ttft_ms: float | None = None  # x-llm-d-slo-ttft-ms (alias x-slo-ttft-ms); a value that is no number: None
     slo_tpot_ms: float | None = None  # x-llm-d-slo-tpot-ms (alias x-slo-tpot-ms)
 
@@ -214,6 +226,36 @@ def _prompt_of(api: ApiKind, body: dict[str, Any]) -> str:
     return ""
 
 
+def json_object_body(headers: Mapping[str, str], body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, every parser's first step; 400s for a compressed, invalid or too deep body."""
+    encoding = headers.get("content-encoding")
+    if encoding and encoding.strip().lower() != "identity":
+        raise _bad(f"the body has content-encoding {encoding}; the picker reads only uncompressed JSON bodies")
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        reason = str(exc).split(":", 1)[0]
+        if "depth" in reason or "ecursion" in reason:  # orjson's own limit (1,024 levels)
+            raise _bad(f"nesting too deep (more than {MAX_NESTING} levels of arrays and objects)") from None
+        raise _bad(f"body is not valid JSON ({reason})") from None
+    if not isinstance(parsed, dict):
+        raise _bad("body must be a JSON object")
+    _check_nesting(body, parsed)
+    return parsed
+
+
+def model_of(parsed: Mapping[str, Any], required: bool) -> str:
+    """The body's `model` ("" when absent and not required); 400 when it is not a usable name."""
+    model = parsed.get("model")
+    if model is None and not required:
+        return ""
+    if not isinstance(model, str) or not model:
+        raise _bad("'model' is missing or not a string")
+    if len(model) > MAX_MODEL_CHARS:
+        raise _bad(f"'model' is longer than {MAX_MODEL_CHARS} characters")
+    return model
+
+
 def request_without_body(request_id: str, path: str, headers: Mapping[str, str]) -> InferenceRequest:
     """A request routed on its headers alone: a pool-level pick, no model.
 
@@ -245,30 +287,13 @@ def parse_request(request_id: str, path: str, headers: Mapping[str, str], body: 
         if api is ApiKind.OTHER:
             return request_without_body(request_id, path, headers)
         raise _bad(f"{api.value} requests need a JSON body")
-    encoding = headers.get("content-encoding")
-    if encoding and encoding.strip().lower() != "identity":
-        raise _bad(f"the body has content-encoding {encoding}; the picker reads only uncompressed JSON bodies")
     control = control_headers(headers)
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        reason = str(exc).split(":", 1)[0]
-        if "depth" in reason or "ecursion" in reason:  # orjson's own limit (1,024 levels)
-            raise _bad(f"nesting too deep (more than {MAX_NESTING} levels of arrays and objects)") from None
-        raise _bad(f"body is not valid JSON ({reason})") from None
-    if not isinstance(parsed, dict):
-        raise _bad("body must be a JSON object")
-    _check_nesting(body, parsed)
-    model = parsed.get("model")
-    needs_model = api is not ApiKind.OTHER or model is not None
-    if needs_model and (not isinstance(model, str) or not model):
-        raise _bad("'model' is missing or not a string")
-    if needs_model and len(model) > MAX_MODEL_CHARS:  # type: ignore[arg-type]
-        raise _bad(f"'model' is longer than {MAX_MODEL_CHARS} characters")
+    parsed = json_object_body(headers, body)
+    model = model_of(parsed, required=api is not ApiKind.OTHER)
     return InferenceRequest(
         request_id=request_id,
         api=api,
-        model=model if isinstance(model, str) else "",
+        model=model,
         prompt=_prompt_of(api, parsed),
         stream=parsed.get("stream") is True,
         objective=control.objective,

@@ -54,7 +54,12 @@ CORE_MODELS = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.V1RoleBinding,
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): k8s.V1ClusterRole,
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): k8s.V1ClusterRoleBinding,
+    ("policy/v1", "PodDisruptionBudget"): k8s.V1PodDisruptionBudget,
+    ("v1", "Secret"): k8s.V1Secret,
 }
+# The Prometheus Operator's ServiceMonitor (manifests/monitoring, optional): no CRD vendored here; its fields are
+# checked by test_the_monitoring_overlay_scrapes_with_an_authorized_token.
+OPERATOR_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 # Gateway vendors' policy kinds live in manifests/gateways/ and are checked by tests/gateway/test_manifests.py.
 VENDOR_GROUPS = {"gateway.envoyproxy.io", "networking.istio.io", "gateway.kgateway.dev"}
 GATEWAY_KINDS = {("gateway.networking.k8s.io/v1", "Gateway"), ("gateway.networking.k8s.io/v1", "HTTPRoute")}
@@ -139,7 +144,7 @@ def crd_schema(reference: Path, file: str, version: str) -> dict[str, Any]:
 
 
 def test_every_manifest_is_a_kind_validated_here_or_a_gateway_vendors() -> None:
-    known = set(CRD_FILES) | set(CORE_MODELS) | GATEWAY_KINDS
+    known = set(CRD_FILES) | set(CORE_MODELS) | GATEWAY_KINDS | OPERATOR_KINDS
     kinds = [(where, (o.get("apiVersion"), o.get("kind"))) for where, o in OBJECTS]
     vendor = [k for k in kinds if str(k[1][0]).split("/")[0] in VENDOR_GROUPS]
     assert [k for k in kinds if k[1] not in known and k not in vendor] == []
@@ -228,8 +233,9 @@ def test_the_picker_runs_hardened() -> None:
     sc = container["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"]["drop"] == ["ALL"]
-    assert container["readinessProbe"]["grpc"] == {"port": 9003, "service": "readiness"}
-    assert container["livenessProbe"]["grpc"] == {"port": 9003, "service": "liveness"}
+    # One replica: upstream's chart probes the `inference-extension` health service for both.
+    assert container["readinessProbe"]["grpc"] == {"port": 9003, "service": "inference-extension"}
+    assert container["livenessProbe"]["grpc"] == {"port": 9003, "service": "inference-extension"}
     assert container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
     bindings = [o for o in build(MANIFESTS / "base") if o["kind"] == "RoleBinding"]
     assert all(s["name"] == pod_spec["serviceAccountName"] for b in bindings for s in b["subjects"])
@@ -239,7 +245,15 @@ def test_the_ha_overlay_runs_two_replicas_with_leader_election() -> None:
     objects = build(MANIFESTS / "ha")
     picker = by_kind(objects, "Deployment", "epp")
     assert picker["spec"]["replicas"] == 2
-    assert "--ha-enable-leader-election" in picker["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert picker["spec"]["strategy"] == {"type": "Recreate"}  # as upstream's chart: the old leader goes at once
+    [container] = picker["spec"]["template"]["spec"]["containers"]
+    assert "--ha-enable-leader-election" in container["args"]
+    assert container["readinessProbe"]["grpc"]["service"] == "readiness"  # only the leader is ready
+    assert container["livenessProbe"]["grpc"]["service"] == "liveness"
+    pdb = by_kind(objects, "PodDisruptionBudget", "epp")
+    assert pdb["spec"]["minAvailable"] == 1
+    labels = picker["spec"]["template"]["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in pdb["spec"]["selector"]["matchLabels"].items())
     assert any(r["resources"] == ["leases"] for o in objects if o["kind"] == "Role" for r in o["rules"])
     assert not any(
         r["resources"] == ["leases"] for o in build(MANIFESTS / "base") if o["kind"] == "Role" for r in o["rules"]
@@ -310,3 +324,71 @@ def test_the_configmap_holds_a_config_the_picker_accepts(tmp_path: Path) -> None
     path = tmp_path / key
     path.write_text(config_map["data"][key])
     load_config(path)  # raises ConfigError naming the plugin and field at fault
+
+
+def _seconds(flag: str) -> float:
+    value = flag.split("=", 1)[1]
+    return float(value.removesuffix("s"))
+
+
+def test_the_picker_is_sized_and_named_like_upstreams_chart() -> None:
+    import epp
+
+    objects = build(MANIFESTS / "base")
+    picker = by_kind(objects, "Deployment", "epp")
+    pod_spec = picker["spec"]["template"]["spec"]
+    [container] = pod_spec["containers"]
+    args = container["args"]
+    assert "serve" not in args  # upstream's form: flags only, no subcommand
+    assert picker["spec"]["strategy"] == {"type": "Recreate"}
+    assert pod_spec["terminationGracePeriodSeconds"] == 130
+    drain = _seconds(next(a for a in args if a.startswith("--drain-timeout=")))
+    grace = _seconds(next(a for a in args if a.startswith("--grace-period=")))
+    assert drain == 30 and drain + grace < 130  # upstream's drain, and the stop fits the pod's grace period
+    assert "--zap-encoder=json" in args
+    repository, tag = container["image"].rsplit(":", 1)
+    assert repository == "ghcr.io/llmkube/epp" and tag == epp.__version__  # docs/kubernetes.md
+    service = by_kind(objects, "Service", "epp")
+    [grpc_port] = [p for p in service["spec"]["ports"] if p["name"] == "grpc-ext-proc"]
+    assert grpc_port["appProtocol"] == "kubernetes.io/h2c" and grpc_port["port"] == 9002
+
+
+def cluster_grants(objects: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    out = set()
+    for role in (o for o in objects if o["kind"] == "ClusterRole"):
+        for rule in role["rules"]:
+            for group in rule.get("apiGroups", []):
+                for resource in rule["resources"]:
+                    out.update((group, resource, verb) for verb in rule["verbs"])
+    return out
+
+
+def test_the_metrics_auth_cluster_role_grants_exactly_the_reviews_the_picker_makes(
+    apiserver: FakeApiServer, rest: KubeRest
+) -> None:
+    from epp.discovery.kubernetes.review import AccessReviewer
+
+    apiserver.review_tokens = {"t": ("reader", [])}
+    apiserver.allow_non_resource = {("reader", "get", "/metrics")}
+    start = len(apiserver.calls)
+    assert AccessReviewer(rest).review("t").status == 200
+    made = {needed(c) for c in apiserver.calls[start:]}
+    assert made == cluster_grants(build(MANIFESTS / "base"))
+    binding = by_kind(build(MANIFESTS / "base"), "ClusterRoleBinding", "epp-metrics-auth")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "epp", "namespace": "default"}]
+
+
+def test_the_monitoring_overlay_scrapes_with_an_authorized_token() -> None:
+    objects = build(MANIFESTS / "monitoring")
+    monitor = by_kind(objects, "ServiceMonitor", "epp-monitor")
+    [endpoint] = monitor["spec"]["endpoints"]
+    service = by_kind(objects, "Service", "epp")
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]} and endpoint["path"] == "/metrics"
+    secret = by_kind(objects, "Secret", endpoint["authorization"]["credentials"]["name"])
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    reader = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    role = by_kind(objects, "ClusterRole", "epp-metrics-reader")
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    binding = by_kind(objects, "ClusterRoleBinding", "epp-metrics-reader")
+    assert binding["roleRef"]["name"] == "epp-metrics-reader"
+    assert [s["name"] for s in binding["subjects"]] == [reader]
