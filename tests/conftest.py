@@ -21,15 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
 # Hypothesis profiles, chosen by EPP_HYPOTHESIS_PROFILE: `epp-ci` (the default, what `make test` runs) and
 # `epp-fuzz` (`make fuzz`: long runs of the stateful fuzz tests, which scale their example counts from it).
-# No deadline in either: these machines are shared, and a slow example is not a failure.
-settings.register_profile("epp-ci", deadline=None)
-settings.register_profile("epp-fuzz", deadline=None, max_examples=100_000)
+# No wall-clock checks in either (no deadline, no too-slow health check): these machines are shared, and a slow
+# example is not a failure.
+_UNTIMED = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("epp-ci", **_UNTIMED)
+settings.register_profile("epp-fuzz", max_examples=100_000, **_UNTIMED)
 settings.load_profile(os.environ.get("EPP_HYPOTHESIS_PROFILE", "epp-ci"))
 DATA = ROOT / "tests" / "data"
 E2E = ROOT / "tests" / "e2e"

@@ -12,10 +12,11 @@ from google.protobuf import struct_pb2
 from prometheus_client import CollectorRegistry
 
 from epp.datastore import EndpointInfo, EndpointTable
-from epp.director import Director, RandomScheduler
+from epp.director import Decision, Director, RandomScheduler
 from epp.extproc.messages import MAX_CHUNK
 from epp.extproc.stream import StreamProcessor, StreamSettings
 from epp.observability.metrics import PickerMetrics
+from epp.requests import InferenceRequest
 
 Mode = processing_mode_pb2.ProcessingMode
 POOL = ["127.10.0.1:8000", "127.10.0.2:8000", "127.10.0.3:8000"]
@@ -27,6 +28,23 @@ def make_director() -> Director:
     table.replace_all(EndpointInfo(address=a) for a in POOL)
     table.synced = True
     return Director(table, RandomScheduler(seed=1), clock=lambda: 0.0)
+
+
+class CountingDecider:
+    """The test director, counting its decisions and releases (a stream must release every booking it takes)."""
+
+    def __init__(self) -> None:
+        self.inner = make_director()
+        self.decided = 0
+        self.completed = 0
+
+    def decide(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
+        self.decided += 1
+        return self.inner.decide(request, subset)
+
+    def complete(self, decision: Decision) -> None:
+        self.completed += 1
+        self.inner.complete(decision)
 
 
 def make_stream(

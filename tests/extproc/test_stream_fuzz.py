@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import settings
@@ -26,19 +25,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from prometheus_client import CollectorRegistry
 
-from epp.director import Decision
 from epp.extproc.bounds import BodyBudget
 from epp.extproc.messages import DecisionAnswers
 from epp.extproc.stream import TRANSITIONS, Phase, StreamProcessor, StreamSettings
 from epp.observability.metrics import PickerMetrics
-from epp.requests import InferenceRequest
 from tests.extproc.envoy import (
     BODY,
+    CountingDecider,
     Mode,
     body_msg,
     headers_msg,
     inflight,
-    make_director,
     request_trailers,
     response_body,
     response_headers,
@@ -89,21 +86,6 @@ _ORDER = {
 }
 
 
-class _CountingDecider:
-    def __init__(self) -> None:
-        self.inner = make_director()
-        self.decided = 0
-        self.completed = 0
-
-    def decide(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
-        self.decided += 1
-        return self.inner.decide(request, subset)
-
-    def complete(self, decision: Decision) -> None:
-        self.completed += 1
-        self.inner.complete(decision)
-
-
 class StreamMachine(RuleBasedStateMachine):
     @initialize(
         request_mode=st.sampled_from(REQUEST_MODES),
@@ -114,7 +96,7 @@ class StreamMachine(RuleBasedStateMachine):
     )
     def open_stream(self, request_mode: int, response_mode: int, early_body: bool, max_body: int, budget: int) -> None:
         self.request_mode, self.response_mode, self.early_body = request_mode, response_mode, early_body
-        self.decider = _CountingDecider()
+        self.decider = CountingDecider()
         self.budget = BodyBudget(budget)
         self.stream = StreamProcessor(
             self.decider,

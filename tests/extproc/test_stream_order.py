@@ -13,6 +13,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from tests.extproc.envoy import (
     BODY,
+    CountingDecider,
     Mode,
     body_msg,
     headers_msg,
@@ -27,32 +28,13 @@ from tests.extproc.envoy import (
 )
 
 
-class _Counting:
-    """Wraps the director to count decisions and releases."""
-
-    def __init__(self) -> None:
-        from tests.extproc.envoy import make_director
-
-        self.inner = make_director()
-        self.decided = 0
-        self.completed = 0
-
-    def decide(self, request, subset=None):  # type: ignore[no-untyped-def]
-        self.decided += 1
-        return self.inner.decide(request, subset)
-
-    def complete(self, decision) -> None:  # type: ignore[no-untyped-def]
-        self.completed += 1
-        self.inner.complete(decision)
-
-
-def _run(messages: Sequence[pb.ProcessingRequest]) -> tuple[list[list[pb.ProcessingResponse]], _Counting]:
+def _run(messages: Sequence[pb.ProcessingRequest]) -> tuple[list[list[pb.ProcessingResponse]], CountingDecider]:
     from prometheus_client import CollectorRegistry
 
     from epp.extproc.stream import StreamProcessor
     from epp.observability.metrics import PickerMetrics
 
-    counting = _Counting()
+    counting = CountingDecider()
     stream = StreamProcessor(counting, PickerMetrics(CollectorRegistry()), lambda: 0.0)  # type: ignore[arg-type]
     answers = [stream.handle(msg) for msg in messages]
     stream.close()
