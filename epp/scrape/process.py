@@ -19,11 +19,11 @@ How:
 Supervision: the parent watches the child. When it exits (killed, crashed) or stops reporting (no status message
 for `HEARTBEAT_TIMEOUT_S`, or `STARTUP_TIMEOUT_S` before its first one: hung, so it is killed), the parent logs the
 death with its exit code or signal and starts a new child on a new block after a backoff (exponential from
-`RESTART_INITIAL_S`, doubling up to `RESTART_MAX_S`, ±20 % jitter; reset once a child has run `STABLE_S`). Until the new child's first pages land,
-the endpoints age into staleness as with any scrape outage (scorers treat them as unknown). Readiness stays on:
-the picker still decides, on its own in-flight counts, and a picker that went not-ready would turn a scrape
-outage into 503s for a FailClose pool; `/debug/pool` (`scrapeProcess`) and the metrics `epp_scrape_process_restarts`,
-`epp_scrape_process_up` and `epp_scrape_data_age_seconds` show it.
+`RESTART_INITIAL_S`, doubling up to `RESTART_MAX_S`, ±20 % jitter; reset once a child has run `STABLE_S`). Until
+the new child's first pages land, the endpoints age into staleness as with any scrape outage (scorers treat them
+as unknown). Readiness stays on: the picker still decides, on its own in-flight counts, and a picker that went
+not-ready would turn a scrape outage into 503s for a FailClose pool; `/debug/pool` (`scrapeProcess`) and the
+metrics `epp_scrape_process_restarts`, `epp_scrape_process_up` and `epp_scrape_data_age_seconds` show it.
 
 The child's log records are re-emitted by the parent's loggers (epp/observability/relay.py), so they come out in
 the parent's format and level.
