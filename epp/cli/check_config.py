@@ -49,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
             continue
         print(f"ok: {path}: {scheduler.profile.describe()}")
         t, fresh = config.saturation, scheduler.freshness
-        staleness = f"{fresh.staleness_s * 1000:g}ms" + ("" if t.staleness_s is not None else " (the flag's default)")
+        staleness = f"{fresh.staleness_s * 1000:g}ms" + (
+            "" if t.staleness_s is not None else " (--metrics-staleness-threshold)"
+        )
         print(
             f"    saturation: queueDepthThreshold {t.queue_depth:g}, kvCacheUtilThreshold {t.kv_util:g}, "
             f"metricsStalenessThreshold {staleness}, headroom {t.headroom:g}"

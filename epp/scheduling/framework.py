@@ -237,6 +237,9 @@ class LinearScorer:
     name: str
     UNIT_INTERVAL = True
 
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or self.type_name
+
     def linear(self, state: CycleState, candidates: IntArray) -> Linear:
         raise NotImplementedError
 

@@ -17,15 +17,24 @@ from epp.scheduling.framework import CycleState, extremes
 _TIE = 1e-9  # scores closer than this are a tie (weighted sums of floats rarely compare exactly equal)
 
 
-class MaxScorePicker:
+class SeededPicker:
+    """What every picker here has: its names, how many slots it returns (`maxNumOfEndpoints`), its own RNG."""
+
+    type_name: str
+
+    def __init__(self, name: str | None = None, max_endpoints: int = 1, seed: int | None = None) -> None:
+        self.name = name or self.type_name
+        self.max_endpoints = max(1, max_endpoints)
+        self._rng = np.random.default_rng(seed)
+
+
+class MaxScorePicker(SeededPicker):
     """`max-score-picker`: highest total score; ties broken uniformly at random, so equal endpoints share load."""
 
     type_name = "max-score-picker"
 
-    def __init__(self, name: str = "max-score-picker", max_endpoints: int = 1, seed: int | None = None) -> None:
-        self.name = name
-        self.max_endpoints = max(1, max_endpoints)
-        self._rng = np.random.default_rng(seed)
+    def __init__(self, name: str | None = None, max_endpoints: int = 1, seed: int | None = None) -> None:
+        super().__init__(name, max_endpoints, seed)
         self._draw = random.Random(seed).random  # a scalar draw: ~20× cheaper than Generator.integers
 
     def pick(self, state: CycleState, candidates: IntArray, scores: FloatArray) -> Sequence[int]:
@@ -42,15 +51,10 @@ class MaxScorePicker:
         return candidates[order].tolist()  # type: ignore[no-any-return]
 
 
-class RandomPicker:
+class RandomPicker(SeededPicker):
     """`random-picker`: uniform among the candidates, ignoring scores."""
 
     type_name = "random-picker"
-
-    def __init__(self, name: str = "random-picker", max_endpoints: int = 1, seed: int | None = None) -> None:
-        self.name = name
-        self.max_endpoints = max(1, max_endpoints)
-        self._rng = np.random.default_rng(seed)
 
     def pick(self, state: CycleState, candidates: IntArray, scores: FloatArray) -> Sequence[int]:
         n = candidates.size
@@ -61,7 +65,7 @@ class RandomPicker:
         return candidates[self._rng.permutation(n)[: self.max_endpoints]].tolist()  # type: ignore[no-any-return]
 
 
-class WeightedRandomPicker:
+class WeightedRandomPicker(SeededPicker):
     """`weighted-random-picker`: probability proportional to score, without replacement for fallbacks.
 
     Efraimidis–Spirakis keys (log u / w, largest first) give weighted sampling without replacement in one vector
@@ -69,11 +73,6 @@ class WeightedRandomPicker:
     """
 
     type_name = "weighted-random-picker"
-
-    def __init__(self, name: str = "weighted-random-picker", max_endpoints: int = 1, seed: int | None = None) -> None:
-        self.name = name
-        self.max_endpoints = max(1, max_endpoints)
-        self._rng = np.random.default_rng(seed)
 
     def pick(self, state: CycleState, candidates: IntArray, scores: FloatArray) -> Sequence[int]:
         n = candidates.size

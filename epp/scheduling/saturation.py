@@ -82,10 +82,6 @@ class SaturationFilter:
         # The common case, from the pick's shared extremes: every candidate usable, none over a limit.
         if fresh is None and not over(busiest, fullest, queue_limit, kv_limit):
             return candidates
-        keep = ~over(queue, kv, queue_limit, kv_limit)
-        if fresh is not None:
-            keep &= fresh
-        kept = int(np.count_nonzero(keep))
-        if kept == 0 or kept == candidates.size:
-            return candidates
-        return candidates[keep]
+        dropped = over(queue, kv, queue_limit, kv_limit)
+        kept = candidates[~dropped if fresh is None else np.greater(fresh, dropped)]  # usable and not over
+        return kept if 0 < kept.size < candidates.size else candidates

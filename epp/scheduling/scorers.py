@@ -39,37 +39,33 @@ def lower_is_better(values: FloatArray, bounds: Extremes | None = None) -> Linea
     return Linear(None, 0.0, NEUTRAL)  # nothing known
 
 
-class QueueScorer(LinearScorer):
+class MinMaxScorer(LinearScorer):
+    """Fewer is better: `lower_is_better` of one signal over the candidates. A subclass only names the signal."""
+
+    signal: Signal
+
+    def linear(self, state: CycleState, candidates: IntArray) -> Linear:
+        return lower_is_better(*state.signal(self.signal, candidates))
+
+
+class QueueScorer(MinMaxScorer):
     """`queue-scorer`: fewer waiting requests (as last scraped) score higher, min-max over the candidates."""
 
     type_name = "queue-scorer"
-
-    def __init__(self, name: str = "queue-scorer") -> None:
-        self.name = name
-
-    def linear(self, state: CycleState, candidates: IntArray) -> Linear:
-        return lower_is_better(*state.signal(Signal.WAITING, candidates))
+    signal = Signal.WAITING
 
 
-class RunningRequestsScorer(LinearScorer):
+class RunningRequestsScorer(MinMaxScorer):
     """`running-requests-size-scorer`: fewer running requests score higher, min-max over the candidates."""
 
     type_name = "running-requests-size-scorer"
-
-    def __init__(self, name: str = "running-requests-size-scorer") -> None:
-        self.name = name
-
-    def linear(self, state: CycleState, candidates: IntArray) -> Linear:
-        return lower_is_better(*state.signal(Signal.RUNNING, candidates))
+    signal = Signal.RUNNING
 
 
 class KvCacheUtilizationScorer(LinearScorer):
     """`kv-cache-utilization-scorer`: 1 − KV-cache usage, clamped (an engine may report 1.02); unknown → 0.5."""
 
     type_name = "kv-cache-utilization-scorer"
-
-    def __init__(self, name: str = "kv-cache-utilization-scorer") -> None:
-        self.name = name
 
     def linear(self, state: CycleState, candidates: IntArray) -> Linear:
         kv, (lo, hi, unknown) = state.signal(Signal.KV_USAGE, candidates)
@@ -89,9 +85,6 @@ class InflightLoadScorer(LinearScorer):
     """
 
     type_name = "inflight-load-scorer"
-
-    def __init__(self, name: str = "inflight-load-scorer") -> None:
-        self.name = name
 
     def linear(self, state: CycleState, candidates: IntArray) -> Linear:
         load, bounds = state.signal(Signal.EFFECTIVE_QUEUE, candidates)  # shared with the filter: never written here

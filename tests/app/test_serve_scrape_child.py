@@ -90,7 +90,9 @@ def test_a_killed_scrape_child_is_restarted_and_a_dead_endpoint_shows_its_reason
 
         metrics_server.shutdown()
         metrics_server.server_close()
+        stopped_at = time.monotonic()
         wait_until(lambda: (endpoint()["scrape"] or {}).get("unusable") == "refused", 30, "unusable", proc)
+        print(f"endpoint shown unusable (refused) in /debug/pool {time.monotonic() - stopped_at:.2f}s after it died")
         scrape = endpoint()["scrape"]
         assert "connect failed" in scrape["last_error"] and scrape["last_error_at"] is not None
         assert not endpoint()["healthy"]

@@ -51,7 +51,11 @@ class ServedPicker:
 @contextlib.contextmanager
 def served_picker(kubeconfig: Path, log: Path, *flags: str) -> Iterator[ServedPicker]:
     metrics, health, grpc_port = free_port(), free_port(), free_port()
-    argv = serve_argv(grpc_port, health, metrics, "--kubeconfig", str(kubeconfig), "--grace-period", "0.5", *flags)
+    # These scenarios read /debug/pool; metrics-port authorization has its own tests (tests/app/test_metrics_port.py)
+    argv = serve_argv(
+        grpc_port, health, metrics, "--kubeconfig", str(kubeconfig), "--grace-period", "0.5",
+        "--metrics-endpoint-auth=false", *flags,
+    )  # fmt: skip
     with running(argv, log) as proc:
         wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics}/healthz"), 30, "epp serve", proc)
         yield ServedPicker(proc, metrics, health, log)

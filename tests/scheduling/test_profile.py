@@ -105,12 +105,12 @@ def test_the_runner_total_is_the_weighted_sum_of_the_linear_scores(rows, picks, 
     np.testing.assert_allclose(Capture.total, np.fmax(expected, 0.0), rtol=0, atol=1e-9)
 
 
-def test_the_runner_adds_affine_and_general_scorers_with_their_weights() -> None:
+def test_the_runner_adds_linear_and_general_scorers_with_their_weights() -> None:
     from epp.scheduling.framework import sanitize
     from epp.scheduling.profile import ProfileScheduler, SchedulingProfile, WeightedScorer
     from epp.scheduling.scorers import KvCacheUtilizationScorer, QueueScorer
 
-    class Recorder:  # a general (non-affine, unbounded) scorer
+    class Recorder:  # a general (not linear, unbounded) scorer
         type_name = name = "recorder"
 
         def score(self, state, candidates):
