@@ -99,6 +99,9 @@ class InferenceRequest(NamedTuple):
     usage: UsageDialect = UsageDialect.OPENAI
     slo_ttft_ms: float | None = None  # x-llm-d-slo-ttft-ms (alias x-slo-ttft-ms); a value that is no number: None
     slo_tpot_ms: float | None = None  # x-llm-d-slo-tpot-ms (alias x-slo-tpot-ms)
+    # The engine's token ids of the prompt: the body's own (vLLM generate) or those a vllm token-producer's render
+    # call returned (epp.director.tokens); None: not known, scheduling estimates (4 bytes per token).
+    token_ids: tuple[int, ...] | None = None
 
 
 class ControlHeaders(NamedTuple):
