@@ -106,7 +106,9 @@ def _instantiate(
         )
     built: Built = {}
     ctx.plugin_types.update((spec.name, spec.type) for spec in config.plugins)
-    for spec in config.plugins:
+    # Producers first, so a plugin whose parameters name one (upstream's pluginRef parameters) finds it built.
+    order = sorted(config.plugins, key=lambda s: getattr(registry.get(s.type), "kind", None) is not Kind.PRODUCER)
+    for spec in order:
         plugin_type = registry.get(spec.type)
         assert plugin_type is not None
         if plugin_type.stability is Stability.ALPHA and not allow_experimental:
@@ -115,8 +117,10 @@ def _instantiate(
                 "command line flag --allow-experimental-plugins is not set"
             )
         params = Params(spec.parameters, f"{config.source}: plugin '{spec.name}' ({spec.type})")
-        built[spec.name] = (plugin_type.kind, plugin_type.factory(spec.name, params, ctx), spec, params)
-    return built
+        plugin = plugin_type.factory(spec.name, params, ctx)
+        ctx.built[spec.name] = plugin
+        built[spec.name] = (plugin_type.kind, plugin, spec, params)
+    return {spec.name: built[spec.name] for spec in config.plugins}  # file order, as check-config prints it
 
 
 def deprecations(config: EndpointPickerConfig, registry: Registry | None = None) -> list[str]:
@@ -189,7 +193,7 @@ def _producers(config: EndpointPickerConfig, built: Built, ctx: BuildContext, pl
     out: dict[str, Producer] = {
         name: plugin  # type: ignore[misc]
         for name, (kind, plugin, _, _) in built.items()
-        if kind is Kind.PRODUCER
+        if kind is Kind.PRODUCER and hasattr(plugin, "produce")
     }
     for plugin in plugins:
         for attribute, types in _CONSUMES.items():
@@ -212,7 +216,7 @@ def _producers(config: EndpointPickerConfig, built: Built, ctx: BuildContext, pl
             factory = _AUTO_PRODUCERS.get(wanted)
             if factory is not None:
                 out[wanted] = factory()
-    return sorted(out.values(), key=lambda p: p.ORDER)
+    return sorted(out.values(), key=lambda p: getattr(p, "ORDER", 50))
 
 
 def _auto_approx_prefix() -> Producer:
