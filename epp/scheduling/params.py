@@ -126,11 +126,6 @@ class Params:
             raise self.error(field, f"expected a list of strings, got {value!r}")
         return tuple(value)
 
-    def ignore(self, *fields: str) -> None:
-        """Fields upstream accepts that have no effect here (documented where they are ignored)."""
-        for field in fields:
-            self._left.pop(field, None)
-
     def finish(self) -> None:
         if self._left:
             names = ", ".join(sorted(map(str, self._left)))
