@@ -34,9 +34,10 @@ types: $(STAMP)
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-# The fast tier: in-process tests only (no picker, Envoy or simulator processes); markers in tests/conftest.py.
+# The fast tier: in-process tests only (no picker, Envoy or simulator processes; markers in tests/conftest.py),
+# spread over the machine's cores (at most 4 workers).
 unit: $(STAMP)
-	$(BIN)/python -m pytest -m "not e2e and not process" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not e2e and not process" -n auto --maxprocesses 4 $(PYTEST_ARGS)
 
 # Everything: static checks, then every test tier, with the 15 slowest steps listed.
 test: lint types imports

@@ -8,12 +8,15 @@ Two drivers, each bounded in requests:
   the driver is the only load on the process, so RSS moves only for the picker's own reasons.
 - `serve`: a real `epp serve` process (plaintext ext_proc, static endpoints), driven over gRPC by this process
   with `--concurrency` streams in flight; the RSS is the server's. This adds grpc.aio's per-stream objects.
+- `envoy`: HTTP requests through a real Envoy (ext_proc over TLS to `epp serve`, FULL_DUPLEX_STREAMED request
+  phase, 8 backends that are Envoy direct responses with a vLLM `/metrics` page), `--concurrency` kept-alive
+  client connections; the RSS is the picker's.
 
 At each checkpoint: RSS (VmRSS), the prefix-cache index size (inprocess), Python objects tracked by the collector,
 and the throughput of the last segment. The slope is a least-squares fit of RSS over requests, reported for the
 whole run and for its second half (a plateau shows as a second-half slope near 0).
 
-    .venv/bin/python -m benchmarks.soak [--mode inprocess|serve] [--requests 1000000] [--every 100000]
+    .venv/bin/python -m benchmarks.soak [--mode inprocess|serve|envoy] [--requests 1000000] [--every 100000]
         [--concurrency 32] [--tracemalloc]
 
 `--tracemalloc` (inprocess) adds the allocation sites that grew most between the first and the last checkpoint
@@ -264,9 +267,84 @@ def run_serve(requests: int, every: int, concurrency: int) -> dict[str, Any]:
     return {"mode": "serve", "concurrency": concurrency, **summary(checkpoints)}
 
 
+def run_envoy_mode(requests: int, every: int, concurrency: int) -> dict[str, Any]:
+    import asyncio
+    import tempfile
+
+    import aiohttp
+
+    from benchmarks.extproc_overhead import ANSWER, MODES, _backend_listener
+    from epp.gateway.testbed import bootstrap, ext_proc_filter, listener, pool_cluster, static_cluster
+    from tests.scrape.vllm_page import vllm_page
+    from tests.support.envoy import run_envoy
+    from tests.support.procs import free_port, http_ok, running, serve_argv, wait_until
+
+    with tempfile.TemporaryDirectory(prefix="epp-soak-") as tmp_name:
+        tmp = Path(tmp_name)
+        backends = [free_port() for _ in range(ENDPOINTS)]
+        epp_port, metrics_port, front = free_port(), free_port(), free_port()
+        argv = serve_argv(
+            epp_port, free_port(), metrics_port, "--static-endpoints",
+            ",".join(f"127.0.0.1:{p}" for p in backends), "-v", "0",
+        )  # fmt: skip
+        config = bootstrap(
+            [
+                *(_backend_listener(f"backend{i}", port, ANSWER, vllm_page(waiting=i % 3, running=4 + i))
+                  for i, port in enumerate(backends)),
+                listener("epp", front, {"route": {"cluster": "pool", "timeout": "10s"}},
+                         [ext_proc_filter("epp", MODES["request"])]),
+            ],
+            [pool_cluster(), static_cluster("epp", epp_port, http2=True, tls=True)],
+            free_port(),
+        )  # fmt: skip
+        with running(argv, tmp / "epp.log") as epp, run_envoy(tmp, config, "soak"):
+            wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 30, "epp serve", epp)
+            url = f"http://127.0.0.1:{front}/v1/chat/completions"
+
+            async def drive() -> list[dict[str, Any]]:
+                statuses: dict[int, int] = {}
+                connector = aiohttp.TCPConnector(limit=concurrency)
+                async with aiohttp.ClientSession(connector=connector) as session:
+
+                    async def segment(start: int, count: int) -> None:
+                        queue = iter(range(start, start + count))
+
+                        async def worker() -> None:
+                            for i in queue:
+                                headers = {"content-type": "application/json"}
+                                async with session.post(url, data=body_of(i), headers=headers) as response:
+                                    await response.read()
+                                    statuses[response.status] = statuses.get(response.status, 0) + 1
+
+                        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+                    await segment(-2_000, 2_000)
+                    checkpoints = [{"requests": 0, "rss_kib": rss_kib(epp.pid), "req_per_s": None}]
+                    done = 0
+                    while done < requests:
+                        count = min(every, requests - done)
+                        t0 = time.perf_counter()
+                        await segment(done, count)
+                        done += count
+                        rate = round(count / (time.perf_counter() - t0))
+                        checkpoints.append(
+                            {
+                                "requests": done,
+                                "rss_kib": rss_kib(epp.pid),
+                                "req_per_s": rate,
+                                "statuses": dict(statuses),
+                            }
+                        )
+                        print(json.dumps(checkpoints[-1]), flush=True)
+                return checkpoints
+
+            checkpoints = asyncio.run(drive())
+    return {"mode": "envoy", "concurrency": concurrency, **summary(checkpoints)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=("inprocess", "serve"), default="inprocess")
+    parser.add_argument("--mode", choices=("inprocess", "serve", "envoy"), default="inprocess")
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--every", type=int, default=100_000)
     parser.add_argument("--concurrency", type=int, default=32)
@@ -275,8 +353,10 @@ def main() -> None:
     os.environ.setdefault("PYTHONHASHSEED", "0")
     if args.mode == "inprocess":
         result = run_inprocess(args.requests, args.every, args.tracemalloc)
-    else:
+    elif args.mode == "serve":
         result = run_serve(args.requests, args.every, args.concurrency)
+    else:
+        result = run_envoy_mode(args.requests, args.every, args.concurrency)
     result.pop("checkpoints")
     print(json.dumps(result, indent=2))
 

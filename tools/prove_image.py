@@ -5,12 +5,13 @@ No registry for base images is reachable on the build machines, so (the way the 
 2. `make image BASE=localhost/epp-base:bookworm` with `podman build --isolation=chroot` and a containers.conf that
    clears podman's default ulimits (which chroot isolation cannot set);
 3. `podman image mount` the result and `chroot --userspec=65532:65532` into it to run the image's ENTRYPOINT with
-   the chart's args (single replica: `--pool-name … --zap-encoder json --config-file /config/… --tracing=false`)
+   the chart's args (tests/data/chart-args/single-replica.args: `--pool-name … --zap-encoder json --config-file
+   /config/default-plugins.yaml --grpc-health-port 9003 --tracing=false`)
    plus `--kubeconfig` for a fake API server on loopback (tests/fakes/apiserver.py) holding the pool and a pod;
 4. wait until the gRPC health service `inference-extension` is SERVING, check that the log lines are JSON and that
    `/metrics` answers 401 without a token and 200 with one the fake API server authorizes; stop with SIGTERM.
 
-    sudo .venv/bin/python -m tools.prove_image [--work /tmp/epp-image] [--keep]
+    sudo .venv/bin/python -m tools.prove_image [--work /tmp/epp-image]
 
 Needs root (chroot, mounts), podman and debootstrap (apt-get install podman debootstrap). Bounded: every wait has a
 deadline; the picker is stopped by its PID.
@@ -35,10 +36,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "localhost/epp-base:bookworm"
-CHART_ARGS = [
-    "--pool-name", "vllm-pool", "--pool-namespace", "default", "--pool-group", "inference.networking.k8s.io",
-    "--zap-encoder", "json", "--config-file", "/config/default-plugins.yaml", "--tracing=false",
-]  # fmt: skip
+# The single-replica args upstream's chart renders (sources: tests/data/SOURCES.md), used as they are; ports and
+# the kubeconfig are appended (the last value of a flag wins).
+CHART_ARGS = (ROOT / "tests/data/chart-args/single-replica.args").read_text().split()
 
 
 def sh(*argv: str, env: dict[str, str] | None = None, capture: bool = False) -> str:
@@ -97,6 +97,16 @@ def mounted(image: str, env: dict[str, str], work: Path) -> Iterator[Path]:
         subprocess.run(["podman", "image", "unmount", image], check=False, env=env)
 
 
+CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
+
+
+def image_env() -> dict[str, str]:
+    """The image's ENV (as a container runtime would set it) plus what the chart's Deployment adds."""
+    pairs = json.loads(sh("podman", "image", "inspect", "--format", "{{json .Config.Env}}", IMAGE, capture=True))
+    env = dict(p.split("=", 1) for p in pairs or [])
+    return {**env, "NAMESPACE": "default", "POD_NAME": "epp-0"}
+
+
 def health(port: int, service: str) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -139,7 +149,7 @@ def run(mnt: Path, log_path: Path) -> int:
         cmd = ["chroot", "--userspec=65532:65532", str(mnt), *entrypoint, *argv]
         print("+", " ".join(cmd), flush=True)
         with log_path.open("w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={"NAMESPACE": "default"})
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=image_env(), executable=CHROOT)
         try:
             deadline, state = time.monotonic() + 60, -1
             while time.monotonic() < deadline and proc.poll() is None:

@@ -15,8 +15,8 @@ from epp.config.files import read_config, read_config_text
 from epp.config.model import EndpointPickerConfig
 from epp.requests import DEFAULT_PARSERS, ParserChain
 from epp.scheduling import build_scheduler
-from epp.scheduling.build import deprecations
-from epp.scheduling.registry import Registry
+from epp.scheduling.build import deprecations, plugin_object
+from epp.scheduling.registry import FileDiscoveryPlugin, Registry
 
 log = logging.getLogger("epp.config")
 
@@ -44,3 +44,11 @@ def parser_chain_of(config: EndpointPickerConfig | None) -> ParserChain:
     if config is None or not config.parser_refs:
         return DEFAULT_PARSERS
     return ParserChain([config.plugin(ref).type for ref in config.parser_refs])
+
+
+def file_discovery_of(config: EndpointPickerConfig | None) -> FileDiscoveryPlugin | None:
+    """The `file-discovery` plugin `dataLayer.discovery.pluginRef` names, with its parameters checked; else None."""
+    if config is None or config.discovery_ref is None:
+        return None
+    plugin = plugin_object(config, config.discovery_ref)
+    return plugin if isinstance(plugin, FileDiscoveryPlugin) else None

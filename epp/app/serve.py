@@ -23,7 +23,7 @@ import grpc
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from epp.app.config_file import load_config, parser_chain_of
+from epp.app.config_file import file_discovery_of, load_config, parser_chain_of
 from epp.app.federation import build_federation
 from epp.app.health import HealthState
 from epp.app.http import build_http_app, pool_report
@@ -37,8 +37,10 @@ from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode, PoolSpec
 from epp.director import Director
+from epp.discovery.file import FileDiscovery
 from epp.discovery.kubernetes.settings import settings_from_flags
 from epp.discovery.kubernetes.source import KubernetesSource
+from epp.discovery.objectives_file import load_objectives
 from epp.discovery.static import load_pool_file, parse_static_endpoints
 from epp.errors import ConfigError
 from epp.extproc.bounds import ServerLimits
@@ -68,6 +70,7 @@ class PickerState:
     health: HealthState = field(default_factory=HealthState)
     registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
     kubernetes: KubernetesSource | None = None
+    file_discovery: FileDiscovery | None = None
 
     def failure_mode(self) -> FailureMode:
         return self.pool.failure_mode if self.pool is not None else FailureMode.FAIL_CLOSE
@@ -94,20 +97,44 @@ def _server_limits(args: argparse.Namespace) -> ServerLimits:
     return limits
 
 
-def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
-    """Kubernetes (pool or standalone selector), or cluster-free: the pool file (optional) and the static list."""
+def _endpoint_source(args: argparse.Namespace, state: PickerState, config: EndpointPickerConfig | None) -> None:
+    """Kubernetes (pool or standalone selector), or cluster-free: the config's `file-discovery` plugin, or the static
+    list; either with an optional pool file (its failureMode) and objectives file."""
     k8s = settings_from_flags(args)
+    discovery = file_discovery_of(config)
+    objectives_file = getattr(args, "objectives_file", None)
     if k8s is not None:
         if args.static_endpoints is not None or args.pool_file:
             raise ConfigError("--static-endpoints/--pool-file and --pool-name/--endpoint-selector are exclusive")
+        if discovery is not None:
+            raise ConfigError(
+                f"dataLayer.discovery ({discovery.name}) and --pool-name/--endpoint-selector are exclusive: "
+                "endpoints come from the file or from the cluster"
+            )
+        if objectives_file:
+            raise ConfigError("--objectives-file is for a cluster-free picker; in a cluster the objectives are watched")
         state.kubernetes = KubernetesSource(state.table, state.objectives, k8s)
         state.kubernetes.connect()  # a bad --kubeconfig ends here, before any port is opened
         state.pool = state.kubernetes.pool_spec()
         return
     if args.pool_file:
         state.pool = load_pool_file(args.pool_file)
+    if objectives_file:
+        load_objectives(objectives_file, state.objectives)  # a bad file ends here, before any port is opened
+    if discovery is not None:
+        if args.static_endpoints is not None:
+            raise ConfigError(
+                f"dataLayer.discovery ({discovery.name}) and --static-endpoints are exclusive: endpoints come from "
+                f"{discovery.path}"
+            )
+        state.file_discovery = FileDiscovery(state.table, discovery.path, discovery.watch_file)
+        state.file_discovery.load()  # a file that cannot be read or parsed ends here; readiness after this load
+        return
     if args.static_endpoints is None:
-        raise ConfigError("no endpoint source: give --static-endpoints ip:port,... (with an optional --pool-file)")
+        raise ConfigError(
+            "no endpoint source: give --static-endpoints ip:port,... (with an optional --pool-file), or a "
+            "file-discovery plugin in the config's dataLayer.discovery"
+        )
     ports = state.pool.target_ports if state.pool is not None else ()
     state.table.replace_all(parse_static_endpoints(args.static_endpoints, ports))
     state.table.synced = True
@@ -117,14 +144,8 @@ def _endpoint_source(args: argparse.Namespace, state: PickerState) -> None:
 
 async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     state = PickerState()
-    _endpoint_source(args, state)
-    metrics = PickerMetrics(state.registry, labels=state.objectives, endpoint_name=_endpoint_labels(state))
-    pool_name = state.pool.name if state.pool is not None else "static"
-    if state.kubernetes is not None:
-        pool_name = state.kubernetes.settings.pool_name or "standalone"
-    _register_process_metrics(state.registry)
-    scrape = scrape_settings_from_args(args)  # the scrape flags, read once: the scraper and /debug/pool share them
     # --config-file / --config-text: an EndpointPickerConfig (refused with exit 2 and the reason); none: built-in.
+    # Read first: its dataLayer.discovery may be the endpoint source.
     config_text = getattr(args, "config_text", None)
     allow_experimental = bool(getattr(args, "allow_experimental_plugins", False))  # Alpha types, as upstream
     config: EndpointPickerConfig | None = None
@@ -132,6 +153,13 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         config = load_config(None, text=config_text, allow_experimental=allow_experimental, warn=False)
     elif args.config_file:
         config = load_config(args.config_file, allow_experimental=allow_experimental, warn=False)
+    _endpoint_source(args, state, config)
+    metrics = PickerMetrics(state.registry, labels=state.objectives, endpoint_name=_endpoint_labels(state))
+    pool_name = state.pool.name if state.pool is not None else "static"
+    if state.kubernetes is not None:
+        pool_name = state.kubernetes.settings.pool_name or "standalone"
+    _register_process_metrics(state.registry)
+    scrape = scrape_settings_from_args(args)  # the scrape flags, read once: the scraper and /debug/pool share them
     # One rule for usable endpoint data, for every decision and for /debug/pool: the flags' thresholds, or the
     # config's saturationDetector.metricsStalenessThreshold where it gives one.
     scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness, allow_experimental=allow_experimental)
@@ -251,13 +279,15 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         state.failure_mode().value,
     )
     site_watch = federation.start() if federation is not None else None
+    file_watch = asyncio.ensure_future(state.file_discovery.run()) if state.file_discovery is not None else None
     try:
         await stop.wait()
     finally:
-        if site_watch is not None:
-            site_watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await site_watch
+        for task in (site_watch, file_watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         drain_s = float(getattr(args, "drain_timeout", 0.0) or 0.0)
         log.info(
             "stopping: readiness off, ext_proc keeps accepting for %.1fs (--drain-timeout), then %d open streams "

@@ -216,11 +216,6 @@ def resolve_upstream_flags(args: argparse.Namespace) -> list[str]:
             "--enable-test-endpoint-selection: clients choose their endpoint with test-epp-endpoint-selection "
             "(conformance tests only; never in production)"
         )
-    if args.metrics_endpoint_auth:
-        warnings.append(
-            "--metrics-endpoint-auth: not enforced yet; /metrics is served without a token "
-            "(pass --metrics-endpoint-auth=false to silence this)"
-        )
     return warnings
 
 

@@ -222,10 +222,6 @@ class StreamProcessor:
     def finished(self) -> bool:
         return self.phase is _FINISHED
 
-    @property
-    def decided(self) -> bool:
-        return self._decided
-
     # -- entry points -----------------------------------------------------------------------------------------
 
     def handle(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:

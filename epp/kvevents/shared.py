@@ -187,8 +187,9 @@ class TableWriter:
     """Keeps a `SharedBlockTable` equal to an index's holders: install as the index's `mirror`.
 
     `alloc(generation, nbytes)` returns the buffer for a table (a new shared-memory segment named after the
-    generation, in production). When a table is full, or the endpoint slots outgrow its mask words, a larger one
-    is built from the index, and the old one retired.
+    generation, in production: `epp.kvevents.publish.SegmentAllocator`); `published(generation)` is told when that
+    table is complete. When a table is full, or the endpoint slots outgrow its mask words, a larger one is built
+    from the index, and the old one retired.
     """
 
     def __init__(
@@ -196,9 +197,11 @@ class TableWriter:
         index: KvBlockIndex,
         alloc: Callable[[int, int], memoryview | bytearray],
         capacity: int = 1 << 16,
+        published: Callable[[int], None] | None = None,
     ) -> None:
         self.index = index
         self._alloc = alloc
+        self._published = published
         self.table = self._build(capacity, self._words_needed(), 0)
         index.mirror = self
 
@@ -211,6 +214,8 @@ class TableWriter:
                 self._alloc(generation, table_bytes(capacity, words)), capacity, words, True, generation
             )
             if all(table.set(k, m) for k, m in self.index.holders.items()):
+                if self._published is not None:
+                    self._published(generation)  # complete: readers may be pointed at it
                 return table
             capacity *= 2
 

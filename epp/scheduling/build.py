@@ -302,3 +302,15 @@ def effective_plugins(
         implicit("metrics-data-source", Kind.DATA_LAYER)
         implicit("core-metrics-extractor", Kind.DATA_LAYER)
     return out
+
+
+def plugin_object(config: EndpointPickerConfig, name: str, registry: Registry | None = None) -> object:
+    """One plugin of a config, built alone: for the composition root, which starts what a non-scheduling plugin
+    (the file-discovery feeder) describes."""
+    registry = registry or builtin_registry()
+    spec = config.plugin(name)
+    plugin_type = registry.get(spec.type)
+    if plugin_type is None:
+        raise ConfigError(f"{config.source}: plugin '{name}': type '{spec.type}': not implemented here")
+    ctx = BuildContext(seed_sequence=np.random.SeedSequence(0), saturation=config.saturation)
+    return plugin_type.factory(name, Params(spec.parameters, f"{config.source}: plugin '{name}' ({spec.type})"), ctx)

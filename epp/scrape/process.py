@@ -17,13 +17,13 @@ How:
   as pickled messages on a socket pair. If the parent dies, the child sees the socket close and exits.
 
 Supervision: the parent watches the child. When it exits (killed, crashed) or stops reporting (no status message
-for `HEARTBEAT_TIMEOUT_S`: hung, so it is killed), the parent logs the death with its exit code or signal and
-starts a new child on a new block after a backoff (exponential from `RESTART_INITIAL_S`, doubling up to
-`RESTART_MAX_S`, ±20 % jitter; reset once a child has run `STABLE_S`). Until the new child's first pages land,
-the endpoints age into staleness as with any scrape outage (scorers treat them as unknown). Readiness stays on:
-the picker still decides, on its own in-flight counts, and a picker that went not-ready would turn a scrape
-outage into 503s for a FailClose pool; `/debug/pool` (`scrape`) and the metrics `epp_scrape_process_restarts`,
-`epp_scrape_process_up` and `epp_scrape_data_age_seconds` show it.
+for `HEARTBEAT_TIMEOUT_S`, or `STARTUP_TIMEOUT_S` before its first one: hung, so it is killed), the parent logs the
+death with its exit code or signal and starts a new child on a new block after a backoff (exponential from
+`RESTART_INITIAL_S`, doubling up to `RESTART_MAX_S`, ±20 % jitter; reset once a child has run `STABLE_S`). Until
+the new child's first pages land, the endpoints age into staleness as with any scrape outage (scorers treat them
+as unknown). Readiness stays on: the picker still decides, on its own in-flight counts, and a picker that went
+not-ready would turn a scrape outage into 503s for a FailClose pool; `/debug/pool` (`scrapeProcess`) and the
+metrics `epp_scrape_process_restarts`, `epp_scrape_process_up` and `epp_scrape_data_age_seconds` show it.
 
 The child's log records are re-emitted by the parent's loggers (epp/observability/relay.py), so they come out in
 the parent's format and level.
@@ -66,6 +66,7 @@ RESTART_INITIAL_S = 0.2  # the first restart comes quickly: a killed child is ba
 RESTART_MAX_S = 30.0
 STABLE_S = 30.0  # a child that ran this long resets the restart backoff
 HEARTBEAT_TIMEOUT_S = 10.0  # a child silent this long (no status message) is hung: killed and restarted
+STARTUP_TIMEOUT_S = 30.0  # before its first message: starting an interpreter on a busy node takes seconds
 
 
 def _untrack(shm: SharedMemory) -> None:
@@ -122,6 +123,7 @@ class ScrapeProcess:
         self._restart_at: float | None = None
         self._started_at = 0.0
         self._heard_at = 0.0
+        self._heard_any = False
         self.restarts = 0
         self.last_exit: str | None = None
         # counters of children gone by, plus the current child's latest
@@ -180,6 +182,7 @@ class ScrapeProcess:
         self._conn.send(("settings", self.settings, self.engines, level))
         asyncio.get_running_loop().add_reader(self._conn.fileno(), self._on_message)
         self._started_at = self._heard_at = time.monotonic()
+        self._heard_any = False
         self._seen_version = -1  # the new child learns the membership from scratch
         self._sync()
 
@@ -254,7 +257,11 @@ class ScrapeProcess:
         proc = self._proc
         if proc is not None:
             code = proc.poll()
-            if code is None and now - self._heard_at > self._heartbeat_timeout_s:
+            limit = self._heartbeat_timeout_s if self._heard_any else max(self._heartbeat_timeout_s, STARTUP_TIMEOUT_S)
+            if code is None and now - self._heard_at > limit:
+                self._on_message()  # a serving loop that was itself blocked may not have read what did arrive
+                now = time.monotonic()
+            if code is None and now - self._heard_at > limit:
                 log.warning("scrape process %d silent for %.1fs (hung?): killing it", proc.pid, now - self._heard_at)
                 proc.kill()
                 code = proc.wait()
@@ -369,6 +376,7 @@ class ScrapeProcess:
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         self._heard_at = time.monotonic()
+        self._heard_any = True
         if msg[0] == "adapters":
             for slot, token, running, waiting in msg[1]:
                 if self._tokens[slot] == token:

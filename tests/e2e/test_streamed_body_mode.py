@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from epp.gateway.testbed import gateway_bootstrap
 from tests.e2e.conftest import Backends, Picker
@@ -49,9 +50,14 @@ def streamed_gateway(
 
 async def _routed_for_model(session: aiohttp.ClientSession, picker: Picker, model: str) -> float:
     async with session.get(picker.url("/metrics")) as r:
+        assert r.status == 200
         text = await r.text()
-    prefix = f'inference_objective_request_total{{model_name="{model}",target_model_name="{model}"}} '
-    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "inference_objective_request_total" and sample.labels.get("model_name") == model
+    )
 
 
 async def test_chat_requests_in_streamed_mode_are_routed_with_their_body_intact(

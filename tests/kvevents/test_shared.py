@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 import random
 from collections.abc import Callable
 from multiprocessing import shared_memory
+from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -117,3 +121,46 @@ def test_a_real_shared_memory_segment_attached_by_name_reads_the_writers_table()
         for seg in segments:
             seg.close()
             seg.unlink()
+
+
+def _read_in_child(prefix: str, keys: list[int], out: Any) -> None:
+    from epp.kvevents.publish import TableReader
+
+    reader = TableReader(prefix)
+    counts = reader.prefix_blocks(np.asarray(keys, dtype=np.uint64))
+    out.put({i: int(c) for i, c in enumerate(counts) if c})
+    reader.close()
+
+
+@pytest.mark.process
+def test_another_process_reads_the_published_table_and_follows_its_rebuilds() -> None:
+    from epp.kvevents.publish import SegmentAllocator, TableReader, new_prefix
+
+    index = KvBlockIndex()
+    segments = SegmentAllocator(new_prefix())
+    writer = TableWriter(index, segments, capacity=8, published=segments.published)
+    ctx = mp.get_context("spawn")
+    reader = TableReader(segments.prefix)  # stays attached across the rebuild below
+    try:
+        index.apply("127.10.0.1:8000", [_stored(0, 3, None)], 1.0)
+        keys = index.request_keys(TOKENS)
+        assert reader.prefix_blocks(np.asarray(keys, dtype=np.uint64))[0] == 3
+        out = ctx.Queue()
+        child = ctx.Process(target=_read_in_child, args=(segments.prefix, keys, out))
+        child.start()
+        assert out.get(timeout=30) == {0: 3}
+        child.join(10)
+        index.apply("127.10.0.2:8000", [_stored(0, 20, None)], 1.0)  # rebuilds: a new generation
+        assert writer.table.generation > 0
+        child = ctx.Process(target=_read_in_child, args=(segments.prefix, keys, out))
+        child.start()
+        assert out.get(timeout=30) == {0: 3, 1: 20}
+        child.join(10)
+        assert reader.prefix_blocks(np.asarray(keys, dtype=np.uint64))[1] == 20  # followed the new generation
+    finally:
+        reader.close()
+        index.mirror = None
+        del writer
+        segments.close()
+    if os.path.isdir("/dev/shm"):
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(segments.prefix)]  # nothing left behind

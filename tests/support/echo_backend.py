@@ -2,7 +2,9 @@
 
 Run as `python -m tests.support.echo_backend 127.0.0.1:8001,127.0.0.1:8002`. Every response carries
 `x-served-by: ip:port` and echoes what arrived (method, path, body length, model, the destination header) so tests
-can check what Envoy forwarded. `"stream": true` bodies get a Server-Sent Events answer of 20 chunks.
+can check what Envoy forwarded. `"stream": true` bodies get a Server-Sent Events answer of 20 chunks. Requests to
+`/v1/messages` are answered as the Anthropic Messages API answers (usage: 25 input tokens, 8 of them from the cache,
+15 output), streamed as `message_start` / deltas / `message_delta` / `message_stop` events when asked.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ def make_app(address: str) -> web.Application:
             parsed = {}
         model = parsed.get("model") if isinstance(parsed, dict) else None
         headers = {"x-served-by": address}
+        if request.path.endswith("/v1/messages"):
+            return await anthropic(request, parsed, model, headers)
         if isinstance(parsed, dict) and parsed.get("stream"):
             response = web.StreamResponse(headers={**headers, "content-type": "text/event-stream"})
             await response.prepare(request)
@@ -44,6 +48,29 @@ def make_app(address: str) -> web.Application:
             "destination_header": request.headers.get("x-gateway-destination-endpoint"),
             "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8},
         }
+        return web.json_response(answer, headers=headers)
+
+    async def anthropic(
+        request: web.Request, parsed: object, model: object, headers: dict[str, str]
+    ) -> web.StreamResponse:
+        start_usage = {"input_tokens": 25, "cache_read_input_tokens": 8, "output_tokens": 1}
+        if isinstance(parsed, dict) and parsed.get("stream"):
+            response = web.StreamResponse(headers={**headers, "content-type": "text/event-stream"})
+            await response.prepare(request)
+            message = {"id": "msg_1", "type": "message", "role": "assistant", "model": model, "usage": start_usage}
+            events = [("message_start", {"type": "message_start", "message": message})]
+            events += [
+                ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"text": f"t{i} "}})
+                for i in range(15)
+            ]
+            events.append(("message_delta", {"type": "message_delta", "usage": {"output_tokens": 15}}))
+            events.append(("message_stop", {"type": "message_stop"}))
+            for name, data in events:
+                await response.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+            await response.write_eof()
+            return response
+        answer = {"id": "msg_1", "type": "message", "served_by": address, "model": model}
+        answer["usage"] = {"input_tokens": 25, "cache_read_input_tokens": 8, "output_tokens": 15}
         return web.json_response(answer, headers=headers)
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
