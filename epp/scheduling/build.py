@@ -106,7 +106,9 @@ def _instantiate(
             f"{config.source}: {listed}: not implemented here (known types: {', '.join(registry.names())})"
         )
     built: Built = {}
-    for spec in config.plugins:
+    # Producers first, so a plugin whose parameters name one (upstream's pluginRef parameters) finds it built.
+    order = sorted(config.plugins, key=lambda s: getattr(registry.get(s.type), "kind", None) is not Kind.PRODUCER)
+    for spec in order:
         plugin_type = registry.get(spec.type)
         assert plugin_type is not None
         if plugin_type.stability is Stability.ALPHA and not allow_experimental:
@@ -115,8 +117,10 @@ def _instantiate(
                 "command line flag --allow-experimental-plugins is not set"
             )
         params = Params(spec.parameters, f"{config.source}: plugin '{spec.name}' ({spec.type})")
-        built[spec.name] = (plugin_type.kind, plugin_type.factory(spec.name, params, ctx), spec, params)
-    return built
+        plugin = plugin_type.factory(spec.name, params, ctx)
+        ctx.built[spec.name] = plugin
+        built[spec.name] = (plugin_type.kind, plugin, spec, params)
+    return {spec.name: built[spec.name] for spec in config.plugins}  # file order, as check-config prints it
 
 
 def deprecations(config: EndpointPickerConfig, registry: Registry | None = None) -> list[str]:

@@ -26,6 +26,11 @@ class Kind(enum.Enum):
     PARSER = "parser"
     DATA_LAYER = "data-layer plugin"
     DISCOVERY = "endpoint-discovery plugin"
+    # Upstream's data producers (approx-prefix-cache-producer, token-producer, ...): they run for every request
+    # before the filters and write data that scorers read, naming the producer in a parameter (e.g. the prefix
+    # scorer's `prefixMatchInfoProducerName`). Built before every other plugin, so such a factory finds its
+    # producer with `BuildContext.plugin`.
+    PRODUCER = "data producer"
 
 
 class Stability(enum.Enum):
@@ -43,9 +48,14 @@ class BuildContext:
     seed_sequence: np.random.SeedSequence
     saturation: SaturationThresholds
     freshness: Freshness = field(default_factory=Freshness)
+    built: dict[str, object] = field(default_factory=dict)  # the plugins built so far, by name (producers first)
 
     def next_seed(self) -> int:
         return int(self.seed_sequence.spawn(1)[0].generate_state(1)[0])
+
+    def plugin(self, name: str) -> object | None:
+        """A plugin built earlier (every producer is): for a factory whose parameter names another plugin."""
+        return self.built.get(name)
 
 
 Factory = Callable[[str, Params, BuildContext], object]
