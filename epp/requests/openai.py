@@ -21,7 +21,6 @@ HEADER_OBJECTIVE, _OLD_OBJECTIVE = wire.OBJECTIVE_HEADERS
 HEADER_FAIRNESS, _OLD_FAIRNESS = wire.FAIRNESS_HEADERS
 HEADER_MODEL_REWRITE, _OLD_MODEL_REWRITE = wire.MODEL_REWRITE_HEADERS
 HEADER_SESSION = "x-session-token"
-HEADER_REQUEST_ID = "x-request-id"
 
 # Limits on what a body may be, each refused with a 400 that names it (the body's size is `--max-body-bytes`, 413):
 MAX_NESTING = 128  # arrays/objects inside one another; real bodies (tool schemas included) stay under 30

@@ -26,6 +26,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from epp.config.durations import parse_duration
 from epp.config.model import (
     DEFAULT_PARSERS,
     FLOW_CONTROL_GATE,
@@ -41,7 +42,7 @@ from epp.scheduling.params import Params
 from epp.scheduling.pickers import MaxScorePicker
 from epp.scheduling.profile import ProfileScheduler, SchedulingProfile, WeightedScorer
 from epp.scheduling.registry import BuildContext, Kind, Registry, Stability, builtin_registry
-from epp.scheduling.saturation import SaturationDetector, SaturationFilter
+from epp.scheduling.saturation import SATURATION_FILTER_TYPES, SaturationDetector, SaturationFilter
 from epp.scheduling.upstream_types import describe_unimplemented
 
 DEFAULT_SCORER_WEIGHT = 1.0
@@ -312,11 +313,25 @@ def build_scheduler(
 
 
 def pool_freshness(config: EndpointPickerConfig, flags: Freshness) -> Freshness:
-    """The pool's one staleness threshold: upstream's saturation-only `saturationDetector.metricsStalenessThreshold`
-    where the config file gives one (an upstream config then behaves as it did there), else the flag's. A
-    utilization-detector plugin may repeat it, not differ from it (one threshold: see the registry)."""
-    staleness = config.saturation.staleness_s
-    return flags if staleness is None else replace(flags, staleness_s=staleness)
+    """The pool's one staleness threshold: the flag's, unless the config file gives upstream's saturation-only
+    `metricsStalenessThreshold` (in `saturationDetector`, or as a utilization-detector plugin's parameter, upstream's
+    newer place for it): then that, so an upstream config behaves as it did there. Different values in two places
+    are refused: decisions, the detector and /debug/pool read the same data with one threshold."""
+    given: dict[float, str] = {}
+    if config.saturation.staleness_s is not None:
+        given[config.saturation.staleness_s] = "saturationDetector.metricsStalenessThreshold"
+    for spec in config.plugins:
+        raw = spec.parameters.get("metricsStalenessThreshold") if spec.type in SATURATION_FILTER_TYPES else None
+        if raw is None:
+            continue
+        try:
+            given.setdefault(parse_duration(raw), f"plugin '{spec.name}' metricsStalenessThreshold")
+        except ValueError:
+            continue  # the plugin's own factory refuses it, naming the field
+    if len(given) > 1:
+        listed = ", ".join(f"{where} {seconds:g}s" for seconds, where in given.items())
+        raise ConfigError(f"{config.source}: one staleness threshold per pool, the config gives several: {listed}")
+    return replace(flags, staleness_s=next(iter(given))) if given else flags
 
 
 def effective_plugins(

@@ -349,7 +349,7 @@ def _saturation_filter(name: str, params: Params, ctx: BuildContext) -> object:
     base = ctx.saturation  # the config's saturationDetector block, overridable per filter
     pool = ctx.freshness.staleness_s
     staleness = params.duration("metricsStalenessThreshold", pool)
-    if staleness != pool:  # the pool has one: the scorers, the detector and /debug/pool read the same data
+    if staleness != pool:  # one per pool (`build.pool_freshness` takes it from the config): never two
         raise params.error(
             "metricsStalenessThreshold",
             f"{staleness:g}s differs from the pool's staleness threshold ({pool:g}s); set it once, in "
@@ -491,7 +491,7 @@ def register_builtins(registry: Registry) -> Registry:
     )
     r("label-selector-filter", Kind.FILTER, _label_selector, "Kubernetes label selector over endpoint labels")
     r("prefix-cache-affinity-filter", Kind.FILTER, _prefix_affinity_filter, "keeps the sticky endpoints until loaded")
-    r("utilization-detector", Kind.FILTER, _saturation_filter, "drops saturated or stale endpoints")
+    r("utilization-detector", Kind.FILTER, _saturation_filter, "drops saturated endpoints and unusable data")
     r("saturation-filter", Kind.FILTER, _saturation_filter, "alias of utilization-detector")
     r("label-filter", Kind.FILTER, _label_filter, "alias of label-selector-filter (ours)")
     r("by-label", Kind.FILTER, _by_label, "label value in validValues", replaced_by="label-selector-filter")
