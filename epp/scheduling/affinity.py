@@ -24,8 +24,9 @@ class LoraAffinityScorer:
     """`lora-affinity-scorer`: 1.0 adapter running there, 0.8 room to load it, 0.6 queued to load there, else 0.
 
     "Room" = running + waiting adapters < max_lora. An endpoint that does not report max_lora (NaN: not a LoRA server,
-    or not scraped yet) cannot be judged on room and scores 0.5 unless the adapter is known to be running or waiting
-    there, so missing metrics never push a request away from an endpoint that may be perfectly able to serve it.
+    not scraped yet, or its data not usable: `CycleState.usable`) cannot be judged on room and scores 0.5 unless the
+    adapter is known to be running or waiting there, so missing metrics never push a request away from an endpoint
+    that may be perfectly able to serve it.
     """
 
     type_name = "lora-affinity-scorer"
@@ -62,6 +63,9 @@ class LoraAffinityScorer:
         snapshot = state.snapshot
         known = self._per_model(snapshot, state.request.model)[candidates]
         max_lora = snapshot.max_lora[candidates]
+        fresh = state.usable(candidates)
+        if fresh is not None:  # stale or failing: the room it reported is unknown now
+            max_lora = np.where(fresh, max_lora, np.nan)
         loaded = self._loaded[candidates]
         room = loaded < max_lora  # NaN max_lora compares False
         out = np.where(known == ACTIVE, ACTIVE, np.where(room, ROOM, known))

@@ -26,6 +26,8 @@ from epp.datastore import Freshness, Snapshot, usable
 from epp.datastore.table import BoolArray, FloatArray, IntArray
 from epp.scheduling.framework import CycleState, Signal
 
+SATURATION_FILTER_TYPES = ("utilization-detector", "saturation-filter")  # the filter's type and its alias
+
 
 @overload
 def over(queue: float, kv: float, queue_limit: float, kv_limit: float) -> bool: ...
@@ -38,18 +40,27 @@ def over(queue: object, kv: object, queue_limit: float, kv_limit: float) -> obje
 
 
 class SaturationDetector:
-    """The pool-level signal the director reads before admitting a sheddable request."""
+    """The pool-level signal the director reads before admitting a sheddable request, and flow control before
+    each dispatch. `count_own_picks=False` reads the scraped queue only (upstream's behaviour; the flow-control
+    benchmark's baseline)."""
 
-    def __init__(self, thresholds: SaturationThresholds | None = None, freshness: Freshness | None = None) -> None:
+    def __init__(
+        self,
+        thresholds: SaturationThresholds | None = None,
+        freshness: Freshness | None = None,
+        count_own_picks: bool = True,
+    ) -> None:
         self.thresholds = thresholds or SaturationThresholds()
         self.freshness = freshness or Freshness()
+        self.count_own_picks = count_own_picks
 
     def saturation(self, snapshot: Snapshot, candidates: IntArray, now: float) -> float:
         """Mean roofline ratio over the candidates; 1.0 when there is none (nothing can take the request)."""
         if candidates.size == 0:
             return 1.0
         t = self.thresholds
-        q = snapshot.effective_queue()[candidates] / t.queue_depth
+        queue = snapshot.effective_queue() if self.count_own_picks else snapshot.waiting
+        q = queue[candidates] / t.queue_depth
         kv = snapshot.kv_usage[candidates] / t.kv_util
         per = np.fmax(q, kv)  # fmax: a NaN side is ignored
         np.nan_to_num(per, copy=False, nan=0.0)
