@@ -17,7 +17,7 @@ and the throughput of the last segment. The slope is a least-squares fit of RSS 
 whole run and for its second half (a plateau shows as a second-half slope near 0).
 
     .venv/bin/python -m benchmarks.soak [--mode inprocess|serve|envoy] [--requests 1000000] [--every 100000]
-        [--concurrency 32] [--tracemalloc] [--same-body] [--plaintext] [--scraped]
+        [--concurrency 32] [--tracemalloc] [--same-body] [--plaintext] [--scraped] [--heap]
 
 `--tracemalloc` (inprocess) adds the allocation sites that grew most between the first and the last checkpoint
 (slow: about 5x).
@@ -300,7 +300,9 @@ def run_serve(requests: int, every: int, concurrency: int, scraped: bool = False
     return {"mode": "serve", "scraped": scraped, "concurrency": concurrency, **summary(checkpoints)}
 
 
-def run_envoy_mode(requests: int, every: int, concurrency: int, plaintext: bool = False) -> dict[str, Any]:
+def run_envoy_mode(
+    requests: int, every: int, concurrency: int, plaintext: bool = False, heap: bool = False
+) -> dict[str, Any]:
     import asyncio
     import tempfile
 
@@ -320,7 +322,10 @@ def run_envoy_mode(requests: int, every: int, concurrency: int, plaintext: bool 
             epp_port, free_port(), metrics_port, "--static-endpoints",
             ",".join(f"127.0.0.1:{p}" for p in backends), "-v", "0",
             *(("--secure-serving=false",) if plaintext else ()),
+            *(("--enable-pprof=true",) if heap else ()),
         )  # fmt: skip
+        env = {**os.environ, "PYTHONTRACEMALLOC": "1"} if heap else None
+        heap_report: list[str] = []
         config = bootstrap(
             [
                 *(_backend_listener(f"backend{i}", port, ANSWER, vllm_page(waiting=i % 3, running=4 + i))
@@ -331,7 +336,7 @@ def run_envoy_mode(requests: int, every: int, concurrency: int, plaintext: bool 
             [pool_cluster(), static_cluster("epp", epp_port, http2=True, tls=not plaintext)],
             free_port(),
         )  # fmt: skip
-        with running(argv, tmp / "epp.log") as epp, run_envoy(tmp, config, "soak"):
+        with running(argv, tmp / "epp.log", env) as epp, run_envoy(tmp, config, "soak"):
             wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 30, "epp serve", epp)
             url = f"http://127.0.0.1:{front}/v1/chat/completions"
 
@@ -353,6 +358,10 @@ def run_envoy_mode(requests: int, every: int, concurrency: int, plaintext: bool 
                         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
                     await segment(-2_000, 2_000)
+                    heap_url = f"http://127.0.0.1:{metrics_port}/debug/heap"
+                    if heap:
+                        async with session.get(heap_url) as response:
+                            await response.text()  # the baseline the next call compares with
                     checkpoints = [{"requests": 0, "rss_kib": rss_kib(epp.pid), "req_per_s": None}]
                     done = 0
                     while done < requests:
@@ -370,9 +379,14 @@ def run_envoy_mode(requests: int, every: int, concurrency: int, plaintext: bool 
                             }
                         )
                         print(json.dumps(checkpoints[-1]), flush=True)
+                    if heap:
+                        async with session.get(heap_url) as response:
+                            heap_report.append(await response.text())
                 return checkpoints
 
             checkpoints = asyncio.run(drive())
+        if heap_report:
+            print(heap_report[-1])
     return {"mode": "envoy", "plaintext": plaintext, "concurrency": concurrency, **summary(checkpoints)}
 
 
@@ -386,6 +400,7 @@ def main() -> None:
     parser.add_argument("--same-body", action="store_true", help="one prompt for all requests: isolates the index")
     parser.add_argument("--plaintext", action="store_true", help="envoy: ext_proc without TLS")
     parser.add_argument("--scraped", action="store_true", help="serve: endpoints with a real /metrics page")
+    parser.add_argument("--heap", action="store_true", help="envoy: tracemalloc in epp serve, /debug/heap growth")
     args = parser.parse_args()
     global SAME_BODY
     SAME_BODY = args.same_body
@@ -395,7 +410,7 @@ def main() -> None:
     elif args.mode == "serve":
         result = run_serve(args.requests, args.every, args.concurrency, args.scraped)
     else:
-        result = run_envoy_mode(args.requests, args.every, args.concurrency, args.plaintext)
+        result = run_envoy_mode(args.requests, args.every, args.concurrency, args.plaintext, args.heap)
     result.pop("checkpoints")
     print(json.dumps(result, indent=2))
 
