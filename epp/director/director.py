@@ -82,6 +82,7 @@ class Decision(NamedTuple):
     site: str | None = None  # a remote federated site took the request (slot is then -1)
     headers: tuple[tuple[str, str], ...] = ()  # request headers the gateway adds before forwarding
     tokens: int = 0  # prompt tokens booked in flight on `slot` (inflight-load-producer), released with it
+    response_headers: tuple[tuple[str, str], ...] = ()  # headers the response carries back (session tokens)
 
     @property
     def header_value(self) -> str:
@@ -127,6 +128,7 @@ class Director:
         self._federation = federation  # None: no federation, every candidate is local
         self._honour_subset = honour_subset
         self._test_selection = test_selection
+        self._response_headers = getattr(scheduler, "response_headers", None)
 
     @property
     def table(self) -> EndpointTable:
@@ -210,6 +212,7 @@ class Director:
             original_model=original_model,
             target_model=request.model,
             tokens=tokens,
+            response_headers=self._response_headers(snapshot, primary) if self._response_headers else (),
         )
 
     def _admit(self, request: InferenceRequest, snapshot: Snapshot, candidates: IntArray, now: float) -> None:
