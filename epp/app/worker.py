@@ -7,7 +7,8 @@ it decides on comes through memory it shares with the control process:
 
 - the endpoint rows (`epp.scrape.process.write_rows` layout, by the control process's slot, seqlocked), and the
   membership with its tokens as messages on a socket pair (membership changes rarely; rows change every scrape);
-- the in-flight matrix: one row per worker, one column per endpoint, (in flight, picks since the last scrape).
+- the in-flight matrix: one row per worker, one column per endpoint, (in flight, picks since the last scrape,
+  prompt tokens in flight).
   Each worker writes its own row when it books or releases a pick; every decision reads the sum over all rows,
   refreshed every `REFRESH_S`, so a burst split over workers is seen whole, as one process would see it;
 - a stats row (streams started) the control process shows per worker in /metrics.
@@ -41,7 +42,8 @@ log = logging.getLogger(__name__)
 
 REFRESH_S = 0.01  # shared rows and in-flight sums → this worker's table
 METRICS_S = 0.5  # this worker's exposition → the control process
-INFLIGHT, PICKS = 0, 1
+INFLIGHT, PICKS, TOKENS = 0, 1, 2  # the in-flight matrix's columns: picks in flight, picks since scrape, tokens
+MATRIX_COLUMNS = 3
 STATS_COLUMNS = 2  # streams started, pid
 _SCRAPED_AT = 7  # the row's column of `scraped_at` (VALUES is columns 1..7)
 
@@ -113,19 +115,25 @@ class MirrorTable(EndpointTable):
             totals = self._matrix[:, theirs, :].sum(axis=0)
             self._cols["inflight"][ours] = totals[:, INFLIGHT]
             self._cols["picks_since_scrape"][ours] = totals[:, PICKS]
+            self._cols["inflight_tokens"][ours] = totals[:, TOKENS]
         return taken
 
-    def book_pick(self, slot: int) -> None:
-        super().book_pick(slot)
+    def book_pick(self, slot: int, tokens: int = 0) -> None:
+        super().book_pick(slot, tokens)
         control = self._control[slot] if slot < len(self._control) else -1
         if control >= 0:
-            self._matrix[self._me, control] += 1
+            row = self._matrix[self._me, control]
+            row[INFLIGHT] += 1
+            row[PICKS] += 1
+            row[TOKENS] += tokens
 
-    def release_pick(self, slot: int) -> None:
-        super().release_pick(slot)
+    def release_pick(self, slot: int, tokens: int = 0) -> None:
+        super().release_pick(slot, tokens)
         control = self._control[slot] if slot < len(self._control) else -1
-        if control >= 0 and self._matrix[self._me, control, INFLIGHT] > 0:
-            self._matrix[self._me, control, INFLIGHT] -= 1
+        if control >= 0:
+            row = self._matrix[self._me, control]
+            row[INFLIGHT] = max(0, int(row[INFLIGHT]) - 1)
+            row[TOKENS] = max(0, int(row[TOKENS]) - tokens)
 
 
 class _CountingObserver:
@@ -248,7 +256,7 @@ def _main(argv: list[str]) -> int:
     index, rows, workers = int(argv[5]), int(argv[6]), int(argv[7])
     arrays = (
         shared_array(int(argv[2]), (rows, NCOL), np.float64),
-        shared_array(int(argv[3]), (workers, rows, 2), np.int64),
+        shared_array(int(argv[3]), (workers, rows, MATRIX_COLUMNS), np.int64),
         shared_array(int(argv[4]), (workers, STATS_COLUMNS), np.int64),
     )
     root = logging.getLogger()

@@ -37,7 +37,7 @@ import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.app.worker import STATS_COLUMNS, shared_array
+from epp.app.worker import MATRIX_COLUMNS, STATS_COLUMNS, shared_array
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.datastore.table import EndpointTable
@@ -90,7 +90,7 @@ class WorkerPool:
         self._on_change = on_change
         self.rows = max_endpoints
         self._fds = [os.memfd_create(f"epp-{name}") for name in ("rows", "inflight", "stats")]
-        shapes = ((self.rows, NCOL), (count, self.rows, 2), (count, STATS_COLUMNS))
+        shapes = ((self.rows, NCOL), (count, self.rows, MATRIX_COLUMNS), (count, STATS_COLUMNS))
         for fd, shape in zip(self._fds, shapes, strict=True):
             os.ftruncate(fd, int(np.prod(shape)) * 8)
         self._rows = shared_array(self._fds[0], shapes[0], np.float64)
@@ -116,9 +116,6 @@ class WorkerPool:
     def serving(self) -> bool:
         """Any worker is up with its port bound: the pool is served."""
         return any(w.ready for w in self._workers)
-
-    def worker_pids(self) -> list[int | None]:
-        return [w.proc.pid if w.proc is not None else None for w in self._workers]
 
     async def start(self) -> None:
         self._publish()
