@@ -20,11 +20,12 @@ from epp.datastore.pool import FailureMode
 from epp.datastore.table import IntArray
 from epp.director.random_scheduler import RandomScheduler
 from epp.director.rewrite import ModelRewriter
+from epp.director.tokens import RenderTokenizer
 from epp.errors import EppError, ErrorCode
 from epp.federation.policy import Route
 from epp.requests import InferenceRequest
 from epp.scheduling import test_selection
-from epp.scheduling.producers import estimate_tokens
+from epp.scheduling.producers import TokenProducer, estimate_tokens
 
 log = logging.getLogger(__name__)
 _NO_ENDPOINTS = wire.REJECTED_NO_ENDPOINTS  # upstream's reason when no candidate endpoint exists at all
@@ -89,6 +90,17 @@ class Decision(NamedTuple):
         return ",".join(self.addresses)
 
 
+def render_tokenizer(scheduler: object) -> RenderTokenizer | None:
+    """The render client of the scheduler's vllm token-producer, if its profile has one."""
+    profile = getattr(scheduler, "profile", None)
+    for producer in getattr(profile, "producers", ()):
+        if isinstance(producer, TokenProducer) and producer.backend == "vllm":
+            return RenderTokenizer(
+                producer.url, producer.model_name, producer.timeout_s, producer.chat_timeout_s, producer.cache_size
+            )
+    return None
+
+
 class _NullObserver:
     def degraded_decision(self, reason: str) -> None:
         pass
@@ -129,6 +141,7 @@ class Director:
         self._honour_subset = honour_subset
         self._test_selection = test_selection
         self._response_headers = getattr(scheduler, "response_headers", None)
+        self.tokenizer = render_tokenizer(scheduler)
 
     @property
     def table(self) -> EndpointTable:
@@ -142,6 +155,13 @@ class Director:
         wanted = {s.strip() for s in subset}
         by_address = snapshot.addresses
         return np.fromiter((s for s in slots if by_address[s] in wanted), dtype=np.int64)
+
+    async def decide_async(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
+        """`decide`, after the I/O the scheduler's producers need (a vllm token-producer's render call: the
+        engine's token ids, or the estimate when it fails); without such a producer, exactly `decide`."""
+        if self.tokenizer is not None:
+            request = await self.tokenizer.tokenize(request)
+        return self.decide(request, subset)
 
     def decide(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
         """Choose endpoints for a request; raises EppError with the client-facing reason when it cannot."""
