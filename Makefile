@@ -11,7 +11,7 @@ IMAGE ?= ghcr.io/llmkube/epp:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' epp
 BASE ?= python:3.11-slim-bookworm
 CONTAINER ?= $(shell command -v podman || command -v docker)
 
-.PHONY: image all install test lint types imports unit fuzz demo bench clean lock
+.PHONY: image all install test lint types imports deadcode unit fuzz demo bench clean lock
 
 all: test
 
@@ -34,13 +34,17 @@ types: $(STAMP)
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
+# Unused code (vulture; settings in pyproject.toml, uses it cannot see in vulture_whitelist.py).
+deadcode: $(STAMP)
+	$(BIN)/vulture
+
 # The fast tier: in-process tests only (no picker, Envoy or simulator processes; markers in tests/conftest.py),
 # spread over the machine's cores (at most 4 workers).
 unit: $(STAMP)
 	$(BIN)/python -m pytest -m "not e2e and not process" -n auto --maxprocesses 4 $(PYTEST_ARGS)
 
 # Everything: static checks, then every test tier, with the 15 slowest steps listed.
-test: lint types imports
+test: lint types imports deadcode
 	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
 
 # A long run of the stateful ext_proc fuzz test: 100,000 sequences (`make test` runs 2,000 of them).

@@ -39,10 +39,6 @@ class ObjectiveStore:
         self._priorities[name] = priority
         self.version += 1
 
-    def delete_objective(self, name: str) -> None:
-        if self._priorities.pop(name, None) is not None:
-            self.version += 1
-
     def replace_objectives(self, priorities: Mapping[str, int]) -> None:
         self._priorities = dict(priorities)
         self.version += 1
@@ -62,11 +58,6 @@ class ObjectiveStore:
         self._rewrites[key] = rules
         self._rules_by_model = None
         self.version += 1
-
-    def delete_rewrite(self, key: str) -> None:
-        if self._rewrites.pop(key, None) is not None:
-            self._rules_by_model = None
-            self.version += 1
 
     def replace_rewrites(self, rewrites: Mapping[str, tuple[RewriteRule, ...]]) -> None:
         self._rewrites = dict(rewrites)

@@ -62,7 +62,7 @@ class MetricsSample:
 
 # The order of these tuples is the row order of the blocks; `snapshot()` indexes rows by position.
 _FLOAT_COLUMNS = ("waiting", "running", "kv_usage", "max_lora", "block_size", "num_blocks", "scraped_at")
-_INT_COLUMNS = ("scrape_failures", "inflight", "picks_since_scrape")
+_INT_COLUMNS = ("scrape_failures", "inflight", "picks_since_scrape", "inflight_tokens")
 _BOOL_COLUMNS = ("present", "scrape_ok")
 
 
@@ -89,6 +89,7 @@ class Snapshot:
     scrape_failures: IntArray
     inflight: IntArray  # the picker's own picks that have not completed
     picks_since_scrape: IntArray  # own picks since the endpoint's last scrape: load the metrics cannot show yet
+    inflight_tokens: IntArray  # prompt tokens of the picker's own picks that have not completed (estimated)
     running_adapters: tuple[frozenset[str], ...]
     waiting_adapters: tuple[frozenset[str], ...]
     # `slots`, when the builder already knows it (the table's cached view); None: computed from `present`.
@@ -294,13 +295,18 @@ class EndpointTable:
             self._waiting_adapters[slot] = w
             self._adapters_cache = None
 
-    def book_pick(self, slot: int) -> None:
+    def book_pick(self, slot: int, tokens: int = 0) -> None:
         self._cols["inflight"][slot] += 1
         self._cols["picks_since_scrape"][slot] += 1
+        if tokens:
+            self._cols["inflight_tokens"][slot] += tokens
 
-    def release_pick(self, slot: int) -> None:
+    def release_pick(self, slot: int, tokens: int = 0) -> None:
         if self._cols["inflight"][slot] > 0:
             self._cols["inflight"][slot] -= 1
+        if tokens:
+            held = self._cols["inflight_tokens"]
+            held[slot] = max(0, int(held[slot]) - tokens)
 
     # -- readers ----------------------------------------------------------------------------------------------
 
@@ -381,6 +387,7 @@ class EndpointTable:
             scrape_failures=ints[0],
             inflight=ints[1],
             picks_since_scrape=ints[2],
+            inflight_tokens=ints[3],
             running_adapters=adapters[0],
             waiting_adapters=adapters[1],
             slot_index=slot_index,

@@ -28,6 +28,7 @@ from epp.flowcontrol import QueuedRequest
 from epp.flowcontrol.admission import Admitter
 from epp.requests import InferenceRequest
 from epp.scheduling import test_selection
+from epp.scheduling.producers import estimate_tokens
 
 log = logging.getLogger(__name__)
 _NO_ENDPOINTS = wire.REJECTED_NO_ENDPOINTS  # upstream's reason when no candidate endpoint exists at all
@@ -84,6 +85,8 @@ class Decision(NamedTuple):
     target_model: str = ""  # the model the endpoint is asked for (differs after a rewrite)
     site: str | None = None  # a remote federated site took the request (slot is then -1)
     headers: tuple[tuple[str, str], ...] = ()  # request headers the gateway adds before forwarding
+    tokens: int = 0  # prompt tokens booked in flight on `slot` (inflight-load-producer), released with it
+    response_headers: tuple[tuple[str, str], ...] = ()  # headers the response carries back (session tokens)
 
     @property
     def header_value(self) -> str:
@@ -135,6 +138,7 @@ class Director:
         self.flow = flow
         self._admitters: tuple[Admitter, ...] = tuple(getattr(scheduler, "admitters", ()))
         self._draw = random.Random(seed)
+        self._response_headers = getattr(scheduler, "response_headers", None)
 
     @property
     def table(self) -> EndpointTable:
@@ -208,7 +212,8 @@ class Director:
         if not slots:
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no candidate endpoint fits the request")
         primary = int(slots[0])
-        self._table.book_pick(primary)
+        tokens = len(request.token_ids) if request.token_ids else estimate_tokens(request.prompt)
+        self._table.book_pick(primary, tokens)
         addresses = snapshot.addresses
         return Decision(
             addresses=(addresses[primary],) if len(slots) == 1 else tuple(addresses[s] for s in slots),
@@ -217,6 +222,8 @@ class Director:
             body=body,
             original_model=original_model,
             target_model=request.model,
+            tokens=tokens,
+            response_headers=self._response_headers(snapshot, primary) if self._response_headers else (),
         )
 
     def _admit(self, request: InferenceRequest, snapshot: Snapshot, candidates: IntArray, now: float) -> None:
@@ -259,6 +266,6 @@ class Director:
             return
         info = self._table.info(decision.slot)
         if info is not None and info.address == decision.addresses[0]:
-            self._table.release_pick(decision.slot)
+            self._table.release_pick(decision.slot, decision.tokens)
         if self.flow is not None:
             self.flow.wake()  # room may have opened for a queued request

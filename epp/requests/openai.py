@@ -21,7 +21,6 @@ HEADER_OBJECTIVE, _OLD_OBJECTIVE = wire.OBJECTIVE_HEADERS
 HEADER_FAIRNESS, _OLD_FAIRNESS = wire.FAIRNESS_HEADERS
 HEADER_MODEL_REWRITE, _OLD_MODEL_REWRITE = wire.MODEL_REWRITE_HEADERS
 HEADER_SESSION = "x-session-token"
-HEADER_REQUEST_ID = "x-request-id"
 
 # Limits on what a body may be, each refused with a 400 that names it (the body's size is `--max-body-bytes`, 413):
 MAX_NESTING = 128  # arrays/objects inside one another; real bodies (tool schemas included) stay under 30
@@ -99,6 +98,9 @@ class InferenceRequest(NamedTuple):
     usage: UsageDialect = UsageDialect.OPENAI
     slo_ttft_ms: float | None = None  # x-llm-d-slo-ttft-ms (alias x-slo-ttft-ms); a value that is no number: None
     slo_tpot_ms: float | None = None  # x-llm-d-slo-tpot-ms (alias x-slo-tpot-ms)
+    # The engine's token ids of the prompt: the body's own (vLLM generate) or those a vllm token-producer's render
+    # call returned (epp.director.tokens); None: not known, scheduling estimates (4 bytes per token).
+    token_ids: tuple[int, ...] | None = None
 
 
 class ControlHeaders(NamedTuple):

@@ -120,7 +120,10 @@ class ParserChain:
 
     def parse(self, request_id: str, path: str, headers: Mapping[str, str], body: bytes | None) -> InferenceRequest:
         """Parse one request with the parser its path selects; EppError(BAD_REQUEST) says why it cannot be."""
-        return self._parser(path).parse(request_id, path, headers, body)
+        parser = self._by_path.get(path)  # the usual case, a path seen before: one dict lookup on the hot path
+        if parser is None:
+            parser = self._parser(path)
+        return parser.parse(request_id, path, headers, body)
 
     def without_body(self, request_id: str, path: str, headers: Mapping[str, str]) -> InferenceRequest:
         """A request decided on its headers alone (body modes NONE/STREAMED), its usage read as its parser would."""

@@ -52,4 +52,5 @@ def parse_generate(request_id: str, path: str, headers: Mapping[str, str], body:
         body_size=len(body),
         max_output_tokens=max_tokens if type(max_tokens) is int and max_tokens >= 0 else None,
         usage=UsageDialect.OPENAI,
+        token_ids=tuple(ids),
     )

@@ -26,6 +26,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from epp.config.durations import parse_duration
 from epp.config.flowcontrol import FlowControlSpec
 from epp.config.model import (
     DEFAULT_PARSERS,
@@ -38,12 +39,17 @@ from epp.config.model import (
 from epp.datastore import Freshness
 from epp.errors import ConfigError
 from epp.scheduling.flow_plugins import flow_settings
-from epp.scheduling.framework import Filter, Picker, PickObserver
+from epp.scheduling.framework import Filter, Picker, PickObserver, Producer
 from epp.scheduling.params import Params
 from epp.scheduling.pickers import MaxScorePicker
 from epp.scheduling.profile import ProfileScheduler, SchedulingProfile, WeightedScorer
 from epp.scheduling.registry import BuildContext, Kind, Registry, Stability, builtin_registry
-from epp.scheduling.saturation import ConcurrencyDetector, SaturationDetector, SaturationFilter
+from epp.scheduling.saturation import (
+    SATURATION_FILTER_TYPES,
+    ConcurrencyDetector,
+    SaturationDetector,
+    SaturationFilter,
+)
 from epp.scheduling.upstream_types import describe_unimplemented
 
 DEFAULT_SCORER_WEIGHT = 1.0
@@ -107,7 +113,10 @@ def _instantiate(
             f"{config.source}: {listed}: not implemented here (known types: {', '.join(registry.names())})"
         )
     built: Built = {}
-    for spec in config.plugins:
+    ctx.plugin_types.update((spec.name, spec.type) for spec in config.plugins)
+    # Producers first, so a plugin whose parameters name one (upstream's pluginRef parameters) finds it built.
+    order = sorted(config.plugins, key=lambda s: getattr(registry.get(s.type), "kind", None) is not Kind.PRODUCER)
+    for spec in order:
         plugin_type = registry.get(spec.type)
         assert plugin_type is not None
         if plugin_type.stability is Stability.ALPHA and not allow_experimental:
@@ -116,8 +125,10 @@ def _instantiate(
                 "command line flag --allow-experimental-plugins is not set"
             )
         params = Params(spec.parameters, f"{config.source}: plugin '{spec.name}' ({spec.type})")
-        built[spec.name] = (plugin_type.kind, plugin_type.factory(spec.name, params, ctx), spec, params)
-    return built
+        plugin = plugin_type.factory(spec.name, params, ctx)
+        ctx.built[spec.name] = plugin
+        built[spec.name] = (plugin_type.kind, plugin, spec, params)
+    return {spec.name: built[spec.name] for spec in config.plugins}  # file order, as check-config prints it
 
 
 def deprecations(config: EndpointPickerConfig, registry: Registry | None = None) -> list[str]:
@@ -170,7 +181,67 @@ def _check_references(config: EndpointPickerConfig, built: Built) -> None:
         )
 
 
-def _profile(config: EndpointPickerConfig, spec: ProfileSpec, built: Built, seed: int) -> SchedulingProfile:
+# What a consumer's producer reference must name: attribute → producer types that publish that data; the first
+# type is the one upstream auto-creates (with defaults) when the file names none.
+_CONSUMES: dict[str, tuple[str, ...] | None] = {
+    "producer": None,  # by plugin type, below
+    "prefix_producer": ("approx-prefix-cache-producer", "burst-prefix-cache-producer"),
+    "load_producer": ("inflight-load-producer",),
+}
+_PRODUCER_OF: dict[str, tuple[str, ...]] = {
+    "prefix-cache-scorer": ("approx-prefix-cache-producer", "burst-prefix-cache-producer"),
+    "no-hit-lru-scorer": ("approx-prefix-cache-producer", "burst-prefix-cache-producer"),
+    "active-request-scorer": ("inflight-load-producer",),
+    "token-load-scorer": ("inflight-load-producer",),
+}
+# Producers whose absence a consumer can live with (its fallback equals the default producer's output).
+_FALLBACK_OK = ("inflight-load-producer",)
+
+
+def _producers(config: EndpointPickerConfig, built: Built, ctx: BuildContext, plugins: list[object]) -> list[Producer]:
+    """The config's producers plus those upstream auto-creates for a consumer that names none, in run order;
+    a consumer naming a plugin that is not a producer of its data is refused."""
+    out: dict[str, Producer] = {
+        name: plugin  # type: ignore[misc]
+        for name, (kind, plugin, _, _) in built.items()
+        if kind is Kind.PRODUCER and hasattr(plugin, "produce")
+    }
+    for plugin in plugins:
+        for attribute, types in _CONSUMES.items():
+            wanted = getattr(plugin, attribute, None)
+            if not isinstance(wanted, str) or not wanted:
+                continue
+            types = types or _PRODUCER_OF.get(getattr(plugin, "type_name", ""))
+            if types is None:
+                continue
+            where = f"{config.source}: plugin '{getattr(plugin, 'name', '?')}' ({getattr(plugin, 'type_name', '?')})"
+            if wanted in built:
+                kind, _, spec, _ = built[wanted]
+                if kind is not Kind.PRODUCER or spec.type not in types:
+                    raise ConfigError(f"{where}: '{wanted}' ({spec.type}) is not a producer of {' or '.join(types)}")
+                continue
+            if wanted in out or wanted in _FALLBACK_OK:
+                continue
+            if wanted != types[0]:
+                raise ConfigError(f"{where}: names producer '{wanted}', which the config does not define")
+            factory = _AUTO_PRODUCERS.get(wanted)
+            if factory is not None:
+                out[wanted] = factory()
+    return sorted(out.values(), key=lambda p: getattr(p, "ORDER", 50))
+
+
+def _auto_approx_prefix() -> Producer:
+    from epp.scheduling.producers import ApproxPrefixCacheProducer
+
+    return ApproxPrefixCacheProducer()
+
+
+_AUTO_PRODUCERS = {"approx-prefix-cache-producer": _auto_approx_prefix}
+
+
+def _profile(
+    config: EndpointPickerConfig, spec: ProfileSpec, built: Built, seed: int, ctx: BuildContext | None = None
+) -> SchedulingProfile:
     filters: list[Filter] = []
     scorers: list[WeightedScorer] = []
     pickers: list[Picker] = []
@@ -184,16 +255,23 @@ def _profile(config: EndpointPickerConfig, spec: ProfileSpec, built: Built, seed
         elif kind is Kind.SCORER:
             weight = DEFAULT_SCORER_WEIGHT if ref.weight is None else ref.weight
             scorers.append(WeightedScorer(plugin, weight))  # type: ignore[arg-type]
+            if getattr(plugin, "also_filters", False):  # context-length-aware with enableFiltering
+                filters.append(plugin)  # type: ignore[arg-type]
         elif kind is Kind.PICKER:
             pickers.append(plugin)  # type: ignore[arg-type]
+        elif kind is Kind.PRODUCER:
+            continue  # producers run for every pick whether a profile lists them or not, as upstream
         else:
             raise ConfigError(f"{where}: a {kind.value} cannot be part of a profile")
     if len(pickers) > 1:
         names = ", ".join(p.name for p in pickers)
         raise ConfigError(f"{config.source}: profile '{spec.name}': more than one picker ({names})")
     picker = pickers[0] if pickers else MaxScorePicker(seed=seed)
-    observers = tuple(cast(PickObserver, s.scorer) for s in scorers if hasattr(s.scorer, "picked"))
-    return SchedulingProfile(spec.name, tuple(filters), tuple(scorers), picker, observers)
+    used: list[object] = [*filters, *(s.scorer for s in scorers)]
+    producers = _producers(config, built, ctx, used) if ctx is not None else []
+    learners: list[object] = [*producers, *(s.scorer for s in scorers)]
+    observers = tuple(cast(PickObserver, p) for p in learners if hasattr(p, "picked"))
+    return SchedulingProfile(spec.name, tuple(filters), tuple(scorers), picker, observers, tuple(producers))
 
 
 def _build(
@@ -217,7 +295,7 @@ def _build(
             "implemented here (single-profile-handler); multi-profile handlers such as P/D disaggregation are not"
         )
     _check_references(config, built)
-    profile = _profile(config, config.profiles[0], built, ctx.next_seed())
+    profile = _profile(config, config.profiles[0], built, ctx.next_seed(), ctx)
     thresholds = config.saturation
     detector = built.get(config.saturation_detector_ref or "")
     pool_detector: SaturationDetector | ConcurrencyDetector
@@ -257,11 +335,25 @@ def build_scheduler(
 
 
 def pool_freshness(config: EndpointPickerConfig, flags: Freshness) -> Freshness:
-    """The pool's one staleness threshold: upstream's saturation-only `saturationDetector.metricsStalenessThreshold`
-    where the config file gives one (an upstream config then behaves as it did there), else the flag's. A
-    utilization-detector plugin may repeat it, not differ from it (one threshold: see the registry)."""
-    staleness = config.saturation.staleness_s
-    return flags if staleness is None else replace(flags, staleness_s=staleness)
+    """The pool's one staleness threshold: the flag's, unless the config file gives upstream's saturation-only
+    `metricsStalenessThreshold` (in `saturationDetector`, or as a utilization-detector plugin's parameter, upstream's
+    newer place for it): then that, so an upstream config behaves as it did there. Different values in two places
+    are refused: decisions, the detector and /debug/pool read the same data with one threshold."""
+    given: dict[float, str] = {}
+    if config.saturation.staleness_s is not None:
+        given[config.saturation.staleness_s] = "saturationDetector.metricsStalenessThreshold"
+    for spec in config.plugins:
+        raw = spec.parameters.get("metricsStalenessThreshold") if spec.type in SATURATION_FILTER_TYPES else None
+        if raw is None:
+            continue
+        try:
+            given.setdefault(parse_duration(raw), f"plugin '{spec.name}' metricsStalenessThreshold")
+        except ValueError:
+            continue  # the plugin's own factory refuses it, naming the field
+    if len(given) > 1:
+        listed = ", ".join(f"{where} {seconds:g}s" for seconds, where in given.items())
+        raise ConfigError(f"{config.source}: one staleness threshold per pool, the config gives several: {listed}")
+    return replace(flags, staleness_s=next(iter(given))) if given else flags
 
 
 def effective_plugins(

@@ -34,6 +34,37 @@ def label_in(label: str, valid: tuple[str, ...], allow_missing: bool) -> LabelPr
     return predicate
 
 
+SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+Expression = tuple[str, str, frozenset[str]]  # (key, operator, values) of a matchExpressions item
+
+
+def label_selector(wanted: Mapping[str, str], expressions: tuple[Expression, ...]) -> LabelPredicate:
+    """A Kubernetes label selector: every matchLabels pair and every (key, operator, values) expression must hold.
+    In: the key is set to one of the values; NotIn: unset, or set to none of them; Exists / DoesNotExist: set / not."""
+    items = tuple(wanted.items())
+
+    def predicate(labels: Mapping[str, str]) -> bool:
+        if not all(labels.get(k) == v for k, v in items):
+            return False
+        for key, operator, values in expressions:
+            value = labels.get(key)
+            if operator == "In":
+                ok = value is not None and value in values
+            elif operator == "NotIn":
+                ok = value is None or value not in values
+            elif operator == "Exists":
+                ok = value is not None
+            else:
+                ok = value is None
+            if not ok:
+                return False
+        return True
+
+    return predicate
+
+
 class LabelFilter:
     """Keeps candidates whose endpoint labels satisfy `predicate`; may return none (no endpoint fits)."""
 

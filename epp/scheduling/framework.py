@@ -264,3 +264,64 @@ def sanitize(scores: FloatArray) -> FloatArray:
     np.fmax(scores, 0.0, out=scores)
     np.fmin(scores, 1.0, out=scores)
     return scores
+
+
+class Producer(Plugin, Protocol):
+    """Upstream's data producer: runs once per pick, before the filters, and writes what filters and scorers of
+    the pick read (a tokenized prompt, per-endpoint prefix matches, in-flight load) into the pick's state under its
+    own name (`publish`). Producers run in dependency order (`ORDER`: token producers first, then those reading
+    tokens). A producer that also implements `picked` learns from the final pick, as upstream's PreRequest."""
+
+    ORDER: ClassVar[int]
+
+    def produce(self, state: CycleState) -> None: ...
+
+
+_PRODUCED = "produced:"
+
+
+def publish(state: CycleState, producer: str, data: object) -> None:
+    """Store a producer's output for this pick, keyed by the producer's name (upstream's data key + producer)."""
+    state.scratch[_PRODUCED + producer] = data
+
+
+def produced(state: CycleState, producer: str) -> Any:
+    """What the named producer wrote for this pick, or None (not configured, or nothing for this request)."""
+    return state.scratch.get(_PRODUCED + producer)
+
+
+class TokenizedPrompt(NamedTuple):
+    """The prompt as tokens (`token-producer`). `data` holds 4 bytes per token, what the prefix producers hash into
+    blocks: the engine's token ids as little-endian uint32 (vllm backend), or the prompt's UTF-8 bytes themselves
+    (estimate backend: about 4 bytes per token, as upstream's estimator, so its ids are not engine ids)."""
+
+    n_tokens: int
+    data: bytes
+    exact: bool  # token ids from the engine's tokenizer, not an estimate
+
+
+class PrefixMatch(NamedTuple):
+    """Per-endpoint prefix-cache match of one request (upstream's PrefixCacheMatchInfo), over all snapshot slots:
+    `matched[slot]` leading blocks held, out of `total` blocks of `block_tokens` tokens each."""
+
+    matched: FloatArray
+    total: int
+    block_tokens: int
+
+    def ratio(self, state: CycleState, candidates: IntArray) -> FloatArray:
+        """matched / total per candidate (0 when the prompt has no whole block)."""
+        if self.total <= 0 or self.matched.size == 0:
+            return np.zeros(candidates.size)
+        return np.asarray(state.take(self.matched, candidates), dtype=np.float64) / self.total
+
+    def any_hit(self) -> bool:
+        return self.total > 0 and self.matched.size > 0 and bool(self.matched.max() > 0)
+
+
+class InflightLoad(NamedTuple):
+    """Per-endpoint load this picker has sent and not seen complete (upstream's InFlightLoad), over all snapshot
+    slots; `request_tokens` is what this request adds wherever it goes (its prompt tokens)."""
+
+    requests: IntArray
+    tokens: IntArray
+    request_tokens: int

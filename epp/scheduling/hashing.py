@@ -66,7 +66,10 @@ class BlockHasher:
         limit = self.block_bytes * self.max_blocks
         # Slice characters first so a 128 KB prompt is not encoded whole; a char is ≥ 1 byte, so `limit` chars
         # always cover `limit` bytes.
-        data = prompt[:limit].encode("utf-8", "surrogatepass")
+        return self.hash_bytes(prompt[:limit].encode("utf-8", "surrogatepass"), model)
+
+    def hash_bytes(self, data: bytes, model: str) -> U64Array:
+        """The chained hashes of the whole blocks of `data` (prompt bytes, or token ids as uint32: 4 bytes each)."""
         n = min(len(data) // self.block_bytes, self.max_blocks)
         if n == 0:
             return _EMPTY

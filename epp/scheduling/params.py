@@ -130,6 +130,30 @@ class Params:
             raise self.error(field, f"expected a list of strings, got {value!r}")
         return tuple(value)
 
+    @_recorded
+    def section(self, field: str) -> dict[str, Any]:
+        """A nested mapping (e.g. token-producer's `vllm:`), read further with `Params(value, ...)`."""
+        value = self._take(field)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise self.error(field, f"expected a mapping, got {value!r}")
+        return dict(value)
+
+    @_recorded
+    def records(self, field: str) -> tuple[dict[str, Any], ...]:
+        """A list of mappings (e.g. label-selector-filter's `matchExpressions`)."""
+        value = self._take(field)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+            raise self.error(field, f"expected a list of mappings, got {value!r}")
+        return tuple(dict(v) for v in value)
+
+    def present(self, field: str) -> bool:
+        """Whether the file sets `field` (not yet read)."""
+        return field in self._left
+
     def ignore(self, *fields: str) -> None:
         """Fields upstream accepts that have no effect here (documented where they are ignored)."""
         for field in fields:

@@ -51,9 +51,6 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._holders)
 
-    def blocks_held(self, slot: int) -> int:
-        return len(self._young.get(slot, set()) | self._old.get(slot, set()))
-
     def sync(self, snapshot: Snapshot) -> None:
         """Forget slots whose endpoint left or was replaced; cheap unless membership changed."""
         if snapshot.version == self._version:

@@ -23,6 +23,7 @@ from epp.scheduling.framework import (
     Linear,
     Picker,
     PickObserver,
+    Producer,
     SchedulingRequest,
     Scorer,
     sanitize,
@@ -43,9 +44,12 @@ class SchedulingProfile:
     scorers: tuple[WeightedScorer, ...]
     picker: Picker
     observers: tuple[PickObserver, ...] = ()
+    producers: tuple[Producer, ...] = ()  # run before the filters, in this order
 
     def describe(self) -> str:
         parts = [f"profile {self.name!r}:"]
+        if self.producers:
+            parts.append("producers " + ", ".join(p.name for p in self.producers) + ";")
         if self.filters:
             parts.append("filters " + ", ".join(f.name for f in self.filters) + ";")
         parts.append("scorers " + (", ".join(f"{s.scorer.name}×{s.weight:g}" for s in self.scorers) or "none") + ";")
@@ -84,6 +88,11 @@ class ProfileScheduler:
         )
         self._picker = profile.picker
         self._observers = profile.observers
+        self._producers = tuple(p.produce for p in profile.producers)
+        # Upstream's ResponseHeaderProcessor: plugins that write a header on the response (session tokens).
+        self._responders = tuple(
+            s.scorer.response_headers for s in profile.scorers if hasattr(s.scorer, "response_headers")
+        )
         self._plain = self._timed = (tuple(f.filter for f in self._filters), self._scorers, self._picker.pick)
         self._every = 0  # 0: never instrumented
         self._count = 0
@@ -107,6 +116,12 @@ class ProfileScheduler:
         )
         self._every = max(1, wrapper.every)
 
+    def response_headers(self, snapshot: Snapshot, slot: int) -> tuple[tuple[str, str], ...]:
+        """Headers the response to a request picked onto `slot` carries back to the client (none usually)."""
+        if not self._responders:
+            return ()
+        return tuple(h for responder in self._responders for h in responder(snapshot, slot))
+
     def pick(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> Sequence[int]:
         """Slots best first (empty: a filter left no candidate). `candidates` are distinct present slots in
         ascending order, as the director builds them (`CycleState.take` relies on it to skip gathers)."""
@@ -117,6 +132,8 @@ class ProfileScheduler:
             if self._count >= self._every:
                 self._count = 0
                 filters, scorers, pick = self._timed
+        for produce in self._producers:
+            produce(state)
         for run_filter in filters:
             candidates = run_filter(state, candidates)
             if candidates.size == 0:

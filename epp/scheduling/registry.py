@@ -14,7 +14,19 @@ import numpy as np
 
 from epp.config.model import SaturationThresholds
 from epp.datastore import Freshness
-from epp.scheduling import affinity, filters, flow_plugins, pickers, prefix, saturation, scorers, test_selection
+from epp.scheduling import (
+    affinity,
+    affinity_filter,
+    filters,
+    flow_plugins,
+    load_scorers,
+    pickers,
+    prefix,
+    producers,
+    saturation,
+    scorers,
+    test_selection,
+)
 from epp.scheduling.params import Params
 
 
@@ -28,6 +40,11 @@ class Kind(enum.Enum):
     DISCOVERY = "endpoint-discovery plugin"
     FLOW_CONTROL = "flow-control policy"
     ADMITTER = "admitter"
+    # Upstream's data producers (approx-prefix-cache-producer, token-producer, ...): they run for every request
+    # before the filters and write data that scorers read, naming the producer in a parameter (e.g. the prefix
+    # scorer's `prefixMatchInfoProducerName`). Built before every other plugin, so such a factory finds its
+    # producer with `BuildContext.plugin`.
+    PRODUCER = "data producer"
 
 
 class Stability(enum.Enum):
@@ -45,9 +62,18 @@ class BuildContext:
     seed_sequence: np.random.SeedSequence
     saturation: SaturationThresholds
     freshness: Freshness = field(default_factory=Freshness)
+    built: dict[str, object] = field(default_factory=dict)  # the plugins built so far, by name (producers first)
+    plugin_types: dict[str, str] = field(default_factory=dict)  # every plugin of the config: name → type
+
+    def has_type(self, *types: str) -> bool:
+        return any(t in types for t in self.plugin_types.values())
 
     def next_seed(self) -> int:
         return int(self.seed_sequence.spawn(1)[0].generate_state(1)[0])
+
+    def plugin(self, name: str) -> object | None:
+        """A plugin built earlier (every producer is): for a factory whose parameter names another plugin."""
+        return self.built.get(name)
 
 
 Factory = Callable[[str, Params, BuildContext], object]
@@ -99,7 +125,30 @@ def _no_params(cls: Callable[[str], object]) -> Factory:
     return factory
 
 
+_PREFIX_NEW = ("prefixMatchInfoProducerName", "matchLengthWeight", "matchLengthScaleTokens")
+_PREFIX_OLD = ("blockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer", "autoTune")
+PREFIX_PRODUCER_TYPES = ("approx-prefix-cache-producer", "burst-prefix-cache-producer")
+
+
 def _prefix(name: str, params: Params, ctx: BuildContext) -> object:
+    """Two forms, as upstream's history: the current one reads a producer's match (`prefixMatchInfoProducerName`,
+    `matchLengthWeight`, `matchLengthScaleTokens`; also chosen when the file configures a prefix producer and gives
+    the scorer no parameters); the older one (blockSize, maxPrefixBlocksToMatch, lruCapacityPerServer, autoTune, or
+    no parameters and no producer) computes its own match, exactly as before."""
+    new = [f for f in _PREFIX_NEW if params.present(f)]
+    old = [f for f in _PREFIX_OLD if params.present(f)]
+    if new and old:
+        raise params.error(
+            old[0], f"the producer form ({', '.join(new)}) and the self-contained form ({', '.join(old)}) do not mix"
+        )
+    if new or (not old and ctx.has_type(*PREFIX_PRODUCER_TYPES)):
+        producer = params.text("prefixMatchInfoProducerName", "") or "approx-prefix-cache-producer"
+        weight = params.number("matchLengthWeight", 0.0, minimum=0.0, maximum=1.0)
+        scale = params.integer("matchLengthScaleTokens", 0, minimum=0)
+        params.finish()
+        if weight > 0.0 and scale <= 0:
+            raise params.error("matchLengthScaleTokens", "must be > 0 when matchLengthWeight is > 0")
+        return load_scorers.ProducedPrefixScorer(name, producer, weight, scale)
     scorer = prefix.PrefixCacheScorer(
         name,
         block_size=params.integer("blockSize", 64, minimum=1),
@@ -112,9 +161,195 @@ def _prefix(name: str, params: Params, ctx: BuildContext) -> object:
 
 
 def _session(name: str, params: Params, ctx: BuildContext) -> object:
-    scorer = affinity.SessionAffinityScorer(name, max_sessions=params.integer("maxSessions", 100_000, minimum=1))
+    strategy = params.text("strategy", "") or params.text("algorithm", affinity.ENCODED_ENDPOINT_HEADER)
+    strategy = {"session_id_header": affinity.SESSION_ID}.get(strategy, strategy)  # upstream's older spelling
+    if strategy not in (affinity.ENCODED_ENDPOINT_HEADER, affinity.SESSION_ID):
+        raise params.error("strategy", f"expected encoded_endpoint_header or session_id, got {strategy!r}")
+    ttl = params.duration("ttl", 300.0) if params.present("ttl") else params.number("evictionTtlSeconds", 300.0)
+    scorer = affinity.SessionAffinityScorer(
+        name,
+        max_sessions=params.integer("maxSessions", 100_000, minimum=1),
+        strategy=strategy,
+        header=params.text("headerName", "") or None,
+        ttl_s=ttl,
+    )
+    params.finish()
+    if ttl <= 0:
+        raise params.error("ttl", "must be > 0")
+    return scorer
+
+
+def _approx_prefix_producer(name: str, params: Params, ctx: BuildContext) -> object:
+    params.ignore("blockSize")  # upstream's deprecated character-based block size: blockSizeTokens replaces it
+    producer = producers.ApproxPrefixCacheProducer(
+        name,
+        block_tokens=params.integer("blockSizeTokens", 16, minimum=1),
+        max_tokens=params.integer("maxPrefixTokensToMatch", 131072, minimum=0),
+        max_blocks=params.integer("maxPrefixBlocksToMatch", 2048, minimum=0),
+        lru_capacity=params.integer("lruCapacityPerServer", 31250, minimum=2),
+        auto_tune=params.flag("autoTune", True),
+    )
+    params.finish()
+    return producer
+
+
+def _token_producer(type_name: str) -> Factory:
+    def factory(name: str, params: Params, ctx: BuildContext) -> object:
+        model = params.text("modelName", "")
+        vllm = params.section("vllm")
+        params.ignore("estimate")  # multimodal placeholder estimates: text prompts only here
+        backend = params.text("backend", "vllm" if (model or vllm) else "estimate")
+        params.finish()
+        if backend not in ("estimate", "vllm"):
+            raise params.error("backend", f"expected estimate or vllm, got {backend!r}")
+        inner = Params(vllm, f"{params.where}: vllm")
+        url = inner.text("url", "http://localhost:8000")
+        timeout = inner.duration("timeout", 5.0)
+        mm_timeout = inner.duration("mmTimeout", 30.0)
+        cache = inner.integer("cacheSize", 4096, minimum=1)
+        inner.finish()
+        params.effective["vllm"] = dict(inner.effective)
+        if backend == "vllm" and not model:
+            raise params.error("modelName", "required for the vllm backend")
+        return producers.TokenProducer(
+            name,
+            backend=backend,
+            type_name=type_name,
+            model_name=model,
+            url=url,
+            timeout_s=timeout,
+            chat_timeout_s=max(timeout, mm_timeout),
+            cache_size=cache,
+        )
+
+    return factory
+
+
+def _session_id_producer(name: str, params: Params, ctx: BuildContext) -> object:
+    header = params.text("headerName", "")
+    cookie = params.text("cookieName", "")
+    lru = params.integer("lruSize", 1024, minimum=1)
+    ttl = params.duration("ttl", 1800.0)
+    params.finish()
+    if header and cookie:
+        raise params.error("cookieName", "set headerName or cookieName, not both")
+    if ttl <= 0:
+        raise params.error("ttl", "must be > 0")
+    return producers.SessionIdProducer(
+        name, header=header or (None if cookie else "x-session-id"), cookie=cookie or None, lru_size=lru, ttl_s=ttl
+    )
+
+
+def _burst_producer(name: str, params: Params, ctx: BuildContext) -> object:
+    producer = producers.BurstPrefixCacheProducer(
+        name,
+        window_s=params.integer("windowDurationMs", 100, minimum=1) / 1000.0,
+        max_per_replica=params.integer("maxPerReplica", -1, minimum=-1),
+        block_tokens=params.integer("blockSizeTokens", 64, minimum=1),
+        max_tokens=params.integer("maxPrefixTokensToMatch", 0, minimum=0),
+        min_colocate_blocks=params.integer("minColocateBlocks", 0, minimum=0),
+    )
+    params.finish()
+    if producer.max_per_replica == 0:
+        raise params.error("maxPerReplica", "must be -1 (unlimited) or >= 1")
+    return producer
+
+
+def _load_aware(name: str, params: Params, ctx: BuildContext) -> object:
+    threshold = params.integer("threshold", 128)
+    params.finish()
+    return load_scorers.LoadAwareScorer(name, threshold if threshold > 0 else 128)  # upstream: <= 0 → default
+
+
+def _active_request(name: str, params: Params, ctx: BuildContext) -> object:
+    params.ignore("requestTimeout")  # deprecated upstream and ignored: the in-flight producer tracks lifetimes
+    scorer = load_scorers.ActiveRequestScorer(
+        name,
+        idle=params.integer("idleThreshold", 0, minimum=0),
+        max_busy=params.number("maxBusyScore", 1.0, minimum=0.0, maximum=1.0),
+        producer=params.text("inFlightLoadProducerName", ""),
+    )
     params.finish()
     return scorer
+
+
+def _token_load(name: str, params: Params, ctx: BuildContext) -> object:
+    threshold = params.integer("queueThresholdTokens", 4_194_304)
+    scorer = load_scorers.TokenLoadScorer(
+        name,
+        threshold=threshold if threshold > 0 else 4_194_304,  # upstream: <= 0 → default
+        producer=params.text("inFlightLoadProducerName", ""),
+        prefix_producer=params.text("prefixMatchInfoProducerName", ""),
+    )
+    params.finish()
+    return scorer
+
+
+def _no_hit_lru(name: str, params: Params, ctx: BuildContext) -> object:
+    params.ignore("prefixPluginType", "prefixPluginName")  # deprecated upstream, never used there
+    size = params.integer("lruSize", 1024)
+    scorer = load_scorers.NoHitLruScorer(
+        name, lru_size=size if size > 0 else 1024, producer=params.text("prefixMatchInfoProducerName", "")
+    )
+    params.finish()
+    return scorer
+
+
+def _context_length(name: str, params: Params, ctx: BuildContext) -> object:
+    label = params.text("label", load_scorers.CONTEXT_LENGTH_LABEL)
+    filtering = params.flag("enableFiltering", False)
+    if params.present("reusableTokensProducerName"):
+        raise params.error("reusableTokensProducerName", "p2p-source-producer is not implemented here")
+    params.finish()
+    if not label:
+        raise params.error("label", "must be specified")
+    return load_scorers.ContextLengthAware(name, label, filtering)
+
+
+def _label_selector(name: str, params: Params, ctx: BuildContext) -> object:
+    wanted = params.mapping("matchLabels")
+    raw = params.records("matchExpressions")
+    params.finish()
+    expressions: list[tuple[str, str, frozenset[str]]] = []
+    for i, item in enumerate(raw):
+        where = f"matchExpressions[{i}]"
+        key, operator, values = item.get("key"), item.get("operator"), item.get("values", [])
+        unknown = set(item) - {"key", "operator", "values"}
+        if unknown:
+            raise params.error(where, f"unknown field(s) {', '.join(sorted(unknown))}")
+        if not isinstance(key, str) or not key:
+            raise params.error(where, "key: required")
+        if operator not in filters.SELECTOR_OPERATORS:
+            raise params.error(where, f"operator: expected one of {', '.join(filters.SELECTOR_OPERATORS)}")
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise params.error(where, "values: expected a list of strings")
+        if operator in ("In", "NotIn") and not values:
+            raise params.error(where, f"values: required for {operator}")
+        if operator in ("Exists", "DoesNotExist") and values:
+            raise params.error(where, f"values: must be empty for {operator}")
+        expressions.append((key, operator, frozenset(values)))
+    return filters.LabelFilter("label-selector-filter", name, filters.label_selector(wanted, tuple(expressions)))
+
+
+def _prefix_affinity_filter(name: str, params: Params, ctx: BuildContext) -> object:
+    source = params.text("ttftSource", "prefillThroughput")
+    for field_name in ("prefillCalibrationFile", "prefillCalibrationFingerprint", "prefillCalibrationRequired"):
+        if params.present(field_name):
+            raise params.error(field_name, "calibration records are not read here; set peakPrefillThroughput")
+    plugin = affinity_filter.PrefixCacheAffinityFilter(
+        name,
+        threshold=params.number("affinityThreshold", 0.80, minimum=0.0, maximum=1.0),
+        exploration=params.number("explorationProbability", 0.0, minimum=0.0, maximum=1.0),
+        max_penalty_ms=params.number("maxTTFTPenaltyMs", 18000.0, minimum=0.0),
+        peak_prefill_tps=params.number("peakPrefillThroughput", 15928.0, minimum=1e-9),
+        prefix_producer=params.text("prefixMatchInfoProducerName", "") or "approx-prefix-cache-producer",
+        load_producer=params.text("inFlightLoadProducerName", "") or "inflight-load-producer",
+        seed=ctx.next_seed(),
+    )
+    params.finish()
+    if source != "prefillThroughput":
+        raise params.error("ttftSource", f"{source!r}: only prefillThroughput (latency prediction is not implemented)")
+    return plugin
 
 
 def _picker(cls: Callable[..., object]) -> Factory:
@@ -130,7 +365,7 @@ def _saturation_filter(name: str, params: Params, ctx: BuildContext) -> object:
     base = ctx.saturation  # the config's saturationDetector block, overridable per filter
     pool = ctx.freshness.staleness_s
     staleness = params.duration("metricsStalenessThreshold", pool)
-    if staleness != pool:  # the pool has one: the scorers, the detector and /debug/pool read the same data
+    if staleness != pool:  # one per pool (`build.pool_freshness` takes it from the config): never two
         raise params.error(
             "metricsStalenessThreshold",
             f"{staleness:g}s differs from the pool's staleness threshold ({pool:g}s); set it once, in "
@@ -146,11 +381,13 @@ def _saturation_filter(name: str, params: Params, ctx: BuildContext) -> object:
 
 
 def _label_filter(name: str, params: Params, ctx: BuildContext) -> object:
-    wanted = params.mapping("matchLabels")
-    params.finish()
-    if not wanted:
+    """`label-filter` (ours, older): an alias of label-selector-filter that needs a non-empty selector."""
+    if not params.present("matchLabels") and not params.present("matchExpressions"):
         raise params.error("matchLabels", "required: the labels an endpoint must carry")
-    return filters.LabelFilter("label-filter", name, filters.match_labels(wanted))
+    plugin = _label_selector(name, params, ctx)
+    assert isinstance(plugin, filters.LabelFilter)
+    plugin.type_name = "label-filter"
+    return plugin
 
 
 def _by_label(name: str, params: Params, ctx: BuildContext) -> object:
@@ -294,9 +531,34 @@ def register_builtins(registry: Registry) -> Registry:
     r("prefix-cache-scorer", Kind.SCORER, _prefix, "approximate prefix-cache affinity")
     r("lora-affinity-scorer", Kind.SCORER, _no_params(affinity.LoraAffinityScorer), "LoRA adapter affinity")
     r("session-affinity-scorer", Kind.SCORER, _session, "x-session-token stickiness", stability=Stability.ALPHA)
-    r("utilization-detector", Kind.FILTER, _saturation_filter, "drops saturated or stale endpoints")
+    r("load-aware-scorer", Kind.SCORER, _load_aware, "0.5 at an empty queue, 0 at threshold")
+    r("active-request-scorer", Kind.SCORER, _active_request, "fewer own in-flight requests")
+    r("token-load-scorer", Kind.SCORER, _token_load, "fewer in-flight + uncached prompt tokens")
+    r("no-hit-lru-scorer", Kind.SCORER, _no_hit_lru, "cold requests to the least recently cold-picked endpoint")
+    r("context-length-aware", Kind.SCORER, _context_length, "token count vs the endpoint's length-range label")
+    r("approx-prefix-cache-producer", Kind.PRODUCER, _approx_prefix_producer, "per-endpoint token-block prefix match")
+    r("token-producer", Kind.PRODUCER, _token_producer("token-producer"), "the prompt's tokens (estimate or vllm)")
+    r(
+        "tokenizer",
+        Kind.PRODUCER,
+        _token_producer("tokenizer"),
+        "deprecated name of token-producer",
+        replaced_by="token-producer",
+    )
+    r("inflight-load-producer", Kind.PRODUCER, _no_params(producers.InflightLoadProducer), "own in-flight load")
+    r("session-id-producer", Kind.PRODUCER, _session_id_producer, "session id and its bound endpoint")
+    r(
+        "burst-prefix-cache-producer",
+        Kind.PRODUCER,
+        _burst_producer,
+        "co-locates a burst of prompt-sharing requests",
+        stability=Stability.ALPHA,
+    )
+    r("label-selector-filter", Kind.FILTER, _label_selector, "Kubernetes label selector over endpoint labels")
+    r("prefix-cache-affinity-filter", Kind.FILTER, _prefix_affinity_filter, "keeps the sticky endpoints until loaded")
+    r("utilization-detector", Kind.FILTER, _saturation_filter, "drops saturated endpoints and unusable data")
     r("saturation-filter", Kind.FILTER, _saturation_filter, "alias of utilization-detector")
-    r("label-filter", Kind.FILTER, _label_filter, "keeps endpoints carrying matchLabels")
+    r("label-filter", Kind.FILTER, _label_filter, "alias of label-selector-filter (ours)")
     r("by-label", Kind.FILTER, _by_label, "label value in validValues", replaced_by="label-selector-filter")
     r("decode-filter", Kind.FILTER, _role_filter(filters.decode_filter), "roles that decode; unlabelled kept")
     r("prefill-filter", Kind.FILTER, _role_filter(filters.prefill_filter), "roles that prefill")

@@ -26,6 +26,8 @@ from epp.datastore import Freshness, Snapshot, usable
 from epp.datastore.table import BoolArray, FloatArray, IntArray
 from epp.scheduling.framework import CycleState, Signal
 
+SATURATION_FILTER_TYPES = ("utilization-detector", "saturation-filter")  # the filter's type and its alias
+
 
 @overload
 def over(queue: float, kv: float, queue_limit: float, kv_limit: float) -> bool: ...

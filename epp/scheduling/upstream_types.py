@@ -31,18 +31,11 @@ _FC = "in-flight eviction (enableEviction) is not implemented"
 _PD = "multi-profile handlers (P/D disaggregation) are not implemented yet"
 _MC = "multi-cluster through InferencePoolImport is not implemented; epp federates sites instead (docs/federation.md)"
 _LAT = "latency prediction (a trained-model sidecar) is not implemented"
-_PROD = "producers are not implemented yet; prefix-cache-scorer computes its own match"
 _MM = "multimodal caching is not implemented"
 
 UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     # filters
-    UpstreamType(
-        "label-selector-filter",
-        "filter",
-        False,
-        _R,
-        "matchExpressions not implemented yet (label-filter takes matchLabels)",
-    ),
+    UpstreamType("label-selector-filter", "filter", False, _S, "matchLabels + matchExpressions (alias label-filter)"),
     UpstreamType("by-label-selector", "filter", False, _R, "deprecated upstream (v0.9) for label-selector-filter"),
     UpstreamType("by-label", "filter", False, _S, "deprecated upstream for label-selector-filter; warns on load"),
     UpstreamType(
@@ -60,7 +53,13 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
         "roles prefill, encode-prefill, prefill-decode, both, encode-prefill-decode",
     ),
     UpstreamType("encode-filter", "filter", False, _S, "roles encode, encode-prefill, encode-prefill-decode"),
-    UpstreamType("prefix-cache-affinity-filter", "filter", False, _R, "needs a prefix-match producer"),
+    UpstreamType(
+        "prefix-cache-affinity-filter",
+        "filter",
+        False,
+        _S,
+        "ttftSource prefillThroughput only; calibration files are not read",
+    ),
     UpstreamType("slo-headroom-tier-filter", "filter", False, _R, _LAT),
     UpstreamType(
         "session-affinity-filter", "filter", True, _R, "session affinity is a scorer here (session-affinity-scorer)"
@@ -84,16 +83,31 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     UpstreamType("running-requests-size-scorer", "scorer", False, _S, ""),
     UpstreamType("lora-affinity-scorer", "scorer", False, _S, ""),
     UpstreamType(
-        "prefix-cache-scorer", "scorer", False, _S, "computes its own match; producer parameters not yet accepted"
+        "prefix-cache-scorer",
+        "scorer",
+        False,
+        _S,
+        "reads a producer (prefixMatchInfoProducerName); the older self-contained parameters still work",
     ),
-    UpstreamType("session-affinity-scorer", "scorer", True, _S, "x-session-token; no `strategy` parameter yet"),
     UpstreamType(
-        "active-request-scorer", "scorer", False, _R, "not implemented yet (inflight-load-scorer is the nearest)"
+        "session-affinity-scorer",
+        "scorer",
+        True,
+        _S,
+        "strategy encoded_endpoint_header (x-session-token written back on the response) or session_id "
+        "(x-session-id, TTL 300 s)",
     ),
-    UpstreamType("load-aware-scorer", "scorer", False, _R, "not implemented yet"),
-    UpstreamType("context-length-aware", "scorer", False, _R, "not implemented yet"),
-    UpstreamType("token-load-scorer", "scorer", False, _R, "not implemented yet"),
-    UpstreamType("no-hit-lru-scorer", "scorer", False, _R, "not implemented yet"),
+    UpstreamType(
+        "active-request-scorer",
+        "scorer",
+        False,
+        _S,
+        "own in-flight requests; inflight-load-scorer (ours) differs: waiting + unscraped picks, min-max",
+    ),
+    UpstreamType("load-aware-scorer", "scorer", False, _S, ""),
+    UpstreamType("context-length-aware", "scorer", False, _S, "reusableTokensProducerName refused (no p2p-source)"),
+    UpstreamType("token-load-scorer", "scorer", False, _S, ""),
+    UpstreamType("no-hit-lru-scorer", "scorer", False, _S, ""),
     UpstreamType("mm-embeddings-cache-scorer", "scorer", False, _R, _MM),
     UpstreamType("latency-scorer", "scorer", False, _R, _LAT),
     UpstreamType(
@@ -168,16 +182,24 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     ),
     UpstreamType("probabilistic-admitter", "admitter", False, _S, ""),
     # producers
-    UpstreamType("approx-prefix-cache-producer", "producer", False, _R, _PROD),
-    UpstreamType("inflight-load-producer", "producer", False, _R, _PROD),
+    UpstreamType("approx-prefix-cache-producer", "producer", False, _S, "token blocks; estimate tokens by default"),
+    UpstreamType("inflight-load-producer", "producer", False, _S, ""),
     UpstreamType("predicted-latency-producer", "producer", False, _R, _LAT),
     UpstreamType("mm-embeddings-cache-producer", "producer", False, _R, _MM),
-    UpstreamType("token-producer", "producer", False, _R, _PROD),
-    UpstreamType("tokenizer", "producer", False, _R, "deprecated upstream for token-producer; " + _PROD),
-    UpstreamType("session-id-producer", "producer", False, _R, _PROD),
-    UpstreamType("precise-prefix-cache-producer", "producer", False, _R, _PROD),
-    UpstreamType("burst-prefix-cache-producer", "producer", True, _R, _PROD),
-    UpstreamType("p2p-source-producer", "producer", True, _R, _PROD),
+    UpstreamType("token-producer", "producer", False, _S, "estimate; vllm render endpoints, estimate on failure"),
+    UpstreamType("tokenizer", "producer", False, _A, "deprecated upstream for token-producer; warns on load"),
+    UpstreamType("session-id-producer", "producer", False, _S, ""),
+    UpstreamType(
+        "precise-prefix-cache-producer", "producer", False, _R, "KV-event routing is not wired into scheduling yet"
+    ),
+    UpstreamType(
+        "burst-prefix-cache-producer",
+        "producer",
+        True,
+        _S,
+        "decided online at arrival (no added latency) instead of batched per window",
+    ),
+    UpstreamType("p2p-source-producer", "producer", True, _R, "P2P KV-cache transfer is not implemented"),
     UpstreamType("multicluster-approx-prefix-cache-producer", "producer", True, _R, _MC),
     # other hooks
     UpstreamType("request-attribute-reporter", "request hook", False, _R, "usage is reported as metrics only"),

@@ -68,16 +68,6 @@ class ParsedPage:
         return self.samples.get(name, [])
 
 
-def _number(token: str) -> float:
-    """A value as the reference reads it: no underscores, int() first, then float()."""
-    if "_" in token or token != token.strip():
-        raise ValueError(f"invalid value {token!r}")
-    try:
-        return float(int(token))
-    except ValueError:
-        return float(token)
-
-
 def _timestamp(token: str) -> float:
     """Milliseconds in the text, seconds out, rounded as the reference rounds (exact int division when integral)."""
     if "_" in token or token != token.strip():

@@ -34,8 +34,6 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "num_blocks": (0.0, 1e9),
 }
 
-REASONS = ("negative", "nan", "infinite", "too_large", "too_small")
-
 
 def rejection(signal: str, value: float) -> str | None:
     """Why `value` cannot be this signal, or None when it is plausible."""

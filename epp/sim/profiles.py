@@ -12,10 +12,6 @@ from dataclasses import dataclass
 
 # Llama-3.1-8B: 32 layers × 8 KV heads × head dim 128 × (K and V) × 2 bytes (bf16) = 131,072 B = 128 KiB per token.
 KV_BYTES_PER_TOKEN_LLAMA_8B = 32 * 8 * 128 * 2 * 2
-# 8.03e9 parameters × 2 bytes (bf16): read once per decode step.
-WEIGHT_BYTES_LLAMA_8B = 8.03e9 * 2
-# Forward FLOPs per token ≈ 2 × parameters.
-FLOPS_PER_TOKEN_LLAMA_8B = 2 * 8.03e9
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,3 +59,14 @@ def test_a_bad_flag_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -
         build_parser().parse_args(["serve", "--refresh-metrics-interval", "soon"])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_freshness_flags_reach_every_decision() -> None:
+    """--metrics-staleness-threshold and --metrics-max-failures are the pool's one rule for usable data: the
+    scorers', the saturation filter's and the detector's (as `epp serve` builds the scheduler)."""
+    from epp.datastore import Freshness
+    from epp.scheduling import build_scheduler
+
+    args = build_parser().parse_args(["serve", "--metrics-staleness-threshold", "3s", "--metrics-max-failures", "7"])
+    scheduler = build_scheduler(None, freshness=scrape_settings_from_args(args).freshness)
+    assert scheduler.freshness == scheduler.saturation.freshness == Freshness(staleness_s=3.0, max_failures=7)

@@ -21,7 +21,6 @@ REFERENCE_VERDICTS = {
     "gie-integration-datalayer-config.yaml": ("plugin 'mock-metrics-source'", "not implemented"),
     "llmd-router-pd-epp-config.yaml": (
         "plugin 'disagg-profile-handler': type 'disagg-profile-handler' (upstream profile handler",
-        "plugin 'approx-prefix-cache-producer': type 'approx-prefix-cache-producer' (upstream producer",
         "plugin 'prefix-based-pd-decider'",
     ),
 }

@@ -218,3 +218,28 @@ def test_saturation_detector_plugin_sets_the_pool_thresholds() -> None:
     plugins = [{"name": "sat", "type": "utilization-detector", "parameters": {"queueDepthThreshold": 9}}]
     config = parse_config(_doc(plugins, flowControl={"saturationDetector": {"pluginRef": "sat"}}), "s.yaml")
     assert build_scheduler(config).saturation.thresholds.queue_depth == 9
+
+
+def test_producers_are_built_first_so_a_scorer_can_name_one() -> None:
+    """Upstream builds plugins in dependency order (`pkg/epp/config/loader/configloader.go` `buildPluginDAG`): a
+    scorer's `prefixMatchInfoProducerName` may name a producer listed after it."""
+    from epp.scheduling.registry import Kind, builtin_registry
+    from epp.scheduling.scorers import QueueScorer
+
+    registry = builtin_registry()
+    registry.register("test-producer", Kind.PRODUCER, lambda name, params, ctx: ("producer", name), "test")
+
+    def scorer(name, params, ctx):
+        producer = ctx.plugin(params.text("producerName", ""))
+        params.finish()
+        assert producer == ("producer", "p")
+        return QueueScorer(name)
+
+    registry.register("test-scorer", Kind.SCORER, scorer, "test")
+    doc = dict(NEW)
+    doc["plugins"] = [
+        {"name": "s", "type": "test-scorer", "parameters": {"producerName": "p"}},
+        {"name": "p", "type": "test-producer"},
+    ]
+    doc["schedulingProfiles"] = [{"name": "default", "plugins": [{"pluginRef": "s"}]}]
+    build_scheduler(parse_config(doc, "p.yaml"), registry=registry)

@@ -61,3 +61,11 @@ def test_session_token_that_is_garbage_scores_nothing() -> None:
     snap = table_with([{}, {}]).snapshot()
     got = SessionAffinityScorer().score(state(snap, request(session="%%not base64")), snap.slots)
     assert got.tolist() == [0, 0]
+
+
+def test_lora_room_reported_in_unusable_data_is_unknown() -> None:
+    table = table_with([dict(max_lora=1, running_adapters=("b",)), dict(max_lora=2, running_adapters=("b",))])
+    for _ in range(3):
+        table.record_scrape_failure(1)  # failing: its room is no longer known
+    snap = table.snapshot()
+    assert LoraAffinityScorer().score(state(snap, request(model="a")), snap.slots).tolist() == [0.0, 0.5]

@@ -116,3 +116,38 @@ def test_our_default_adds_inflight_load_and_saturation_filter() -> None:
     assert [f.type_name for f in profile.filters] == ["utilization-detector"]
     assert ("inflight-load-scorer", 2.0) in [(s.scorer.type_name, s.weight) for s in profile.scorers]
     assert default_config().source == "<built-in default>"
+
+
+def _detector_config(parameters: dict | None, **kw: object):  # type: ignore[type-arg]
+    plugins = [{"name": "sat", "type": "utilization-detector", "parameters": parameters or {}}]
+    return _config(plugins, [{"pluginRef": "sat"}], **kw)
+
+
+@pytest.mark.parametrize(
+    ("config", "staleness"),
+    [
+        pytest.param(None, 2.0, id="no-config-the-flags"),
+        pytest.param(_detector_config(None), 2.0, id="not-given-the-flags"),
+        pytest.param(_detector_config({"metricsStalenessThreshold": "200ms"}), 0.2, id="plugin-parameter"),
+        pytest.param(
+            _detector_config(None, saturationDetector={"metricsStalenessThreshold": "150ms"}), 0.15, id="top-level"
+        ),
+        pytest.param(
+            _detector_config({"metricsStalenessThreshold": "1s"}, saturationDetector={"metricsStalenessThreshold": 1}),
+            1.0,
+            id="both-the-same",
+        ),
+    ],
+)
+def test_the_pool_has_one_staleness_threshold(config, staleness: float) -> None:
+    from epp.datastore import Freshness
+
+    scheduler = build_scheduler(config, freshness=Freshness(staleness_s=2.0, max_failures=5))
+    assert scheduler.freshness == Freshness(staleness_s=staleness, max_failures=5)
+    assert scheduler.saturation.freshness is scheduler.freshness  # the detector decides on the same data
+
+
+def test_two_different_staleness_thresholds_are_refused() -> None:
+    config = _detector_config({"metricsStalenessThreshold": "1s"}, saturationDetector={"metricsStalenessThreshold": 2})
+    with pytest.raises(ConfigError, match="one staleness threshold per pool"):
+        build_scheduler(config)

@@ -26,9 +26,3 @@ def picker_channel(port: int, host: str = "127.0.0.1") -> grpc.Channel:
     """A blocking gRPC channel to the picker's TLS port, trusting the certificate it presents."""
     credentials = grpc.ssl_channel_credentials(root_certificates=presented_certificate(port, host))
     return grpc.secure_channel(f"{host}:{port}", credentials, options=_options())
-
-
-def picker_aio_channel(port: int, host: str = "127.0.0.1") -> grpc.aio.Channel:
-    """The asyncio form of `picker_channel`."""
-    credentials = grpc.ssl_channel_credentials(root_certificates=presented_certificate(port, host))
-    return grpc.aio.secure_channel(f"{host}:{port}", credentials, options=_options())
