@@ -8,6 +8,7 @@ to a random healthy candidate (counted as degraded), under FailClose it is refus
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
@@ -18,11 +19,14 @@ from epp.datastore import EndpointTable, Snapshot
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.datastore.table import IntArray
+from epp.director.flow import FlowGate
 from epp.director.random_scheduler import RandomScheduler
 from epp.director.rewrite import ModelRewriter
 from epp.director.tokens import RenderTokenizer
 from epp.errors import EppError, ErrorCode
 from epp.federation.policy import Route
+from epp.flowcontrol import QueuedRequest
+from epp.flowcontrol.admission import Admitter
 from epp.requests import InferenceRequest
 from epp.scheduling import test_selection
 from epp.scheduling.producers import TokenProducer, estimate_tokens
@@ -120,12 +124,15 @@ class Director:
         federation: Federation | None = None,
         honour_subset: bool = True,
         test_selection: bool = False,
+        flow: FlowGate | None = None,
     ) -> None:
         """`objectives` gives priorities and model rewrites (none: every request priority 0, no rewrite);
         `saturation` decides shedding (none: the scheduler's own `.saturation` if it has one, else no shedding);
         `seed` makes weighted rewrite choices reproducible; `honour_subset` False ignores the gateway's subset hint
         (upstream's --disable-endpoint-subset-filter); `test_selection` honours conformance's
-        `test-epp-endpoint-selection` header (--enable-test-endpoint-selection; tests only)."""
+        `test-epp-endpoint-selection` header (--enable-test-endpoint-selection; tests only); `flow` is flow
+        control (the `flowControl` gate): requests wait in its queues before they get here, and the legacy shedding
+        step is off."""
         self._table = table
         self._scheduler = scheduler
         self._clock = clock
@@ -140,6 +147,9 @@ class Director:
         self._federation = federation  # None: no federation, every candidate is local
         self._honour_subset = honour_subset
         self._test_selection = test_selection
+        self.flow = flow
+        self._admitters: tuple[Admitter, ...] = tuple(getattr(scheduler, "admitters", ()))
+        self._draw = random.Random(seed)
         self._response_headers = getattr(scheduler, "response_headers", None)
         self.tokenizer = render_tokenizer(scheduler)
 
@@ -204,7 +214,8 @@ class Director:
                     ErrorCode.SERVICE_UNAVAILABLE, "no pool endpoint matches the gateway's subset hint", _NO_ENDPOINTS
                 )
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no ready endpoint in the pool", _NO_ENDPOINTS)
-        self._admit(request, snapshot, candidates, now)
+        if self.flow is None:
+            self._admit(request, snapshot, candidates, now)
         degraded = False
         try:
             slots = self._scheduler.pick(snapshot, candidates, request, now)
@@ -237,7 +248,10 @@ class Director:
 
     def _admit(self, request: InferenceRequest, snapshot: Snapshot, candidates: IntArray, now: float) -> None:
         """Shedding: a sheddable request (its objective's priority < 0) is refused with 429 while the pool is
-        saturated. Saturation is computed only for sheddable requests, so the common path pays nothing."""
+        saturated. Saturation is computed only for sheddable requests, so the common path pays nothing. The
+        config's admission plugins (probabilistic-admitter, latency-slo-admitter) run first."""
+        if self._admitters and self._objectives is not None:
+            self._run_admitters(request, snapshot, candidates, now)
         if self._objectives is None or self._saturation is None or not request.objective:
             return
         priority = self._objectives.priority_of(request.objective)
@@ -248,6 +262,22 @@ class Director:
                 wire.REJECTED_SATURATED,
             )
 
+    def _run_admitters(self, request: InferenceRequest, snapshot: Snapshot, candidates: IntArray, now: float) -> None:
+        assert self._objectives is not None
+        item = QueuedRequest(
+            ticket=None,
+            priority=self._objectives.priority_of(request.objective),
+            received_at=now,
+            slo_ttft_s=request.slo_ttft_ms / 1000.0 if request.slo_ttft_ms is not None else None,
+        )
+        for admitter in self._admitters:
+            if not admitter.admit(item, snapshot, candidates, now, self._draw.random(), 0.0):
+                raise EppError(
+                    ErrorCode.RESOURCE_EXHAUSTED,
+                    f"pool saturated: sheddable request refused by {admitter.name}",
+                    wire.REJECTED_SATURATED,
+                )
+
     def complete(self, decision: Decision) -> None:
         """The request ended (response done, stream closed or failed): release its in-flight booking."""
         if decision.site is not None:
@@ -257,3 +287,5 @@ class Director:
         info = self._table.info(decision.slot)
         if info is not None and info.address == decision.addresses[0]:
             self._table.release_pick(decision.slot, decision.tokens)
+        if self.flow is not None:
+            self.flow.wake()  # room may have opened for a queued request
