@@ -38,6 +38,7 @@ from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode, PoolSpec
 from epp.director import Director
+from epp.director.flow import FlowGate
 from epp.discovery.file import FileDiscovery
 from epp.discovery.kubernetes.settings import settings_from_flags
 from epp.discovery.kubernetes.source import KubernetesSource
@@ -47,6 +48,9 @@ from epp.errors import ConfigError
 from epp.extproc.bounds import ServerLimits
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
+from epp.flowcontrol import FlowController
+from epp.flowcontrol.gauge import PoolGauge
+from epp.observability.flow import FlowControlMetrics
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import FreezableCollector, LoopCollector, PickerMetrics
 from epp.observability.plugins import PluginTimer
@@ -196,6 +200,9 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         raise ConfigError("--workers above 1 does not combine with federation or --tracing yet: use --workers 1")
     if federation is not None:
         federation.connect(getattr(args, "kubeconfig", "") or "")
+    flow = _flow_gate(scheduler, state)
+    if workers > 1 and flow is not None:
+        raise ConfigError("--workers above 1 does not combine with the flowControl feature gate yet: use --workers 1")
     director = Director(
         state.table,
         scheduler,
@@ -207,6 +214,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         federation=federation.router if federation is not None else None,
         honour_subset=not getattr(args, "disable_endpoint_subset_filter", False),
         test_selection=bool(getattr(args, "enable_test_endpoint_selection", False)),
+        flow=flow,
     )
     decider: Any = director
     if tracer is not None:
@@ -262,11 +270,17 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         if state.workers is not None:
             extra["workers"] = state.workers.supervision()
         statuses = {address: status.as_dict() for address, status in scraper.status().items()}
+        if flow is not None:
+            extra["flowControl"] = flow.report(now)
         return pool_report(state.table, state.pool, now, state.ready(), scheduler.freshness, extra or None, statuses)
 
     pool_collector = PoolCollector(state.table, lambda: pool_name, _poll_errors(scraper))
     state.registry.register(pool_collector)
     loop_collectors: list[FreezableCollector] = [metrics, pool_collector, plugin_timer, prefix, scrape_collector]
+    if flow is not None:
+        flow_metrics = FlowControlMetrics(state.registry, lambda: pool_name, flow.queue_state)
+        flow.observer = flow_metrics
+        loop_collectors.append(flow_metrics)
     stacks = bool(getattr(args, "enable_pprof", False))
     http_app = build_http_app(state.registry, report, state.ready, loop_collectors, auth, stacks)
     http_runner = web.AppRunner(http_app, access_log=None)
@@ -280,6 +294,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
 
     await scraper.start()
     settle_garbage_collector()
+    if flow is not None:
+        flow.start()
     if grpc_server is not None:
         await grpc_server.start()
     await health_server.start()
@@ -326,6 +342,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             await state.kubernetes.stop()  # releases the Lease now, so a standby takes over during our grace period
         if drain_s > 0:
             await asyncio.sleep(drain_s)  # gateways still holding our address (DNS, EDS) keep being served
+        if flow is not None:  # queued requests: dispatched while the grace lasts, the rest answered 503
+            await flow.shutdown(args.grace_period)
         if grpc_server is not None:
             await grpc_server.stop(args.grace_period)
         if state.workers is not None:
@@ -373,6 +391,23 @@ def _readiness_changed(state: PickerState) -> None:
 
 
 _PENDING: set[asyncio.Future[None]] = set()  # strong references until each health update is done
+
+
+def _flow_gate(scheduler: Any, state: PickerState) -> FlowGate | None:
+    """Flow control, when the config's `flowControl` feature gate is on: the queues, the dispatch saturation
+    (the pool's detector, counting our own picks since the scrape, with the all-stale fallback) and the admitters."""
+    settings = getattr(scheduler, "flow_control", None)
+    if settings is None:
+        return None
+    gauge = PoolGauge(scheduler.saturation, scheduler.freshness)
+    return FlowGate(
+        FlowController(settings),
+        state.table,
+        gauge,
+        time.monotonic,
+        objectives=state.objectives,
+        admitters=scheduler.admitters,
+    )
 
 
 def _poll_errors(scraper: ScrapeService | ScrapeProcess) -> Callable[[], dict[str, int]]:
