@@ -73,7 +73,7 @@ def run_one(
 ) -> Row:
     rate = load_ * pool_capacity
     arrivals = scaled_arrivals(items, rate)
-    config = Path(args.config) if policy.startswith("epp:") else None
+    config = _configs(args).get(policy[4:]) if policy.startswith("epp:") else None
     started = time.process_time()
     result = simulate(
         items,
@@ -187,7 +187,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--endpoints", type=int, default=16)
     p.add_argument("--requests", type=int, default=4000)
     p.add_argument("--policies", default=DEFAULT_POLICIES)
-    p.add_argument("--config", help="an EndpointPickerConfig file: adds the policy epp:<file stem>")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        help="an EndpointPickerConfig file: adds the policy epp:<file stem> (repeatable)",
+    )
     p.add_argument("--profiles", default="h100", help="comma list of server profiles, cycled (h100, l4)")
     p.add_argument("--scrape-interval", type=positive_duration, default=0.05, help="virtual seconds between scrapes")
     p.add_argument("--warmup", type=float, default=0.1, help="fraction of first requests left out of latency stats")
@@ -208,6 +213,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def _configs(args: argparse.Namespace) -> dict[str, Path]:
+    """The --config files by stem: each runs as the policy epp:<stem>."""
+    return {Path(c).stem: Path(c) for c in args.config}
+
+
 def run(args: argparse.Namespace) -> int:
     if args.replot:
         rows = [Row(**r) for r in json.loads(Path(args.replot).read_text())["rows"]]
@@ -216,8 +226,9 @@ def run(args: argparse.Namespace) -> int:
     workloads = list(WORKLOADS) if args.workload == "all" else [w.strip() for w in args.workload.split(",")]
     loads = [float(x) for x in args.load.split(",")]
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if args.config and f"epp:{Path(args.config).stem}" not in policies:
-        policies.append(f"epp:{Path(args.config).stem}")
+    for stem in _configs(args):
+        if f"epp:{stem}" not in policies:
+            policies.append(f"epp:{stem}")
     profiles = [profile_named(n.strip()) for n in args.profiles.split(",")]
     for policy in policies:  # fail before minutes of simulation, not after
         policy_factory(policy, args.endpoints, args.seed, None)

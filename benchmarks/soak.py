@@ -17,7 +17,7 @@ and the throughput of the last segment. The slope is a least-squares fit of RSS 
 whole run and for its second half (a plateau shows as a second-half slope near 0).
 
     .venv/bin/python -m benchmarks.soak [--mode inprocess|serve|envoy] [--requests 1000000] [--every 100000]
-        [--concurrency 32] [--tracemalloc]
+        [--concurrency 32] [--tracemalloc] [--same-body] [--plaintext] [--scraped] [--heap]
 
 `--tracemalloc` (inprocess) adds the allocation sites that grew most between the first and the last checkpoint
 (slow: about 5x).
@@ -54,7 +54,12 @@ def rss_kib(pid: int | None = None) -> int:
     return 0
 
 
+SAME_BODY = False  # --same-body: one prompt for every request (no new prefix-cache blocks after the first)
+
+
 def body_of(i: int) -> bytes:
+    if SAME_BODY:
+        i = 0
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"question {i}: " + "why? " * 40}]
     return json.dumps({"model": "meta-llama/Llama-3.1-8B-Instruct", "messages": messages}).encode()
 
@@ -208,7 +213,32 @@ def summary(checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_serve(requests: int, every: int, concurrency: int) -> dict[str, Any]:
+def _metrics_servers(count: int) -> list[Any]:
+    """`count` loopback HTTP servers answering a vLLM /metrics page (threads of this process)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.scrape.vllm_page import vllm_page
+
+    page = vllm_page(waiting=1, running=4).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), Handler) for _ in range(count)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    return servers
+
+
+def run_serve(requests: int, every: int, concurrency: int, scraped: bool = False) -> dict[str, Any]:
     import asyncio
 
     import grpc
@@ -218,6 +248,9 @@ def run_serve(requests: int, every: int, concurrency: int) -> dict[str, Any]:
 
     grpc_port, metrics_port = free_port(), free_port()
     addresses = ",".join(f"127.10.0.{i + 1}:8000" for i in range(ENDPOINTS))
+    if scraped:  # endpoints whose /metrics answer, so the scrape process and its rows are part of the run
+        metrics_servers = _metrics_servers(ENDPOINTS)
+        addresses = ",".join(f"127.0.0.1:{m.server_address[1]}" for m in metrics_servers)
     argv = serve_argv(grpc_port, free_port(), metrics_port, "--static-endpoints", addresses, "--secure-serving=false")
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -264,10 +297,12 @@ def run_serve(requests: int, every: int, concurrency: int) -> dict[str, Any]:
     finally:
         proc.terminate()
         proc.wait(30)
-    return {"mode": "serve", "concurrency": concurrency, **summary(checkpoints)}
+    return {"mode": "serve", "scraped": scraped, "concurrency": concurrency, **summary(checkpoints)}
 
 
-def run_envoy_mode(requests: int, every: int, concurrency: int) -> dict[str, Any]:
+def run_envoy_mode(
+    requests: int, every: int, concurrency: int, plaintext: bool = False, heap: bool = False
+) -> dict[str, Any]:
     import asyncio
     import tempfile
 
@@ -286,7 +321,11 @@ def run_envoy_mode(requests: int, every: int, concurrency: int) -> dict[str, Any
         argv = serve_argv(
             epp_port, free_port(), metrics_port, "--static-endpoints",
             ",".join(f"127.0.0.1:{p}" for p in backends), "-v", "0",
+            *(("--secure-serving=false",) if plaintext else ()),
+            *(("--enable-pprof=true",) if heap else ()),
         )  # fmt: skip
+        env = {**os.environ, "PYTHONTRACEMALLOC": "1"} if heap else None
+        heap_report: list[str] = []
         config = bootstrap(
             [
                 *(_backend_listener(f"backend{i}", port, ANSWER, vllm_page(waiting=i % 3, running=4 + i))
@@ -294,10 +333,10 @@ def run_envoy_mode(requests: int, every: int, concurrency: int) -> dict[str, Any
                 listener("epp", front, {"route": {"cluster": "pool", "timeout": "10s"}},
                          [ext_proc_filter("epp", MODES["request"])]),
             ],
-            [pool_cluster(), static_cluster("epp", epp_port, http2=True, tls=True)],
+            [pool_cluster(), static_cluster("epp", epp_port, http2=True, tls=not plaintext)],
             free_port(),
         )  # fmt: skip
-        with running(argv, tmp / "epp.log") as epp, run_envoy(tmp, config, "soak"):
+        with running(argv, tmp / "epp.log", env) as epp, run_envoy(tmp, config, "soak"):
             wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 30, "epp serve", epp)
             url = f"http://127.0.0.1:{front}/v1/chat/completions"
 
@@ -319,6 +358,10 @@ def run_envoy_mode(requests: int, every: int, concurrency: int) -> dict[str, Any
                         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
                     await segment(-2_000, 2_000)
+                    heap_url = f"http://127.0.0.1:{metrics_port}/debug/heap"
+                    if heap:
+                        async with session.get(heap_url) as response:
+                            await response.text()  # the baseline the next call compares with
                     checkpoints = [{"requests": 0, "rss_kib": rss_kib(epp.pid), "req_per_s": None}]
                     done = 0
                     while done < requests:
@@ -336,10 +379,15 @@ def run_envoy_mode(requests: int, every: int, concurrency: int) -> dict[str, Any
                             }
                         )
                         print(json.dumps(checkpoints[-1]), flush=True)
+                    if heap:
+                        async with session.get(heap_url) as response:
+                            heap_report.append(await response.text())
                 return checkpoints
 
             checkpoints = asyncio.run(drive())
-    return {"mode": "envoy", "concurrency": concurrency, **summary(checkpoints)}
+        if heap_report:
+            print(heap_report[-1])
+    return {"mode": "envoy", "plaintext": plaintext, "concurrency": concurrency, **summary(checkpoints)}
 
 
 def main() -> None:
@@ -349,14 +397,20 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=100_000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--tracemalloc", action="store_true")
+    parser.add_argument("--same-body", action="store_true", help="one prompt for all requests: isolates the index")
+    parser.add_argument("--plaintext", action="store_true", help="envoy: ext_proc without TLS")
+    parser.add_argument("--scraped", action="store_true", help="serve: endpoints with a real /metrics page")
+    parser.add_argument("--heap", action="store_true", help="envoy: tracemalloc in epp serve, /debug/heap growth")
     args = parser.parse_args()
+    global SAME_BODY
+    SAME_BODY = args.same_body
     os.environ.setdefault("PYTHONHASHSEED", "0")
     if args.mode == "inprocess":
         result = run_inprocess(args.requests, args.every, args.tracemalloc)
     elif args.mode == "serve":
-        result = run_serve(args.requests, args.every, args.concurrency)
+        result = run_serve(args.requests, args.every, args.concurrency, args.scraped)
     else:
-        result = run_envoy_mode(args.requests, args.every, args.concurrency)
+        result = run_envoy_mode(args.requests, args.every, args.concurrency, args.plaintext, args.heap)
     result.pop("checkpoints")
     print(json.dumps(result, indent=2))
 

@@ -20,7 +20,7 @@ from epp.app.metrics_auth import MetricsAuth
 from epp.datastore import EndpointTable, Freshness, usable_slots
 from epp.datastore.pool import PoolSpec
 from epp.observability.metrics import FreezableCollector
-from epp.observability.stacks import dump_stacks
+from epp.observability.stacks import dump_heap, dump_stacks
 
 
 def _num(value: float) -> float | None:
@@ -136,9 +136,15 @@ def build_http_app(
             return refused
         return web.Response(text=dump_stacks())
 
+    async def debug_heap(request: web.Request) -> web.Response:
+        if (refused := await denied(request)) is not None:
+            return refused
+        return web.Response(text=dump_heap())
+
     app = web.Application()
     if stacks:
         app.router.add_get("/debug/stacks", debug_stacks)
+        app.router.add_get("/debug/heap", debug_heap)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/debug/pool", debug_pool)
     app.router.add_get("/healthz", healthz)

@@ -85,6 +85,7 @@ class Decision(NamedTuple):
     tokens: int = 0  # prompt tokens booked in flight on `slot` (inflight-load-producer), released with it
     stages: tuple[tuple[int, str], ...] = ()  # the other endpoints booked for it (P/D prefill, E/P/D encode)
     booked: str = ""  # the address booked on `slot` when the destination differs (data parallelism's port)
+    response_headers: tuple[tuple[str, str], ...] = ()  # headers the response carries back (session tokens)
 
     @property
     def header_value(self) -> str:
@@ -130,6 +131,7 @@ class Director:
         self._federation = federation  # None: no federation, every candidate is local
         self._honour_subset = honour_subset
         self._test_selection = test_selection
+        self._response_headers = getattr(scheduler, "response_headers", None)
 
     @property
     def table(self) -> EndpointTable:
@@ -206,7 +208,10 @@ class Director:
         self._table.book_pick(primary, tokens)
         addresses = snapshot.addresses
         if isinstance(slots, StagedPick):
-            return self._staged(slots, addresses, degraded, body, original_model, request.model, tokens)
+            decision = self._staged(slots, addresses, degraded, body, original_model, request.model, tokens)
+            if self._response_headers:
+                decision = decision._replace(response_headers=self._response_headers(snapshot, primary))
+            return decision
         return Decision(
             addresses=(addresses[primary],) if len(slots) == 1 else tuple(addresses[s] for s in slots),
             slot=primary,
@@ -215,6 +220,7 @@ class Director:
             original_model=original_model,
             target_model=request.model,
             tokens=tokens,
+            response_headers=self._response_headers(snapshot, primary) if self._response_headers else (),
         )
 
     def _staged(

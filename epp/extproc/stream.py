@@ -467,7 +467,9 @@ class StreamProcessor:
             next_phase = _RESPONSE_DONE
         # A model name we put back changes the body's length: let Envoy re-frame it instead of a stale length.
         remove = ("content-length",) if self._rewrite is not None and self._response_body_mode != NONE else ()
-        return [m.response_headers_response(m.header_mutation((), remove) if remove else None)], next_phase
+        add = decision.response_headers if decision is not None else ()  # e.g. the session token to echo back
+        mutation = m.header_mutation(add, remove) if remove or add else None
+        return [m.response_headers_response(mutation)], next_phase
 
     def _on_response_body(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
         chunk = msg.response_body

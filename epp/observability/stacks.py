@@ -51,3 +51,32 @@ def dump_stacks(loop: asyncio.AbstractEventLoop | None = None) -> str:
     if len(tasks) > MAX_TASK_STACKS:
         out.write(f"# {len(tasks) - MAX_TASK_STACKS} more tasks not shown\n")
     return out.getvalue()
+
+
+_last_heap: list[object] = []  # the previous `/debug/heap` snapshot, to show growth between two calls
+
+
+def dump_heap(top: int = 25) -> str:
+    """Allocation sites by size, and their growth since the previous call, when tracemalloc traces.
+
+    Tracing costs memory and time, so it is off unless the process starts with `PYTHONTRACEMALLOC=N` (N frames).
+    """
+    import tracemalloc
+
+    if not tracemalloc.is_tracing():
+        return "tracemalloc is off: start the picker with PYTHONTRACEMALLOC=1 (or more frames) to use /debug/heap\n"
+    snapshot = tracemalloc.take_snapshot().filter_traces((tracemalloc.Filter(False, tracemalloc.__file__),))
+    out = io.StringIO()
+    current, peak = tracemalloc.get_traced_memory()
+    out.write(f"# traced: {current / 2**20:.1f} MiB now, {peak / 2**20:.1f} MiB peak\n")
+    if _last_heap:
+        out.write(f"\n# growth since the previous call (top {top})\n")
+        previous = _last_heap[0]
+        assert isinstance(previous, tracemalloc.Snapshot)
+        for diff in snapshot.compare_to(previous, "lineno")[:top]:
+            out.write(f"{diff.size_diff / 1024:+10.1f} KiB {diff.count_diff:+8d}  {diff.traceback}\n")
+    out.write(f"\n# largest sites (top {top})\n")
+    for stat in snapshot.statistics("lineno")[:top]:
+        out.write(f"{stat.size / 1024:10.1f} KiB {stat.count:8d}  {stat.traceback}\n")
+    _last_heap[:] = [snapshot]
+    return out.getvalue()

@@ -74,23 +74,59 @@ class LoraAffinityScorer:
         return out
 
 
-class SessionAffinityScorer:
-    """`session-affinity-scorer`: 1.0 for the endpoint that served this `x-session-token` before, 0 elsewhere.
+ENCODED_ENDPOINT_HEADER = "encoded_endpoint_header"
+SESSION_ID = "session_id"
+SESSION_TOKEN_HEADER = "x-session-token"
+SESSION_ID_HEADER = "x-session-id"
 
-    The token is either one we saw on an earlier pick (remembered here, newest 100,000 tokens) or upstream's form,
-    base64 of the endpoint's pod name or address, so clients written against upstream keep their stickiness.
-    A request without a token, or whose endpoint left, scores 0 everywhere (no preference).
+
+def encode_endpoint(snapshot: Snapshot, slot: int) -> str:
+    """The token written back on the response: base64 of the endpoint's pod name (its address when it has none)."""
+    info = snapshot.infos[slot]
+    name = info.pod_name if info is not None and info.pod_name else snapshot.addresses[slot]
+    return base64.b64encode(name.encode("utf-8")).decode("ascii")
+
+
+class SessionAffinityScorer:
+    """`session-affinity-scorer`: 1.0 for the endpoint this session was routed to before, 0 elsewhere.
+
+    Upstream's two strategies (`scheduling/scorer/sessionaffinity`):
+    - `encoded_endpoint_header` (default): the client echoes `x-session-token`, the base64 of the endpoint's name
+      that the picker writes on every response (`response_headers`), so no server state is needed. Tokens of
+      upstream's form (base64 of `namespace/pod` or the address) and tokens seen on earlier picks (remembered, newest
+      `maxSessions`) both work.
+    - `session_id`: the client sends an opaque id in `x-session-id`; the picker keeps id → endpoint, each binding
+      expiring `ttl` (300 s) after its last use (time from the pick's `now`); nothing is written back.
+    A request without a token or id, or whose endpoint left, scores 0 everywhere (no preference).
     """
 
     type_name = "session-affinity-scorer"
     UNIT_INTERVAL = True
 
-    def __init__(self, name: str = "session-affinity-scorer", max_sessions: int = 100_000) -> None:
+    def __init__(
+        self,
+        name: str = "session-affinity-scorer",
+        max_sessions: int = 100_000,
+        strategy: str = ENCODED_ENDPOINT_HEADER,
+        header: str | None = None,
+        ttl_s: float = 300.0,
+    ) -> None:
         self.name = name
         self.max_sessions = max_sessions
+        self.strategy = strategy
+        default = SESSION_ID_HEADER if strategy == SESSION_ID else SESSION_TOKEN_HEADER
+        self.header = (header or default).lower()
+        self.ttl_s = ttl_s
         self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._used: dict[str, float] = {}  # session_id strategy: when each binding was last used
         self._index_version = -1
         self._slot_by_key: dict[str, int] = {}
+
+    def _key(self, state: CycleState) -> str | None:
+        request = state.request
+        if self.strategy == ENCODED_ENDPOINT_HEADER and self.header == SESSION_TOKEN_HEADER:
+            return request.session_token or None
+        return request.headers.get(self.header) or None
 
     def _slot_of(self, snapshot: Snapshot, key: str) -> int | None:
         if snapshot.version != self._index_version:
@@ -104,8 +140,17 @@ class SessionAffinityScorer:
             self._index_version = snapshot.version
         return self._slot_by_key.get(key)
 
-    def _target(self, snapshot: Snapshot, token: str) -> int | None:
+    def _target(self, state: CycleState, token: str) -> int | None:
+        snapshot = state.snapshot
         address = self._sessions.get(token)
+        if self.strategy == SESSION_ID:
+            if address is None:
+                return None
+            if state.now - self._used.get(token, state.now) > self.ttl_s:
+                del self._sessions[token]
+                self._used.pop(token, None)
+                return None
+            return self._slot_of(snapshot, address)
         if address is not None:
             return self._slot_of(snapshot, address)
         try:
@@ -119,19 +164,28 @@ class SessionAffinityScorer:
 
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
         out = np.zeros(candidates.size)
-        token = state.request.session_token
+        token = self._key(state)
         if token:
-            slot = self._target(state.snapshot, token)
+            slot = self._target(state, token)
             if slot is not None:
                 out[candidates == slot] = 1.0
         return out
 
     def picked(self, state: CycleState, slot: int) -> None:
-        token = state.request.session_token
+        token = self._key(state)
         if not token:
             return
         sessions = self._sessions
         sessions[token] = state.snapshot.addresses[slot]
         sessions.move_to_end(token)
+        if self.strategy == SESSION_ID:
+            self._used[token] = state.now
         if len(sessions) > self.max_sessions:
-            sessions.popitem(last=False)
+            old, _ = sessions.popitem(last=False)
+            self._used.pop(old, None)
+
+    def response_headers(self, snapshot: Snapshot, slot: int) -> tuple[tuple[str, str], ...]:
+        """What the response carries back to the client: the encoded endpoint (encoded_endpoint_header only)."""
+        if self.strategy != ENCODED_ENDPOINT_HEADER:
+            return ()
+        return ((self.header, encode_endpoint(snapshot, slot)),)

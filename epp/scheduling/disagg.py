@@ -156,6 +156,10 @@ class DisaggScheduler:
         stages = (self.encode, self.prefill)
         return (self.decode, *(s.profile for s in stages if s is not None))
 
+    def response_headers(self, snapshot: Snapshot, slot: int) -> tuple[tuple[str, str], ...]:
+        """The decode profile's (the client's session is bound to the endpoint it talks to)."""
+        return self.decode.response_headers(snapshot, slot)
+
     def instrument(self, wrapper: PluginWrapper) -> None:
         for profile in self.profiles:
             profile.instrument(wrapper)

@@ -85,6 +85,10 @@ class ProfileScheduler:
         self._picker = profile.picker
         self._observers = profile.observers
         self._producers = tuple(p.produce for p in profile.producers)
+        # Upstream's ResponseHeaderProcessor: plugins that write a header on the response (session tokens).
+        self._responders = tuple(
+            s.scorer.response_headers for s in profile.scorers if hasattr(s.scorer, "response_headers")
+        )
         self._plain = self._timed = (tuple(f.filter for f in self._filters), self._scorers, self._picker.pick)
         self._every = 0  # 0: never instrumented
         self._count = 0
@@ -107,6 +111,12 @@ class ProfileScheduler:
             wrapper.timed("Picker", self._picker, self._picker.pick),
         )
         self._every = max(1, wrapper.every)
+
+    def response_headers(self, snapshot: Snapshot, slot: int) -> tuple[tuple[str, str], ...]:
+        """Headers the response to a request picked onto `slot` carries back to the client (none usually)."""
+        if not self._responders:
+            return ()
+        return tuple(h for responder in self._responders for h in responder(snapshot, slot))
 
     def pick(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> Sequence[int]:
         """Slots best first (empty: a filter left no candidate). `candidates` are distinct present slots in

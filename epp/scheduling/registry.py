@@ -160,8 +160,21 @@ def _prefix(name: str, params: Params, ctx: BuildContext) -> object:
 
 
 def _session(name: str, params: Params, ctx: BuildContext) -> object:
-    scorer = affinity.SessionAffinityScorer(name, max_sessions=params.integer("maxSessions", 100_000, minimum=1))
+    strategy = params.text("strategy", "") or params.text("algorithm", affinity.ENCODED_ENDPOINT_HEADER)
+    strategy = {"session_id_header": affinity.SESSION_ID}.get(strategy, strategy)  # upstream's older spelling
+    if strategy not in (affinity.ENCODED_ENDPOINT_HEADER, affinity.SESSION_ID):
+        raise params.error("strategy", f"expected encoded_endpoint_header or session_id, got {strategy!r}")
+    ttl = params.duration("ttl", 300.0) if params.present("ttl") else params.number("evictionTtlSeconds", 300.0)
+    scorer = affinity.SessionAffinityScorer(
+        name,
+        max_sessions=params.integer("maxSessions", 100_000, minimum=1),
+        strategy=strategy,
+        header=params.text("headerName", "") or None,
+        ttl_s=ttl,
+    )
     params.finish()
+    if ttl <= 0:
+        raise params.error("ttl", "must be > 0")
     return scorer
 
 

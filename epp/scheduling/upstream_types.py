@@ -90,7 +90,14 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
         _S,
         "reads a producer (prefixMatchInfoProducerName); the older self-contained parameters still work",
     ),
-    UpstreamType("session-affinity-scorer", "scorer", True, _S, "x-session-token; no `strategy` parameter yet"),
+    UpstreamType(
+        "session-affinity-scorer",
+        "scorer",
+        True,
+        _S,
+        "strategy encoded_endpoint_header (x-session-token written back on the response) or session_id "
+        "(x-session-id, TTL 300 s)",
+    ),
     UpstreamType(
         "active-request-scorer",
         "scorer",

@@ -61,3 +61,22 @@ async def test_served_only_with_enable_pprof() -> None:
     assert status == 200 and "# asyncio tasks:" in text
     status, _ = await _get(app(False), "/debug/stacks")
     assert status == 404
+
+
+async def test_heap_growth_between_two_calls_when_tracemalloc_traces() -> None:
+    import tracemalloc
+
+    from epp.observability.stacks import dump_heap
+
+    app = build_http_app(CollectorRegistry(), dict, lambda: True, stacks=True)
+    status, text = await _get(app, "/debug/heap")
+    assert status == 200 and "tracemalloc is off" in text
+    tracemalloc.start(1)
+    try:
+        dump_heap()
+        kept = [bytearray(1024) for _ in range(200)]  # ~200 KiB that stays
+        text = dump_heap()
+    finally:
+        tracemalloc.stop()
+    assert "# growth since the previous call" in text and "test_debug_stacks.py" in text
+    assert kept

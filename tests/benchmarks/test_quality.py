@@ -118,3 +118,24 @@ def test_a_config_profile_listed_in_policies_runs_once(tmp_path: Path) -> None:
     argv = ["--workload", "shared-prefix", "--load", "0.5", "--requests", "100", "--endpoints", "2"]
     assert main([*argv, "--policies", "rr,epp:upstream-default", "--config", str(config), "--json", str(out)]) == 0
     assert [r["policy"] for r in json.loads(out.read_text())["rows"]] == ["rr", "epp:upstream-default"]
+
+
+def test_several_config_files_each_run_as_their_own_policy() -> None:
+    from benchmarks.quality import _configs, parse_args
+
+    args = parse_args(["--config", "benchmarks/configs/upstream-default.yaml", "--config", "x/upstream-current.yaml"])
+    assert list(_configs(args)) == ["upstream-default", "upstream-current"]
+
+
+def test_upstreams_current_default_profile_file_loads() -> None:
+    from epp.app.config_file import load_config
+    from epp.scheduling import build_scheduler
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "upstream-current.yaml"
+    profile = build_scheduler(load_config(path)).profile
+    assert [type(p).__name__ for p in profile.producers] == ["ApproxPrefixCacheProducer"]
+    assert [(s.scorer.type_name, s.weight) for s in profile.scorers] == [
+        ("queue-scorer", 2.0),
+        ("kv-cache-utilization-scorer", 2.0),
+        ("prefix-cache-scorer", 3.0),
+    ]
