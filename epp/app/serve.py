@@ -37,6 +37,7 @@ from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode, PoolSpec
 from epp.director import Director
+from epp.director.flow import FlowGate
 from epp.discovery.file import FileDiscovery
 from epp.discovery.kubernetes.settings import settings_from_flags
 from epp.discovery.kubernetes.source import KubernetesSource
@@ -46,6 +47,9 @@ from epp.errors import ConfigError
 from epp.extproc.bounds import ServerLimits
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
+from epp.flowcontrol import FlowController
+from epp.flowcontrol.gauge import PoolGauge
+from epp.observability.flow import FlowControlMetrics
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import FreezableCollector, LoopCollector, PickerMetrics
 from epp.observability.plugins import PluginTimer
@@ -182,6 +186,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         log.warning("%s: %s", config.source if config is not None else "", warning)
     if federation is not None:
         federation.connect(getattr(args, "kubeconfig", "") or "")
+    flow = _flow_gate(scheduler, state)
     director = Director(
         state.table,
         scheduler,
@@ -193,6 +198,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         federation=federation.router if federation is not None else None,
         honour_subset=not getattr(args, "disable_endpoint_subset_filter", False),
         test_selection=bool(getattr(args, "enable_test_endpoint_selection", False)),
+        flow=flow,
     )
     decider: Any = director
     if tracer is not None:
@@ -243,11 +249,17 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         if isinstance(scraper, ScrapeProcess):
             extra["scrapeProcess"] = scraper.supervision(now)
         statuses = {address: status.as_dict() for address, status in scraper.status().items()}
+        if flow is not None:
+            extra["flowControl"] = flow.report(now)
         return pool_report(state.table, state.pool, now, state.ready(), scheduler.freshness, extra or None, statuses)
 
     pool_collector = PoolCollector(state.table, lambda: pool_name, _poll_errors(scraper))
     state.registry.register(pool_collector)
     loop_collectors: list[FreezableCollector] = [metrics, pool_collector, plugin_timer, prefix, scrape_collector]
+    if flow is not None:
+        flow_metrics = FlowControlMetrics(state.registry, lambda: pool_name, flow.queue_state)
+        flow.observer = flow_metrics
+        loop_collectors.append(flow_metrics)
     stacks = bool(getattr(args, "enable_pprof", False))
     http_app = build_http_app(state.registry, report, state.ready, loop_collectors, auth, stacks)
     http_runner = web.AppRunner(http_app, access_log=None)
@@ -261,6 +273,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
 
     await scraper.start()
     _settle_garbage_collector()
+    if flow is not None:
+        flow.start()
     await grpc_server.start()
     await health_server.start()
     await state.health.start()
@@ -301,6 +315,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             await state.kubernetes.stop()  # releases the Lease now, so a standby takes over during our grace period
         if drain_s > 0:
             await asyncio.sleep(drain_s)  # gateways still holding our address (DNS, EDS) keep being served
+        if flow is not None:  # queued requests: dispatched while the grace lasts, the rest answered 503
+            await flow.shutdown(args.grace_period)
         await grpc_server.stop(args.grace_period)
         await state.health.stopping()
         await health_server.stop(0)
@@ -310,6 +326,23 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             await asyncio.get_running_loop().run_in_executor(None, tracer_provider.shutdown)  # flush what is left
         log.info("stopped")
     return 0
+
+
+def _flow_gate(scheduler: Any, state: PickerState) -> FlowGate | None:
+    """Flow control, when the config's `flowControl` feature gate is on: the queues, the dispatch saturation
+    (the pool's detector, counting our own picks since the scrape, with the all-stale fallback) and the admitters."""
+    settings = getattr(scheduler, "flow_control", None)
+    if settings is None:
+        return None
+    gauge = PoolGauge(scheduler.saturation, scheduler.freshness)
+    return FlowGate(
+        FlowController(settings),
+        state.table,
+        gauge,
+        time.monotonic,
+        objectives=state.objectives,
+        admitters=scheduler.admitters,
+    )
 
 
 def _poll_errors(scraper: ScrapeService | ScrapeProcess) -> Callable[[], dict[str, int]]:

@@ -14,7 +14,7 @@ Time is always an argument (`now`, seconds on a monotonic clock): this module re
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -127,6 +127,7 @@ class EndpointTable:
         self._bind_columns()
         self.version = 0  # bumps on every membership change
         self.scrape_version = 0  # bumps on every recorded scrape or failure: a reader can skip an unchanged table
+        self._scrape_listeners: list[Callable[[], None]] = []
         self._members_cache: tuple[int, tuple[str, ...], tuple[EndpointInfo | None, ...]] | None = None
         self._adapters_cache: tuple[tuple[frozenset[str], ...], tuple[frozenset[str], ...]] | None = None
         self._view_cache: tuple[tuple[int, int, int], object, Snapshot] | None = None
@@ -225,6 +226,15 @@ class EndpointTable:
 
     # -- writers ----------------------------------------------------------------------------------------------
 
+    def add_scrape_listener(self, listener: Callable[[], None]) -> None:
+        """Called (synchronously, cheaply) after every recorded scrape or failure: flow control's dispatch task
+        re-evaluates the pool on new data instead of polling."""
+        self._scrape_listeners.append(listener)
+
+    def _scraped(self) -> None:
+        for listener in self._scrape_listeners:
+            listener()
+
     def record_scrape(self, slot: int, sample: MetricsSample, now: float) -> None:
         self.scrape_version += 1
         c = self._cols
@@ -244,12 +254,16 @@ class EndpointTable:
             self._running_adapters[slot] = running
             self._waiting_adapters[slot] = waiting
             self._adapters_cache = None
+        if self._scrape_listeners:
+            self._scraped()
 
     def record_scrape_failure(self, slot: int) -> int:
         """Count a failed scrape; the old values stay (they age into staleness). Returns the failure streak."""
         self.scrape_version += 1
         self._cols["scrape_ok"][slot] = False
         self._cols["scrape_failures"][slot] += 1
+        if self._scrape_listeners:
+            self._scraped()
         return int(self._cols["scrape_failures"][slot])
 
     # Columns a scraper in another process sends back, in this order (see `write_scrape_rows`).
@@ -271,6 +285,8 @@ class EndpointTable:
         self._cols["scrape_ok"][slots] = ok
         self._cols["scrape_failures"][slots] = failures
         self._cols["picks_since_scrape"][slots[fresh]] = 0
+        if self._scrape_listeners:
+            self._scraped()
 
     def set_adapters(self, slot: int, running: Iterable[str], waiting: Iterable[str]) -> None:
         r, w = frozenset(running), frozenset(waiting)

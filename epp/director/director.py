@@ -8,6 +8,7 @@ to a random healthy candidate (counted as degraded), under FailClose it is refus
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
@@ -18,14 +19,18 @@ from epp.datastore import EndpointTable, Snapshot
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.datastore.table import IntArray
+from epp.director.flow import FlowGate
 from epp.director.random_scheduler import RandomScheduler
 from epp.director.rewrite import ModelRewriter
+from epp.director.tokens import RenderTokenizer
 from epp.errors import EppError, ErrorCode
 from epp.federation.policy import Route
+from epp.flowcontrol import QueuedRequest
+from epp.flowcontrol.admission import Admitter
 from epp.requests import InferenceRequest
 from epp.scheduling import test_selection
 from epp.scheduling.disagg import StagedPick, stage_headers, with_port
-from epp.scheduling.producers import estimate_tokens
+from epp.scheduling.producers import TokenProducer, estimate_tokens
 
 log = logging.getLogger(__name__)
 _NO_ENDPOINTS = wire.REJECTED_NO_ENDPOINTS  # upstream's reason when no candidate endpoint exists at all
@@ -92,6 +97,17 @@ class Decision(NamedTuple):
         return ",".join(self.addresses)
 
 
+def render_tokenizer(scheduler: object) -> RenderTokenizer | None:
+    """The render client of the scheduler's vllm token-producer, if its profile has one."""
+    profile = getattr(scheduler, "profile", None)
+    for producer in getattr(profile, "producers", ()):
+        if isinstance(producer, TokenProducer) and producer.backend == "vllm":
+            return RenderTokenizer(
+                producer.url, producer.model_name, producer.timeout_s, producer.chat_timeout_s, producer.cache_size
+            )
+    return None
+
+
 class _NullObserver:
     def degraded_decision(self, reason: str) -> None:
         pass
@@ -111,12 +127,15 @@ class Director:
         federation: Federation | None = None,
         honour_subset: bool = True,
         test_selection: bool = False,
+        flow: FlowGate | None = None,
     ) -> None:
         """`objectives` gives priorities and model rewrites (none: every request priority 0, no rewrite);
         `saturation` decides shedding (none: the scheduler's own `.saturation` if it has one, else no shedding);
         `seed` makes weighted rewrite choices reproducible; `honour_subset` False ignores the gateway's subset hint
         (upstream's --disable-endpoint-subset-filter); `test_selection` honours conformance's
-        `test-epp-endpoint-selection` header (--enable-test-endpoint-selection; tests only)."""
+        `test-epp-endpoint-selection` header (--enable-test-endpoint-selection; tests only); `flow` is flow
+        control (the `flowControl` gate): requests wait in its queues before they get here, and the legacy shedding
+        step is off."""
         self._table = table
         self._scheduler = scheduler
         self._clock = clock
@@ -131,7 +150,11 @@ class Director:
         self._federation = federation  # None: no federation, every candidate is local
         self._honour_subset = honour_subset
         self._test_selection = test_selection
+        self.flow = flow
+        self._admitters: tuple[Admitter, ...] = tuple(getattr(scheduler, "admitters", ()))
+        self._draw = random.Random(seed)
         self._response_headers = getattr(scheduler, "response_headers", None)
+        self.tokenizer = render_tokenizer(scheduler)
 
     @property
     def table(self) -> EndpointTable:
@@ -145,6 +168,13 @@ class Director:
         wanted = {s.strip() for s in subset}
         by_address = snapshot.addresses
         return np.fromiter((s for s in slots if by_address[s] in wanted), dtype=np.int64)
+
+    async def decide_async(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
+        """`decide`, after the I/O the scheduler's producers need (a vllm token-producer's render call: the
+        engine's token ids, or the estimate when it fails); without such a producer, exactly `decide`."""
+        if self.tokenizer is not None:
+            request = await self.tokenizer.tokenize(request)
+        return self.decide(request, subset)
 
     def decide(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
         """Choose endpoints for a request; raises EppError with the client-facing reason when it cannot."""
@@ -187,7 +217,8 @@ class Director:
                     ErrorCode.SERVICE_UNAVAILABLE, "no pool endpoint matches the gateway's subset hint", _NO_ENDPOINTS
                 )
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no ready endpoint in the pool", _NO_ENDPOINTS)
-        self._admit(request, snapshot, candidates, now)
+        if self.flow is None:
+            self._admit(request, snapshot, candidates, now)
         degraded = False
         try:
             slots = self._scheduler.pick(snapshot, candidates, request, now)
@@ -259,7 +290,10 @@ class Director:
 
     def _admit(self, request: InferenceRequest, snapshot: Snapshot, candidates: IntArray, now: float) -> None:
         """Shedding: a sheddable request (its objective's priority < 0) is refused with 429 while the pool is
-        saturated. Saturation is computed only for sheddable requests, so the common path pays nothing."""
+        saturated. Saturation is computed only for sheddable requests, so the common path pays nothing. The
+        config's admission plugins (probabilistic-admitter, latency-slo-admitter) run first."""
+        if self._admitters and self._objectives is not None:
+            self._run_admitters(request, snapshot, candidates, now)
         if self._objectives is None or self._saturation is None or not request.objective:
             return
         priority = self._objectives.priority_of(request.objective)
@@ -269,6 +303,22 @@ class Director:
                 f"pool saturated: sheddable request (objective {request.objective!r}, priority {priority}) dropped",
                 wire.REJECTED_SATURATED,
             )
+
+    def _run_admitters(self, request: InferenceRequest, snapshot: Snapshot, candidates: IntArray, now: float) -> None:
+        assert self._objectives is not None
+        item = QueuedRequest(
+            ticket=None,
+            priority=self._objectives.priority_of(request.objective),
+            received_at=now,
+            slo_ttft_s=request.slo_ttft_ms / 1000.0 if request.slo_ttft_ms is not None else None,
+        )
+        for admitter in self._admitters:
+            if not admitter.admit(item, snapshot, candidates, now, self._draw.random(), 0.0):
+                raise EppError(
+                    ErrorCode.RESOURCE_EXHAUSTED,
+                    f"pool saturated: sheddable request refused by {admitter.name}",
+                    wire.REJECTED_SATURATED,
+                )
 
     def complete(self, decision: Decision) -> None:
         """The request ended (response done, stream closed or failed): release its in-flight booking."""
@@ -283,3 +333,5 @@ class Director:
             info = self._table.info(slot)
             if info is not None and info.address == address:  # the slot was not reused for another endpoint
                 self._table.release_pick(slot, decision.tokens)
+        if self.flow is not None:
+            self.flow.wake()  # room may have opened for a queued request

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 import grpc
@@ -35,6 +35,14 @@ class ServerObserver(StreamObserver, Protocol):
     def stream_finished(self, code: str, seconds: float) -> None: ...
 
 
+class FlowControl(Protocol):
+    """Flow control as the protocol sees it (`epp.director.flow.FlowGate`)."""
+
+    async def admit(self, headers: Mapping[str, str], size: int) -> None: ...
+
+    def decided(self) -> None: ...
+
+
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(
         self,
@@ -53,6 +61,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self.budget = BodyBudget(limits.max_buffered_bytes)
         self._warn = RateLimitedLog(log, every_s=10.0)
         self.open_streams = 0
+        self._flow: FlowControl | None = getattr(decider, "flow", None)
 
     def new_stream(self) -> StreamProcessor:
         """A stream's state machine, sharing this server's answers, budget and rate-limited log."""
@@ -96,8 +105,30 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                         yield response
                     return
                 watchdog.touch()
-                for response in stream.handle(message):
-                    yield response
+                gate = self._flow
+                pending = stream.decides_on(message) if gate is not None else None
+                if pending is not None:
+                    assert gate is not None
+                    watchdog.hold = True  # waiting in the queue is not idleness
+                    try:
+                        await gate.admit(*pending)
+                    except EppError as err:
+                        for response in stream.refuse(err):
+                            yield response
+                        code = "OK"
+                        return
+                    finally:
+                        watchdog.hold = False
+                        watchdog.touch()
+                    try:
+                        responses = stream.handle(message)
+                    finally:
+                        gate.decided()
+                    for response in responses:
+                        yield response
+                else:
+                    for response in stream.handle(message):
+                        yield response
                 if stream.finished:
                     code = "OK"
                     return
@@ -135,7 +166,7 @@ class _IdleWatchdog:
     from a real one and takes it back from the task, so later awaits are not cancelled again.
     """
 
-    __slots__ = ("_expired", "_handle", "_loop", "_task", "idle_s", "last")
+    __slots__ = ("_expired", "_handle", "_loop", "_task", "hold", "idle_s", "last")
 
     def __init__(self, idle_s: float) -> None:
         self._loop = asyncio.get_running_loop()
@@ -143,12 +174,15 @@ class _IdleWatchdog:
         self.idle_s = idle_s
         self.last = self._loop.time()
         self._expired = False
+        self.hold = False  # the stream waits in the flow-control queue: not idle
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(self.last + idle_s, self._check)
 
     def touch(self) -> None:
         self.last = self._loop.time()
 
     def _check(self) -> None:
+        if self.hold:
+            self.last = self._loop.time()
         due = self.last + self.idle_s
         if self._loop.time() < due:
             self._handle = self._loop.call_at(due, self._check)

@@ -264,6 +264,48 @@ class StreamProcessor:
                 return answers
             return [self._refuse(EppError(ErrorCode.INTERNAL, "internal error in the endpoint picker"))]
 
+    def decides_on(self, msg: m.ProcessingRequest) -> tuple[dict[str, str], int] | None:
+        """Whether answering `msg` would decide the request: then (its headers, its body size so far), so flow
+        control can hold the stream before `handle`; None otherwise. Mirrors the decision points of the
+        transitions (headers with end_of_stream, STREAMED and NONE headers, the end of a buffered, duplex or
+        early STREAMED body, request trailers); a message the table refuses is not a decision point."""
+        phase = self.phase
+        if self._decided or phase not in (_REQUEST_HEADERS, _REQUEST_BODY):
+            return None
+        kind = msg.WhichOneof("request")
+        if phase is _REQUEST_HEADERS:
+            if kind != "request_headers":
+                return None
+            mode = self._request_body_mode
+            if self._config_seen is False and msg.HasField("protocol_config"):
+                mode = msg.protocol_config.request_body_mode
+                early = msg.protocol_config.send_body_without_waiting_for_header_response
+            else:
+                early = self._early_body
+            headers = m.headers_to_dict(msg.request_headers.headers)
+            if msg.request_headers.end_of_stream:
+                return headers, 0
+            if mode == FULL_DUPLEX or (mode == STREAMED and early) or mode not in (STREAMED, NONE):
+                return None
+            return headers, 0
+        mode = self._request_body_mode
+        if kind == "request_body":
+            size = len(self._body) + len(msg.request_body.body)
+            if mode in (FULL_DUPLEX, STREAMED) and not msg.request_body.end_of_stream:
+                return None
+            return self._headers, size
+        if kind == "request_trailers" and mode in (FULL_DUPLEX, STREAMED):
+            return self._headers, len(self._body)
+        return None
+
+    def refuse(self, err: EppError) -> list[m.ProcessingResponse]:
+        """Answer the request with an ImmediateResponse now (flow control refused it before its decision)."""
+        if self.phase is _FINISHED:
+            return []
+        if self._record is None:
+            self._record = self._observer.request_started(self._clock())
+        return [self._refuse(err)]
+
     def expire(self, idle_s: float) -> list[m.ProcessingResponse]:
         """The server stops waiting for this stream. Before the request was decided the client gets a clear
         503; after it, nothing is answered (Envoy goes on without the picker when the stream closes)."""

@@ -11,12 +11,11 @@ scrape succeeds. `PoolGauge` instead learns, from the last fresh reading, how ma
 pool holds at saturation 1.0 (in flight / saturation), and while every endpoint is stale reads saturation as our
 in-flight count over that limit: the pool keeps serving at the concurrency it last sustained.
 
-`ConcurrencyDetector` is upstream's `concurrency-detector`: our in-flight requests over a configured capacity.
+Either detector works here: `utilization-detector` or `concurrency-detector` (`epp.scheduling.saturation`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -29,21 +28,6 @@ _MIN_LEARNING_SATURATION = 0.1  # below this, in flight / saturation is too nois
 
 class Detector(Protocol):
     def saturation(self, snapshot: Snapshot, candidates: IntArray, now: float) -> float: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ConcurrencyDetector:
-    """Saturation = our in-flight requests / (max_concurrency × endpoints). Mode `requests` (tokens and hybrid
-    need per-request token counts in flight, which the table does not keep: they count requests too)."""
-
-    max_concurrency: int = 100
-    mode: str = "requests"
-    name: str = "concurrency-detector"
-
-    def saturation(self, snapshot: Snapshot, candidates: IntArray, now: float) -> float:
-        if candidates.size == 0:
-            return 1.0
-        return float(snapshot.inflight[candidates].sum()) / (self.max_concurrency * candidates.size)
 
 
 class PoolGauge:

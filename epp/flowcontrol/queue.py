@@ -111,6 +111,9 @@ class FlowController:
             self._band(band.priority)
 
     # -- bands -----------------------------------------------------------------------------------------------
+    def band(self, priority: int) -> Band:
+        return self._band(priority)
+
     def _band(self, priority: int) -> Band:
         band = self._bands.get(priority)
         if band is None:
@@ -197,6 +200,11 @@ class FlowController:
     def ceilings(self, saturation: float) -> dict[int, float]:
         return dict(self.settings.usage_limit.ceilings(self._order, saturation))
 
+    def ceiling_for(self, priority: int, saturation: float) -> float:
+        """The ceiling of one band (created on demand), for a request that would not wait behind anything."""
+        self._band(priority)
+        return self.ceilings(saturation)[priority]
+
     def dispatch(self, saturation: float, now: float) -> QueuedRequest | None:
         """One cycle: the next request to send on, or None (nothing queued, or held back by saturation)."""
         if self.count == 0 or self.pool_empty:
@@ -258,6 +266,12 @@ class FlowController:
         return items
 
     # -- observation -----------------------------------------------------------------------------------------
+    def oldest_enqueued_at(self, priority: int) -> float | None:
+        band = self._bands.get(priority)
+        if band is None or band.count == 0:
+            return None
+        return min(i.enqueued_at for i in self._items.values() if i.priority == priority)
+
     def waiting(self) -> Iterator[QueuedRequest]:
         return iter(list(self._items.values()))
 

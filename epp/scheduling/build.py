@@ -28,6 +28,7 @@ from typing import Any, cast
 import numpy as np
 
 from epp.config.durations import parse_duration
+from epp.config.flowcontrol import FlowControlSpec
 from epp.config.model import (
     DEFAULT_PARSERS,
     FLOW_CONTROL_GATE,
@@ -39,12 +40,18 @@ from epp.config.model import (
 from epp.datastore import Freshness
 from epp.errors import ConfigError
 from epp.scheduling.disagg import Decider, DisaggScheduler, Stage
+from epp.scheduling.flow_plugins import flow_settings
 from epp.scheduling.framework import Filter, Picker, PickObserver, Producer
 from epp.scheduling.params import Params
 from epp.scheduling.pickers import MaxScorePicker
 from epp.scheduling.profile import ProfileScheduler, SchedulingProfile, WeightedScorer
 from epp.scheduling.registry import BuildContext, HandlerSpec, Kind, Registry, Stability, builtin_registry
-from epp.scheduling.saturation import SATURATION_FILTER_TYPES, SaturationDetector, SaturationFilter
+from epp.scheduling.saturation import (
+    SATURATION_FILTER_TYPES,
+    ConcurrencyDetector,
+    SaturationDetector,
+    SaturationFilter,
+)
 from epp.scheduling.upstream_types import describe_unimplemented
 
 DEFAULT_SCORER_WEIGHT = 1.0
@@ -161,15 +168,18 @@ def _check_references(config: EndpointPickerConfig, built: Built) -> None:
                 f"pluginRef: {name}"
             )
     detector = config.saturation_detector_ref
-    if detector is not None and detector in built and not isinstance(built[detector][1], SaturationFilter):
+    if (
+        detector is not None
+        and detector in built
+        and not isinstance(built[detector][1], SaturationFilter | ConcurrencyDetector)
+    ):
         raise ConfigError(
             f"{source}: saturationDetector, plugin '{detector}' ({built[detector][2].type}): is not a detector"
         )
-    if config.gate(FLOW_CONTROL_GATE):
-        # Replaced when flow control lands: the gate then builds the queues from config.flow_control.
+    if config.gate(FLOW_CONTROL_GATE) and config.flow_control is not None and config.flow_control.enable_eviction:
         raise ConfigError(
-            f"{source}: featureGates: flowControl is on, but flow control (priority-band queueing) is not yet "
-            "supported here; remove the gate (sheddable requests then get 429 while the pool is saturated)"
+            f"{source}: flowControl.enableEviction: in-flight eviction of sheddable requests is not implemented "
+            "here; remove it (queued requests still expire after their TTL)"
         )
 
 
@@ -293,23 +303,35 @@ def _build(
     _check_references(config, built)
     thresholds = config.saturation
     detector = built.get(config.saturation_detector_ref or "")
-    if detector is not None and isinstance(detector[1], SaturationFilter):
-        thresholds = detector[1].thresholds  # flowControl.saturationDetector names the pool's detector plugin
-    saturation = SaturationDetector(thresholds, freshness)
+    pool_detector: SaturationDetector | ConcurrencyDetector
+    if detector is not None and isinstance(detector[1], ConcurrencyDetector):
+        pool_detector = detector[1]
+        pool_detector.freshness = freshness
+    else:
+        if detector is not None and isinstance(detector[1], SaturationFilter):
+            thresholds = detector[1].thresholds  # flowControl.saturationDetector names the pool's detector plugin
+        pool_detector = SaturationDetector(thresholds, freshness)
+    scheduler: ProfileScheduler | DisaggScheduler
     if isinstance(handler, HandlerSpec) and handler.decode is not None:
-        return _disagg(config, handler, built, ctx, saturation), built
-    if len(config.profiles) > 1:
-        names = ", ".join(p.name for p in config.profiles)
-        what = f"profile handler '{handler.name}'" if isinstance(handler, HandlerSpec) else "single-profile-handler"
-        raise ConfigError(
-            f"{config.source}: {len(config.profiles)} scheduling profiles ({names}): {what} runs exactly one; "
-            "use disagg-profile-handler for prefill/decode profiles"
-        )
-    profile = _profile(config, config.profiles[0], built, ctx.next_seed(), ctx)
-    single = ProfileScheduler(profile, saturation)
-    if isinstance(handler, HandlerSpec) and handler.primary_port:  # data-parallel-profile-handler
-        return DisaggScheduler(single, primary_port=handler.primary_port, name=handler.name), built
-    return single, built
+        scheduler = _disagg(config, handler, built, ctx, pool_detector)  # type: ignore[arg-type]
+    else:
+        if len(config.profiles) > 1:
+            names = ", ".join(p.name for p in config.profiles)
+            what = f"profile handler '{handler.name}'" if isinstance(handler, HandlerSpec) else "single-profile-handler"
+            raise ConfigError(
+                f"{config.source}: {len(config.profiles)} scheduling profiles ({names}): {what} runs exactly one; "
+                "use disagg-profile-handler for prefill/decode profiles"
+            )
+        profile = _profile(config, config.profiles[0], built, ctx.next_seed(), ctx)
+        scheduler = ProfileScheduler(profile, pool_detector)  # type: ignore[arg-type]
+        if isinstance(handler, HandlerSpec) and handler.primary_port:  # data-parallel-profile-handler
+            scheduler = DisaggScheduler(scheduler, primary_port=handler.primary_port, name=handler.name)
+    scheduler.admitters = tuple(plugin for kind, plugin, _, _ in built.values() if kind is Kind.ADMITTER)  # type: ignore[misc]
+    if config.gate(FLOW_CONTROL_GATE):
+        policies = {n: p for n, (kind, p, _, _) in built.items() if kind is Kind.FLOW_CONTROL}
+        flow = config.flow_control or FlowControlSpec()
+        scheduler.flow_control = flow_settings(config.source, flow, policies)  # type: ignore[arg-type]
+    return scheduler, built
 
 
 def _disagg(

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from epp.datastore import Snapshot
 from epp.datastore.table import IntArray
+from epp.scheduling.filters import LabelFilter
 from epp.scheduling.framework import CycleState, PrefixMatch, SchedulingRequest, produced
 from epp.scheduling.producers import tokenized
 from epp.scheduling.profile import PluginWrapper, ProfileScheduler
@@ -122,6 +123,43 @@ class StagedPick(tuple[int, ...]):
         return tuple(out)
 
 
+class _Detector(Protocol):
+    def saturation(self, snapshot: Snapshot, candidates: IntArray, now: float) -> float: ...
+
+
+class StagedSaturation:
+    """The pool's saturation as a disaggregated request sees it: the detector over each stage's endpoints (those its
+    profile's label filters keep: decode-capable, prefill-capable), the highest of them. As upstream's flow control
+    ("effective" = max of the prefill and decode partitions), a request is let through only when every stage it may
+    use has room, and a saturated prefill fleet holds requests back even while decode is idle. Other attributes
+    (thresholds, freshness) are the wrapped detector's."""
+
+    def __init__(self, detector: _Detector, partitions: Sequence[tuple[LabelFilter, ...]]) -> None:
+        self.detector = detector
+        self.partitions = tuple(p for p in partitions if p)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.detector, name)
+
+    def stages(self, snapshot: Snapshot, candidates: IntArray) -> list[IntArray]:
+        out = []
+        for filters in self.partitions:
+            kept = candidates
+            for label_filter in filters:
+                kept = label_filter.keep(snapshot, kept)
+            if kept.size:
+                out.append(kept)
+        return out
+
+    def saturation(self, snapshot: Snapshot, candidates: IntArray, now: float) -> float:
+        whole = self.detector.saturation(snapshot, candidates, now)
+        staged = [self.detector.saturation(snapshot, part, now) for part in self.stages(snapshot, candidates)]
+        return max([whole, *staged]) if staged else whole
+
+    def saturated(self, snapshot: Snapshot, candidates: IntArray, now: float) -> bool:
+        return self.saturation(snapshot, candidates, now) >= 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class Stage:
     profile: ProfileScheduler
@@ -148,8 +186,9 @@ class DisaggScheduler:
         self.encode = encode
         self.primary_port = primary_port
         self.profile = decode.profile  # what single-profile callers read (check-config, the prefix metrics)
-        self.saturation = decode.saturation
         self.freshness = decode.freshness
+        partitions = [_label_filters(p) for p in self.profiles] if prefill or encode else []
+        self.saturation = StagedSaturation(decode.saturation, partitions) if partitions else decode.saturation
 
     @property
     def profiles(self) -> tuple[ProfileScheduler, ...]:
@@ -186,6 +225,10 @@ class DisaggScheduler:
         if self.encode is not None:
             parts.append(f"encode when {self.encode.decider.name}: {self.encode.profile.profile.describe()}")
         return "; ".join(parts)
+
+
+def _label_filters(profile: ProfileScheduler) -> tuple[LabelFilter, ...]:
+    return tuple(f for f in profile.profile.filters if isinstance(f, LabelFilter))
 
 
 def with_port(address: str, port: int) -> str:

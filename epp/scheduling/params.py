@@ -51,6 +51,10 @@ class Params:
         self.effective.update(rest)
         return rest
 
+    def given(self, field: str) -> bool:
+        """Whether the file sets `field` (not read yet): for parameters that have no default."""
+        return self._left.get(field) is not None
+
     def _take(self, field: str) -> Any:
         return self._left.pop(field, None)
 

@@ -15,6 +15,8 @@ import numpy as np
 
 from epp.datastore import Snapshot
 from epp.datastore.table import FloatArray, IntArray
+from epp.flowcontrol import FlowSettings
+from epp.flowcontrol.admission import Admitter
 from epp.scheduling.framework import (
     CycleState,
     Filter,
@@ -70,6 +72,8 @@ class ProfileScheduler:
         self.profile = profile
         self.saturation = saturation or SaturationDetector()
         self.freshness = self.saturation.freshness  # the pool's one rule for usable data, shared with the detector
+        self.flow_control: FlowSettings | None = None  # the flowControl gate on: the queues' settings
+        self.admitters: tuple[Admitter, ...] = ()  # admission plugins, run before a request is queued or scheduled
         self._filters = profile.filters
         self._scorers = tuple(
             (

@@ -19,6 +19,7 @@ from epp.scheduling import (
     affinity_filter,
     disagg,
     filters,
+    flow_plugins,
     load_scorers,
     pickers,
     prefix,
@@ -39,6 +40,8 @@ class Kind(enum.Enum):
     PARSER = "parser"
     DATA_LAYER = "data-layer plugin"
     DISCOVERY = "endpoint-discovery plugin"
+    FLOW_CONTROL = "flow-control policy"
+    ADMITTER = "admitter"
     # Upstream's data producers (approx-prefix-cache-producer, token-producer, ...): they run for every request
     # before the filters and write data that scorers read, naming the producer in a parameter (e.g. the prefix
     # scorer's `prefixMatchInfoProducerName`). Built before every other plugin, so such a factory finds its
@@ -535,8 +538,57 @@ def _data_layer(type_name: str) -> Factory:
     return factory
 
 
+def _flow(build: Callable[[str, str, Params], object], type_name: str) -> Factory:
+    def factory(name: str, params: Params, ctx: BuildContext) -> object:
+        return build(type_name, name, params)
+
+    return factory
+
+
+def _named(build: Callable[[str, Params], object]) -> Factory:
+    def factory(name: str, params: Params, ctx: BuildContext) -> object:
+        return build(name, params)
+
+    return factory
+
+
+def _register_flow_control(r: Callable[..., None]) -> None:
+    fc = Kind.FLOW_CONTROL
+    for t, summary in (
+        ("global-strict-fairness-policy", "a band as one queue, in its ordering policy's order"),
+        ("round-robin-fairness-policy", "each flow of a band in turn"),
+        ("program-aware-fairness", "least attained service first (strategy las)"),
+    ):
+        r(t, fc, _flow(flow_plugins.fairness, t), summary)
+    for t, summary in (
+        ("fcfs-ordering-policy", "arrival order"),
+        ("edf-ordering-policy", "earliest deadline (enqueue + TTL) first"),
+        ("slo-deadline-ordering-policy", "earliest received + x-llm-d-slo-ttft-ms first"),
+    ):
+        r(t, fc, _flow(flow_plugins.ordering, t), summary)
+    r("static-usage-limit-policy", fc, _flow(flow_plugins.usage_limit, "static-usage-limit-policy"), "one ceiling")
+    r(
+        "priority-holdback-policy",
+        fc,
+        _flow(flow_plugins.usage_limit, "priority-holdback-policy"),
+        "ceilings linear from the highest band to the lowest",
+        stability=Stability.ALPHA,
+    )
+    r(
+        "soft-reflective-ceiling-policy",
+        fc,
+        _flow(flow_plugins.usage_limit, "soft-reflective-ceiling-policy"),
+        "lower bands held back in proportion to saturation",
+        stability=Stability.ALPHA,
+    )
+    r("concurrency-detector", Kind.FILTER, _named(flow_plugins.concurrency_detector), "in flight over capacity")
+    r("probabilistic-admitter", Kind.ADMITTER, _named(flow_plugins.probabilistic_admitter), "sheds sheddable load")
+    r("latency-slo-admitter", Kind.ADMITTER, _named(flow_plugins.latency_slo_admitter), "refuses unmeetable SLOs")
+
+
 def register_builtins(registry: Registry) -> Registry:
     r = registry.register
+    _register_flow_control(r)
     r("queue-scorer", Kind.SCORER, _no_params(scorers.QueueScorer), "min-max of waiting requests")
     r("kv-cache-utilization-scorer", Kind.SCORER, _no_params(scorers.KvCacheUtilizationScorer), "1 - KV usage")
     r("running-requests-size-scorer", Kind.SCORER, _no_params(scorers.RunningRequestsScorer), "min-max of running")

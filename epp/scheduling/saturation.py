@@ -96,3 +96,31 @@ class SaturationFilter:
         dropped = over(queue, kv, queue_limit, kv_limit)
         kept = candidates[~dropped if fresh is None else np.greater(fresh, dropped)]  # usable and not over
         return kept if 0 < kept.size < candidates.size else candidates
+
+
+class ConcurrencyDetector:
+    """Upstream's `concurrency-detector`: saturation = our in-flight requests / (maxConcurrency × endpoints),
+    averaged per endpoint; as a filter it drops endpoints at maxConcurrency × (1 + headroom) in flight (all kept
+    if all would go). Modes `tokens` and `hybrid` need per-request token counts in flight, which the table does
+    not keep: they are refused at load time rather than silently counted as requests."""
+
+    type_name = "concurrency-detector"
+
+    def __init__(self, name: str = "concurrency-detector", max_concurrency: int = 100, headroom: float = 0.0):
+        self.name = name
+        self.max_concurrency = max_concurrency
+        self.headroom = headroom
+        self.freshness = Freshness()
+
+    def saturation(self, snapshot: Snapshot, candidates: IntArray, now: float) -> float:
+        if candidates.size == 0:
+            return 1.0
+        return float(snapshot.inflight[candidates].sum()) / (self.max_concurrency * candidates.size)
+
+    def saturated(self, snapshot: Snapshot, candidates: IntArray, now: float) -> bool:
+        return self.saturation(snapshot, candidates, now) >= 1.0
+
+    def filter(self, state: CycleState, candidates: IntArray) -> IntArray:
+        inflight = state.snapshot.inflight[candidates]
+        kept = candidates[inflight < self.max_concurrency * (1.0 + self.headroom)]
+        return kept if 0 < kept.size < candidates.size else candidates

@@ -27,7 +27,7 @@ class UpstreamType(NamedTuple):
 
 
 _S, _A, _R = Status.SUPPORTED, Status.ALIAS, Status.REFUSED
-_FC = "flow control (priority-band queueing) is not implemented yet; sheddable requests get 429 when saturated"
+_FC = "in-flight eviction (enableEviction) is not implemented"
 _MM_IN = "multimodal requests are not recognised; encode stages run with always-disagg-pd-decider"
 _HEADERS = "deprecated upstream; disagg-profile-handler sets the P/D headers itself"
 _MC = "multi-cluster through InferencePoolImport is not implemented; epp federates sites instead (docs/federation.md)"
@@ -168,26 +168,26 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     UpstreamType("multicluster-metrics-data-source", "data source", True, _R, _MC),
     UpstreamType("multicluster-metrics-extractor", "data extractor", True, _R, _MC),
     # flow control
-    UpstreamType("global-strict-fairness-policy", "flow-control policy", False, _R, _FC),
-    UpstreamType("round-robin-fairness-policy", "flow-control policy", False, _R, _FC),
-    UpstreamType("program-aware-fairness", "flow-control policy", False, _R, _FC),
-    UpstreamType("fcfs-ordering-policy", "flow-control policy", False, _R, _FC),
-    UpstreamType("edf-ordering-policy", "flow-control policy", False, _R, _FC),
-    UpstreamType("slo-deadline-ordering-policy", "flow-control policy", False, _R, _FC),
-    UpstreamType("static-usage-limit-policy", "flow-control policy", False, _R, _FC),
-    UpstreamType("priority-holdback-policy", "flow-control policy", True, _R, _FC),
-    UpstreamType("soft-reflective-ceiling-policy", "flow-control policy", True, _R, _FC),
+    UpstreamType("global-strict-fairness-policy", "flow-control policy", False, _S, ""),
+    UpstreamType("round-robin-fairness-policy", "flow-control policy", False, _S, ""),
+    UpstreamType("program-aware-fairness", "flow-control policy", False, _S, ""),
+    UpstreamType("fcfs-ordering-policy", "flow-control policy", False, _S, ""),
+    UpstreamType("edf-ordering-policy", "flow-control policy", False, _S, ""),
+    UpstreamType("slo-deadline-ordering-policy", "flow-control policy", False, _S, ""),
+    UpstreamType("static-usage-limit-policy", "flow-control policy", False, _S, ""),
+    UpstreamType("priority-holdback-policy", "flow-control policy", True, _S, ""),
+    UpstreamType("soft-reflective-ceiling-policy", "flow-control policy", True, _S, ""),
     UpstreamType("sheddable-eviction-filter", "flow-control eviction", True, _R, _FC),
     UpstreamType("priority-then-time-eviction-order-policy", "flow-control eviction", True, _R, _FC),
     UpstreamType(
         "utilization-detector", "saturation detector", False, _S, "also usable as a filter (alias saturation-filter)"
     ),
-    UpstreamType("concurrency-detector", "saturation detector", False, _R, "not implemented yet"),
+    UpstreamType("concurrency-detector", "saturation detector", False, _S, "mode requests; also usable as a filter"),
     # admission
-    UpstreamType("latency-slo-admitter", "admitter", False, _R, _LAT),
     UpstreamType(
-        "probabilistic-admitter", "admitter", False, _R, "not implemented; sheddable requests get 429 when saturated"
+        "latency-slo-admitter", "admitter", False, _S, "without a latency predictor: idle, cold, or the queue wait"
     ),
+    UpstreamType("probabilistic-admitter", "admitter", False, _S, ""),
     # producers
     UpstreamType("approx-prefix-cache-producer", "producer", False, _S, "token blocks; estimate tokens by default"),
     UpstreamType("inflight-load-producer", "producer", False, _S, ""),

@@ -13,6 +13,10 @@ REFERENCE_VERDICTS = {
     # file → None (loads) or the words the refusal must contain
     "gie-integration-default-config.yaml": None,
     "llmd-router-epp-config.yaml": None,
+    "llmd-router-sim-program-aware-config.yaml": None,
+    "llmd-router-probabilistic-admitter-epp-config.yaml": None,
+    # alpha usage-limit policy: loads with --allow-experimental-plugins (tests/flowcontrol/test_upstream_samples.py)
+    "llmd-router-soft-reflective-ceiling-epp-config.yaml": ("has Alpha stability level",),
     "gie-configloader_1_test.yaml": ("plugin 'test1'", "type 'test-one'", "not implemented"),
     "gie-integration-datalayer-config.yaml": ("plugin 'mock-metrics-source'", "not implemented"),
     "llmd-router-pd-epp-config.yaml": None,

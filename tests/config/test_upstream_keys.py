@@ -155,10 +155,11 @@ def test_flow_control_with_the_gate_off_warns_and_loads() -> None:
     assert not only_detector.warnings  # the detector is honoured with the gate off, so nothing is ignored
 
 
-def test_flow_control_with_the_gate_on_is_refused_as_not_yet_supported() -> None:
-    config = parse_config(_doc(flowControl={}, featureGates=["flowControl"]), "f.yaml")
-    with pytest.raises(ConfigError, match=r"flowControl is on, but flow control .* is not yet supported"):
-        build_scheduler(config)
+def test_flow_control_with_the_gate_on_builds_the_queues_from_the_section() -> None:
+    config = parse_config(_doc(flowControl={"maxRequests": 7}, featureGates=["flowControl"]), "f.yaml")
+    settings = build_scheduler(config).flow_control
+    assert settings is not None and settings.spec.max_requests == 7
+    assert build_scheduler(parse_config(_doc(flowControl={"maxRequests": 7}), "f.yaml")).flow_control is None
 
 
 @pytest.mark.parametrize(

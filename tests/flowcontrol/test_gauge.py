@@ -7,8 +7,8 @@ import pytest
 
 from epp.datastore import Freshness
 from epp.datastore.table import MetricsSample
-from epp.flowcontrol.gauge import ConcurrencyDetector, PoolGauge
-from epp.scheduling.saturation import SaturationDetector
+from epp.flowcontrol.gauge import PoolGauge
+from epp.scheduling.saturation import ConcurrencyDetector, SaturationDetector
 from tests.scheduling.tables import NOW, table_with
 
 

@@ -283,3 +283,14 @@ def test_stages_stay_in_their_roles_the_subset_and_the_allowed_tiers(
         assert local_tier in allowed  # a local pick of either stage is only made where the tier is allowed
     director.complete(decision)
     assert int(table.snapshot().inflight.sum()) == 0
+
+
+def test_pool_saturation_is_the_most_saturated_stage() -> None:
+    """Flow control and shedding read this: a saturated prefill fleet holds requests back while decode is idle."""
+    scheduler = build_scheduler(pd_config(ALWAYS), seed=0)
+    rows = [{"waiting": 50.0}, {"waiting": 50.0}, {"waiting": 0.0}, {"waiting": 0.0}]
+    table = table_with(rows, labels=ROLES_2P2D)
+    snap = table.snapshot()
+    assert scheduler.saturation.saturation(snap, snap.slots, NOW) >= 1.0
+    assert scheduler.saturation.saturation(snap, np.array([2, 3]), NOW) < 1.0  # decode alone has room
+    assert scheduler.saturation.thresholds.queue_depth == 5  # the wrapped detector's settings read through

@@ -1,0 +1,289 @@
+"""Flow control on the serving path: a request waits in the queues (`epp.flowcontrol`) while the pool is
+saturated, and its ext_proc stream stays open meanwhile.
+
+One dispatch task, no thread and no busy loop. Each waiting request is an asyncio Future in the controller; the
+task runs a cycle when something can have changed — an arrival, the end of a request in flight (`wake`, called by
+the director), new scrape data (the table's scrape listener) — and otherwise sleeps until the earliest TTL expiry,
+or, while requests are held back, until its data can have gone stale. A cycle hands out at most one dispatch and
+waits until that request has been decided and its pick booked in flight (`decided`): the next cycle then reads a
+saturation that counts it (`epp.flowcontrol.gauge`), so a burst cannot overshoot between two scrapes.
+
+A client that goes away (its stream cancelled) leaves the queue at once. Outcomes become EppErrors with upstream's
+status and `x-llm-d-request-dropped-reason` (`epp.flowcontrol.types.Outcome`). On shutdown (`shutdown`) new
+arrivals get 503 `rejected-shutting-down`; the queue keeps dispatching for the grace period, and whatever is left
+then gets the same 503: every queued request is answered, none is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from epp.datastore import EndpointTable, usable
+from epp.datastore.objectives import ObjectiveStore
+from epp.errors import EppError, ErrorCode
+from epp.flowcontrol import FlowController, Outcome, QueuedRequest
+from epp.flowcontrol.admission import Admitter
+from epp.flowcontrol.gauge import PoolGauge
+from epp.flowcontrol.types import DEFAULT_FLOW
+from epp.observability.flow import QueueState
+from epp.requests.openai import control_headers
+
+log = logging.getLogger(__name__)
+
+_CODES = {429: ErrorCode.RESOURCE_EXHAUSTED, 503: ErrorCode.SERVICE_UNAVAILABLE}
+_WORDS = {
+    Outcome.REJECTED_CAPACITY: "flow-control queue full",
+    Outcome.REJECTED_NO_ENDPOINTS: "no ready endpoint in the pool",
+    Outcome.EVICTED_TTL: "queued longer than its TTL while the pool was saturated",
+    Outcome.EVICTED_CANCELLED: "the client went away while queued",
+    Outcome.REJECTED_SHUTDOWN: "the endpoint picker is shutting down",
+    Outcome.REJECTED_ADMISSION: "pool saturated: sheddable request refused by admission",
+}
+
+
+def outcome_error(outcome: Outcome) -> EppError:
+    return EppError(_CODES[outcome.status], _WORDS[outcome], outcome.reason)
+
+
+class FlowObserver(Protocol):
+    """What flow control reports (the metrics implement it; a no-op by default)."""
+
+    def flow_outcome(self, outcome: Outcome, fairness_id: str, priority: int, waited_s: float) -> None: ...
+
+    def flow_cycle(self, seconds: float, saturation: float) -> None: ...
+
+
+class _NullObserver:
+    def flow_outcome(self, outcome: Outcome, fairness_id: str, priority: int, waited_s: float) -> None:
+        pass
+
+    def flow_cycle(self, seconds: float, saturation: float) -> None:
+        pass
+
+
+class FlowGate:
+    def __init__(
+        self,
+        controller: FlowController,
+        table: EndpointTable,
+        gauge: PoolGauge,
+        clock: Callable[[], float],
+        objectives: ObjectiveStore | None = None,
+        admitters: Sequence[Admitter] = (),
+        observer: FlowObserver | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.controller = controller
+        self._table = table
+        self._gauge = gauge
+        self._clock = clock
+        self._objectives = objectives
+        self._admitters = tuple(admitters)
+        self.observer: FlowObserver = observer or _NullObserver()
+        self._rng = random.Random(seed)
+        self._granted = 0  # dispatched (or let through) and not yet decided
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.saturation = 0.0  # the last value a cycle read (for /debug/pool and the metrics)
+        table.add_scrape_listener(self.wake)
+
+    # -- the request side ------------------------------------------------------------------------------------
+    def item_of(self, headers: Mapping[str, str], size: int, now: float) -> QueuedRequest:
+        control = control_headers(headers)
+        priority = self._objectives.priority_of(control.objective) if self._objectives is not None else 0
+        slo = control.slo_ttft_ms / 1000.0 if control.slo_ttft_ms is not None else None
+        return QueuedRequest(
+            ticket=None,
+            flow_id=control.fairness_id or DEFAULT_FLOW,
+            priority=priority,
+            size=size,
+            received_at=now,
+            slo_ttft_s=slo,
+        )
+
+    async def admit(self, headers: Mapping[str, str], size: int) -> None:
+        """Return when the request may be scheduled (then call `decided` once it was); raise EppError when it is
+        refused. The caller decides synchronously after this returns, so its pick is booked before the next
+        cycle."""
+        now = self._clock()
+        item = self.item_of(headers, size, now)
+        if self._closing:
+            self.observer.flow_outcome(Outcome.REJECTED_SHUTDOWN, item.flow_id, item.priority, 0.0)
+            raise outcome_error(Outcome.REJECTED_SHUTDOWN)
+        fc = self.controller
+        snapshot = self._table.view()
+        candidates = snapshot.slots
+        fc.set_pool_empty(candidates.size == 0, now)
+        if self._admitters:
+            oldest = fc.oldest_enqueued_at(item.priority)
+            wait = now - oldest if oldest is not None else 0.0
+            for admitter in self._admitters:
+                if not admitter.admit(item, snapshot, candidates, now, self._rng.random(), wait):
+                    self.observer.flow_outcome(Outcome.REJECTED_ADMISSION, item.flow_id, item.priority, 0.0)
+                    raise outcome_error(Outcome.REJECTED_ADMISSION)
+        if fc.count == 0 and self._granted == 0 and not fc.pool_empty:  # the common case: nothing waits
+            saturation = self._gauge.saturation(snapshot, candidates, now)
+            if saturation < fc.ceiling_for(item.priority, saturation):
+                self._granted += 1
+                self.observer.flow_outcome(Outcome.DISPATCHED, item.flow_id, item.priority, 0.0)
+                return
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Outcome] = loop.create_future()
+        item.ticket = future
+        refused = fc.enqueue(item, now)
+        if refused is not None:
+            self.observer.flow_outcome(refused, item.flow_id, item.priority, 0.0)
+            raise outcome_error(refused)
+        self.wake()
+        try:
+            outcome = await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.result() is Outcome.DISPATCHED:
+                self.decided()  # dispatched, then the client left before deciding
+            elif fc.cancel(item):
+                self.observer.flow_outcome(Outcome.EVICTED_CANCELLED, item.flow_id, item.priority, self._clock() - now)
+                self.wake()
+            raise
+        self.observer.flow_outcome(outcome, item.flow_id, item.priority, self._clock() - now)
+        if outcome is not Outcome.DISPATCHED:
+            raise outcome_error(outcome)
+
+    def decided(self) -> None:
+        """The request let through by `admit` has been decided (booked in flight, or refused)."""
+        if self._granted > 0:
+            self._granted -= 1
+        self.wake()
+
+    def wake(self) -> None:
+        if self.controller.count:
+            self._wakeup.set()
+
+    # -- the dispatch task -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="flow-control dispatch")
+
+    async def _run(self) -> None:
+        while True:
+            self._wakeup.clear()
+            timeout = self.cycle()
+            if timeout is None:
+                await self._wakeup.wait()
+                continue
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), max(timeout, 0.0))
+            except TimeoutError:
+                pass
+
+    def cycle(self) -> float | None:
+        """Expire, then dispatch at most one request; returns the seconds until the next timed check (None: wait
+        for a wake-up)."""
+        fc = self.controller
+        started = now = self._clock()
+        snapshot = self._table.view()
+        candidates = snapshot.slots
+        fc.set_pool_empty(candidates.size == 0, now)
+        for expired, outcome in fc.expire(now):
+            _resolve(expired, outcome)
+        blocked = False
+        if self._granted == 0 and fc.count:
+            self.saturation = saturation = self._gauge.saturation(snapshot, candidates, now)
+            while True:
+                item = fc.dispatch(saturation, now)
+                if item is None:
+                    blocked = fc.count > 0
+                    break
+                if _resolve(item, Outcome.DISPATCHED):
+                    self._granted += 1
+                    break
+            self.observer.flow_cycle(self._clock() - started, saturation)
+        if not fc.count:
+            return None
+        waits: list[float] = []
+        expiry = fc.next_expiry()
+        if expiry is not None:
+            waits.append(expiry - now)
+        if blocked:  # held back: data may go stale (the gauge's fallback then changes its reading)
+            waits.append(self._gauge.freshness.staleness_s)
+        return min(waits) if waits else None
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Refuse new arrivals; let the queue drain for `grace_s`; answer what is left with 503."""
+        self._closing = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while self.controller.count and loop.time() < deadline:
+            self.wake()
+            await asyncio.sleep(min(0.05, max(0.0, deadline - loop.time())))
+        for item in self.controller.drain():
+            _resolve(item, Outcome.REJECTED_SHUTDOWN)
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    # -- observation -----------------------------------------------------------------------------------------
+    def queue_state(self) -> QueueState:
+        """For the metrics at scrape time."""
+        fc = self.controller
+        spec = fc.settings.spec
+        flows, bands = [], []
+        for s in fc.stats():
+            flows += [(fid, s.priority, r, b) for fid, (r, b) in s.flows.items()]
+            band = fc.band(s.priority)
+            bands.append(
+                (
+                    s.priority,
+                    s.requests / band.max_requests if band.max_requests else 0.0,
+                    s.bytes / band.max_bytes if band.max_bytes else 0.0,
+                )
+            )
+        glob = None
+        if spec.max_requests or spec.max_bytes:
+            glob = (
+                fc.count / spec.max_requests if spec.max_requests else 0.0,
+                fc.bytes / spec.max_bytes if spec.max_bytes else 0.0,
+            )
+        snapshot = self._table.view()
+        slots = snapshot.slots
+        fresh = usable(
+            snapshot.scraped_at[slots], snapshot.scrape_failures[slots], self._clock(), self._gauge.freshness
+        )
+        return QueueState(flows, self.saturation, int(slots.size - int(fresh.sum())), bands, glob)
+
+    def report(self, now: float) -> dict[str, Any]:
+        """For /debug/pool: bands (highest first) with queue lengths, bytes, flows and the oldest wait."""
+        return {
+            "saturation": self.saturation,
+            "queued": self.controller.count,
+            "queuedBytes": self.controller.bytes,
+            "staleFallback": self._gauge.last_stale and self._gauge.fallback,
+            "learnedConcurrency": self._gauge.learned_limit,
+            "bands": [
+                {
+                    "priority": s.priority,
+                    "requests": s.requests,
+                    "bytes": s.bytes,
+                    "oldestWaitSeconds": None if s.oldest_enqueued_at is None else now - s.oldest_enqueued_at,
+                    "flows": {fid: {"requests": r, "bytes": b} for fid, (r, b) in s.flows.items()},
+                }
+                for s in self.controller.stats()
+            ],
+        }
+
+
+def _resolve(item: QueuedRequest, outcome: Outcome) -> bool:
+    """Wake the waiter with its outcome; False when it was gone (cancelled) already."""
+    future = item.ticket
+    if not isinstance(future, asyncio.Future) or future.done():
+        return False
+    future.set_result(outcome)
+    return True

@@ -1,0 +1,136 @@
+"""Flow control over a real grpc.aio server on loopback: the ext_proc stream of a queued request stays open (no
+answer, not idle-timed-out), is answered with the decision once the pool has room, or with an ImmediateResponse
+carrying `x-llm-d-request-dropped-reason`; a client that goes away frees its place at once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from prometheus_client import CollectorRegistry
+
+from epp.config.flowcontrol import FlowControlSpec
+from epp.datastore import EndpointInfo, EndpointTable, Freshness
+from epp.datastore.table import MetricsSample
+from epp.director import Director, RandomScheduler
+from epp.director.flow import FlowGate
+from epp.extproc.bounds import ServerLimits
+from epp.extproc.server import ExternalProcessor, add_to_server
+from epp.extproc.stream import StreamSettings
+from epp.flowcontrol import FlowController, FlowSettings
+from epp.flowcontrol.gauge import PoolGauge
+from epp.observability.metrics import PickerMetrics
+from epp.scheduling.saturation import SaturationDetector
+from tests.extproc.envoy import BODY, body_msg, headers_msg
+
+ADDRESS = "127.10.0.1:8000"
+
+
+class _Stack:
+    def __init__(self, ttl_s: float) -> None:
+        self.now = 100.0
+        self.table = EndpointTable()
+        self.slot = self.table.upsert(EndpointInfo(address=ADDRESS))
+        self.saturate()
+        detector = SaturationDetector(freshness=Freshness(staleness_s=1e6))
+        settings = FlowSettings(spec=FlowControlSpec(default_request_ttl_s=ttl_s))
+        self.gate = FlowGate(FlowController(settings), self.table, PoolGauge(detector, detector.freshness), self.clock)
+        director = Director(self.table, RandomScheduler(seed=1), clock=self.clock, flow=self.gate)
+        limits = ServerLimits(idle_timeout_s=0.2)  # shorter than the waits below: waiting is not idleness
+        self.processor = ExternalProcessor(
+            director, PickerMetrics(CollectorRegistry()), StreamSettings(), limits=limits
+        )
+        self.grpc = grpc.aio.server()
+        add_to_server(self.processor, self.grpc)
+        self.port = self.grpc.add_insecure_port("127.0.0.1:0")
+
+    def clock(self) -> float:
+        return self.now
+
+    def saturate(self) -> None:
+        self.table.record_scrape(self.slot, MetricsSample(waiting=10, kv_usage=0.0), now=self.now)
+
+    def drain(self) -> None:
+        self.table.record_scrape(self.slot, MetricsSample(waiting=0, kv_usage=0.0), now=self.now)
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[_Stack]:
+    s = _Stack(ttl_s=60.0)
+    s.gate.start()
+    await s.grpc.start()
+    yield s
+    await s.gate.shutdown(0)
+    await s.grpc.stop(0)
+
+
+async def _open(port: int) -> tuple[grpc.aio.Channel, grpc.aio.StreamStreamCall]:  # type: ignore[type-arg]
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    call = pb_grpc.ExternalProcessorStub(channel).Process()
+    await call.write(headers_msg())
+    await call.write(body_msg(BODY, end_of_stream=True))
+    return channel, call
+
+
+async def test_a_queued_stream_stays_open_and_is_answered_with_the_decision_when_the_pool_drains(stack) -> None:
+    channel, call = await _open(stack.port)
+    read = asyncio.ensure_future(call.read())
+    await asyncio.sleep(0.5)  # longer than the idle timeout
+    assert not read.done() and stack.gate.controller.count == 1
+    stack.drain()  # new scrape data wakes the dispatch task
+    first: pb.ProcessingResponse = await asyncio.wait_for(read, 10)
+    assert first.WhichOneof("response") == "request_headers"
+    headers = {
+        h.header.key: h.header.raw_value.decode() for h in first.request_headers.response.header_mutation.set_headers
+    }
+    assert headers["x-gateway-destination-endpoint"] == ADDRESS
+    await call.done_writing()
+    await channel.close()
+
+
+async def test_a_client_that_goes_away_frees_its_place_at_once(stack) -> None:
+    channel, call = await _open(stack.port)
+    for _ in range(100):
+        if stack.gate.controller.count == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert stack.gate.controller.count == 1
+    call.cancel()
+    await channel.close()
+    for _ in range(100):
+        if stack.gate.controller.count == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert stack.gate.controller.count == 0 and stack.processor.open_streams == 0
+
+
+async def test_ttl_expiry_answers_429_with_the_dropped_reason_header() -> None:
+    s = _Stack(ttl_s=0.3)
+    s.gate.start()
+    await s.grpc.start()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            s.now = 100.0 + loop.time() - start
+
+    ticker = asyncio.ensure_future(tick())
+    try:
+        channel, call = await _open(s.port)
+        response: pb.ProcessingResponse = await asyncio.wait_for(call.read(), 10)
+        assert response.WhichOneof("response") == "immediate_response"
+        immediate = response.immediate_response
+        assert immediate.status.code == 429
+        headers = {h.header.key: h.header.raw_value.decode() for h in immediate.headers.set_headers}
+        assert headers["x-llm-d-request-dropped-reason"] == "rejected-ttl-expired"
+        await channel.close()
+    finally:
+        ticker.cancel()
+        await s.gate.shutdown(0)
+        await s.grpc.stop(0)
