@@ -187,6 +187,8 @@ class DisaggScheduler:
         self.primary_port = primary_port
         self.profile = decode.profile  # what single-profile callers read (check-config, the prefix metrics)
         self.freshness = decode.freshness
+        self.flow_control = decode.flow_control  # set by the builder, as on a single profile
+        self.admitters = decode.admitters
         partitions = [_label_filters(p) for p in self.profiles] if prefill or encode else []
         self.saturation = StagedSaturation(decode.saturation, partitions) if partitions else decode.saturation
 
