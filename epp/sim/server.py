@@ -127,6 +127,7 @@ class SimServer:
         self._runner: web.AppRunner | None = None
         self.port = config.port
         self.served = 0
+        self.render_calls = 0  # requests to the render endpoints (tests count the picker's cache hits by it)
         self.kv_events: KvEventPublisher | None = None
         self._replays: asyncio.Task[None] | None = None
 
@@ -139,6 +140,9 @@ class SimServer:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        # vLLM's render endpoints (what a vllm token-producer calls): the prompt's token ids, nothing generated.
+        app.router.add_post("/v1/completions/render", self._render_completion)
+        app.router.add_post("/v1/chat/completions/render", self._render_chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
@@ -314,6 +318,22 @@ class SimServer:
             self.config.lora_adapters,
         )
         return web.Response(text=page, content_type="text/plain", charset="utf-8", headers=self._headers())
+
+    async def _render_completion(self, request: web.Request) -> web.Response:
+        return await self._render(request, "completion")
+
+    async def _render_chat(self, request: web.Request) -> web.Response:
+        return await self._render(request, "chat")
+
+    async def _render(self, request: web.Request, kind: str) -> web.Response:
+        """`{token_ids, features}` as vLLM's render answers: the simulator's deterministic tokenizer (the same ids
+        for the same text, in every process), so a picker's vllm token-producer is tested over real HTTP."""
+        try:
+            _, prompt, _ = await self._read(request, kind)
+        except _BadRequest as exc:
+            return _error(str(exc), exc.status)
+        self.render_calls += 1
+        return web.json_response({"token_ids": token_ids(prompt), "features": None})
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "completion")
