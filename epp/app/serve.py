@@ -54,7 +54,7 @@ from epp.observability.flow import FlowControlMetrics
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import FreezableCollector, LoopCollector, PickerMetrics
 from epp.observability.plugins import PluginTimer
-from epp.scheduling import build_scheduler
+from epp.scheduling import ProfileScheduler, build_scheduler
 from epp.scheduling.build import deprecations
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
@@ -189,7 +189,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     for warning in getattr(args, "startup_warnings", ()):  # after the checks that refuse to start: errors stand alone
         log.warning("%s", warning)
     tracer_provider, tracer = _tracing(args)
-    if tracer is not None:
+    if tracer is not None and isinstance(scheduler, ProfileScheduler):  # a P/D handler is traced by the director span
         from epp.app.tracing import TracingScheduler
 
         scheduler = TracingScheduler(scheduler, tracer)  # type: ignore[assignment]
