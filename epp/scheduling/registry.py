@@ -17,6 +17,7 @@ from epp.datastore import Freshness
 from epp.scheduling import (
     affinity,
     affinity_filter,
+    disagg,
     filters,
     flow_plugins,
     load_scorers,
@@ -36,6 +37,7 @@ class Kind(enum.Enum):
     SCORER = "scorer"
     PICKER = "picker"
     PROFILE_HANDLER = "profile handler"
+    DECIDER = "decider"  # whether a disaggregated stage runs for a request (read by the profile handler)
     PARSER = "parser"
     DATA_LAYER = "data-layer plugin"
     DISCOVERY = "endpoint-discovery plugin"
@@ -505,6 +507,69 @@ def _marker(type_name: str) -> Factory:
 
 
 @dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """A profile handler as configured: which profile each stage runs and which decider gates it. The builder
+    resolves the names once every plugin exists (a decider may be listed after the handler)."""
+
+    type_name: str
+    name: str
+    decode: str | None = None  # None: the config's one profile (single and data-parallel handlers)
+    prefill: str = "prefill"
+    encode: str = "encode"
+    prefill_decider: str | None = None
+    encode_decider: str | None = None
+    primary_port: int = 0
+
+
+def _disagg_handler(name: str, params: Params, ctx: BuildContext) -> object:
+    profiles = Params(params.section("profiles"), f"{params.where}: profiles")
+    decode = profiles.text("decode", "decode")
+    prefill = profiles.text("prefill", "prefill")
+    encode = profiles.text("encode", "encode")
+    profiles.finish()
+    deciders = Params(params.section("deciders"), f"{params.where}: deciders")
+    prefill_decider = deciders.text("prefill", "") or None
+    encode_decider = deciders.text("encode", "") or None
+    deciders.finish()
+    params.finish()
+    return HandlerSpec("disagg-profile-handler", name, decode, prefill, encode, prefill_decider, encode_decider)
+
+
+def _port(params: Params, default: int) -> int:
+    port = params.integer("primaryPort", default, minimum=0)
+    if port > 65535:
+        raise params.error("primaryPort", f"must be between 1 and 65535, got {port}")
+    return port
+
+
+def _pd_handler(name: str, params: Params, ctx: BuildContext) -> object:
+    """The deprecated `pd-profile-handler`: the disagg handler under its older parameter names."""
+    decode = params.text("decodeProfile", "decode")
+    prefill = params.text("prefillProfile", "prefill")
+    decider = params.text("deciderPluginName", "prefix-based-pd-decider")
+    if not decider:
+        raise params.error("deciderPluginName", "decider plugin name is not defined")
+    port = _port(params, 0)
+    params.ignore("prefixPluginType", "prefixPluginName", "prefixMatchInfoProducerName")  # never used upstream
+    params.finish()
+    return HandlerSpec("pd-profile-handler", name, decode, prefill, prefill_decider=decider, primary_port=port)
+
+
+def _dp_handler(name: str, params: Params, ctx: BuildContext) -> object:
+    port = _port(params, 8000)
+    params.finish()
+    return HandlerSpec("data-parallel-profile-handler", name, primary_port=port)
+
+
+def _prefix_decider(name: str, params: Params, ctx: BuildContext) -> object:
+    non_cached = params.integer("nonCachedTokens", 0, minimum=0)
+    prompt = params.integer("promptTokens", 0, minimum=0)
+    producer = params.text("prefixMatchInfoProducerName", disagg.DEFAULT_PREFIX_PRODUCER)
+    params.finish()
+    return disagg.PrefixBasedDecider(name, non_cached, prompt, producer)
+
+
+@dataclass(frozen=True, slots=True)
 class DataLayerPlugin:
     """A data-layer plugin (upstream's metrics source and extractor): the scraper, not the scheduler, uses it.
 
@@ -630,6 +695,23 @@ def register_builtins(registry: Registry) -> Registry:
     r("random-picker", Kind.PICKER, _picker(pickers.RandomPicker), "uniform")
     r("weighted-random-picker", Kind.PICKER, _picker(pickers.WeightedRandomPicker), "proportional to score")
     r("single-profile-handler", Kind.PROFILE_HANDLER, _marker("single-profile-handler"), "runs the one profile")
+    r("disagg-profile-handler", Kind.PROFILE_HANDLER, _disagg_handler, "decode; prefill/encode when decided")
+    r(
+        "pd-profile-handler",
+        Kind.PROFILE_HANDLER,
+        _pd_handler,
+        "older parameters of disagg-profile-handler",
+        replaced_by="disagg-profile-handler",
+    )
+    r(
+        "data-parallel-profile-handler",
+        Kind.PROFILE_HANDLER,
+        _dp_handler,
+        "one profile; primaryPort + x-data-parallel-host-port",
+        replaced_by="single-profile-handler",
+    )
+    r("prefix-based-pd-decider", Kind.DECIDER, _prefix_decider, "P/D when enough prompt is not cached on decode")
+    r("always-disagg-pd-decider", Kind.DECIDER, _no_params(disagg.AlwaysDisaggDecider), "P/D for every request")
     r("openai-parser", Kind.PARSER, _marker("openai-parser"), "OpenAI API bodies and usage")
     r("anthropic-parser", Kind.PARSER, _marker("anthropic-parser"), "Anthropic Messages API bodies and usage")
     r("vllmhttp-parser", Kind.PARSER, _marker("vllmhttp-parser"), "vLLM /inference/v1/generate (token ids)")
