@@ -24,6 +24,7 @@ from epp.scheduling import (
     pickers,
     prefix,
     producers,
+    rendezvous,
     saturation,
     scorers,
     test_selection,
@@ -414,6 +415,17 @@ def _picker(cls: Callable[..., object]) -> Factory:
     return factory
 
 
+def _rendezvous_picker(name: str, params: Params, ctx: BuildContext) -> object:
+    k = params.integer("maxNumOfEndpoints", 1, minimum=1)
+    band = params.number("band", rendezvous.DEFAULT_BAND, minimum=0.0, maximum=1.0)
+    key_bytes = params.integer("keyBytes", rendezvous.DEFAULT_KEY_BYTES, minimum=1)
+    load_factor = params.number("loadFactor", rendezvous.DEFAULT_LOAD_FACTOR, minimum=0.0)
+    params.finish()
+    return rendezvous.RendezvousPicker(
+        name, max_endpoints=k, seed=ctx.next_seed(), band=band, key_bytes=key_bytes, load_factor=load_factor
+    )
+
+
 def _saturation_filter(name: str, params: Params, ctx: BuildContext) -> object:
     base = ctx.saturation  # the config's saturationDetector block, overridable per filter
     pool = ctx.freshness.staleness_s
@@ -694,6 +706,12 @@ def register_builtins(registry: Registry) -> Registry:
     r("max-score-picker", Kind.PICKER, _picker(pickers.MaxScorePicker), "highest score, random tie-break")
     r("random-picker", Kind.PICKER, _picker(pickers.RandomPicker), "uniform")
     r("weighted-random-picker", Kind.PICKER, _picker(pickers.WeightedRandomPicker), "proportional to score")
+    r(
+        "rendezvous-picker",
+        Kind.PICKER,
+        _rendezvous_picker,
+        "ours: rendezvous hashing of the leading prefix within a load band (active-active replicas agree)",
+    )
     r("single-profile-handler", Kind.PROFILE_HANDLER, _marker("single-profile-handler"), "runs the one profile")
     r("disagg-profile-handler", Kind.PROFILE_HANDLER, _disagg_handler, "decode; prefill/encode when decided")
     r(
