@@ -8,11 +8,14 @@ killed feeder is restarted and leaves nothing in /dev/shm."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
-import socket
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -26,14 +29,9 @@ from epp.scheduling.producers import TokenProducer
 from epp.sim.server import DEFAULT_MODEL, ServerConfig, SimServer
 from epp.sim.tokens import token_ids
 from tests.scheduling.tables import request
+from tests.support.procs import free_port, http_ok, running, serve_argv, wait_until
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _prompt(seed: int, chars: int = 1600) -> str:
@@ -70,7 +68,7 @@ def test_data_parallel_ranks_follow_the_ports_of_one_pod() -> None:
 
 @pytest.mark.process
 async def test_reset_stale_stream_and_restart_through_the_feeder_process(http: aiohttp.ClientSession) -> None:
-    kv_port = _free_port()
+    kv_port = free_port()
     servers = []
     for i in (1, 2):
         server = SimServer(ServerConfig(name=f"s{i}", host=f"127.10.0.{i}", port=0, speed=50.0, kv_events_port=kv_port))
@@ -155,3 +153,28 @@ async def test_reset_stale_stream_and_restart_through_the_feeder_process(http: a
         for server in servers:
             await server.stop()
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+
+
+@pytest.mark.process
+def test_serve_with_upstreams_precise_sample_runs_the_feeder_and_shows_freshness(tmp_path: Path) -> None:
+    """deploy/config/epp-precise-prefix-cache-config.yaml loads and runs under `epp serve`: the feeder child is up,
+    the endpoint (no publisher) shows as absent in /debug/pool, and the metrics are exported."""
+    sample = Path(__file__).parents[1] / "data/epp-configs/llmd-router-precise-prefix-cache-config.yaml"
+    metrics_port = free_port()
+    argv = serve_argv(
+        free_port(), free_port(), metrics_port, "--static-endpoints", "127.10.0.9:8000", "--config-file", str(sample)
+    )
+    with running(argv, tmp_path / "serve.log") as proc:
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 30, "serve", proc)
+
+        def kv() -> dict[str, Any]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/debug/pool", timeout=5) as response:
+                return dict(json.load(response)["kvEvents"])
+
+        wait_until(lambda: kv()["up"] and "127.10.0.9:8000" in kv()["endpoints"], 30, "feeder", proc)
+        entry = kv()["endpoints"]["127.10.0.9:8000"]
+        assert (entry["precise"], entry["fallbackReason"], entry["lastEventAgeSeconds"]) == (False, "absent", None)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        assert "llm_d_epp_kv_cache_events_feeder_up 1.0" in text
+        assert 'llm_d_epp_precise_prefix_fallbacks_total{reason="absent"}' in text
