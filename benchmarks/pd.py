@@ -34,7 +34,6 @@ from epp.sim.engine import Engine, SimRequest
 from epp.sim.profiles import H100_LLAMA_8B, EngineProfile
 
 MODEL = "m"
-UNIT = 16
 SCRAPE_S = 0.05
 _STEP, _ARRIVAL, _SCRAPE, _TRANSFERRED = 0, 1, 2, 3
 
