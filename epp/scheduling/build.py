@@ -471,6 +471,9 @@ def effective_plugins(
             types.add(type_name)
             out.append(EffectivePlugin(type_name, type_name, kind, parameters or {}, implicit=True))
 
+    for producer in scheduler.profile.producers:  # created for a consumer that names none, as upstream
+        if producer.name not in built:
+            implicit(producer.type_name, Kind.PRODUCER)
     if not any(kind is Kind.PROFILE_HANDLER for kind, *_ in built.values()):
         implicit("single-profile-handler", Kind.PROFILE_HANDLER)
     if not any(kind is Kind.PICKER for kind, *_ in built.values()):

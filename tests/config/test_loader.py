@@ -21,6 +21,7 @@ REFERENCE_VERDICTS = {
     "gie-integration-datalayer-config.yaml": ("plugin 'mock-metrics-source'", "not implemented"),
     "llmd-router-precise-prefix-cache-config.yaml": None,
     "llmd-router-pd-epp-config.yaml": None,
+    "llmd-router-sim-pd-epp-config.yaml": None,
 }
 
 
