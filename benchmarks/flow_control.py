@@ -104,7 +104,7 @@ def simulate(
                 break
             i = int(item.ticket)  # type: ignore[call-overload]
             request = InferenceRequest(str(i), ApiKind.COMPLETIONS, MODEL, prompt=prompt_text(i, items[i]))
-            decision = picker._director.decide(request)
+            decision = picker.director.decide(request)
             picker._decisions[i] = decision
             s = picker._server_of[decision.slot]
             engine = engines[s]

@@ -127,19 +127,22 @@ class Picker(Policy):
         ]
         self.table.synced = True
         self._server_of = {slot: i for i, slot in enumerate(self.slots)}
-        self._director = Director(self.table, scheduler, clock, saturation=scheduler.saturation)  # as epp serve
+        self.director = Director(self.table, scheduler, clock, saturation=scheduler.saturation)  # as epp serve
         self._decisions: dict[int, object] = {}
 
     def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
         request = InferenceRequest(
             request_id=str(index), api=ApiKind.COMPLETIONS, model=MODEL, prompt=prompt_text(index, item)
         )
-        decision = self._director.decide(request)
+        decision = self.director.decide(request)
         self._decisions[index] = decision
         return self._server_of[decision.slot]
 
     def done(self, server: int, index: int) -> None:
-        self._director.complete(self._decisions.pop(index))  # type: ignore[arg-type]
+        self.director.complete(self._decisions.pop(index))  # type: ignore[arg-type]
+
+    def server_of(self, slot: int) -> int:
+        return self._server_of[slot]
 
     def scrape(self, engines: Sequence[Engine], now: float) -> None:
         for slot, e in zip(self.slots, engines, strict=True):
@@ -155,6 +158,55 @@ class Picker(Policy):
                 waiting_adapters=(),
             )
             self.table.record_scrape(slot, sample, now)
+
+
+class Split(Policy):
+    """The decision split over `replicas` pickers × `workers` serving workers each, as `epp serve --workers W` run
+    R times behind one gateway: a replica has its own table (its own in-flight view and scrapes, the replicas'
+    scrapes spread evenly over the interval: each one's phase is offset), a worker of a replica has its own
+    scheduler (its own prefix index) over the replica's shared table (the in-flight matrix summed). Arrivals go
+    round-robin over replicas, then over a replica's workers, as a gateway balancing streams would."""
+
+    reads_scrapes = True
+
+    def __init__(
+        self,
+        name: str,
+        n: int,
+        scheduler: Callable[[int], ProfileScheduler],
+        replicas: int,
+        workers: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self.name = name
+        self.replicas = [Picker(name, n, scheduler(r * workers), clock) for r in range(replicas)]
+        self.workers = workers
+        self.directors: list[list[Director]] = []
+        for r, replica in enumerate(self.replicas):
+            others = [scheduler(r * workers + w) for w in range(1, workers)]
+            extra = [Director(replica.table, s, clock, saturation=s.saturation) for s in others]
+            self.directors.append([replica.director, *extra])
+        self._owner: dict[int, tuple[Director, object]] = {}
+        self._tick = 0
+
+    def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
+        r = index % len(self.replicas)
+        director = self.directors[r][(index // len(self.replicas)) % self.workers]
+        request = InferenceRequest(
+            request_id=str(index), api=ApiKind.COMPLETIONS, model=MODEL, prompt=prompt_text(index, item)
+        )
+        decision = director.decide(request)
+        self._owner[index] = (director, decision)
+        return self.replicas[r].server_of(decision.slot)
+
+    def done(self, server: int, index: int) -> None:
+        director, decision = self._owner.pop(index)
+        director.complete(decision)  # type: ignore[arg-type]
+
+    def scrape(self, engines: Sequence[Engine], now: float) -> None:
+        """Called R times per scrape interval: one replica's scrape each time, in turn (the phase offset)."""
+        self.replicas[self._tick % len(self.replicas)].scrape(engines, now)
+        self._tick += 1
 
 
 BASELINES = {"rr": RoundRobin, "random": Random, "least-queue": LeastQueue}

@@ -27,6 +27,8 @@ from epp.app.config_file import file_discovery_of, load_config, parser_chain_of
 from epp.app.federation import build_federation
 from epp.app.health import HealthState
 from epp.app.http import build_http_app, pool_report
+from epp.app.kv_feeder import KvFeederProcess
+from epp.app.kv_metrics import KvEventsCollector
 from epp.app.metrics_auth import MetricsAuth
 from epp.app.pool_metrics import PoolCollector, PrefixCollector
 from epp.app.scrape_metrics import ScrapeCollector
@@ -56,6 +58,7 @@ from epp.observability.metrics import FreezableCollector, LoopCollector, PickerM
 from epp.observability.plugins import PluginTimer
 from epp.scheduling import ProfileScheduler, build_scheduler
 from epp.scheduling.build import deprecations
+from epp.scheduling.precise import PrecisePrefixCacheProducer
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
 from epp.scrape.scraper import ScrapeService
@@ -183,6 +186,10 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     plugin_timer = PluginTimer()
     state.registry.register(plugin_timer)
     scheduler.instrument(plugin_timer)
+    # precise-prefix-cache-producer: the KV-events feeder in its own supervised process, membership from discovery
+    kv_feeder = _kv_feeder(scheduler, state.table, workers)
+    if kv_feeder is not None:
+        state.registry.register(KvEventsCollector(kv_feeder))
     prefix = PrefixCollector([s.scorer for s in scheduler.profile.scorers if hasattr(s.scorer, "hit_ratio")])
     state.registry.register(prefix)
     auth = _metrics_auth(args, state)
@@ -272,6 +279,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         statuses = {address: status.as_dict() for address, status in scraper.status().items()}
         if flow is not None:
             extra["flowControl"] = flow.report(now)
+        if kv_feeder is not None:
+            extra["kvEvents"] = kv_feeder.supervision(now)
         return pool_report(state.table, state.pool, now, state.ready(), scheduler.freshness, extra or None, statuses)
 
     pool_collector = PoolCollector(state.table, lambda: pool_name, _poll_errors(scraper))
@@ -293,6 +302,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         raise ConfigError(f"--metrics-port {args.metrics_port}: cannot listen ({exc.strerror})") from None
 
     await scraper.start()
+    if kv_feeder is not None:
+        await kv_feeder.start()
     settle_garbage_collector()
     if flow is not None:
         flow.start()
@@ -351,6 +362,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         await state.health.stopping()
         await health_server.stop(0)
         await scraper.stop()
+        if kv_feeder is not None:
+            await kv_feeder.stop()
         await http_runner.cleanup()
         if tracer_provider is not None:
             await asyncio.get_running_loop().run_in_executor(None, tracer_provider.shutdown)  # flush what is left
@@ -408,6 +421,24 @@ def _flow_gate(scheduler: Any, state: PickerState) -> FlowGate | None:
         objectives=state.objectives,
         admitters=scheduler.admitters,
     )
+
+
+def _kv_feeder(scheduler: Any, table: EndpointTable, workers: int) -> KvFeederProcess | None:
+    """The feeder for the config's precise-prefix-cache-producer (one per picker; none without the plugin)."""
+    profiles = getattr(scheduler, "profiles", None) or (scheduler,)
+    found = {
+        id(p): p
+        for profile in profiles
+        for p in getattr(getattr(profile, "profile", None), "producers", ())
+        if isinstance(p, PrecisePrefixCacheProducer)
+    }
+    if not found:
+        return None
+    if workers > 1:
+        raise ConfigError("--workers above 1 does not combine with precise-prefix-cache-producer yet: use --workers 1")
+    if len(found) > 1:
+        raise ConfigError("one precise-prefix-cache-producer per config: its feeder follows every endpoint")
+    return KvFeederProcess(table, next(iter(found.values())))
 
 
 def _poll_errors(scraper: ScrapeService | ScrapeProcess) -> Callable[[], dict[str, int]]:

@@ -23,6 +23,7 @@ from epp.extproc import messages as m
 from epp.extproc.bounds import BodyBudget, ServerLimits
 from epp.extproc.stream import Decider, StreamObserver, StreamProcessor, StreamSettings
 from epp.observability.ratelimit import RateLimitedLog
+from epp.requests import InferenceRequest
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,13 @@ class FlowControl(Protocol):
     async def admit(self, headers: Mapping[str, str], size: int) -> None: ...
 
     def decided(self) -> None: ...
+
+
+class Tokenizer(Protocol):
+    """The render client as the protocol sees it (`epp.director.tokens.RenderTokenizer`): never raises, bounded
+    by its timeout."""
+
+    async def tokenize(self, request: InferenceRequest) -> InferenceRequest: ...
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -62,6 +70,9 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self._warn = RateLimitedLog(log, every_s=10.0)
         self.open_streams = 0
         self._flow: FlowControl | None = getattr(decider, "flow", None)
+        # A vllm token-producer's render client (epp.director.tokens): its call runs here, before the decision,
+        # and leaves the token ids in its cache, where the director's synchronous decide finds them.
+        self._tokenizer: Tokenizer | None = getattr(decider, "tokenizer", None)
 
     def new_stream(self) -> StreamProcessor:
         """A stream's state machine, sharing this server's answers, budget and rate-limited log."""
@@ -105,6 +116,16 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                         yield response
                     return
                 watchdog.touch()
+                tokenizer = self._tokenizer
+                if tokenizer is not None:
+                    ahead = stream.request_for(message)
+                    if ahead is not None:
+                        watchdog.hold = True  # bounded by the render timeout
+                        try:
+                            await tokenizer.tokenize(ahead)
+                        finally:
+                            watchdog.hold = False
+                            watchdog.touch()
                 gate = self._flow
                 pending = stream.decides_on(message) if gate is not None else None
                 if pending is not None:

@@ -154,7 +154,8 @@ def _check_references(config: EndpointPickerConfig, built: Built) -> None:
             )
     for ref in config.data_source_refs:
         kind, _, spec, _ = built[ref]
-        if kind is not Kind.DATA_LAYER:
+        # upstream lists the precise producer as the extractor of endpoint notifications (its feeder's membership)
+        if kind is not Kind.DATA_LAYER and spec.type != "precise-prefix-cache-producer":
             raise ConfigError(f"{source}: data layer, plugin '{ref}' ({spec.type}): is not a data source here")
     if config.discovery_ref is not None and built[config.discovery_ref][0] is not Kind.DISCOVERY:
         spec = built[config.discovery_ref][2]
@@ -187,12 +188,20 @@ def _check_references(config: EndpointPickerConfig, built: Built) -> None:
 # type is the one upstream auto-creates (with defaults) when the file names none.
 _CONSUMES: dict[str, tuple[str, ...] | None] = {
     "producer": None,  # by plugin type, below
-    "prefix_producer": ("approx-prefix-cache-producer", "burst-prefix-cache-producer"),
+    "prefix_producer": ("approx-prefix-cache-producer", "burst-prefix-cache-producer", "precise-prefix-cache-producer"),
     "load_producer": ("inflight-load-producer",),
 }
 _PRODUCER_OF: dict[str, tuple[str, ...]] = {
-    "prefix-cache-scorer": ("approx-prefix-cache-producer", "burst-prefix-cache-producer"),
-    "no-hit-lru-scorer": ("approx-prefix-cache-producer", "burst-prefix-cache-producer"),
+    "prefix-cache-scorer": (
+        "approx-prefix-cache-producer",
+        "burst-prefix-cache-producer",
+        "precise-prefix-cache-producer",
+    ),
+    "no-hit-lru-scorer": (
+        "approx-prefix-cache-producer",
+        "burst-prefix-cache-producer",
+        "precise-prefix-cache-producer",
+    ),
     "active-request-scorer": ("inflight-load-producer",),
     "token-load-scorer": ("inflight-load-producer",),
 }
@@ -232,7 +241,33 @@ def _producers(config: EndpointPickerConfig, built: Built, ctx: BuildContext, pl
                 if auto is None:
                     auto = ctx.built[_AUTO_KEY + wanted] = factory()
                 out[wanted] = cast(Producer, auto)
+    _check_precise(config, out)
     return sorted(out.values(), key=lambda p: getattr(p, "ORDER", 50))
+
+
+def _check_precise(config: EndpointPickerConfig, producers: dict[str, Producer]) -> None:
+    """Precise prefix matching needs the engine's own token ids: a token producer with the vllm backend."""
+    from epp.scheduling.precise import PrecisePrefixCacheProducer
+    from epp.scheduling.producers import TokenProducer
+
+    for plugin in producers.values():
+        if not isinstance(plugin, PrecisePrefixCacheProducer):
+            continue
+        where = f"{config.source}: plugin '{plugin.name}' (precise-prefix-cache-producer)"
+        tokens = [p for p in producers.values() if isinstance(p, TokenProducer)]
+        if not tokens:
+            raise ConfigError(
+                f"{where}: needs a token-producer with the vllm backend (modelName, vllm.url): block keys are "
+                "computed from the engine's token ids, and the config defines no token-producer"
+            )
+        estimate = [p.name for p in tokens if p.backend != "vllm"]
+        if estimate:
+            raise ConfigError(
+                f"{where}: token-producer '{estimate[0]}' uses the estimate backend, whose token ids are not the "
+                "engine's, so no block key would ever match an engine's KV events; set its backend to vllm "
+                "(modelName and vllm.url, the model server's render endpoints)"
+            )
+        plugin.token_producer = tokens[0].name
 
 
 def _auto_approx_prefix() -> Producer:
@@ -436,6 +471,9 @@ def effective_plugins(
             types.add(type_name)
             out.append(EffectivePlugin(type_name, type_name, kind, parameters or {}, implicit=True))
 
+    for producer in scheduler.profile.producers:  # created for a consumer that names none, as upstream
+        if producer.name not in built:
+            implicit(producer.type_name, Kind.PRODUCER)
     if not any(kind is Kind.PROFILE_HANDLER for kind, *_ in built.values()):
         implicit("single-profile-handler", Kind.PROFILE_HANDLER)
     if not any(kind is Kind.PICKER for kind, *_ in built.values()):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from epp.datastore import Snapshot
+from epp.datastore import Snapshot, usable
 from epp.datastore.table import IntArray
 from epp.scheduling.filters import LabelFilter
 from epp.scheduling.framework import CycleState, PrefixMatch, SchedulingRequest, produced
@@ -212,7 +212,12 @@ class DisaggScheduler:
         decode_slot = int(slots[0])
         encode: tuple[int, ...] = ()
         prefill = -1
-        others = candidates[candidates != decode_slot] if self.encode or self.prefill else candidates
+        others = candidates
+        if self.encode or self.prefill:
+            # A stage goes only to endpoints whose data is usable: a prefill server that stopped answering its
+            # scrapes is not named to the sidecar (the decode endpoint then prefills itself).
+            others = candidates[candidates != decode_slot]
+            others = others[usable(snapshot.scraped_at[others], snapshot.scrape_failures[others], now, self.freshness)]
         if self.encode is not None and state is not None and self.encode.decider.disaggregate(state, decode_slot):
             encode = tuple(int(s) for s in self.encode.profile.run(snapshot, others, request, now)[0])
         if self.prefill is not None and state is not None and self.prefill.decider.disaggregate(state, decode_slot):

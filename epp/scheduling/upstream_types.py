@@ -157,10 +157,8 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     UpstreamType("file-discovery", "endpoint discovery", False, _S, "dataLayer.discovery; path, watchFile"),
     UpstreamType("models-data-source", "data source", False, _R, "/v1/models is not polled"),
     UpstreamType("models-data-extractor", "data extractor", False, _R, "/v1/models is not polled"),
+    UpstreamType("endpoint-notification-source", "data source", False, _S, "membership for the KV-events feeder"),
     UpstreamType("k8s-notification-source", "data source", False, _R, "the Kubernetes watches feed the table directly"),
-    UpstreamType(
-        "endpoint-notification-source", "data source", False, _R, "the Kubernetes watches feed the table directly"
-    ),
     UpstreamType("dcgm-data-source", "data source", True, _R, "GPU utilisation is not collected"),
     UpstreamType("dcgm-extractor", "data extractor", True, _R, "GPU utilisation is not collected"),
     UpstreamType("topology-extractor", "data extractor", True, _R, "topology attributes are not collected"),
@@ -197,7 +195,7 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     UpstreamType("tokenizer", "producer", False, _A, "deprecated upstream for token-producer; warns on load"),
     UpstreamType("session-id-producer", "producer", False, _S, ""),
     UpstreamType(
-        "precise-prefix-cache-producer", "producer", False, _R, "KV-event routing is not wired into scheduling yet"
+        "precise-prefix-cache-producer", "producer", False, _S, "engines' KV events; needs token-producer vllm"
     ),
     UpstreamType(
         "burst-prefix-cache-producer",

@@ -294,3 +294,10 @@ def test_pool_saturation_is_the_most_saturated_stage() -> None:
     assert scheduler.saturation.saturation(snap, snap.slots, NOW) >= 1.0
     assert scheduler.saturation.saturation(snap, np.array([2, 3]), NOW) < 1.0  # decode alone has room
     assert scheduler.saturation.thresholds.queue_depth == 5  # the wrapped detector's settings read through
+
+
+def test_a_prefill_endpoint_with_unusable_data_is_not_named() -> None:
+    """A prefill server that stopped answering its scrapes: the decode endpoint prefills instead."""
+    rows: list[dict[str, object]] = [{"scraped": False}, {"scraped": False}, {}, {}]
+    result = _pick(pd_config(ALWAYS), ROLES_2P2D, rows=rows)
+    assert int(result[0]) in (2, 3) and result.prefill == -1
