@@ -76,6 +76,8 @@ def hey(url: str, seconds: float, concurrency: int, body_file: Path) -> dict[str
          "-D", str(body_file), "-disable-keepalive=false", url],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
+    if re.search(r"99%+ in ([\d.]+) secs", out) is None:  # no request succeeded: say what hey saw
+        raise RuntimeError(f"{url}: no latency distribution from hey:\n{out[-1500:]}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     p50 = float(re.search(r"50%+ in ([\d.]+) secs", out).group(1))  # type: ignore[union-attr]
     p99 = float(re.search(r"99%+ in ([\d.]+) secs", out).group(1))  # type: ignore[union-attr]

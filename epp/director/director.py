@@ -178,6 +178,8 @@ class Director:
 
     def decide(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
         """Choose endpoints for a request; raises EppError with the client-facing reason when it cannot."""
+        if self.tokenizer is not None:  # ids the server fetched before this call (ExternalProcessor), if any
+            request = self.tokenizer.cached(request)
         snapshot = self._table.view()  # read-only live views: this method does not await
         if not self._honour_subset:
             subset = None
