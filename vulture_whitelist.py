@@ -64,3 +64,10 @@ envoy_available
 _.teardown
 TestRandomClusterEvents
 test_stream_sequences
+
+# The simulator's P/D counters: dataclass fields served as JSON by GET /sim/pd (dataclasses.asdict) and read by the
+# P/D tests over HTTP.
+_.prefills_served
+_.prefill_requests
+_.prefill_failures
+_.remote_decodes

@@ -5,24 +5,30 @@ Side by side in one run, the same Envoy, backend and load generator:
   (b) Envoy + a no-op Python ext_proc server (benchmarks/noop_extproc.py) with the same processing modes;
   (c) Envoy + `epp serve` (parse, decide, route by its metadata).
 The ratio (c)/(b) is the figure of merit: (b) is what any Python ext_proc server pays; the rest is ours.
+With `--workers 1,2,4` (c) runs once per count (`epp serve --workers W`, column `epp-wW`), each with the picker's
+processes' CPU time per request (control process + workers, from /proc): on a machine whose cores Envoy and the
+load generator share, req/s cannot show the scaling, but CPU-ms per request × cores bounds it.
 The pool is 8 Envoy direct-response listeners, each also serving a realistic vLLM `/metrics` page, so the
 picker scrapes, scores and picks as in production, and the backends never limit the run.
 
 Needs `hey` (Debian package `hey`). Run:
     .venv/bin/python -m benchmarks.extproc_overhead [--seconds 10] [--rounds 3] [--concurrency 16,64]
-        [--modes request,full] [--epp-args '--config-file FILE']
+        [--modes request,full] [--epp-args '--config-file FILE'] [--workers 1,2] [--envoy-concurrency 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +50,7 @@ BODY = json.dumps(
 )
 ANSWER = json.dumps({"id": "x", "choices": [{"message": {"role": "assistant", "content": "hello"}}]})
 ENDPOINTS = 8
+STREAMS = 100  # ext_proc streams per Envoy connection before a new one: every serving worker gets a share
 MODES = {
     # What a gateway needs for routing alone: the request phase.
     "request": processing_mode("FULL_DUPLEX_STREAMED", response_headers=False),
@@ -69,6 +76,8 @@ def hey(url: str, seconds: float, concurrency: int, body_file: Path) -> dict[str
          "-D", str(body_file), "-disable-keepalive=false", url],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
+    if re.search(r"99%+ in ([\d.]+) secs", out) is None:  # no request succeeded: say what hey saw
+        raise RuntimeError(f"{url}: no latency distribution from hey:\n{out[-1500:]}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     p50 = float(re.search(r"50%+ in ([\d.]+) secs", out).group(1))  # type: ignore[union-attr]
     p99 = float(re.search(r"99%+ in ([\d.]+) secs", out).group(1))  # type: ignore[union-attr]
@@ -81,12 +90,35 @@ def hey(url: str, seconds: float, concurrency: int, body_file: Path) -> dict[str
     }
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of these processes, in seconds (a process gone counts 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _picker_pids(proc_pid: int, metrics_port: int) -> list[int]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/debug/pool", timeout=5) as r:
+            workers = json.loads(r.read()).get("workers") or []
+    except OSError:
+        workers = []
+    return [proc_pid, *(w["pid"] for w in workers if w.get("pid"))]
+
+
 def run(
     seconds: float,
     concurrencies: list[int],
     modes: list[str],
     extra_epp_args: tuple[str, ...] = (),
     rounds: int = 3,
+    workers: tuple[int, ...] = (1,),
+    envoy_concurrency: int = 1,
 ) -> list[dict[str, Any]]:
     if shutil.which("hey") is None:
         sys.exit("needs `hey` (apt-get install hey)")
@@ -97,20 +129,28 @@ def run(
         body_file.write_text(BODY)
         backends = [free_port() for _ in range(ENDPOINTS)]
         backend = backends[0]  # (a) and (b) send everything to the first; (c) lets the picker choose
-        noop_port, epp_port = free_port(), free_port()
-        metrics_port = free_port()
-        noop = running([sys.executable, "-m", "benchmarks.noop_extproc", str(noop_port)], tmp / "noop.log")
-        epp = running(
-            serve_argv(epp_port, free_port(), metrics_port, "--static-endpoints",
-                       ",".join(f"127.0.0.1:{p}" for p in backends), "-v", "0", *extra_epp_args),
-            tmp / "epp.log",
-        )  # fmt: skip
-        with noop as noop_proc, epp as epp_proc:
+        noop_port = free_port()
+        pickers = {w: (free_port(), free_port()) for w in workers}  # workers → (ext_proc port, metrics port)
+        names = {w: "epp" if w == 1 else f"epp-w{w}" for w in workers}
+        with contextlib.ExitStack() as stack:
+            noop_proc = stack.enter_context(
+                running([sys.executable, "-m", "benchmarks.noop_extproc", str(noop_port)], tmp / "noop.log")
+            )
+            procs = {}
+            for w, (epp_port, metrics_port) in pickers.items():
+                argv = serve_argv(epp_port, free_port(), metrics_port, "--static-endpoints",
+                                  ",".join(f"127.0.0.1:{p}" for p in backends), "-v", "0", "--workers", str(w),
+                                  *extra_epp_args)  # fmt: skip
+                procs[w] = stack.enter_context(running(argv, tmp / f"epp-{w}.log"))
             wait_until(lambda: port_open(noop_port), 20, "noop ext_proc", noop_proc)
-            wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "epp", epp_proc)
+            for w, (_, metrics_port) in pickers.items():
+                url = f"http://127.0.0.1:{metrics_port}/readyz"
+                wait_until(lambda url=url: http_ok(url), 60, f"epp --workers {w}", procs[w])
+                if w > 1:
+                    wait_until(lambda w=w: len(_picker_pids(procs[w].pid, pickers[w][1])) == w + 1, 60, "workers")
             for mode_name in modes:
                 mode = MODES[mode_name]
-                ports = {"none": free_port(), "noop": free_port(), "epp": free_port()}
+                ports = {"none": free_port(), "noop": free_port(), **{names[w]: free_port() for w in workers}}
                 pool_listeners = [
                     _backend_listener(f"backend{i}", port, ANSWER, vllm_page(waiting=i % 3, running=4 + i))
                     for i, port in enumerate(backends)
@@ -122,20 +162,31 @@ def run(
                         *pool_listeners,
                         listener("none", ports["none"], to_backend, []),
                         listener("noop", ports["noop"], to_backend, [ext_proc_filter("noop", mode)]),
-                        listener("epp", ports["epp"], to_pool, [ext_proc_filter("epp", mode)]),
+                        *(
+                            listener(names[w], ports[names[w]], to_pool, [ext_proc_filter(names[w], mode)])
+                            for w in workers
+                        ),
                     ],
                     [
                         static_cluster("backend", backend),
                         pool_cluster(),
-                        static_cluster("noop", noop_port, http2=True, tls=True),
-                        static_cluster("epp", epp_port, http2=True, tls=True),  # the picker's default: TLS
+                        static_cluster("noop", noop_port, http2=True, tls=True, streams_per_connection=STREAMS),
+                        # the picker's default: TLS; connections renewed as `epp envoy-config` renders them
+                        *(
+                            static_cluster(
+                                names[w], pickers[w][0], http2=True, tls=True, streams_per_connection=STREAMS
+                            )
+                            for w in workers
+                        ),
                     ],
                     free_port(),
                 )
-                with run_envoy(tmp, config, mode_name):
+                with run_envoy(tmp, config, mode_name, envoy_concurrency):
                     for c in concurrencies:
                         row: dict[str, Any] = {"mode": mode_name, "concurrency": c}
                         runs: dict[str, list[dict[str, float]]] = {name: [] for name in ports}
+                        cpu: dict[str, float] = {names[w]: 0.0 for w in workers}
+                        done: dict[str, float] = {names[w]: 0.0 for w in workers}
                         for port in ports.values():
                             hey(f"http://127.0.0.1:{port}/v1/chat/completions", 2, c, body_file)  # warm-up
                         # Rounds interleave (a), (b), (c) so that a burst of noise from elsewhere on the machine
@@ -143,23 +194,36 @@ def run(
                         for _ in range(rounds):
                             for name, port in ports.items():
                                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                                w = next((k for k, v in names.items() if v == name), 0)
+                                pids = _picker_pids(procs[w].pid, pickers[w][1]) if w else []
+                                before = _cpu_seconds(pids)
                                 runs[name].append(hey(url, seconds, c, body_file))
+                                if w:
+                                    cpu[name] += _cpu_seconds(pids) - before
+                                    done[name] += runs[name][-1]["rps"] * seconds
                         for name, results_of in runs.items():
                             row[name] = {k: statistics.median(r[k] for r in results_of) for k in results_of[0]}
                             row[name]["rps_all"] = [r["rps"] for r in results_of]
-                        row["ratio_c_b"] = row["epp"]["rps"] / row["noop"]["rps"]
+                        for name in cpu:
+                            row[name]["cpu_ms_per_request"] = 1000 * cpu[name] / max(1.0, done[name])
+                            row[name]["ratio_to_noop"] = row[name]["rps"] / row["noop"]["rps"]
+                        first = names[workers[0]]
+                        row["ratio_c_b"] = row[first]["rps"] / row["noop"]["rps"]
                         results.append(row)
                         print(json.dumps(row), flush=True)
     return results
 
 
 def table(results: list[dict[str, Any]]) -> str:
+    pickers = [k for k in results[0] if k == "epp" or k.startswith("epp-w")] if results else ["epp"]
+    head = " | ".join(f"(c) {k} req/s (CPU ms/req)" for k in pickers)
     lines = [
-        "| modes | c | (a) no ext_proc req/s (p50/p99 ms) | (b) no-op ext_proc | (c) epp serve | (c)/(b) |",
-        "|---|---|---|---|---|---|",
+        f"| modes | c | (a) no ext_proc req/s (p50/p99 ms) | (b) no-op ext_proc | {head} | (c)/(b) |",
+        "|---|---|---|---|" + "---|" * len(pickers) + "---|",
     ]
     for r in results:
-        cells = [f"{r[k]['rps']:,.0f} ({r[k]['p50_ms']:.1f}/{r[k]['p99_ms']:.1f})" for k in ("none", "noop", "epp")]
+        cells = [f"{r[k]['rps']:,.0f} ({r[k]['p50_ms']:.1f}/{r[k]['p99_ms']:.1f})" for k in ("none", "noop")]
+        cells += [f"{r[k]['rps']:,.0f} ({r[k].get('cpu_ms_per_request', float('nan')):.2f})" for k in pickers]
         lines.append(f"| {r['mode']} | {r['concurrency']} | {' | '.join(cells)} | {r['ratio_c_b']:.2f} |")
     return "\n".join(lines)
 
@@ -172,9 +236,20 @@ def main() -> None:
     parser.add_argument("--modes", default="request,full")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--epp-args", default="", help="extra `epp serve` flags, e.g. '--config-file FILE'")
+    parser.add_argument("--workers", default="1", help="epp serve --workers counts to compare, e.g. 1,2,4")
+    parser.add_argument("--envoy-concurrency", type=int, default=2, help="Envoy worker threads (default 2)")
     args = parser.parse_args()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
-    results = run(args.seconds, concurrencies, args.modes.split(","), tuple(args.epp_args.split()), args.rounds)
+    workers = tuple(int(w) for w in args.workers.split(","))
+    results = run(
+        args.seconds,
+        concurrencies,
+        args.modes.split(","),
+        tuple(args.epp_args.split()),
+        args.rounds,
+        workers,
+        args.envoy_concurrency,
+    )
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

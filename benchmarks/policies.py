@@ -11,18 +11,25 @@ are yardsticks, not features.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.workloads import Item, prompt_text
+from benchmarks.workloads import UNIT_TOKENS, Item, prompt_text
 from epp.app.config_file import load_config
+from epp.config.decode import parse_config
+from epp.config.model import EndpointPickerConfig
 from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
 from epp.director import Director
+from epp.kvevents.decode import Event
+from epp.kvevents.index import KvBlockIndex
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import ProfileScheduler, build_scheduler, upstream_default_config
-from epp.sim.engine import Engine, SimRequest
+from epp.scheduling.precise import LocalIndexView, PrecisePrefixCacheProducer
+from epp.sim.engine import Engine, KvRecord, SimRequest
+from epp.sim.kvevents import records_to_events
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -48,6 +55,11 @@ class Policy:
 
     def scrape(self, engines: Sequence[Engine], now: float) -> None:
         pass
+
+    wants_kv_events = False
+
+    def kv_records(self, server: int, records: list[KvRecord], now: float) -> None:
+        """The engine's cache records of one step (only when `wants_kv_events`)."""
 
 
 class RoundRobin(Policy):
@@ -127,19 +139,22 @@ class Picker(Policy):
         ]
         self.table.synced = True
         self._server_of = {slot: i for i, slot in enumerate(self.slots)}
-        self._director = Director(self.table, scheduler, clock, saturation=scheduler.saturation)  # as epp serve
+        self.director = Director(self.table, scheduler, clock, saturation=scheduler.saturation)  # as epp serve
         self._decisions: dict[int, object] = {}
 
     def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
         request = InferenceRequest(
             request_id=str(index), api=ApiKind.COMPLETIONS, model=MODEL, prompt=prompt_text(index, item)
         )
-        decision = self._director.decide(request)
+        decision = self.director.decide(request)
         self._decisions[index] = decision
         return self._server_of[decision.slot]
 
     def done(self, server: int, index: int) -> None:
-        self._director.complete(self._decisions.pop(index))  # type: ignore[arg-type]
+        self.director.complete(self._decisions.pop(index))  # type: ignore[arg-type]
+
+    def server_of(self, slot: int) -> int:
+        return self._server_of[slot]
 
     def scrape(self, engines: Sequence[Engine], now: float) -> None:
         for slot, e in zip(self.slots, engines, strict=True):
@@ -155,6 +170,136 @@ class Picker(Policy):
                 waiting_adapters=(),
             )
             self.table.record_scrape(slot, sample, now)
+
+
+class Split(Policy):
+    """The decision split over `replicas` pickers × `workers` serving workers each, as `epp serve --workers W` run
+    R times behind one gateway: a replica has its own table (its own in-flight view and scrapes, the replicas'
+    scrapes spread evenly over the interval: each one's phase is offset), a worker of a replica has its own
+    scheduler (its own prefix index) over the replica's shared table (the in-flight matrix summed). Arrivals go
+    round-robin over replicas, then over a replica's workers, as a gateway balancing streams would."""
+
+    reads_scrapes = True
+
+    def __init__(
+        self,
+        name: str,
+        n: int,
+        scheduler: Callable[[int], ProfileScheduler],
+        replicas: int,
+        workers: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self.name = name
+        self.replicas = [Picker(name, n, scheduler(r * workers), clock) for r in range(replicas)]
+        self.workers = workers
+        self.directors: list[list[Director]] = []
+        for r, replica in enumerate(self.replicas):
+            others = [scheduler(r * workers + w) for w in range(1, workers)]
+            extra = [Director(replica.table, s, clock, saturation=s.saturation) for s in others]
+            self.directors.append([replica.director, *extra])
+        self._owner: dict[int, tuple[Director, object]] = {}
+        self._tick = 0
+
+    def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
+        r = index % len(self.replicas)
+        director = self.directors[r][(index // len(self.replicas)) % self.workers]
+        request = InferenceRequest(
+            request_id=str(index), api=ApiKind.COMPLETIONS, model=MODEL, prompt=prompt_text(index, item)
+        )
+        decision = director.decide(request)
+        self._owner[index] = (director, decision)
+        return self.replicas[r].server_of(decision.slot)
+
+    def done(self, server: int, index: int) -> None:
+        director, decision = self._owner.pop(index)
+        director.complete(decision)  # type: ignore[arg-type]
+
+    def scrape(self, engines: Sequence[Engine], now: float) -> None:
+        """Called R times per scrape interval: one replica's scrape each time, in turn (the phase offset)."""
+        self.replicas[self._tick % len(self.replicas)].scrape(engines, now)
+        self._tick += 1
+
+
+def precise_config() -> EndpointPickerConfig:
+    """Our built-in profile with the prefix-cache scorer fed by precise-prefix-cache-producer (engine token ids
+    from a vllm token-producer): only the prefix signal changes against `epp`."""
+    doc = {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            {"type": "token-producer", "parameters": {"modelName": MODEL, "vllm": {"url": "http://127.0.0.1:8000"}}},
+            {"type": "precise-prefix-cache-producer"},
+            {
+                "type": "prefix-cache-scorer",
+                "parameters": {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"},
+            },
+            {"type": "utilization-detector"},
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "inflight-load-scorer"},
+            {"type": "max-score-picker"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": "utilization-detector"},
+                    {"pluginRef": "queue-scorer", "weight": 2},
+                    {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+                    {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                    {"pluginRef": "inflight-load-scorer", "weight": 2},
+                    {"pluginRef": "max-score-picker"},
+                ],
+            }
+        ],
+    }
+    return parse_config(doc, "<precise>")
+
+
+class PrecisePicker(Picker):
+    """`precise`: the picker whose prefix signal is the engines' own KV events, converted to vLLM events
+    (`epp.sim.kvevents.records_to_events`) and applied to a `KvBlockIndex` `delay_s` after the step that made them,
+    as the feeder would receive them; requests carry the engine's token ids (the render call's answer)."""
+
+    wants_kv_events = True
+
+    def __init__(self, n: int, seed: int, clock: Callable[[], float], delay_s: float) -> None:
+        scheduler = build_scheduler(precise_config(), seed=seed)
+        super().__init__("precise", n, scheduler, clock)
+        self.delay_s = delay_s
+        self.index = KvBlockIndex()
+        self.addresses = self.table.addresses()
+        for address in self.addresses:
+            self.index.add_endpoint(address)
+        (producer,) = [p for p in scheduler.profile.producers if isinstance(p, PrecisePrefixCacheProducer)]
+        producer.attach(LocalIndexView(self.index))
+        self.producer = producer
+        self._pending: deque[tuple[float, str, list[Event]]] = deque()
+
+    def kv_records(self, server: int, records: list[KvRecord], now: float) -> None:
+        events = records_to_events(records, UNIT_TOKENS)
+        if events:
+            self._pending.append((now + self.delay_s, self.table.addresses()[self.slots[server]], events))
+
+    def _deliver(self, now: float) -> None:
+        pending = self._pending
+        while pending and pending[0][0] <= now:
+            at, address, events = pending.popleft()
+            self.index.apply(address, events, at)
+
+    def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
+        self._deliver(now)
+        request = InferenceRequest(
+            request_id=str(index),
+            api=ApiKind.COMPLETIONS,
+            model=MODEL,
+            prompt=prompt_text(index, item),
+            token_ids=req.token_ids or None,
+        )
+        decision = self.director.decide(request)
+        self._decisions[index] = decision
+        return self._server_of[decision.slot]
 
 
 BASELINES = {"rr": RoundRobin, "random": Random, "least-queue": LeastQueue}

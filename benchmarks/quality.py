@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.policies import BASELINES, Oracle, Picker, Policy, picker_scheduler
+from benchmarks.policies import BASELINES, Oracle, Picker, Policy, PrecisePicker, Split, picker_scheduler
 from benchmarks.virtual_time import capacity, simulate
 from benchmarks.workloads import WORKLOADS, Item, load, scaled_arrivals
 from epp.cli.flag_types import positive_duration
@@ -51,11 +51,35 @@ class Row:
     sim_seconds: float  # wall-clock cost of the simulation
 
 
-def policy_factory(name: str, n: int, seed: int, config: Path | None) -> Callable[[Sequence[Engine], object], Policy]:
+def split_of(name: str) -> tuple[str, int, int]:
+    """ "epp@r2w4" → ("epp", 2 replicas, 4 workers); a plain name is one replica, one worker."""
+    base, _, split = name.partition("@")
+    if not split:
+        return name, 1, 1
+    replicas, _, workers = split.removeprefix("r").partition("w")
+    return base, int(replicas), int(workers or 1)
+
+
+def policy_factory(
+    name: str, n: int, seed: int, config: Path | None, kv_delay: float = 0.05
+) -> Callable[[Sequence[Engine], object], Policy]:
+    base, replicas, workers = split_of(name)
+    if replicas * workers > 1:
+        upstream = base == "upstream"
+        return lambda engines, clock: Split(
+            name,
+            n,
+            lambda k: picker_scheduler(config, seed + k, upstream),
+            replicas,
+            workers,
+            clock,  # type: ignore[arg-type]
+        )
     if name in BASELINES:
         return lambda engines, clock: BASELINES[name](n, seed)
     if name == "oracle":
         return lambda engines, clock: Oracle(engines, seed)
+    if name == "precise":
+        return lambda engines, clock: PrecisePicker(n, seed, clock, kv_delay)  # type: ignore[arg-type]
     if name in ("epp", "upstream") or name.startswith("epp:"):
         upstream = name == "upstream"
         return lambda engines, clock: Picker(name, n, picker_scheduler(config, seed, upstream), clock)  # type: ignore[arg-type]
@@ -73,14 +97,15 @@ def run_one(
 ) -> Row:
     rate = load_ * pool_capacity
     arrivals = scaled_arrivals(items, rate)
-    config = _configs(args).get(policy[4:]) if policy.startswith("epp:") else None
+    base, replicas, _ = split_of(policy)
+    config = _configs(args).get(base[4:]) if base.startswith("epp:") else None
     started = time.process_time()
     result = simulate(
         items,
         arrivals,
         profiles,
-        policy_factory(policy, len(profiles), args.seed, config),
-        scrape_interval=args.scrape_interval,
+        policy_factory(policy, len(profiles), args.seed, config, args.kv_events_delay),
+        scrape_interval=args.scrape_interval / replicas,  # each replica scrapes once per interval, phases offset
     )
     cost = time.process_time() - started
     skip = int(len(items) * args.warmup)
@@ -195,8 +220,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--profiles", default="h100", help="comma list of server profiles, cycled (h100, l4)")
     p.add_argument("--scrape-interval", type=positive_duration, default=0.05, help="virtual seconds between scrapes")
+    p.add_argument(
+        "--kv-events-delay",
+        type=float,
+        default=0.05,
+        help="virtual seconds from an engine step to its KV events reaching the precise policy's index",
+    )
     p.add_argument("--warmup", type=float, default=0.1, help="fraction of first requests left out of latency stats")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--replicas",
+        default="1",
+        help="picker replicas splitting the decision, comma list (e.g. 1,2,4): each has its own in-flight view and "
+        "its scrape phase offset; the picker policies also run as <policy>@r<R>w<W>",
+    )
+    p.add_argument(
+        "--workers", default="1", help="serving workers per replica, comma list: each its own prefix index, one table"
+    )
     p.add_argument("--json", help="write rows as JSON here")
     p.add_argument("--markdown", help="write the table and targets as Markdown here")
     p.add_argument("--chart", help="write a PNG of p90 TTFT vs load here")
@@ -211,6 +251,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:  # a bad flag value or a missing/unreadable trace: one line, exit 2
         print(f"benchmarks.quality: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _counts(text: str) -> list[int]:
+    counts = [int(x) for x in text.split(",") if x.strip()]
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--replicas/--workers: positive counts, comma-separated, got {text!r}")
+    return counts
 
 
 def _configs(args: argparse.Namespace) -> dict[str, Path]:
@@ -229,6 +276,9 @@ def run(args: argparse.Namespace) -> int:
     for stem in _configs(args):
         if f"epp:{stem}" not in policies:
             policies.append(f"epp:{stem}")
+    splits = [(r, w) for r in _counts(args.replicas) for w in _counts(args.workers) if r * w > 1]
+    pickers = [p for p in policies if p in ("epp", "upstream") or p.startswith("epp:")]
+    policies += [f"{p}@r{r}w{w}" for p in pickers for r, w in splits]
     profiles = [profile_named(n.strip()) for n in args.profiles.split(",")]
     for policy in policies:  # fail before minutes of simulation, not after
         policy_factory(policy, args.endpoints, args.seed, None)

@@ -300,8 +300,27 @@ def run_serve(requests: int, every: int, concurrency: int, scraped: bool = False
     return {"mode": "serve", "scraped": scraped, "concurrency": concurrency, **summary(checkpoints)}
 
 
+async def _envoy_upstream(session: Any, admin: int) -> dict[str, int]:
+    """Envoy's connections and streams to the picker so far (a new connection per N streams shows here)."""
+    url = f"http://127.0.0.1:{admin}/stats?filter=^cluster\\.epp\\.upstream_(cx_total|cx_active|rq_total)$"
+    async with session.get(url) as response:
+        text = await response.text()
+    return {k.rsplit(".", 1)[1]: int(v) for k, v in (line.split(": ") for line in text.splitlines() if ": " in line)}
+
+
+def _trimmed_rss(pid: int) -> int | None:
+    """RSS after glibc's malloc_trim(0) in the picker (via gdb): memory it gives back was free but kept (the
+    allocator's fragmentation or caching), what stays is live."""
+    argv = ["gdb", "-p", str(pid), "-batch", "-ex", "call (int)malloc_trim(0)", "-ex", "detach"]
+    try:
+        subprocess.run(argv, capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return rss_kib(pid)
+
+
 def run_envoy_mode(
-    requests: int, every: int, concurrency: int, plaintext: bool = False, heap: bool = False
+    requests: int, every: int, concurrency: int, plaintext: bool = False, heap: bool = False, trim: bool = False
 ) -> dict[str, Any]:
     import asyncio
     import tempfile
@@ -324,6 +343,7 @@ def run_envoy_mode(
             *(("--secure-serving=false",) if plaintext else ()),
             *(("--enable-pprof=true",) if heap else ()),
         )  # fmt: skip
+        argv = [*os.environ.get("EPP_SOAK_WRAP", "").split(), *argv]  # e.g. a native heap profiler
         env = {**os.environ, "PYTHONTRACEMALLOC": "1"} if heap else None
         heap_report: list[str] = []
         config = bootstrap(
@@ -336,7 +356,7 @@ def run_envoy_mode(
             [pool_cluster(), static_cluster("epp", epp_port, http2=True, tls=not plaintext)],
             free_port(),
         )  # fmt: skip
-        with running(argv, tmp / "epp.log", env) as epp, run_envoy(tmp, config, "soak"):
+        with running(argv, tmp / "epp.log", env) as epp, run_envoy(tmp, config, "soak") as admin:
             wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 30, "epp serve", epp)
             url = f"http://127.0.0.1:{front}/v1/chat/completions"
 
@@ -362,7 +382,9 @@ def run_envoy_mode(
                     if heap:
                         async with session.get(heap_url) as response:
                             await response.text()  # the baseline the next call compares with
-                    checkpoints = [{"requests": 0, "rss_kib": rss_kib(epp.pid), "req_per_s": None}]
+                    checkpoints: list[dict[str, Any]] = [
+                        {"requests": 0, "rss_kib": rss_kib(epp.pid), "req_per_s": None}
+                    ]
                     done = 0
                     while done < requests:
                         count = min(every, requests - done)
@@ -376,6 +398,7 @@ def run_envoy_mode(
                                 "rss_kib": rss_kib(epp.pid),
                                 "req_per_s": rate,
                                 "statuses": dict(statuses),
+                                **await _envoy_upstream(session, admin),
                             }
                         )
                         print(json.dumps(checkpoints[-1]), flush=True)
@@ -385,6 +408,13 @@ def run_envoy_mode(
                 return checkpoints
 
             checkpoints = asyncio.run(drive())
+            if os.environ.get("EPP_SOAK_LOG"):
+                import shutil
+
+                shutil.copy(tmp / "epp.log", os.environ["EPP_SOAK_LOG"])
+            if trim:
+                checkpoints[-1]["rss_kib_after_malloc_trim"] = _trimmed_rss(epp.pid)
+                print(json.dumps({"rss_kib_after_malloc_trim": checkpoints[-1]["rss_kib_after_malloc_trim"]}))
         if heap_report:
             print(heap_report[-1])
     return {"mode": "envoy", "plaintext": plaintext, "concurrency": concurrency, **summary(checkpoints)}
@@ -401,6 +431,7 @@ def main() -> None:
     parser.add_argument("--plaintext", action="store_true", help="envoy: ext_proc without TLS")
     parser.add_argument("--scraped", action="store_true", help="serve: endpoints with a real /metrics page")
     parser.add_argument("--heap", action="store_true", help="envoy: tracemalloc in epp serve, /debug/heap growth")
+    parser.add_argument("--trim", action="store_true", help="envoy: RSS after malloc_trim(0) at the end (gdb)")
     args = parser.parse_args()
     global SAME_BODY
     SAME_BODY = args.same_body
@@ -410,7 +441,7 @@ def main() -> None:
     elif args.mode == "serve":
         result = run_serve(args.requests, args.every, args.concurrency, args.scraped)
     else:
-        result = run_envoy_mode(args.requests, args.every, args.concurrency, args.plaintext, args.heap)
+        result = run_envoy_mode(args.requests, args.every, args.concurrency, args.plaintext, args.heap, args.trim)
     result.pop("checkpoints")
     print(json.dumps(result, indent=2))
 

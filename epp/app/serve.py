@@ -27,10 +27,13 @@ from epp.app.config_file import file_discovery_of, load_config, parser_chain_of
 from epp.app.federation import build_federation
 from epp.app.health import HealthState
 from epp.app.http import build_http_app, pool_report
+from epp.app.kv_feeder import KvFeederProcess
+from epp.app.kv_metrics import KvEventsCollector
 from epp.app.metrics_auth import MetricsAuth
 from epp.app.pool_metrics import PoolCollector, PrefixCollector
 from epp.app.scrape_metrics import ScrapeCollector
 from epp.app.tls import TlsSettings, server_credentials
+from epp.app.workers import WorkerCollector, WorkerPool
 from epp.cli.scrape_flags import scrape_settings_from_args
 from epp.config.model import EndpointPickerConfig
 from epp.datastore import EndpointTable
@@ -53,14 +56,16 @@ from epp.observability.flow import FlowControlMetrics
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import FreezableCollector, LoopCollector, PickerMetrics
 from epp.observability.plugins import PluginTimer
-from epp.scheduling import build_scheduler
+from epp.scheduling import ProfileScheduler, build_scheduler
 from epp.scheduling.build import deprecations
+from epp.scheduling.precise import PrecisePrefixCacheProducer
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
 from epp.scrape.scraper import ScrapeService
 
 log = logging.getLogger("epp")
 
+_WORKER_CONNECTION_AGE_MS = 30_000  # with workers: GOAWAY after this, open streams finish, the next connects anew
 _MESSAGE_OVERHEAD = 1 << 20  # an ext_proc message's headers and framing around a body, with plenty of room
 
 
@@ -75,6 +80,8 @@ class PickerState:
     registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
     kubernetes: KubernetesSource | None = None
     file_discovery: FileDiscovery | None = None
+    workers: WorkerPool | None = None  # --workers N > 1: the serving processes
+    stopping: bool = False
 
     def failure_mode(self) -> FailureMode:
         return self.pool.failure_mode if self.pool is not None else FailureMode.FAIL_CLOSE
@@ -85,12 +92,16 @@ class PickerState:
             return self.kubernetes.ready  # synced, pool present, leader (with --ha-enable-leader-election)
         return self.table.synced
 
+    def serving(self) -> bool:
+        """Readiness as the picker's state says it should be: the source synced and, with workers, one serving."""
+        return self.source_ready() and (self.workers is None or self.workers.serving)
+
     def ready(self) -> bool:
         """What readiness reports now: off before the source syncs and from the moment the picker is stopping."""
         return self.health.ready
 
 
-def _server_limits(args: argparse.Namespace) -> ServerLimits:
+def server_limits(args: argparse.Namespace) -> ServerLimits:
     """The stream bounds (epp/cli/serve.py), checked against each other before any port opens."""
     limits = ServerLimits(
         max_streams=args.max_concurrent_streams,
@@ -158,7 +169,11 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     elif args.config_file:
         config = load_config(args.config_file, allow_experimental=allow_experimental, warn=False)
     _endpoint_source(args, state, config)
-    metrics = PickerMetrics(state.registry, labels=state.objectives, endpoint_name=_endpoint_labels(state))
+    workers = int(getattr(args, "workers", 1) or 1)
+    # With workers, the request metrics are theirs (summed into /metrics by WorkerCollector): the control process's
+    # own would only show zeros under the same names.
+    metrics_registry = state.registry if workers == 1 else CollectorRegistry(auto_describe=True)
+    metrics = PickerMetrics(metrics_registry, labels=state.objectives, endpoint_name=_endpoint_labels(state))
     pool_name = state.pool.name if state.pool is not None else "static"
     if state.kubernetes is not None:
         pool_name = state.kubernetes.settings.pool_name or "standalone"
@@ -171,22 +186,30 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     plugin_timer = PluginTimer()
     state.registry.register(plugin_timer)
     scheduler.instrument(plugin_timer)
+    # precise-prefix-cache-producer: the KV-events feeder in its own supervised process, membership from discovery
+    kv_feeder = _kv_feeder(scheduler, state.table, workers)
+    if kv_feeder is not None:
+        state.registry.register(KvEventsCollector(kv_feeder))
     prefix = PrefixCollector([s.scorer for s in scheduler.profile.scorers if hasattr(s.scorer, "hit_ratio")])
     state.registry.register(prefix)
     auth = _metrics_auth(args, state)
     for warning in getattr(args, "startup_warnings", ()):  # after the checks that refuse to start: errors stand alone
         log.warning("%s", warning)
     tracer_provider, tracer = _tracing(args)
-    if tracer is not None:
+    if tracer is not None and isinstance(scheduler, ProfileScheduler):  # a P/D handler is traced by the director span
         from epp.app.tracing import TracingScheduler
 
         scheduler = TracingScheduler(scheduler, tracer)  # type: ignore[assignment]
     federation = build_federation(args, state.failure_mode(), config, scheduler.saturation.saturated)
     for warning in deprecations(config) if config is not None else ():  # after every check that refuses to start
         log.warning("%s: %s", config.source if config is not None else "", warning)
+    if workers > 1 and (federation is not None or tracer is not None):
+        raise ConfigError("--workers above 1 does not combine with federation or --tracing yet: use --workers 1")
     if federation is not None:
         federation.connect(getattr(args, "kubeconfig", "") or "")
     flow = _flow_gate(scheduler, state)
+    if workers > 1 and flow is not None:
+        raise ConfigError("--workers above 1 does not combine with the flowControl feature gate yet: use --workers 1")
     director = Director(
         state.table,
         scheduler,
@@ -209,21 +232,24 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         decider,
         metrics,
         StreamSettings(max_body_bytes=args.max_body_bytes, parsers=parser_chain_of(config)),
-        limits=_server_limits(args),
+        limits=server_limits(args),
     )
 
-    # A BUFFERED body arrives as one message: gRPC's default 4 MiB receive limit would break the stream below
-    # --max-body-bytes instead of answering 413, so the limit follows the flag (plus room for the headers), unless
-    # upstream's --grpc-max-recv-msg-size sets it.
-    receive_limit = getattr(args, "grpc_max_recv_msg_size", None) or args.max_body_bytes + _MESSAGE_OVERHEAD
-    options: list[tuple[str, int]] = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", receive_limit)]
-    if getattr(args, "grpc_max_send_msg_size", None):
-        options.append(("grpc.max_send_message_length", args.grpc_max_send_msg_size))
-    grpc_server = grpc.aio.server(options=options)
-    add_to_server(processor, grpc_server)
     tls: TlsSettings = getattr(args, "tls", TlsSettings(enabled=False))
-    credentials = server_credentials(tls, _hostnames(args.bind_address)) if tls.enabled else None
-    _bind(grpc_server, args.bind_address, args.grpc_port, "--grpc-port", credentials)
+    grpc_server: grpc.aio.Server | None = None
+    if workers == 1:
+        grpc_server = extproc_server(args, processor, reuse_port=False)
+    else:
+        state.workers = WorkerPool(
+            workers,
+            args,
+            state.table,
+            state.objectives,
+            state.failure_mode,
+            lambda: state.pool.namespace if state.pool is not None else "",
+            lambda: _readiness_changed(state),
+        )
+        state.registry.register(WorkerCollector(state.workers))
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     from grpc_health.v1 import health_pb2_grpc
 
@@ -248,9 +274,13 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             extra.update(federation.report(now))
         if isinstance(scraper, ScrapeProcess):
             extra["scrapeProcess"] = scraper.supervision(now)
+        if state.workers is not None:
+            extra["workers"] = state.workers.supervision()
         statuses = {address: status.as_dict() for address, status in scraper.status().items()}
         if flow is not None:
             extra["flowControl"] = flow.report(now)
+        if kv_feeder is not None:
+            extra["kvEvents"] = kv_feeder.supervision(now)
         return pool_report(state.table, state.pool, now, state.ready(), scheduler.freshness, extra or None, statuses)
 
     pool_collector = PoolCollector(state.table, lambda: pool_name, _poll_errors(scraper))
@@ -272,20 +302,27 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         raise ConfigError(f"--metrics-port {args.metrics_port}: cannot listen ({exc.strerror})") from None
 
     await scraper.start()
-    _settle_garbage_collector()
+    if kv_feeder is not None:
+        await kv_feeder.start()
+    settle_garbage_collector()
     if flow is not None:
         flow.start()
-    await grpc_server.start()
+    if grpc_server is not None:
+        await grpc_server.start()
     await health_server.start()
     await state.health.start()
-    await state.health.set_ready(state.source_ready())
+    if state.workers is not None:
+        await state.workers.start()  # after the health service: a worker's first "ready" updates it
+    await state.health.set_ready(state.serving())
     if state.kubernetes is not None:
         await _start_kubernetes(state.kubernetes, state)
     log.info(
-        "epp serving: ext_proc (%s) on %s:%d, health on %d, metrics on %d; %d endpoints; pool %s (%s)",
-        "TLS" if credentials is not None else "plaintext",
+        "epp serving: ext_proc (%s) on %s:%d (%d worker%s), health on %d, metrics on %d; %d endpoints; pool %s (%s)",
+        "TLS" if tls.enabled else "plaintext",
         args.bind_address,
         args.grpc_port,
+        workers,
+        "" if workers == 1 else "s",
         args.grpc_health_port,
         args.metrics_port,
         len(state.table),
@@ -304,12 +341,13 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
                     await task
         drain_s = float(getattr(args, "drain_timeout", 0.0) or 0.0)
         log.info(
-            "stopping: readiness off, ext_proc keeps accepting for %.1fs (--drain-timeout), then %d open streams "
+            "stopping: readiness off, ext_proc keeps accepting for %.1fs (--drain-timeout), then %s open streams "
             "get %.1fs (--grace-period)",
             drain_s,
-            processor.open_streams,
+            str(processor.open_streams) if state.workers is None else "the workers'",
             args.grace_period,
         )
+        state.stopping = True
         await state.health.set_ready(False)
         if state.kubernetes is not None:
             await state.kubernetes.stop()  # releases the Lease now, so a standby takes over during our grace period
@@ -317,15 +355,55 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             await asyncio.sleep(drain_s)  # gateways still holding our address (DNS, EDS) keep being served
         if flow is not None:  # queued requests: dispatched while the grace lasts, the rest answered 503
             await flow.shutdown(args.grace_period)
-        await grpc_server.stop(args.grace_period)
+        if grpc_server is not None:
+            await grpc_server.stop(args.grace_period)
+        if state.workers is not None:
+            await state.workers.stop(args.grace_period)  # every worker drains its own open streams
         await state.health.stopping()
         await health_server.stop(0)
         await scraper.stop()
+        if kv_feeder is not None:
+            await kv_feeder.stop()
         await http_runner.cleanup()
         if tracer_provider is not None:
             await asyncio.get_running_loop().run_in_executor(None, tracer_provider.shutdown)  # flush what is left
         log.info("stopped")
     return 0
+
+
+def extproc_server(args: argparse.Namespace, processor: ExternalProcessor, *, reuse_port: bool) -> grpc.aio.Server:
+    """The ext_proc gRPC server on --grpc-port (TLS unless --secure-serving=false); `reuse_port` lets several
+    workers bind the same port (the kernel spreads connections over them)."""
+    # A BUFFERED body arrives as one message: gRPC's default 4 MiB receive limit would break the stream below
+    # --max-body-bytes instead of answering 413, so the limit follows the flag (plus room for the headers), unless
+    # upstream's --grpc-max-recv-msg-size sets it.
+    receive_limit = getattr(args, "grpc_max_recv_msg_size", None) or args.max_body_bytes + _MESSAGE_OVERHEAD
+    options: list[tuple[str, int]] = [
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
+        ("grpc.max_receive_message_length", receive_limit),
+    ]
+    if getattr(args, "grpc_max_send_msg_size", None):
+        options.append(("grpc.max_send_message_length", args.grpc_max_send_msg_size))
+    if reuse_port:  # a gateway's long-lived connection moves on now and then, so every worker gets its share
+        options.append(("grpc.max_connection_age_ms", _WORKER_CONNECTION_AGE_MS))
+    server = grpc.aio.server(options=options)
+    add_to_server(processor, server)
+    tls: TlsSettings = getattr(args, "tls", TlsSettings(enabled=False))
+    credentials = server_credentials(tls, _hostnames(args.bind_address)) if tls.enabled else None
+    _bind(server, args.bind_address, args.grpc_port, "--grpc-port", credentials)
+    return server
+
+
+def _readiness_changed(state: PickerState) -> None:
+    """A worker started or stopped serving: readiness follows, unless the picker is already stopping."""
+    if state.stopping or state.health.ready == state.serving():
+        return
+    task = asyncio.ensure_future(state.health.set_ready(state.serving()))
+    _PENDING.add(task)
+    task.add_done_callback(_PENDING.discard)
+
+
+_PENDING: set[asyncio.Future[None]] = set()  # strong references until each health update is done
 
 
 def _flow_gate(scheduler: Any, state: PickerState) -> FlowGate | None:
@@ -343,6 +421,24 @@ def _flow_gate(scheduler: Any, state: PickerState) -> FlowGate | None:
         objectives=state.objectives,
         admitters=scheduler.admitters,
     )
+
+
+def _kv_feeder(scheduler: Any, table: EndpointTable, workers: int) -> KvFeederProcess | None:
+    """The feeder for the config's precise-prefix-cache-producer (one per picker; none without the plugin)."""
+    profiles = getattr(scheduler, "profiles", None) or (scheduler,)
+    found = {
+        id(p): p
+        for profile in profiles
+        for p in getattr(getattr(profile, "profile", None), "producers", ())
+        if isinstance(p, PrecisePrefixCacheProducer)
+    }
+    if not found:
+        return None
+    if workers > 1:
+        raise ConfigError("--workers above 1 does not combine with precise-prefix-cache-producer yet: use --workers 1")
+    if len(found) > 1:
+        raise ConfigError("one precise-prefix-cache-producer per config: its feeder follows every endpoint")
+    return KvFeederProcess(table, next(iter(found.values())))
 
 
 def _poll_errors(scraper: ScrapeService | ScrapeProcess) -> Callable[[], dict[str, int]]:
@@ -419,8 +515,8 @@ async def _start_kubernetes(source: KubernetesSource, state: PickerState) -> Non
 
     def changed() -> None:  # the source stops calling this once its stop() began
         state.pool = source.pool_spec()
-        if state.health.ready != state.source_ready():
-            task = asyncio.ensure_future(state.health.set_ready(state.source_ready()))
+        if state.health.ready != state.serving():
+            task = asyncio.ensure_future(state.health.set_ready(state.serving()))
             pending.add(task)
             task.add_done_callback(pending.discard)
 
@@ -428,7 +524,7 @@ async def _start_kubernetes(source: KubernetesSource, state: PickerState) -> Non
     await source.start()
 
 
-def _settle_garbage_collector() -> None:
+def settle_garbage_collector() -> None:
     """Move everything built at start-up out of the collector's sight, and collect the young generation less often.
 
     Each request allocates a few hundred short-lived objects (protobuf messages, numpy arrays, dicts); with the
@@ -472,7 +568,7 @@ async def _main(args: argparse.Namespace) -> int:
     return await _serve(args, stop)
 
 
-def _run_loop(main: Coroutine[Any, Any, int]) -> int:
+def run_loop(main: Coroutine[Any, Any, int]) -> int:
     """uvloop when installed (a runtime dependency on Linux): grpc.aio's callbacks and the stream tasks cost
     measurably less per request on it (benchmarks/RESULTS.md); plain asyncio otherwise."""
     try:
@@ -490,5 +586,5 @@ def serve_from_args(args: argparse.Namespace) -> int:
         getattr(args, "zap_time_encoding", ""),
     )
     with contextlib.suppress(KeyboardInterrupt):
-        return _run_loop(_main(args))
+        return run_loop(_main(args))
     return 130

@@ -53,6 +53,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--message-timeout", type=positive_duration, default=1.0, help="how long Envoy waits per picker answer (1s)"
     )
+    p.add_argument(
+        "--epp-streams-per-connection",
+        type=int,
+        default=1000,
+        help="ext_proc streams per connection to the picker before Envoy opens a new one, so a picker's serving "
+        "workers (epp serve --workers) each get a share; 0: no limit (default 1000)",
+    )
     p.add_argument("--retries", type=int, default=2, help="retries on connect failure, walking the picker's list")
     p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="BUFFERED body limit (413 above)")
     p.add_argument("--access-log", default="", help="write a JSON access log line per request here (e.g. /dev/stdout)")
@@ -87,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         allow_full_duplex_fail_open=args.allow_full_duplex_fail_open,
         epp_tls=not args.epp_plaintext,
         epp_sni_name=args.epp_sni,
+        epp_streams_per_connection=args.epp_streams_per_connection,
     )
     text = render_yaml(options)
     if args.output:

@@ -98,6 +98,35 @@ def _register_stream_bounds(p: argparse.ArgumentParser) -> None:
     )
 
 
+MAX_DEFAULT_WORKERS = 8
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, lowered by a cgroup v2 CPU quota (a container's CPU
+    limit, `cpu.max`) where one is set, rounded up."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def _workers(text: str) -> int:
+    if text == "auto":
+        return min(MAX_DEFAULT_WORKERS, usable_cores())
+    value = _positive_int(text)
+    if value > 64:
+        raise argparse.ArgumentTypeError(f"at most 64 workers, got {value}")
+    return value
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the endpoint picker (ext_proc gRPC server)")
     p.add_argument("--grpc-port", type=_port, default=9002, help="ext_proc gRPC port (default 9002)")
@@ -118,6 +147,13 @@ def register(sub: Any) -> None:
         help="largest request body accepted; larger gets 413 (default 16 MiB)",
     )
     _register_stream_bounds(p)
+    p.add_argument(
+        "--workers",
+        type=_workers,
+        default=1,
+        help="serving processes sharing the ext_proc port (SO_REUSEPORT); 'auto': the cores this process may use "
+        f"(CPU affinity and the cgroup's cpu.max), at most {MAX_DEFAULT_WORKERS} (default 1: one process)",
+    )
     p.add_argument(
         "--grace-period",
         type=duration,

@@ -14,7 +14,7 @@ from epp.errors import ConfigError
 from epp.sim.metrics import ENGINES
 from epp.sim.pool import SimulatedPool
 from epp.sim.profiles import PROFILES, profile_named
-from epp.sim.server import DEFAULT_MODEL
+from epp.sim.server import DEFAULT_MODEL, ROLE_LABEL
 
 
 def register(sub: Any) -> None:
@@ -46,6 +46,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--kv-events-hash", choices=("int", "bytes"), default="int", help="block hashes as int64 or 32 bytes"
     )
+    p.add_argument(
+        "--role",
+        default="both",
+        help="P/D role, labelled llm-d.ai/role: prefill, decode or both; a comma list is cycled over the servers "
+        "(decode and both servers run the routing sidecar's steps for x-prefiller-host-port)",
+    )
     p.add_argument("--duration", type=duration, default=0.0, help="stop after this long, e.g. 30s (0: until signalled)")
     p.set_defaults(func=run)
 
@@ -65,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
             kv_events_port=args.kv_events_port,
             kv_events_replay_port=args.kv_events_replay_port,
             kv_events_hash=args.kv_events_hash,
+            roles=[r.strip() for r in args.role.split(",") if r.strip()],
         )
     except ValueError as exc:
         raise ConfigError(f"epp sim: {exc}") from None
@@ -85,6 +92,8 @@ async def _serve(pool: SimulatedPool, duration: float) -> int:
     try:
         for server in pool.servers:
             line = f"{server.config.name} {server.address} {server.config.profile.name} {server.config.engine}"
+            if server.config.role != "both":  # the label a P/D pool's endpoints file gives this server
+                line += f" {ROLE_LABEL}={server.config.role}"
             if server.kv_events_port is not None:
                 line += f" kv-events={server.config.host}:{server.kv_events_port}"
             print(line)

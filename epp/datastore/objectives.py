@@ -64,6 +64,9 @@ class ObjectiveStore:
         self._rules_by_model = None
         self.version += 1
 
+    def rewrites(self) -> dict[str, tuple[RewriteRule, ...]]:
+        return dict(self._rewrites)
+
     def configured_models(self) -> set[str]:
         """Every model name a rewrite rule names (sources and targets): these keep their own metric labels."""
         names: set[str] = set()

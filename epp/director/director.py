@@ -29,6 +29,7 @@ from epp.flowcontrol import QueuedRequest
 from epp.flowcontrol.admission import Admitter
 from epp.requests import InferenceRequest
 from epp.scheduling import test_selection
+from epp.scheduling.disagg import StagedPick, stage_headers, with_port
 from epp.scheduling.producers import TokenProducer, estimate_tokens
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,8 @@ class Decision(NamedTuple):
     site: str | None = None  # a remote federated site took the request (slot is then -1)
     headers: tuple[tuple[str, str], ...] = ()  # request headers the gateway adds before forwarding
     tokens: int = 0  # prompt tokens booked in flight on `slot` (inflight-load-producer), released with it
+    stages: tuple[tuple[int, str], ...] = ()  # the other endpoints booked for it (P/D prefill, E/P/D encode)
+    booked: str = ""  # the address booked on `slot` when the destination differs (data parallelism's port)
     response_headers: tuple[tuple[str, str], ...] = ()  # headers the response carries back (session tokens)
 
     @property
@@ -175,6 +178,8 @@ class Director:
 
     def decide(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
         """Choose endpoints for a request; raises EppError with the client-facing reason when it cannot."""
+        if self.tokenizer is not None:  # ids the server fetched before this call (ExternalProcessor), if any
+            request = self.tokenizer.cached(request)
         snapshot = self._table.view()  # read-only live views: this method does not await
         if not self._honour_subset:
             subset = None
@@ -235,6 +240,11 @@ class Director:
         tokens = len(request.token_ids) if request.token_ids else estimate_tokens(request.prompt)
         self._table.book_pick(primary, tokens)
         addresses = snapshot.addresses
+        if isinstance(slots, StagedPick):
+            decision = self._staged(slots, addresses, degraded, body, original_model, request.model, tokens)
+            if self._response_headers:
+                decision = decision._replace(response_headers=self._response_headers(snapshot, primary))
+            return decision
         return Decision(
             addresses=(addresses[primary],) if len(slots) == 1 else tuple(addresses[s] for s in slots),
             slot=primary,
@@ -244,6 +254,40 @@ class Director:
             target_model=request.model,
             tokens=tokens,
             response_headers=self._response_headers(snapshot, primary) if self._response_headers else (),
+        )
+
+    def _staged(
+        self,
+        pick: StagedPick,
+        addresses: Sequence[str],
+        degraded: bool,
+        body: bytes | None,
+        original_model: str,
+        target_model: str,
+        tokens: int,
+    ) -> Decision:
+        """A disaggregated decision: the gateway forwards to the decode endpoint; the prefill (and encode) endpoints
+        travel in the headers its sidecar reads, and are booked in flight with it, released together."""
+        primary = int(pick[0])
+        stages = tuple((slot, addresses[slot]) for slot in pick.booked[1:])
+        for slot, _ in stages:
+            self._table.book_pick(slot, tokens)
+        destination = tuple(addresses[int(s)] for s in pick)
+        booked = ""
+        if pick.primary_port:
+            booked = destination[0]
+            destination = tuple(with_port(a, pick.primary_port) for a in destination)
+        return Decision(
+            addresses=destination,
+            slot=primary,
+            degraded=degraded,
+            body=body,
+            original_model=original_model,
+            target_model=target_model,
+            headers=stage_headers(addresses, pick),
+            tokens=tokens,
+            stages=stages,
+            booked=booked,
         )
 
     def _admit(self, request: InferenceRequest, snapshot: Snapshot, candidates: IntArray, now: float) -> None:
@@ -285,7 +329,11 @@ class Director:
                 self._federation.release(decision.site)
             return
         info = self._table.info(decision.slot)
-        if info is not None and info.address == decision.addresses[0]:
+        if info is not None and info.address == (decision.booked or decision.addresses[0]):
             self._table.release_pick(decision.slot, decision.tokens)
+        for slot, address in decision.stages:
+            info = self._table.info(slot)
+            if info is not None and info.address == address:  # the slot was not reused for another endpoint
+                self._table.release_pick(slot, decision.tokens)
         if self.flow is not None:
             self.flow.wake()  # room may have opened for a queued request

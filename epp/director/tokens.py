@@ -58,6 +58,13 @@ class RenderTokenizer:
         self.calls = 0
         self.failures = 0
 
+    def cached(self, request: InferenceRequest) -> InferenceRequest:
+        """The request with the token ids an earlier `tokenize` of the same prompt fetched, else unchanged."""
+        if request.token_ids:
+            return request
+        ids = self._cache.get((request.api, request.model, request.prompt))
+        return request if ids is None else request._replace(token_ids=ids)
+
     async def tokenize(self, request: InferenceRequest) -> InferenceRequest:
         """The request with the engine's `token_ids`, or unchanged (ids already known, not a completion or chat
         request, or the render call failed: the estimate then applies)."""
@@ -79,7 +86,7 @@ class RenderTokenizer:
                 self._render(CHAT_RENDER if chat else COMPLETIONS_RENDER, body),
                 self.chat_timeout_s if chat else self.timeout_s,
             )
-        except (OSError, TimeoutError, RenderError, ValueError) as exc:
+        except Exception as exc:  # refused, reset, timed out, not JSON, no ids: the estimate stands in
             self.failures += 1
             log.debug("render failed for request %s, estimating tokens: %s", request.request_id, exc)
             return request

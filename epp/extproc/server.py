@@ -4,6 +4,15 @@ Everything protocol-shaped lives in `stream`; this file moves messages, owns wha
 decision answers, the buffered-body budget), enforces the server's bounds (`bounds.ServerLimits`) and guarantees
 the ending: whatever happens to the stream (client gone, Envoy reset, server stopping, idle too long) the
 processor's `close()` runs, so the request's in-flight booking and its buffered bytes are released.
+
+How a stream ends matters for memory. Envoy closes an ext_proc stream by half-closing and resetting it in the same
+breath (END_STREAM then RST_STREAM), never waiting for our status. grpc.aio leaks the native op array of every
+batch that fails or whose awaiting task is cancelled (80 B per op, plus the message of a failed send), and a final
+status sent after that reset is such a batch: through Envoy, RSS grew ~140 B per request without end. So once a
+stream is over from our side (Envoy half-closed, or we sent the last answer), the handler waits up to
+`close_grace_s` on a plain timer before returning: Envoy's reset lands during the wait, grpc cancels the task
+there, no batch is left to fail, and nothing leaks. A client that half-closes and waits for the status (any
+well-behaved gRPC client) gets it `close_grace_s` later.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from epp.extproc import messages as m
 from epp.extproc.bounds import BodyBudget, ServerLimits
 from epp.extproc.stream import Decider, StreamObserver, StreamProcessor, StreamSettings
 from epp.observability.ratelimit import RateLimitedLog
+from epp.requests import InferenceRequest
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +51,13 @@ class FlowControl(Protocol):
     async def admit(self, headers: Mapping[str, str], size: int) -> None: ...
 
     def decided(self) -> None: ...
+
+
+class Tokenizer(Protocol):
+    """The render client as the protocol sees it (`epp.director.tokens.RenderTokenizer`): never raises, bounded
+    by its timeout."""
+
+    async def tokenize(self, request: InferenceRequest) -> InferenceRequest: ...
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -62,6 +79,9 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self._warn = RateLimitedLog(log, every_s=10.0)
         self.open_streams = 0
         self._flow: FlowControl | None = getattr(decider, "flow", None)
+        # A vllm token-producer's render client (epp.director.tokens): its call runs here, before the decision,
+        # and leaves the token ids in its cache, where the director's synchronous decide finds them.
+        self._tokenizer: Tokenizer | None = getattr(decider, "tokenizer", None)
 
     def new_stream(self) -> StreamProcessor:
         """A stream's state machine, sharing this server's answers, budget and rate-limited log."""
@@ -88,6 +108,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                     message = await anext(messages)
                 except StopAsyncIteration:
                     code = "OK"
+                    await _linger(self._limits.close_grace_s)
                     return
                 except asyncio.CancelledError:
                     if not watchdog.fired():
@@ -105,6 +126,16 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                         yield response
                     return
                 watchdog.touch()
+                tokenizer = self._tokenizer
+                if tokenizer is not None:
+                    ahead = stream.request_for(message)
+                    if ahead is not None:
+                        watchdog.hold = True  # bounded by the render timeout
+                        try:
+                            await tokenizer.tokenize(ahead)
+                        finally:
+                            watchdog.hold = False
+                            watchdog.touch()
                 gate = self._flow
                 pending = stream.decides_on(message) if gate is not None else None
                 if pending is not None:
@@ -131,6 +162,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                         yield response
                 if stream.finished:
                     code = "OK"
+                    await _linger(self._limits.close_grace_s)
                     return
         finally:
             watchdog.stop()
@@ -151,6 +183,13 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         err = EppError(ErrorCode.SERVICE_UNAVAILABLE, "the endpoint picker has too many open streams; retry later")
         self._observer.request_done(err.code, "", "")
         return m.immediate_response(err)
+
+
+async def _linger(grace_s: float) -> None:
+    """Wait for the peer's reset before the final status goes out (see the module docstring). A reset cancels
+    this sleep and the task ends without a status batch; a peer that waits for the status gets it after."""
+    if grace_s > 0:
+        await asyncio.sleep(grace_s)
 
 
 def add_to_server(processor: ExternalProcessor, server: grpc.aio.Server) -> None:

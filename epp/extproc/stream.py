@@ -298,6 +298,29 @@ class StreamProcessor:
             return self._headers, len(self._body)
         return None
 
+    def request_for(self, msg: m.ProcessingRequest) -> InferenceRequest | None:
+        """The request `msg` would decide, parsed ahead of `handle`, for I/O the decision needs first (a vllm
+        token-producer's render call); None when `msg` is no decision point or its body does not parse (`handle`
+        then answers that). Copies the buffered body: used only when such a producer is configured."""
+        pending = self.decides_on(msg)
+        if pending is None:
+            return None
+        headers = pending[0]
+        kind = msg.WhichOneof("request")
+        body: bytes | None = None
+        if kind == "request_body":
+            body = bytes(self._body) + msg.request_body.body
+        elif kind == "request_trailers":
+            body = bytes(self._body)
+        path = headers.get(":path", "/")
+        parsers = self._settings.parsers
+        try:
+            if body is None:
+                return parsers.without_body("", path, headers)
+            return parsers.parse("", path, headers, body)
+        except EppError:
+            return None
+
     def refuse(self, err: EppError) -> list[m.ProcessingResponse]:
         """Answer the request with an ImmediateResponse now (flow control refused it before its decision)."""
         if self.phase is _FINISHED:

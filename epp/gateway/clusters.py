@@ -89,6 +89,8 @@ def epp_cluster(options: GatewayOptions) -> cluster_pb2.Cluster:
     http2 = http_protocol_options_pb2.HttpProtocolOptions(
         explicit_http_config=http_protocol_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(http2_protocol_options={})
     )
+    if options.epp_streams_per_connection:
+        http2.common_http_protocol_options.max_requests_per_connection.value = options.epp_streams_per_connection
     cluster = cluster_pb2.Cluster(
         name=EPP_CLUSTER,
         connect_timeout=duration(_CONNECT_TIMEOUT_S),

@@ -125,6 +125,11 @@ class GatewayOptions:
     allow_full_duplex_fail_open: bool = False
     epp_tls: bool = True  # the picker serves TLS by default; False for one run with --secure-serving=false
     epp_sni_name: str = ""  # SNI sent to the picker; default: --epp's host when it is a DNS name, else "localhost"
+    # Streams Envoy sends over one connection to the picker before it opens a new one (0: no limit). Envoy keeps
+    # one HTTP/2 connection per worker thread and multiplexes every ext_proc stream over it; a picker with
+    # several serving workers gets connections, not streams, spread over them, so new connections now and then
+    # give every worker its share (see docs/architecture.md, "Scale beyond one core").
+    epp_streams_per_connection: int = 1000
 
     def __post_init__(self) -> None:
         if self.endpoints and self.endpoints_dns:

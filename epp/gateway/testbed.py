@@ -106,7 +106,9 @@ def upstream_tls(sni: str = "localhost") -> dict[str, Any]:
     }
 
 
-def static_cluster(name: str, port: int, http2: bool = False, tls: bool = False) -> dict[str, Any]:
+def static_cluster(
+    name: str, port: int, http2: bool = False, tls: bool = False, streams_per_connection: int = 0
+) -> dict[str, Any]:
     cluster: dict[str, Any] = {
         "name": name,
         "type": "STATIC",
@@ -123,6 +125,11 @@ def static_cluster(name: str, port: int, http2: bool = False, tls: bool = False)
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
         }
+        if streams_per_connection:
+            options = cluster["typed_extension_protocol_options"][
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+            ]
+            options["common_http_protocol_options"] = {"max_requests_per_connection": streams_per_connection}
     if tls:
         cluster["transport_socket"] = upstream_tls()
     return cluster
@@ -136,7 +143,13 @@ def bootstrap(listeners: list[dict[str, Any]], clusters: list[dict[str, Any]], a
 
 
 def gateway_bootstrap(
-    listen_port: int, admin_port: int, epp_port: int, body_mode: str, response_body_mode: str = "", tls: bool = True
+    listen_port: int,
+    admin_port: int,
+    epp_port: int,
+    body_mode: str,
+    response_body_mode: str = "",
+    tls: bool = True,
+    streams_per_connection: int = 0,
 ) -> dict[str, Any]:
     """One listener: ext_proc to the picker (over TLS, the picker's default), then the original-destination pool
     cluster."""
@@ -144,6 +157,9 @@ def gateway_bootstrap(
     route = {"route": {"cluster": "pool", "timeout": "30s"}}
     return bootstrap(
         [listener("gateway", listen_port, route, [ext_proc_filter("epp", mode)])],
-        [pool_cluster(), static_cluster("epp", epp_port, http2=True, tls=tls)],
+        [
+            pool_cluster(),
+            static_cluster("epp", epp_port, http2=True, tls=tls, streams_per_connection=streams_per_connection),
+        ],
         admin_port,
     )

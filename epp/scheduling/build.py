@@ -1,8 +1,9 @@
 """Config phase two: instantiate plugins, fill upstream's defaults, assemble the profile; and the default profile.
 
 Defaults as upstream: a plugin's name is its type; a scorer's weight is 1; a profile without a picker gets a
-max-score-picker; one profile with no profile handler runs as a single profile. Profile handlers other than the
-single one (P/D disaggregation, SLO-aware) are not implemented: such configs are refused, naming the plugin.
+max-score-picker; one profile with no profile handler runs as a single profile. `disagg-profile-handler` (and the
+deprecated `pd-profile-handler`) runs a decode profile and, where its deciders approve, prefill and encode profiles
+(`epp.scheduling.disagg`); every profile of such a config must be one of its stages.
 
 The default profile (no config file) adds two things to upstream's (queue 2, kv-cache 2, prefix 3, max-score):
 - `inflight-load-scorer` ×2: the queue as it is now (scraped waiting + our picks since the scrape). Without it a
@@ -38,12 +39,13 @@ from epp.config.model import (
 )
 from epp.datastore import Freshness
 from epp.errors import ConfigError
+from epp.scheduling.disagg import Decider, DisaggScheduler, Stage
 from epp.scheduling.flow_plugins import flow_settings
 from epp.scheduling.framework import Filter, Picker, PickObserver, Producer
 from epp.scheduling.params import Params
 from epp.scheduling.pickers import MaxScorePicker
 from epp.scheduling.profile import ProfileScheduler, SchedulingProfile, WeightedScorer
-from epp.scheduling.registry import BuildContext, Kind, Registry, Stability, builtin_registry
+from epp.scheduling.registry import BuildContext, HandlerSpec, Kind, Registry, Stability, builtin_registry
 from epp.scheduling.saturation import (
     SATURATION_FILTER_TYPES,
     ConcurrencyDetector,
@@ -152,7 +154,8 @@ def _check_references(config: EndpointPickerConfig, built: Built) -> None:
             )
     for ref in config.data_source_refs:
         kind, _, spec, _ = built[ref]
-        if kind is not Kind.DATA_LAYER:
+        # upstream lists the precise producer as the extractor of endpoint notifications (its feeder's membership)
+        if kind is not Kind.DATA_LAYER and spec.type != "precise-prefix-cache-producer":
             raise ConfigError(f"{source}: data layer, plugin '{ref}' ({spec.type}): is not a data source here")
     if config.discovery_ref is not None and built[config.discovery_ref][0] is not Kind.DISCOVERY:
         spec = built[config.discovery_ref][2]
@@ -185,12 +188,20 @@ def _check_references(config: EndpointPickerConfig, built: Built) -> None:
 # type is the one upstream auto-creates (with defaults) when the file names none.
 _CONSUMES: dict[str, tuple[str, ...] | None] = {
     "producer": None,  # by plugin type, below
-    "prefix_producer": ("approx-prefix-cache-producer", "burst-prefix-cache-producer"),
+    "prefix_producer": ("approx-prefix-cache-producer", "burst-prefix-cache-producer", "precise-prefix-cache-producer"),
     "load_producer": ("inflight-load-producer",),
 }
 _PRODUCER_OF: dict[str, tuple[str, ...]] = {
-    "prefix-cache-scorer": ("approx-prefix-cache-producer", "burst-prefix-cache-producer"),
-    "no-hit-lru-scorer": ("approx-prefix-cache-producer", "burst-prefix-cache-producer"),
+    "prefix-cache-scorer": (
+        "approx-prefix-cache-producer",
+        "burst-prefix-cache-producer",
+        "precise-prefix-cache-producer",
+    ),
+    "no-hit-lru-scorer": (
+        "approx-prefix-cache-producer",
+        "burst-prefix-cache-producer",
+        "precise-prefix-cache-producer",
+    ),
     "active-request-scorer": ("inflight-load-producer",),
     "token-load-scorer": ("inflight-load-producer",),
 }
@@ -225,9 +236,38 @@ def _producers(config: EndpointPickerConfig, built: Built, ctx: BuildContext, pl
             if wanted != types[0]:
                 raise ConfigError(f"{where}: names producer '{wanted}', which the config does not define")
             factory = _AUTO_PRODUCERS.get(wanted)
-            if factory is not None:
-                out[wanted] = factory()
+            if factory is not None:  # one instance per config: every profile's picks credit the same index
+                auto = ctx.built.get(_AUTO_KEY + wanted)
+                if auto is None:
+                    auto = ctx.built[_AUTO_KEY + wanted] = factory()
+                out[wanted] = cast(Producer, auto)
+    _check_precise(config, out)
     return sorted(out.values(), key=lambda p: getattr(p, "ORDER", 50))
+
+
+def _check_precise(config: EndpointPickerConfig, producers: dict[str, Producer]) -> None:
+    """Precise prefix matching needs the engine's own token ids: a token producer with the vllm backend."""
+    from epp.scheduling.precise import PrecisePrefixCacheProducer
+    from epp.scheduling.producers import TokenProducer
+
+    for plugin in producers.values():
+        if not isinstance(plugin, PrecisePrefixCacheProducer):
+            continue
+        where = f"{config.source}: plugin '{plugin.name}' (precise-prefix-cache-producer)"
+        tokens = [p for p in producers.values() if isinstance(p, TokenProducer)]
+        if not tokens:
+            raise ConfigError(
+                f"{where}: needs a token-producer with the vllm backend (modelName, vllm.url): block keys are "
+                "computed from the engine's token ids, and the config defines no token-producer"
+            )
+        estimate = [p.name for p in tokens if p.backend != "vllm"]
+        if estimate:
+            raise ConfigError(
+                f"{where}: token-producer '{estimate[0]}' uses the estimate backend, whose token ids are not the "
+                "engine's, so no block key would ever match an engine's KV events; set its backend to vllm "
+                "(modelName and vllm.url, the model server's render endpoints)"
+            )
+        plugin.token_producer = tokens[0].name
 
 
 def _auto_approx_prefix() -> Producer:
@@ -237,10 +277,16 @@ def _auto_approx_prefix() -> Producer:
 
 
 _AUTO_PRODUCERS = {"approx-prefix-cache-producer": _auto_approx_prefix}
+_AUTO_KEY = " auto:"  # ctx.built key of an auto-created producer (no plugin name has a space)
 
 
 def _profile(
-    config: EndpointPickerConfig, spec: ProfileSpec, built: Built, seed: int, ctx: BuildContext | None = None
+    config: EndpointPickerConfig,
+    spec: ProfileSpec,
+    built: Built,
+    seed: int,
+    ctx: BuildContext | None = None,
+    consumers: list[object] | None = None,
 ) -> SchedulingProfile:
     filters: list[Filter] = []
     scorers: list[WeightedScorer] = []
@@ -267,7 +313,7 @@ def _profile(
         names = ", ".join(p.name for p in pickers)
         raise ConfigError(f"{config.source}: profile '{spec.name}': more than one picker ({names})")
     picker = pickers[0] if pickers else MaxScorePicker(seed=seed)
-    used: list[object] = [*filters, *(s.scorer for s in scorers)]
+    used: list[object] = [*filters, *(s.scorer for s in scorers), *(consumers or ())]
     producers = _producers(config, built, ctx, used) if ctx is not None else []
     learners: list[object] = [*producers, *(s.scorer for s in scorers)]
     observers = tuple(cast(PickObserver, p) for p in learners if hasattr(p, "picked"))
@@ -280,7 +326,7 @@ def _build(
     registry: Registry,
     allow_experimental: bool,
     freshness: Freshness | None = None,
-) -> tuple[ProfileScheduler, Built]:
+) -> tuple[ProfileScheduler | DisaggScheduler, Built]:
     seeds = np.random.SeedSequence(seed)
     freshness = pool_freshness(config, freshness or Freshness())
     ctx = BuildContext(seed_sequence=seeds, saturation=config.saturation, freshness=freshness)
@@ -288,14 +334,8 @@ def _build(
     handlers = [(name, spec) for name, (kind, _, spec, _) in built.items() if kind is Kind.PROFILE_HANDLER]
     if len(handlers) > 1:
         raise ConfigError(f"{config.source}: more than one profile handler ({', '.join(n for n, _ in handlers)})")
-    if len(config.profiles) > 1:
-        names = ", ".join(p.name for p in config.profiles)
-        raise ConfigError(
-            f"{config.source}: {len(config.profiles)} scheduling profiles ({names}): only a single profile is "
-            "implemented here (single-profile-handler); multi-profile handlers such as P/D disaggregation are not"
-        )
+    handler = built[handlers[0][0]][1] if handlers else None
     _check_references(config, built)
-    profile = _profile(config, config.profiles[0], built, ctx.next_seed(), ctx)
     thresholds = config.saturation
     detector = built.get(config.saturation_detector_ref or "")
     pool_detector: SaturationDetector | ConcurrencyDetector
@@ -306,7 +346,21 @@ def _build(
         if detector is not None and isinstance(detector[1], SaturationFilter):
             thresholds = detector[1].thresholds  # flowControl.saturationDetector names the pool's detector plugin
         pool_detector = SaturationDetector(thresholds, freshness)
-    scheduler = ProfileScheduler(profile, pool_detector)  # type: ignore[arg-type]
+    scheduler: ProfileScheduler | DisaggScheduler
+    if isinstance(handler, HandlerSpec) and handler.decode is not None:
+        scheduler = _disagg(config, handler, built, ctx, pool_detector)  # type: ignore[arg-type]
+    else:
+        if len(config.profiles) > 1:
+            names = ", ".join(p.name for p in config.profiles)
+            what = f"profile handler '{handler.name}'" if isinstance(handler, HandlerSpec) else "single-profile-handler"
+            raise ConfigError(
+                f"{config.source}: {len(config.profiles)} scheduling profiles ({names}): {what} runs exactly one; "
+                "use disagg-profile-handler for prefill/decode profiles"
+            )
+        profile = _profile(config, config.profiles[0], built, ctx.next_seed(), ctx)
+        scheduler = ProfileScheduler(profile, pool_detector)  # type: ignore[arg-type]
+        if isinstance(handler, HandlerSpec) and handler.primary_port:  # data-parallel-profile-handler
+            scheduler = DisaggScheduler(scheduler, primary_port=handler.primary_port, name=handler.name)
     scheduler.admitters = tuple(plugin for kind, plugin, _, _ in built.values() if kind is Kind.ADMITTER)  # type: ignore[misc]
     if config.gate(FLOW_CONTROL_GATE):
         policies = {n: p for n, (kind, p, _, _) in built.items() if kind is Kind.FLOW_CONTROL}
@@ -315,13 +369,56 @@ def _build(
     return scheduler, built
 
 
+def _disagg(
+    config: EndpointPickerConfig, handler: HandlerSpec, built: Built, ctx: BuildContext, saturation: SaturationDetector
+) -> DisaggScheduler:
+    """The stages of a disaggregating handler: each profile by name, each decider a decider plugin."""
+    where = f"{config.source}: plugin '{handler.name}' ({handler.type_name})"
+    by_name = {p.name: p for p in config.profiles}
+
+    def decider(ref: str | None, field: str) -> Decider | None:
+        if ref is None:
+            return None
+        if ref not in built or built[ref][0] is not Kind.DECIDER:
+            what = f"is a {built[ref][0].value}" if ref in built else "is not defined in plugins"
+            raise ConfigError(f"{where}: {field} '{ref}' {what}; a decider is needed (e.g. prefix-based-pd-decider)")
+        return cast(Decider, built[ref][1])
+
+    def profile(name: str, field: str, consumers: list[object]) -> ProfileScheduler:
+        if name not in by_name:
+            listed = ", ".join(by_name) or "none"
+            raise ConfigError(f"{where}: {field} profile '{name}' is not in schedulingProfiles (profiles: {listed})")
+        return ProfileScheduler(_profile(config, by_name[name], built, ctx.next_seed(), ctx, consumers), saturation)
+
+    prefill_decider = decider(handler.prefill_decider, "deciders.prefill")
+    encode_decider = decider(handler.encode_decider, "deciders.encode")
+    assert handler.decode is not None
+    consumers: list[object] = [d for d in (prefill_decider, encode_decider) if d is not None]
+    decode = profile(handler.decode, "profiles.decode", consumers)
+    used = {handler.decode}
+    prefill = encode = None
+    if prefill_decider is not None:
+        prefill = Stage(profile(handler.prefill, "profiles.prefill", []), prefill_decider)
+        used.add(handler.prefill)
+    if encode_decider is not None:
+        encode = Stage(profile(handler.encode, "profiles.encode", []), encode_decider)
+        used.add(handler.encode)
+    unused = [p.name for p in config.profiles if p.name not in used]
+    if unused:
+        raise ConfigError(
+            f"{where}: scheduling profile(s) {', '.join(unused)} would never run (the handler runs "
+            f"{', '.join(sorted(used))}; a stage runs only with its decider in deciders.prefill / deciders.encode)"
+        )
+    return DisaggScheduler(decode, prefill, encode, handler.primary_port, handler.name)
+
+
 def build_scheduler(
     config: EndpointPickerConfig | None = None,
     seed: int | None = 0,
     registry: Registry | None = None,
     freshness: Freshness | None = None,
     allow_experimental: bool = False,
-) -> ProfileScheduler:
+) -> ProfileScheduler | DisaggScheduler:
     """Phase two: plugin objects from a decoded config (None → `default_config()`); raises ConfigError.
 
     The result satisfies the director's `Scheduler` protocol; `.saturation` is the pool's saturation detector
@@ -374,6 +471,9 @@ def effective_plugins(
             types.add(type_name)
             out.append(EffectivePlugin(type_name, type_name, kind, parameters or {}, implicit=True))
 
+    for producer in scheduler.profile.producers:  # created for a consumer that names none, as upstream
+        if producer.name not in built:
+            implicit(producer.type_name, Kind.PRODUCER)
     if not any(kind is Kind.PROFILE_HANDLER for kind, *_ in built.values()):
         implicit("single-profile-handler", Kind.PROFILE_HANDLER)
     if not any(kind is Kind.PICKER for kind, *_ in built.values()):

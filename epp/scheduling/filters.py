@@ -86,7 +86,11 @@ class LabelFilter:
         return self._mask
 
     def filter(self, state: CycleState, candidates: IntArray) -> IntArray:
-        return candidates[self._keep_mask(state.snapshot)[candidates]]
+        return self.keep(state.snapshot, candidates)
+
+    def keep(self, snapshot: Snapshot, candidates: IntArray) -> IntArray:
+        """The filter without a pick's state: which candidates a stage may use (the saturation of each stage)."""
+        return candidates[self._keep_mask(snapshot)[candidates]]
 
 
 # The role sets of llm-d's role filters (llm-d-router pkg/epp/framework/plugins/scheduling/filter/bylabel/roles.go):

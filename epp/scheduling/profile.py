@@ -125,6 +125,12 @@ class ProfileScheduler:
     def pick(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> Sequence[int]:
         """Slots best first (empty: a filter left no candidate). `candidates` are distinct present slots in
         ascending order, as the director builds them (`CycleState.take` relies on it to skip gathers)."""
+        return self.run(snapshot, candidates, request, now)[0]
+
+    def run(
+        self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
+    ) -> tuple[Sequence[int], CycleState]:
+        """`pick`, with the pick's state (what its producers published): a profile handler's deciders read it."""
         state = CycleState(snapshot, candidates, request, now, self.freshness)
         filters, scorers, pick = self._plain
         if self._every:
@@ -137,7 +143,7 @@ class ProfileScheduler:
         for run_filter in filters:
             candidates = run_filter(state, candidates)
             if candidates.size == 0:
-                return ()
+                return (), state
         total: FloatArray | None = None
         offset = 0.0  # the linear scorers' constant parts, added once at the end
         for score, weight, bounded, linear, _ in scorers:
@@ -168,4 +174,4 @@ class ProfileScheduler:
             primary = int(slots[0])
             for observer in self._observers:
                 observer.picked(state, primary)
-        return slots
+        return slots, state

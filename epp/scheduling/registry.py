@@ -17,17 +17,20 @@ from epp.datastore import Freshness
 from epp.scheduling import (
     affinity,
     affinity_filter,
+    disagg,
     filters,
     flow_plugins,
     load_scorers,
     pickers,
     prefix,
     producers,
+    rendezvous,
     saturation,
     scorers,
     test_selection,
 )
 from epp.scheduling.params import Params
+from epp.scheduling.precise import PrecisePrefixCacheProducer
 
 
 class Kind(enum.Enum):
@@ -35,6 +38,7 @@ class Kind(enum.Enum):
     SCORER = "scorer"
     PICKER = "picker"
     PROFILE_HANDLER = "profile handler"
+    DECIDER = "decider"  # whether a disaggregated stage runs for a request (read by the profile handler)
     PARSER = "parser"
     DATA_LAYER = "data-layer plugin"
     DISCOVERY = "endpoint-discovery plugin"
@@ -127,7 +131,7 @@ def _no_params(cls: Callable[[str], object]) -> Factory:
 
 _PREFIX_NEW = ("prefixMatchInfoProducerName", "matchLengthWeight", "matchLengthScaleTokens")
 _PREFIX_OLD = ("blockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer", "autoTune")
-PREFIX_PRODUCER_TYPES = ("approx-prefix-cache-producer", "burst-prefix-cache-producer")
+PREFIX_PRODUCER_TYPES = ("approx-prefix-cache-producer", "burst-prefix-cache-producer", "precise-prefix-cache-producer")
 
 
 def _prefix(name: str, params: Params, ctx: BuildContext) -> object:
@@ -191,6 +195,56 @@ def _approx_prefix_producer(name: str, params: Params, ctx: BuildContext) -> obj
     )
     params.finish()
     return producer
+
+
+def _precise_prefix_producer(name: str, params: Params, ctx: BuildContext) -> object:
+    """Upstream's parameters (`dataproducer/preciseprefixcache`): what maps onto the KV-events index is taken, what
+    has no counterpart here is refused by name (Redis or cost-aware index backends, a central ZMQ endpoint)."""
+    tokens = Params(params.section("tokenProcessorConfig"), f"{params.where}: tokenProcessorConfig")
+    block = tokens.integer("blockSizeTokens", 0, minimum=0) or tokens.integer("blockSize", 16, minimum=1)
+    seed = tokens.text("hashSeed", "")
+    tokens.finish()
+    indexer = Params(params.section("indexerConfig"), f"{params.where}: indexerConfig")
+    index = Params(indexer.section("kvBlockIndexConfig"), f"{params.where}: indexerConfig.kvBlockIndexConfig")
+    index.ignore("enableMetrics", "metricsLoggingInterval")  # the index's metrics are always exported
+    memory = Params(index.section("inMemoryConfig"), f"{params.where}: kvBlockIndexConfig.inMemoryConfig")
+    memory.ignore("podCacheSize")  # an index entry holds a bit per endpoint, not a bounded pod list
+    max_blocks = memory.integer("size", 65_536, minimum=1)
+    memory.finish()
+    for other in ("costAwareMemoryConfig", "redisConfig", "valkeyConfig"):
+        if index.present(other):
+            raise index.error(other, "only the in-memory index is implemented here")
+    index.finish()
+    indexer.ignore("tokenizersPoolConfig", "prefixStoreConfig")  # tokens come from the token-producer
+    indexer.finish()
+    events = Params(params.section("kvEventsConfig"), f"{params.where}: kvEventsConfig")
+    topic = events.text("topicFilter", "kv@")
+    events.ignore("concurrency", "discoverPods")  # one feeder process; endpoints always come from discovery
+    if events.present("zmqEndpoint"):
+        raise events.error("zmqEndpoint", "a central ZMQ endpoint is not supported: one SUB per endpoint only")
+    discovery = Params(events.section("podDiscoveryConfig"), f"{params.where}: kvEventsConfig.podDiscoveryConfig")
+    port = discovery.integer("socketPort", 5557, minimum=1)
+    replay = discovery.integer("replaySocketPort", 0, minimum=0)
+    discovery.finish()
+    events.finish()
+    speculative = params.flag("speculativeIndexing", False)
+    ttl = params.duration("speculativeTTL", 2.0)
+    stale = params.duration("staleAfter", 10.0)
+    params.finish()
+    if port > 65535 or replay > 65535:
+        raise params.error("kvEventsConfig", "socket ports must be at most 65535")
+    return PrecisePrefixCacheProducer(
+        name,
+        block_size=block,
+        hash_seed=seed,
+        socket_port=port,
+        replay_port=replay or None,
+        topic_filter=topic,
+        max_blocks_per_endpoint=max_blocks,
+        stale_after_s=stale,
+        speculative=speculative,
+        speculative_ttl_s=ttl,
+    )
 
 
 def _token_producer(type_name: str) -> Factory:
@@ -361,6 +415,17 @@ def _picker(cls: Callable[..., object]) -> Factory:
     return factory
 
 
+def _rendezvous_picker(name: str, params: Params, ctx: BuildContext) -> object:
+    k = params.integer("maxNumOfEndpoints", 1, minimum=1)
+    band = params.number("band", rendezvous.DEFAULT_BAND, minimum=0.0, maximum=1.0)
+    key_bytes = params.integer("keyBytes", rendezvous.DEFAULT_KEY_BYTES, minimum=1)
+    load_factor = params.number("loadFactor", rendezvous.DEFAULT_LOAD_FACTOR, minimum=0.0)
+    params.finish()
+    return rendezvous.RendezvousPicker(
+        name, max_endpoints=k, seed=ctx.next_seed(), band=band, key_bytes=key_bytes, load_factor=load_factor
+    )
+
+
 def _saturation_filter(name: str, params: Params, ctx: BuildContext) -> object:
     base = ctx.saturation  # the config's saturationDetector block, overridable per filter
     pool = ctx.freshness.staleness_s
@@ -454,6 +519,69 @@ def _marker(type_name: str) -> Factory:
 
 
 @dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """A profile handler as configured: which profile each stage runs and which decider gates it. The builder
+    resolves the names once every plugin exists (a decider may be listed after the handler)."""
+
+    type_name: str
+    name: str
+    decode: str | None = None  # None: the config's one profile (single and data-parallel handlers)
+    prefill: str = "prefill"
+    encode: str = "encode"
+    prefill_decider: str | None = None
+    encode_decider: str | None = None
+    primary_port: int = 0
+
+
+def _disagg_handler(name: str, params: Params, ctx: BuildContext) -> object:
+    profiles = Params(params.section("profiles"), f"{params.where}: profiles")
+    decode = profiles.text("decode", "decode")
+    prefill = profiles.text("prefill", "prefill")
+    encode = profiles.text("encode", "encode")
+    profiles.finish()
+    deciders = Params(params.section("deciders"), f"{params.where}: deciders")
+    prefill_decider = deciders.text("prefill", "") or None
+    encode_decider = deciders.text("encode", "") or None
+    deciders.finish()
+    params.finish()
+    return HandlerSpec("disagg-profile-handler", name, decode, prefill, encode, prefill_decider, encode_decider)
+
+
+def _port(params: Params, default: int) -> int:
+    port = params.integer("primaryPort", default, minimum=0)
+    if port > 65535:
+        raise params.error("primaryPort", f"must be between 1 and 65535, got {port}")
+    return port
+
+
+def _pd_handler(name: str, params: Params, ctx: BuildContext) -> object:
+    """The deprecated `pd-profile-handler`: the disagg handler under its older parameter names."""
+    decode = params.text("decodeProfile", "decode")
+    prefill = params.text("prefillProfile", "prefill")
+    decider = params.text("deciderPluginName", "prefix-based-pd-decider")
+    if not decider:
+        raise params.error("deciderPluginName", "decider plugin name is not defined")
+    port = _port(params, 0)
+    params.ignore("prefixPluginType", "prefixPluginName", "prefixMatchInfoProducerName")  # never used upstream
+    params.finish()
+    return HandlerSpec("pd-profile-handler", name, decode, prefill, prefill_decider=decider, primary_port=port)
+
+
+def _dp_handler(name: str, params: Params, ctx: BuildContext) -> object:
+    port = _port(params, 8000)
+    params.finish()
+    return HandlerSpec("data-parallel-profile-handler", name, primary_port=port)
+
+
+def _prefix_decider(name: str, params: Params, ctx: BuildContext) -> object:
+    non_cached = params.integer("nonCachedTokens", 0, minimum=0)
+    prompt = params.integer("promptTokens", 0, minimum=0)
+    producer = params.text("prefixMatchInfoProducerName", disagg.DEFAULT_PREFIX_PRODUCER)
+    params.finish()
+    return disagg.PrefixBasedDecider(name, non_cached, prompt, producer)
+
+
+@dataclass(frozen=True, slots=True)
 class DataLayerPlugin:
     """A data-layer plugin (upstream's metrics source and extractor): the scraper, not the scheduler, uses it.
 
@@ -537,6 +665,12 @@ def register_builtins(registry: Registry) -> Registry:
     r("no-hit-lru-scorer", Kind.SCORER, _no_hit_lru, "cold requests to the least recently cold-picked endpoint")
     r("context-length-aware", Kind.SCORER, _context_length, "token count vs the endpoint's length-range label")
     r("approx-prefix-cache-producer", Kind.PRODUCER, _approx_prefix_producer, "per-endpoint token-block prefix match")
+    r(
+        "precise-prefix-cache-producer",
+        Kind.PRODUCER,
+        _precise_prefix_producer,
+        "per-endpoint prefix match from the engines' KV-cache events",
+    )
     r("token-producer", Kind.PRODUCER, _token_producer("token-producer"), "the prompt's tokens (estimate or vllm)")
     r(
         "tokenizer",
@@ -572,13 +706,42 @@ def register_builtins(registry: Registry) -> Registry:
     r("max-score-picker", Kind.PICKER, _picker(pickers.MaxScorePicker), "highest score, random tie-break")
     r("random-picker", Kind.PICKER, _picker(pickers.RandomPicker), "uniform")
     r("weighted-random-picker", Kind.PICKER, _picker(pickers.WeightedRandomPicker), "proportional to score")
+    r(
+        "rendezvous-picker",
+        Kind.PICKER,
+        _rendezvous_picker,
+        "ours: rendezvous hashing of the leading prefix within a load band (active-active replicas agree)",
+    )
     r("single-profile-handler", Kind.PROFILE_HANDLER, _marker("single-profile-handler"), "runs the one profile")
+    r("disagg-profile-handler", Kind.PROFILE_HANDLER, _disagg_handler, "decode; prefill/encode when decided")
+    r(
+        "pd-profile-handler",
+        Kind.PROFILE_HANDLER,
+        _pd_handler,
+        "older parameters of disagg-profile-handler",
+        replaced_by="disagg-profile-handler",
+    )
+    r(
+        "data-parallel-profile-handler",
+        Kind.PROFILE_HANDLER,
+        _dp_handler,
+        "one profile; primaryPort + x-data-parallel-host-port",
+        replaced_by="single-profile-handler",
+    )
+    r("prefix-based-pd-decider", Kind.DECIDER, _prefix_decider, "P/D when enough prompt is not cached on decode")
+    r("always-disagg-pd-decider", Kind.DECIDER, _no_params(disagg.AlwaysDisaggDecider), "P/D for every request")
     r("openai-parser", Kind.PARSER, _marker("openai-parser"), "OpenAI API bodies and usage")
     r("anthropic-parser", Kind.PARSER, _marker("anthropic-parser"), "Anthropic Messages API bodies and usage")
     r("vllmhttp-parser", Kind.PARSER, _marker("vllmhttp-parser"), "vLLM /inference/v1/generate (token ids)")
     r("passthrough-parser", Kind.PARSER, _marker("passthrough-parser"), "any body, unread: a pool-level pick")
     r("file-discovery", Kind.DISCOVERY, _file_discovery, "endpoints from a YAML/JSON file, optionally watched")
     r("metrics-data-source", Kind.DATA_LAYER, _data_layer("metrics-data-source"), "the /metrics scraper (always on)")
+    r(
+        "endpoint-notification-source",
+        Kind.DATA_LAYER,
+        _data_layer("endpoint-notification-source"),
+        "endpoint membership for the KV-events feeder (always on with precise-prefix-cache-producer)",
+    )
     r(
         "core-metrics-extractor",
         Kind.DATA_LAYER,

@@ -28,7 +28,8 @@ class UpstreamType(NamedTuple):
 
 _S, _A, _R = Status.SUPPORTED, Status.ALIAS, Status.REFUSED
 _FC = "in-flight eviction (enableEviction) is not implemented"
-_PD = "multi-profile handlers (P/D disaggregation) are not implemented yet"
+_MM_IN = "multimodal requests are not recognised; encode stages run with always-disagg-pd-decider"
+_HEADERS = "deprecated upstream; disagg-profile-handler sets the P/D headers itself"
 _MC = "multi-cluster through InferencePoolImport is not implemented; epp federates sites instead (docs/federation.md)"
 _LAT = "latency prediction (a trained-model sidecar) is not implemented"
 _MM = "multimodal caching is not implemented"
@@ -129,31 +130,35 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     UpstreamType("weighted-random-picker", "picker", False, _S, ""),
     # profile handlers and deciders
     UpstreamType("single-profile-handler", "profile handler", False, _S, ""),
-    UpstreamType("disagg-profile-handler", "profile handler", False, _R, _PD),
-    UpstreamType("pd-profile-handler", "profile handler", False, _R, "deprecated upstream (v0.7); " + _PD),
-    UpstreamType("header-profile-handler", "profile handler", True, _R, _PD),
+    UpstreamType("disagg-profile-handler", "profile handler", False, _S, "decode; prefill and encode when decided"),
+    UpstreamType(
+        "pd-profile-handler",
+        "profile handler",
+        False,
+        _S,
+        "deprecated upstream (v0.7) for disagg-profile-handler; warns on load",
+    ),
+    UpstreamType("header-profile-handler", "profile handler", True, _R, "not implemented"),
     UpstreamType(
         "data-parallel-profile-handler",
         "profile handler",
         False,
-        _R,
-        "deprecated upstream; data parallelism is several targetPorts",
+        _S,
+        "deprecated upstream; primaryPort and x-data-parallel-host-port, as upstream",
     ),
-    UpstreamType("prefix-based-pd-decider", "decider", False, _R, _PD),
-    UpstreamType("always-disagg-pd-decider", "decider", False, _R, _PD),
-    UpstreamType("always-disagg-multimodal-decider", "decider", False, _R, _PD),
-    UpstreamType("disagg-headers-handler", "pre-request", False, _R, "deprecated upstream; " + _PD),
-    UpstreamType("prefill-header-handler", "pre-request", False, _R, "deprecated upstream; " + _PD),
+    UpstreamType("prefix-based-pd-decider", "decider", False, _S, "nonCachedTokens, promptTokens"),
+    UpstreamType("always-disagg-pd-decider", "decider", False, _S, ""),
+    UpstreamType("always-disagg-multimodal-decider", "decider", False, _R, _MM_IN),
+    UpstreamType("disagg-headers-handler", "pre-request", False, _R, _HEADERS),
+    UpstreamType("prefill-header-handler", "pre-request", False, _R, _HEADERS),
     # data layer
     UpstreamType("metrics-data-source", "data source", False, _S, "always on; the scraper"),
     UpstreamType("core-metrics-extractor", "data extractor", False, _S, "per-engine metric names honoured"),
     UpstreamType("file-discovery", "endpoint discovery", False, _S, "dataLayer.discovery; path, watchFile"),
     UpstreamType("models-data-source", "data source", False, _R, "/v1/models is not polled"),
     UpstreamType("models-data-extractor", "data extractor", False, _R, "/v1/models is not polled"),
+    UpstreamType("endpoint-notification-source", "data source", False, _S, "membership for the KV-events feeder"),
     UpstreamType("k8s-notification-source", "data source", False, _R, "the Kubernetes watches feed the table directly"),
-    UpstreamType(
-        "endpoint-notification-source", "data source", False, _R, "the Kubernetes watches feed the table directly"
-    ),
     UpstreamType("dcgm-data-source", "data source", True, _R, "GPU utilisation is not collected"),
     UpstreamType("dcgm-extractor", "data extractor", True, _R, "GPU utilisation is not collected"),
     UpstreamType("topology-extractor", "data extractor", True, _R, "topology attributes are not collected"),
@@ -190,7 +195,7 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     UpstreamType("tokenizer", "producer", False, _A, "deprecated upstream for token-producer; warns on load"),
     UpstreamType("session-id-producer", "producer", False, _S, ""),
     UpstreamType(
-        "precise-prefix-cache-producer", "producer", False, _R, "KV-event routing is not wired into scheduling yet"
+        "precise-prefix-cache-producer", "producer", False, _S, "engines' KV events; needs token-producer vllm"
     ),
     UpstreamType(
         "burst-prefix-cache-producer",

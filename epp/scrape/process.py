@@ -35,8 +35,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
-import signal
 import socket
 import subprocess
 import sys
@@ -52,6 +50,7 @@ from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.observability.relay import RelayHandler, reemit
 from epp.scrape.engines import EngineRegistry
 from epp.scrape.scraper import EndpointStatus, ScrapeService, ScrapeSettings
+from epp.supervision import RESTART_INITIAL_S, RESTART_MAX_S, STABLE_S, RestartBackoff, describe_exit
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +61,6 @@ PUBLISH_S = 0.005  # child → shared memory
 # and the serving loop wakes 40 times a second at the default 50 ms interval instead of 100.
 APPLY_MIN_S, APPLY_MAX_S = 0.01, 0.1
 STATUS_S = 1.0
-RESTART_INITIAL_S = 0.2  # the first restart comes quickly: a killed child is back within a second
-RESTART_MAX_S = 30.0
-STABLE_S = 30.0  # a child that ran this long resets the restart backoff
 HEARTBEAT_TIMEOUT_S = 10.0  # a child silent this long (no status message) is hung: killed and restarted
 STARTUP_TIMEOUT_S = 30.0  # before its first message: starting an interpreter on a busy node takes seconds
 
@@ -116,10 +112,8 @@ class ScrapeProcess:
         self._warned_full = False
         self._fallback: ScrapeService | None = None
         # supervision
-        self._restart_initial_s = restart_initial_s
-        self._restart_max_s = restart_max_s
+        self._backoff = RestartBackoff(restart_initial_s, restart_max_s, STABLE_S)
         self._heartbeat_timeout_s = heartbeat_timeout_s
-        self._restart_delay = restart_initial_s
         self._restart_at: float | None = None
         self._started_at = 0.0
         self._heard_at = 0.0
@@ -284,16 +278,14 @@ class ScrapeProcess:
         self._drop_block()
         self._rejected_past, self._rejected_now = _sum_counts(self._rejected_past, self._rejected_now), {}
         self._errors_past, self._errors_now = _sum_counts(self._errors_past, self._errors_now), {}
-        how = f"exit code {code}" if code >= 0 else f"killed by {_signal_name(-code)}"
+        how = describe_exit(code)
         self.last_exit = how
         ran = now - self._started_at
-        if ran >= STABLE_S:
-            self._restart_delay = self._restart_initial_s
+        self._backoff.died_after(ran)
         self._schedule_restart(now, f"scrape process {proc.pid} died ({how}) after {ran:.1f}s")
 
     def _schedule_restart(self, now: float, why: str) -> None:
-        delay = self._restart_delay * random.uniform(0.8, 1.2)
-        self._restart_delay = min(self._restart_max_s, self._restart_delay * 2)
+        delay = self._backoff.next_delay()
         self._restart_at = now + delay
         log.warning("%s; restarting in %.1fs; endpoint metrics age until then", why, delay)
 
@@ -340,14 +332,8 @@ class ScrapeProcess:
         n = min(len(self.table.column("present")), self.rows)
         if n == 0 or self._shm is None:
             return 0
-        live = self._block[:n]
-        before = live[:, VERSION].copy()
-        data = live.copy()
-        ok = (before == live[:, VERSION]) & (before % 2 == 0) & (data[:, TOKEN] == self._tokens[:n])
-        ok &= data[:, VERSION] > self._applied[:n]
-        slots = np.flatnonzero(ok)
+        slots, rows = read_rows(self._block[:n], self._tokens[:n], self._applied[:n])
         if slots.size:
-            rows = data[slots]
             self.table.write_scrape_rows(slots, rows[:, VALUES], rows[:, OK] > 0, rows[:, FAILURES].astype(np.int64))
             self._applied[slots] = rows[:, VERSION]
         return int(slots.size)
@@ -391,11 +377,27 @@ class ScrapeProcess:
             reemit(msg[1], "epp-scrape")
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+def read_rows(live: np.ndarray, tokens: np.ndarray, applied: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row indices, copies of those rows) of a seqlocked block that are complete, newer than `applied` (their
+    last applied versions) and still about the endpoint whose token the reader holds for that row."""
+    before = live[:, VERSION].copy()
+    data = live.copy()
+    ok = (before == live[:, VERSION]) & (before % 2 == 0) & (data[:, TOKEN] == tokens)
+    ok &= data[:, VERSION] > applied
+    slots = np.flatnonzero(ok)
+    return slots, data[slots]
+
+
+def write_rows(
+    block: np.ndarray, rows: np.ndarray, tokens: np.ndarray, values: np.ndarray, ok: np.ndarray, failures: np.ndarray
+) -> None:
+    """The writer's half of the seqlock: `version` odd while the rows are written, even once they are whole."""
+    block[rows, VERSION] += 1  # odd: being written
+    block[rows, TOKEN] = tokens
+    block[rows, VALUES] = values
+    block[rows, OK] = ok
+    block[rows, FAILURES] = failures
+    block[rows, VERSION] += 1  # even: complete
 
 
 def _sum_counts(past: dict[Any, int], now: dict[Any, int]) -> dict[Any, int]:
@@ -473,12 +475,7 @@ async def _child(block: np.ndarray, conn: Connection) -> None:
                     (snap.waiting, snap.running, snap.kv_usage, snap.max_lora, snap.block_size, snap.num_blocks,
                      snap.scraped_at), axis=1,
                 )[changed]  # fmt: skip
-                block[rows, VERSION] += 1  # odd: being written
-                block[rows, TOKEN] = tokens[changed]
-                block[rows, VALUES] = values
-                block[rows, OK] = snap.scrape_ok[changed]
-                block[rows, FAILURES] = snap.scrape_failures[changed]
-                block[rows, VERSION] += 1  # even: complete
+                write_rows(block, rows, tokens[changed], values, snap.scrape_ok[changed], snap.scrape_failures[changed])
                 last_at[changed] = at[changed]
                 last_failures[changed] = snap.scrape_failures[changed]
                 news = []

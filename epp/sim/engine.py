@@ -47,6 +47,9 @@ class SimRequest:
     unit_tokens: int = 16
     lora: str | None = None
     token_ids: tuple[int, ...] = ()  # the prompt's token ids, where KV events are published (they carry them)
+    # P/D: the prompt's KV was computed by a prefill server and pulled here (the caller waited the transfer time);
+    # only the first token is computed, as for a fully cached prompt, and the blocks become this server's cache.
+    remote_prefill: bool = False
 
 
 class KvStored(NamedTuple):
@@ -131,6 +134,7 @@ class Engine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.requests_finished = 0
+        self.remote_prefills = 0  # P/D: requests whose prompt KV came from a prefill server
 
     # -- state the metrics page and the oracle read ----------------------------------------------------------
 
@@ -340,6 +344,8 @@ class Engine:
         return -(-tokens // self.profile.block_size)
 
     def _uncached(self, req: SimRequest) -> int:
+        if req.remote_prefill:
+            return 1
         return max(1, req.prompt_tokens - self.cached_units(req) * req.unit_tokens)
 
     def _lora_slot_free(self) -> bool:
@@ -369,6 +375,9 @@ class Engine:
         seq.private_blocks = private
         cached = matched * req.unit_tokens
         seq.to_prefill = max(1, req.prompt_tokens - cached)  # a fully cached prompt still computes its last token
+        if req.remote_prefill:
+            seq.to_prefill = 1  # the KV arrived from the prefill server
+            self.remote_prefills += 1
         self.prefix_queries_tokens += req.prompt_tokens
         self.prefix_hits_tokens += min(cached, req.prompt_tokens - 1) if cached else 0
         self.prompt_tokens_total += req.prompt_tokens

@@ -31,6 +31,7 @@ class SimulatedPool:
         kv_events_port: int | None = None,
         kv_events_replay_port: int | None = None,
         kv_events_hash: str = "int",
+        roles: Sequence[str] = ("both",),
     ) -> None:
         if servers <= 0:
             raise ValueError("servers must be positive")
@@ -57,6 +58,7 @@ class SimulatedPool:
                     kv_events_port=offset(kv_events_port, i),
                     kv_events_replay_port=offset(kv_events_replay_port, i),
                     kv_events_hash=kv_events_hash,
+                    role=roles[i % len(roles)] if roles else "both",
                 )
             )
             for i in range(servers)

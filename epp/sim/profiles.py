@@ -29,6 +29,9 @@ class EngineProfile:
     kv_read_s_per_token: float  # per context token attended in a decode step (KV read from HBM)
     max_loras: int = 4  # LoRA adapters resident at once (vLLM --max-loras)
     lora_load_s: float = 0.02  # cost of bringing an adapter into a slot
+    # P/D: pulling one prompt token's KV from a prefill server (NIXL over RDMA). 128 KiB per token (Llama-3.1-8B)
+    # over a 400 Gb/s NIC at ~50 GB/s ≈ 2.6 µs; an 8k-token prompt then costs ~21 ms before its decode starts.
+    kv_transfer_s_per_token: float = KV_BYTES_PER_TOKEN_LLAMA_8B / 50e9
 
     @property
     def kv_tokens(self) -> int:
@@ -37,7 +40,8 @@ class EngineProfile:
     def __post_init__(self) -> None:
         if self.num_blocks <= 0 or self.block_size <= 0 or self.max_num_seqs <= 0 or self.max_batched_tokens <= 0:
             raise ValueError(f"profile {self.name!r}: sizes must be positive")
-        if min(self.prefill_s_per_token, self.step_base_s, self.step_per_seq_s, self.kv_read_s_per_token) < 0:
+        times = (self.prefill_s_per_token, self.step_base_s, self.step_per_seq_s, self.kv_read_s_per_token)
+        if min(*times, self.kv_transfer_s_per_token) < 0:
             raise ValueError(f"profile {self.name!r}: times must not be negative")
 
 

@@ -18,10 +18,10 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from epp.sim.engine import Engine, Finished, SimRequest
 from epp.sim.kvevents import KvEventPublisher
@@ -33,6 +33,10 @@ from epp.sim.tokens import token_ids
 log = logging.getLogger(__name__)
 
 SERVER_HEADER = "x-sim-server"
+PREFILLER_HEADER = "x-prefiller-host-port"  # set by the picker: where the decode pod's sidecar runs the prefill
+ROLE_LABEL = "llm-d.ai/role"
+ROLES = ("prefill", "decode", "both")
+PREFILL_TIMEOUT_S = 30.0
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DEFAULT_MAX_TOKENS = 128
 STREAM_INTERVAL_S = 0.02  # how often a streaming response flushes the tokens generated meanwhile
@@ -54,8 +58,13 @@ class ServerConfig:
     kv_events_port: int | None = None
     kv_events_replay_port: int | None = None
     kv_events_hash: str = "int"
+    # P/D role, as llm-d labels pods (`llm-d.ai/role`): a decode (or both) server runs the routing sidecar's steps
+    # for requests that name a prefiller in `x-prefiller-host-port`; every server answers a prefill leg.
+    role: str = "both"
 
     def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"unknown role {self.role!r}; choose from {', '.join(ROLES)}")
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; choose from {', '.join(ENGINES)}")
         if not self.speed > 0:
@@ -111,6 +120,18 @@ def _prompt_text(kind: str, body: dict[str, Any]) -> str:
     return _text_of(value)
 
 
+@dataclass(slots=True)
+class PdCounters:
+    """What the P/D tests read back (`GET /sim/pd`): prefill legs this server answered as a prefiller; prefill legs
+    it sent as a decode server's sidecar, how many failed (then it prefilled itself) and how many it decoded with
+    KV pulled from the prefiller."""
+
+    prefills_served: int = 0
+    prefill_requests: int = 0
+    prefill_failures: int = 0
+    remote_decodes: int = 0
+
+
 class SimServer:
     """A simulated server: `await start()`, `await stop()`; `address` is "host:port" once started."""
 
@@ -130,6 +151,8 @@ class SimServer:
         self.render_calls = 0  # requests to the render endpoints (tests count the picker's cache hits by it)
         self.kv_events: KvEventPublisher | None = None
         self._replays: asyncio.Task[None] | None = None
+        self.pd = PdCounters()
+        self._client: ClientSession | None = None
 
     @property
     def address(self) -> str:
@@ -146,6 +169,7 @@ class SimServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/sim/pd", self._pd_counters)
         app.router.add_get("/health_generate", self._health)
         app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         # What the SGLang Model Gateway asks a worker when it registers it (model and server discovery).
@@ -206,6 +230,9 @@ class SimServer:
             self.kv_events.close()
             self.kv_events = None
             self.engine.kv_events = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     # -- the engine, in real time ---------------------------------------------------------------------------
 
@@ -247,14 +274,23 @@ class SimServer:
             await asyncio.sleep(0.02)
 
     def _submit(
-        self, prompt: str, output_tokens: int, lora: str | None
+        self, prompt: str, output_tokens: int, lora: str | None, remote_prefill: bool = False
     ) -> tuple[int, asyncio.Future[float], asyncio.Future[Finished]]:
         block = self.config.profile.block_size
         tokens, hashes = prompt_units(prompt, block)
         rid = next(self._ids)
         self._prompt_tokens[rid] = tokens
         ids = tuple(token_ids(prompt)) if self.kv_events is not None else ()
-        req = SimRequest(rid, tokens, output_tokens, prefix=hashes, unit_tokens=block, lora=lora, token_ids=ids)
+        req = SimRequest(
+            rid,
+            tokens,
+            output_tokens,
+            prefix=hashes,
+            unit_tokens=block,
+            lora=lora,
+            token_ids=ids,
+            remote_prefill=remote_prefill,
+        )
         try:
             self.engine.submit(req, self._now())
         except ValueError as exc:
@@ -363,7 +399,18 @@ class SimServer:
             max_tokens = body.get("max_completion_tokens", body.get("max_tokens", DEFAULT_MAX_TOKENS))
             if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
                 raise _BadRequest("'max_tokens' must be a positive integer")
-            rid, first, done = self._submit(prompt, max_tokens, lora)
+            kv = body.get("kv_transfer_params")
+            kv = kv if isinstance(kv, dict) else {}
+            prefill_leg = kv.get("do_remote_decode") is True
+            remote = kv.get("do_remote_prefill") is True
+            prefiller = request.headers.get(PREFILLER_HEADER, "").strip()
+            if prefiller and not prefill_leg and self.config.role != "prefill":
+                remote = await self._remote_prefill(request.path, body, prefiller)
+            if remote:
+                await asyncio.sleep(self._transfer_s(prompt))  # pulling the prompt's KV from the prefiller
+            elif prefill_leg:
+                self.pd.prefills_served += 1
+            rid, first, done = self._submit(prompt, max_tokens, lora, remote_prefill=remote)
         except _BadRequest as exc:
             return _error(str(exc), exc.status)
         model = body["model"]
@@ -378,6 +425,7 @@ class SimServer:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
+        usage = self._usage(rid, fin)
         return web.json_response(
             {
                 "id": f"cmpl-{self.config.name}-{rid}",
@@ -385,10 +433,65 @@ class SimServer:
                 "created": int(time.time()),
                 "model": model,
                 "choices": [choice],
-                "usage": self._usage(rid, fin),
+                "usage": usage,
+                **({"kv_transfer_params": self._kv_params(usage["prompt_tokens"])} if prefill_leg else {}),
             },
             headers=self._headers(),
         )
+
+    # -- P/D: the routing sidecar's steps (llm-d pkg/sidecar/proxy, NIXL v2 connector) ----------------------
+
+    def _transfer_s(self, prompt: str) -> float:
+        tokens = prompt_units(prompt, self.config.profile.block_size)[0]
+        return tokens * self.config.profile.kv_transfer_s_per_token / self.config.speed
+
+    def _kv_params(self, prompt_tokens: int) -> dict[str, Any]:
+        """What a prefill server hands back for the decode leg: where to pull the KV blocks from."""
+        blocks = -(-prompt_tokens // self.config.profile.block_size)
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": self.config.name,
+            "remote_block_ids": list(range(blocks)),
+            "remote_host": self.config.host,
+            "remote_port": self.port,
+            "tp_size": 1,
+        }
+
+    async def _remote_prefill(self, path: str, body: dict[str, Any], prefiller: str) -> bool:
+        """The prefill leg: the client's request to the prefiller with `kv_transfer_params` asking for a remote
+        decode and a single token, as the sidecar sends it. True when the prefiller answered with the params the
+        decode leg needs; False (counted) when it could not be reached or failed: this server then prefills the
+        prompt itself, so the request is still served."""
+        leg = {k: v for k, v in body.items() if k not in ("stream_options", "max_completion_tokens")}
+        leg.update(stream=False, max_tokens=1)
+        leg["kv_transfer_params"] = {
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "remote_engine_id": None,
+            "remote_block_ids": None,
+            "remote_host": None,
+            "remote_port": None,
+        }
+        if self._client is None:
+            self._client = ClientSession(timeout=ClientTimeout(total=PREFILL_TIMEOUT_S))
+        self.pd.prefill_requests += 1
+        try:
+            async with self._client.post(f"http://{prefiller}{path}", json=leg) as response:
+                answer = await response.json(content_type=None) if response.status == 200 else None
+        except (ClientError, OSError, TimeoutError, json.JSONDecodeError, ValueError):
+            answer = None
+        params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+        if not isinstance(params, dict) or params.get("do_remote_prefill") is not True:
+            self.pd.prefill_failures += 1
+            log.debug("prefill on %s failed; prefilling locally", prefiller)
+            return False
+        self.pd.remote_decodes += 1
+        return True
+
+    async def _pd_counters(self, request: web.Request) -> web.Response:
+        body = {"name": self.config.name, "role": self.config.role, **asdict(self.pd)}
+        return web.json_response(body, headers=self._headers())
 
     def _usage(self, rid: int, fin: Finished) -> dict[str, int]:
         prompt = self._prompt_tokens.pop(rid, 0)

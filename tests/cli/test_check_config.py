@@ -57,8 +57,12 @@ def test_a_refused_file_exits_1_with_the_reason(tmp_path: Path, capsys) -> None:
 
 @pytest.mark.parametrize(
     ("name", "rc"),
-    [("gie-integration-default-config.yaml", 0), ("llmd-router-pd-epp-config.yaml", 1)],
-    ids=["loads", "refused"],
+    [
+        ("gie-integration-default-config.yaml", 0),
+        ("llmd-router-pd-epp-config.yaml", 0),
+        ("gie-configloader_1_test.yaml", 1),
+    ],
+    ids=["loads", "pd-loads", "refused"],
 )
 def test_reference_configs(reference_data: Path, name, rc, capsys) -> None:
     assert main(["check-config", str(reference_data / "epp-configs" / name)]) == rc

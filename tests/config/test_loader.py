@@ -19,10 +19,9 @@ REFERENCE_VERDICTS = {
     "llmd-router-soft-reflective-ceiling-epp-config.yaml": ("has Alpha stability level",),
     "gie-configloader_1_test.yaml": ("plugin 'test1'", "type 'test-one'", "not implemented"),
     "gie-integration-datalayer-config.yaml": ("plugin 'mock-metrics-source'", "not implemented"),
-    "llmd-router-pd-epp-config.yaml": (
-        "plugin 'disagg-profile-handler': type 'disagg-profile-handler' (upstream profile handler",
-        "plugin 'prefix-based-pd-decider'",
-    ),
+    "llmd-router-precise-prefix-cache-config.yaml": None,
+    "llmd-router-pd-epp-config.yaml": None,
+    "llmd-router-sim-pd-epp-config.yaml": None,
 }
 
 

@@ -2,6 +2,7 @@
 on failure, the per-prompt cache (upstream's `dataproducer/tokenizer/README.md`, `vllm_http.go`)."""
 
 import asyncio
+import json
 import socket
 
 import numpy as np
@@ -129,5 +130,57 @@ async def test_the_director_passes_the_engine_tokens_to_the_scheduler() -> None:
         tokens = produced(state, "token-producer")
         assert tokens.exact
         assert np.frombuffer(tokens.data, "<u4").tolist() == token_ids("one two three four")
+    finally:
+        await server.stop()
+
+
+async def test_through_the_ext_proc_server_the_decision_uses_the_engines_tokens() -> None:
+    """The render call runs in the grpc.aio adapter before the stream decides (the stream itself is pure)."""
+    from prometheus_client import CollectorRegistry
+
+    from epp.extproc.server import ExternalProcessor
+    from epp.extproc.stream import StreamSettings
+    from epp.observability.metrics import PickerMetrics
+    from tests.extproc.envoy import body_msg, headers_msg
+
+    server = await _sim()
+    try:
+        doc = {
+            **BASE,
+            "plugins": [
+                {
+                    "type": "token-producer",
+                    "parameters": {"modelName": DEFAULT_MODEL, "vllm": {"url": f"http://127.0.0.1:{server.port}"}},
+                },
+                {"type": "queue-scorer"},
+            ],
+            "schedulingProfiles": [{"name": "p", "plugins": [{"pluginRef": "queue-scorer"}]}],
+        }
+        table = EndpointTable()
+        table.replace_all([EndpointInfo(address="127.10.0.1:8000")])
+        table.synced = True
+        director = Director(table, build_scheduler(parse_config(doc, "cfg.yaml")), clock=lambda: 0.0)
+        decisions = []
+
+        class Recording:
+            def __getattr__(self, name):
+                return getattr(director, name)
+
+            def decide(self, request, subset=None):
+                decisions.append(director.decide(request, subset))
+                return decisions[-1]
+
+        processor = ExternalProcessor(Recording(), PickerMetrics(CollectorRegistry()), StreamSettings())
+        text = "render me through the stream"
+        body = json.dumps({"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": text}]}).encode()
+
+        async def messages():
+            yield headers_msg()
+            yield body_msg(body, True)
+
+        answers = [a async for a in processor.Process(messages(), None)]
+        assert answers
+        assert server.render_calls == 1
+        assert [d.tokens for d in decisions] == [len(token_ids("<user>" + text))]  # not the estimate (9 vs 7)
     finally:
         await server.stop()

@@ -87,6 +87,15 @@ def test_the_picker_metadata_is_received_and_its_cluster_speaks_http2() -> None:
     assert http["explicit_http_config"] == {"http2_protocol_options": {}}
 
 
+def test_the_picker_connection_is_renewed_so_every_serving_worker_gets_streams() -> None:
+    http_options = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    epp = cluster(bootstrap_dict(options()), "epp")
+    common = epp["typed_extension_protocol_options"][http_options]["common_http_protocol_options"]
+    assert common == {"max_requests_per_connection": 1000}
+    unlimited = cluster(bootstrap_dict(options(epp_streams_per_connection=0)), "epp")
+    assert "common_http_protocol_options" not in unlimited["typed_extension_protocol_options"][http_options]
+
+
 def test_fail_open_continues_without_the_picker_into_the_pool() -> None:
     config = bootstrap_dict(options(FailureMode.FAIL_OPEN))
     assert ext_proc(config)["failure_mode_allow"] is True

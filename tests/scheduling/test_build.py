@@ -85,7 +85,7 @@ def test_build_refusals_name_file_plugin_and_why(plugins, refs, words) -> None:
     assert words in str(err.value)
 
 
-def test_two_profiles_are_refused_as_not_implemented() -> None:
+def test_two_profiles_without_a_disaggregating_handler_are_refused() -> None:
     config = parse_config(
         {
             **BASE,
@@ -97,7 +97,7 @@ def test_two_profiles_are_refused_as_not_implemented() -> None:
         },
         "cfg.yaml",
     )
-    with pytest.raises(ConfigError, match="only a single profile"):
+    with pytest.raises(ConfigError, match="single-profile-handler runs exactly one; use disagg-profile-handler"):
         build_scheduler(config)
 
 

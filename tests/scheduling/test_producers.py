@@ -310,3 +310,20 @@ def test_label_selector_refuses_a_bad_expression(expression) -> None:
     )
     with pytest.raises(ConfigError, match="matchExpressions"):
         build_scheduler(config)
+
+
+def test_check_config_lists_an_auto_created_producer_as_added() -> None:
+    """approximateprefix/README.md: the framework creates the default producer a consumer needs."""
+    from epp.scheduling.build import effective_plugins
+
+    config = _config(
+        [
+            {
+                "type": "prefix-cache-scorer",
+                "parameters": {"prefixMatchInfoProducerName": "approx-prefix-cache-producer"},
+            }
+        ],
+        [{"pluginRef": "prefix-cache-scorer"}],
+    )
+    added = {p.type_name for p in effective_plugins(config) if p.implicit}
+    assert "approx-prefix-cache-producer" in added

@@ -30,10 +30,20 @@ def run_envoy(tmp: Path, config: dict[str, Any], name: str, workers: int = 1) ->
 
 
 @contextlib.contextmanager
-def envoy(tmp: Path, epp_port: int, body_mode: str, response_body_mode: str = "", tls: bool = True) -> Iterator[int]:
+def envoy(
+    tmp: Path,
+    epp_port: int,
+    body_mode: str,
+    response_body_mode: str = "",
+    tls: bool = True,
+    streams_per_connection: int = 0,
+    workers: int = 1,
+) -> Iterator[int]:
     """A gateway Envoy in front of the picker (over TLS, its default) on a free loopback port; yields the
     listener port."""
     listen, admin = free_port(), free_port()
-    config = gateway_bootstrap(listen, admin, epp_port, body_mode, response_body_mode, tls=tls)
-    with run_envoy(tmp, config, str(listen)):
+    config = gateway_bootstrap(
+        listen, admin, epp_port, body_mode, response_body_mode, tls=tls, streams_per_connection=streams_per_connection
+    )
+    with run_envoy(tmp, config, str(listen), workers):
         yield listen

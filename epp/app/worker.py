@@ -1,0 +1,280 @@
+"""One serving worker of `epp serve --workers N`: an ext_proc server on the shared port, deciding on the control
+process's view of the pool.
+
+The control process (epp.app.workers) owns discovery, leader election, config and the scrapers; a worker owns
+only a gRPC server (SO_REUSEPORT on the ext_proc port, TLS as the control process was told) and a Director. What
+it decides on comes through memory it shares with the control process:
+
+- the endpoint rows (`epp.scrape.process.write_rows` layout, by the control process's slot, seqlocked), and the
+  membership with its tokens as messages on a socket pair (membership changes rarely; rows change every scrape);
+- the in-flight matrix: one row per worker, one column per endpoint, (in flight, picks since the last scrape,
+  prompt tokens in flight).
+  Each worker writes its own row when it books or releases a pick; every decision reads the sum over all rows,
+  refreshed every `REFRESH_S`, so a burst split over workers is seen whole, as one process would see it;
+- a stats row (streams started) the control process shows per worker in /metrics.
+
+The prefix index stays per worker: each worker's prefix scorer learns from its own picks (see docs/architecture.md).
+The worker's own metrics go to the control process as exposition text every `METRICS_S`, summed there.
+If the control process dies, the socket closes and the worker drains and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import mmap
+import os
+import signal
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from epp.datastore.table import EndpointInfo, EndpointTable
+from epp.observability.relay import RelayHandler
+from epp.scrape.process import FAILURES, NCOL, OK, VALUES, VERSION, read_rows
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 0.01  # shared rows and in-flight sums → this worker's table
+METRICS_S = 0.5  # this worker's exposition → the control process
+INFLIGHT, PICKS, TOKENS = 0, 1, 2  # the in-flight matrix's columns: picks in flight, picks since scrape, tokens
+MATRIX_COLUMNS = 3
+STATS_COLUMNS = 2  # streams started, pid
+_SCRAPED_AT = 7  # the row's column of `scraped_at` (VALUES is columns 1..7)
+
+
+def shared_array(fd: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An array over a memfd both processes map (no name in /dev/shm: nothing is left behind by a SIGKILL)."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    buffer = mmap.mmap(fd, size)
+    return np.ndarray(shape, dtype=dtype, buffer=buffer)
+
+
+class MirrorTable(EndpointTable):
+    """The control process's endpoint table as one worker sees it, with every worker's picks in flight summed."""
+
+    def __init__(self, rows: np.ndarray, inflight: np.ndarray, me: int) -> None:
+        super().__init__()
+        self._rows = rows
+        self._matrix = inflight
+        self._me = me
+        n = rows.shape[0]
+        self._tokens = np.full(n, -1.0)
+        self._applied = np.zeros(n)
+        self._local = np.full(n, -1, dtype=np.int64)  # control slot → our slot
+        self._control = np.zeros(0, dtype=np.int64)  # our slot → control slot (-1: none)
+        self._high = 0
+        self._pairs = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))  # (our slots, control slots)
+        inflight[me] = 0
+
+    def mirror(self, members: list[tuple[int, float, EndpointInfo, list[str], list[str]]]) -> None:
+        """The control process's membership: (its slot, token, info, running adapters, waiting adapters)."""
+        self.replace_all(info for _, _, info, _, _ in members)
+        old_tokens = self._tokens.copy()
+        self._tokens[:] = -1.0
+        self._local[:] = -1
+        self._control = np.full(len(self.column("present")), -1, dtype=np.int64)
+        for slot, token, info, running, waiting in members:
+            local = self.slot_of(info.address)
+            if local is None:
+                continue
+            self._tokens[slot] = token
+            self._local[slot] = local
+            self._control[local] = slot
+            self.set_adapters(local, running, waiting)
+        self._applied[self._tokens != old_tokens] = 0.0  # another endpoint in that row: take its rows afresh
+        self._high = max((m[0] for m in members), default=-1) + 1
+        ours = np.flatnonzero(self._control >= 0)
+        self._pairs = (ours, self._control[ours])
+        gone = np.flatnonzero((old_tokens >= 0) & (self._tokens != old_tokens))
+        self._matrix[self._me, gone] = 0  # our picks on an endpoint that left are nobody's load
+
+    def refresh(self) -> int:
+        """Take the rows scraped since the last call and everyone's in-flight sums; returns the rows taken."""
+        n = self._high
+        taken = 0
+        if n:
+            slots, rows = read_rows(self._rows[:n], self._tokens[:n], self._applied[:n])
+            if slots.size:
+                local = self._local[slots]
+                keep = local >= 0
+                slots, rows, local = slots[keep], rows[keep], local[keep]
+                seen = np.nan_to_num(self.column("scraped_at")[local], nan=-np.inf)
+                fresh = rows[:, _SCRAPED_AT] > seen
+                self.write_scrape_rows(local, rows[:, VALUES], rows[:, OK] > 0, rows[:, FAILURES].astype(np.int64))
+                self._applied[slots] = rows[:, VERSION]
+                self._matrix[self._me, slots[fresh], PICKS] = 0  # a fresh page shows our picks: stop adding them
+                taken = int(slots.size)
+        ours, theirs = self._pairs
+        if ours.size:
+            totals = self._matrix[:, theirs, :].sum(axis=0)
+            self._cols["inflight"][ours] = totals[:, INFLIGHT]
+            self._cols["picks_since_scrape"][ours] = totals[:, PICKS]
+            self._cols["inflight_tokens"][ours] = totals[:, TOKENS]
+        return taken
+
+    def book_pick(self, slot: int, tokens: int = 0) -> None:
+        super().book_pick(slot, tokens)
+        control = self._control[slot] if slot < len(self._control) else -1
+        if control >= 0:
+            row = self._matrix[self._me, control]
+            row[INFLIGHT] += 1
+            row[PICKS] += 1
+            row[TOKENS] += tokens
+
+    def release_pick(self, slot: int, tokens: int = 0) -> None:
+        super().release_pick(slot, tokens)
+        control = self._control[slot] if slot < len(self._control) else -1
+        if control >= 0:
+            row = self._matrix[self._me, control]
+            row[INFLIGHT] = max(0, int(row[INFLIGHT]) - 1)
+            row[TOKENS] = max(0, int(row[TOKENS]) - tokens)
+
+
+class _CountingObserver:
+    """The worker's metrics as the ext_proc server's observer, counting started streams in the shared stats row."""
+
+    def __init__(self, inner: Any, stats: np.ndarray) -> None:
+        self._inner = inner
+        self._stats = stats
+
+    def stream_started(self) -> None:
+        self._stats[0] += 1
+        self._inner.stream_started()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def _worker(conn: Connection, args: argparse.Namespace, index: int, arrays: tuple[np.ndarray, ...]) -> int:
+    import grpc
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from epp.app.config_file import load_config, parser_chain_of
+    from epp.app.serve import extproc_server, server_limits, settle_garbage_collector
+    from epp.cli.scrape_flags import scrape_settings_from_args
+    from epp.datastore.objectives import ObjectiveStore
+    from epp.datastore.pool import FailureMode
+    from epp.director import Director
+    from epp.extproc.server import ExternalProcessor
+    from epp.extproc.stream import StreamSettings
+    from epp.observability.metrics import PickerMetrics
+    from epp.scheduling import build_scheduler
+
+    rows, matrix, stats = arrays
+    stats[index, 1] = os.getpid()
+    allow_experimental = bool(getattr(args, "allow_experimental_plugins", False))
+    config_text = getattr(args, "config_text", None)
+    config = None
+    if config_text is not None:
+        config = load_config(None, text=config_text, allow_experimental=allow_experimental, warn=False)
+    elif args.config_file:
+        config = load_config(args.config_file, allow_experimental=allow_experimental, warn=False)
+    scrape = scrape_settings_from_args(args)
+    scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness, allow_experimental=allow_experimental)
+    table = MirrorTable(rows, matrix, index)
+    objectives = ObjectiveStore()
+    failure = [FailureMode.FAIL_CLOSE]
+    registry = CollectorRegistry(auto_describe=True)
+
+    def endpoint_name(address: str) -> tuple[str, str, str]:
+        slot = table.slot_of(address)
+        info = table.info(slot) if slot is not None else None
+        name = info.pod_name if info is not None and info.pod_name else address
+        return name, namespace[0], address.rpartition(":")[2]
+
+    namespace = [""]
+    metrics = PickerMetrics(registry, labels=objectives, endpoint_name=endpoint_name)
+    director = Director(
+        table,
+        scheduler,
+        clock=time.monotonic,
+        failure_mode=lambda: failure[0],
+        observer=metrics,
+        objectives=objectives,
+        saturation=scheduler.saturation,
+        federation=None,
+        honour_subset=not getattr(args, "disable_endpoint_subset_filter", False),
+        test_selection=bool(getattr(args, "enable_test_endpoint_selection", False)),
+    )
+    processor = ExternalProcessor(
+        director,
+        _CountingObserver(metrics, stats[index]),
+        StreamSettings(max_body_bytes=args.max_body_bytes, parsers=parser_chain_of(config)),
+        limits=server_limits(args),
+    )
+    server: grpc.aio.Server = extproc_server(args, processor, reuse_port=True)
+    stop = asyncio.Event()
+
+    def on_message() -> None:
+        try:
+            while conn.poll():
+                msg = conn.recv()
+                if msg[0] == "members":
+                    table.mirror(msg[1])
+                    failure[0] = FailureMode(msg[2])
+                    objectives.replace_objectives(msg[3])
+                    objectives.replace_rewrites(msg[4])
+                    namespace[0] = msg[5]
+                    table.synced = True
+                elif msg[0] == "stop":
+                    stop.set()
+        except (EOFError, OSError):
+            stop.set()  # the control process is gone: drain and exit
+
+    loop = asyncio.get_running_loop()
+    loop.add_reader(conn.fileno(), on_message)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # sent to the worker itself (or its group): drain, as on "stop"
+        loop.add_signal_handler(sig, stop.set)
+    settle_garbage_collector()
+    await server.start()
+    conn.send(("ready", os.getpid()))
+    next_metrics = 0.0
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), REFRESH_S)
+            table.refresh()
+            if loop.time() >= next_metrics:
+                next_metrics = loop.time() + METRICS_S
+                with contextlib.suppress(OSError):
+                    conn.send(("metrics", generate_latest(registry)))
+    finally:
+        loop.remove_reader(conn.fileno())
+        await server.stop(args.grace_period)
+        matrix[index] = 0  # nothing of ours is in flight any more
+    return 0
+
+
+def _main(argv: list[str]) -> int:
+    conn = Connection(int(argv[1]))
+    index, rows, workers = int(argv[5]), int(argv[6]), int(argv[7])
+    arrays = (
+        shared_array(int(argv[2]), (rows, NCOL), np.float64),
+        shared_array(int(argv[3]), (workers, rows, MATRIX_COLUMNS), np.int64),
+        shared_array(int(argv[4]), (workers, STATS_COLUMNS), np.int64),
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [RelayHandler(lambda data: conn.send(("log", data)))]
+    first = conn.recv()
+    args: argparse.Namespace = first[1]
+    root.setLevel(first[2])
+    if args.tls.enabled:  # before gRPC's first import, as `epp serve` does: it reads its cipher list then
+        from epp.app.tls import tls_policy
+
+        tls_policy(args.tls)
+    from epp.app.serve import run_loop
+
+    with contextlib.suppress(KeyboardInterrupt):
+        return run_loop(_worker(conn, args, index, arrays))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(_main(sys.argv))

@@ -1,0 +1,226 @@
+"""`precise-prefix-cache-producer`: per-endpoint prefix match from the engines' own KV-cache events.
+
+The approximate producer guesses what each server caches from the picks this picker made; this one asks an index
+built from the engines' `BlockStored` / `BlockRemoved` / `AllBlocksCleared` events (`epp.kvevents`). The request's
+engine token ids (the `token-producer`'s vllm backend) are cut into block keys exactly as the index cuts each event's
+`token_ids`, so the lookup finds what the engine really holds whatever its own hash algorithm or seed.
+
+Where the index cannot be trusted for an endpoint, that endpoint's match falls back to the approximate producer's
+(this plugin keeps one, fed by its picks), counted by reason:
+- `absent`: no event ever heard from the endpoint (no publisher, wrong port, not yet connected);
+- `stale`: the picker sent it a request that had to store new blocks (at least `EXPECT_STORE_TOKENS` tokens it did
+  not hold: more than any engine's block) more than `staleAfter` ago, and no event has arrived since: such a
+  prefill publishes stores, so the stream has stopped (an idle engine, or one serving cache hits, sends nothing
+  and stays trusted);
+- `no_tokens`: the request has no engine token ids (the render call failed and the estimate stood in), so no
+  endpoint can be matched precisely.
+
+Speculative entries (upstream's `speculativeIndexing`): the chosen endpoint is credited with the request's blocks
+for `speculativeTTL` (2 s) after the pick, until its events can have arrived, so a burst of requests sharing a new
+prefix does not scatter before the first prefill's stores are seen.
+
+The index is reached through `KvIndexView` (the composition layer gives the serving process a view over the
+feeder's shared-memory table; the virtual-time benchmark an in-process `KvBlockIndex`). Pure: `state.now`, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import ClassVar, Protocol
+
+import numpy as np
+
+from epp.kvevents.blockkeys import BlockKeys, U64Array
+from epp.kvevents.index import KvBlockIndex
+from epp.scheduling.framework import CycleState, PrefixMatch, produced, publish
+from epp.scheduling.producers import ApproxPrefixCacheProducer, tokenized
+
+FALLBACK_REASONS = ("absent", "stale", "no_tokens")
+EXPECT_STORE_TOKENS = 512  # uncached prompt tokens after which a pick must produce a BlockStored
+NEVER = float("-inf")
+
+
+class KvIndexView(Protocol):
+    """What the producer reads of the KV-event index, by endpoint address (`ip:port`)."""
+
+    def prefix_blocks(self, keys: U64Array) -> Mapping[str, int]:
+        """Per endpoint holding the first key, how many leading keys it holds."""
+        ...
+
+    def last_event_at(self, endpoint: str) -> float:
+        """When the endpoint's last event batch arrived (−inf: never), on the clock of `CycleState.now`."""
+        ...
+
+
+class LocalIndexView:
+    """A `KvIndexView` over an index in the same process (tests, the virtual-time benchmark)."""
+
+    def __init__(self, index: KvBlockIndex) -> None:
+        self.index = index
+
+    def prefix_blocks(self, keys: U64Array) -> Mapping[str, int]:
+        return self.index.match(keys.tolist())
+
+    def last_event_at(self, endpoint: str) -> float:
+        return self.index.last_event_at(endpoint)
+
+
+class _NoIndex:
+    """Until the composition layer attaches the feeder's table: every endpoint is absent."""
+
+    def prefix_blocks(self, keys: U64Array) -> Mapping[str, int]:
+        return {}
+
+    def last_event_at(self, endpoint: str) -> float:
+        return NEVER
+
+
+class PrecisePrefixCacheProducer:
+    """Publishes a `PrefixMatch` (blocks of `block_size` tokens) for `prefix-cache-scorer`."""
+
+    type_name = "precise-prefix-cache-producer"
+    ORDER: ClassVar[int] = 10
+
+    def __init__(
+        self,
+        name: str = "precise-prefix-cache-producer",
+        block_size: int = 16,
+        hash_seed: str = "",
+        socket_port: int = 5557,
+        replay_port: int | None = None,
+        topic_filter: str = "kv@",
+        max_blocks_per_endpoint: int = 65_536,
+        max_request_blocks: int = 8192,
+        stale_after_s: float = 10.0,
+        speculative: bool = False,
+        speculative_ttl_s: float = 2.0,
+        token_producer: str = "token-producer",
+    ) -> None:
+        self.name = name
+        self.block_size = block_size
+        self.hash_seed = hash_seed
+        self.socket_port = socket_port
+        self.replay_port = replay_port
+        self.topic_filter = topic_filter
+        self.max_blocks_per_endpoint = max_blocks_per_endpoint
+        self.stale_after_s = stale_after_s
+        self.speculative = speculative
+        self.speculative_ttl_s = speculative_ttl_s
+        self.token_producer = token_producer
+        self.keys = BlockKeys(block_size, hash_seed, max_request_blocks)
+        self.view: KvIndexView = _NoIndex()
+        self.approx = ApproxPrefixCacheProducer(
+            f"{name}:approximate", block_tokens=block_size, max_tokens=block_size * max_request_blocks, auto_tune=False
+        )
+        self.fallbacks: dict[str, int] = dict.fromkeys(FALLBACK_REASONS, 0)
+        self.precise_picks = 0
+        # endpoint → when the picker first sent it a request that no event has answered yet
+        self._unanswered: dict[str, float] = {}
+        # speculative entries: block key → {endpoint: expiry}, oldest insertions first
+        self._spec: OrderedDict[int, dict[str, float]] = OrderedDict()
+        self._key = f"precise-prefix:{name}"
+
+    # -- per endpoint state ------------------------------------------------------------------------------------
+
+    def attach(self, view: KvIndexView) -> None:
+        self.view = view
+
+    def trust(self, endpoint: str, now: float) -> str | None:
+        """None when the endpoint's entries are trusted, otherwise the fallback reason (absent, stale)."""
+        last = self.view.last_event_at(endpoint)
+        if last == NEVER:
+            return "absent"
+        sent = self._unanswered.get(endpoint)
+        if sent is None:
+            return None
+        if last >= sent:
+            del self._unanswered[endpoint]
+            return None
+        return "stale" if now - sent > self.stale_after_s else None
+
+    def freshness(self, endpoint: str, now: float) -> dict[str, object]:
+        """For /debug/pool: the last event's age and whether the endpoint is trusted."""
+        last = self.view.last_event_at(endpoint)
+        reason = self.trust(endpoint, now)
+        return {
+            "lastEventAgeSeconds": None if last == NEVER else round(max(0.0, now - last), 3),
+            "precise": reason is None,
+            "fallbackReason": reason,
+        }
+
+    # -- the pick ----------------------------------------------------------------------------------------------
+
+    def produce(self, state: CycleState) -> None:
+        self.approx.produce(state)
+        approx: PrefixMatch = produced(state, self.approx.name)
+        tokens = tokenized(state, self.token_producer)
+        if not tokens.exact:
+            self.fallbacks["no_tokens"] += 1
+            state.scratch[self._key] = None
+            publish(state, self.name, approx)
+            return
+        ids = np.frombuffer(tokens.data, dtype="<u4").astype(np.uint64)
+        keys = self.keys.request_keys(ids)
+        snapshot = state.snapshot
+        matched = np.zeros(snapshot.present.size)
+        held = self.view.prefix_blocks(keys) if keys.size else {}
+        spec = self._speculative(keys, state.now) if self.speculative and self._spec else {}
+        scale = approx.block_tokens / self.block_size if approx.block_tokens > 0 else 0.0
+        used_fallback = False
+        addresses = snapshot.addresses
+        for slot in state.candidates.tolist():
+            address = addresses[slot]
+            reason = self.trust(address, state.now)
+            if reason is None:
+                matched[slot] = max(held.get(address, 0), spec.get(address, 0))
+            else:
+                self.fallbacks[reason] += 1
+                used_fallback = True
+                if approx.matched.size > slot:
+                    matched[slot] = min(float(keys.size), float(approx.matched[slot]) * scale)
+        if not used_fallback:
+            self.precise_picks += 1
+        state.scratch[self._key] = (keys, matched)
+        publish(state, self.name, PrefixMatch(matched, int(keys.size), self.block_size))
+
+    def picked(self, state: CycleState, slot: int) -> None:
+        self.approx.picked(state, slot)
+        address = state.snapshot.addresses[slot]
+        cached = state.scratch.get(self._key)
+        if cached is None:
+            return
+        keys, matched = cached
+        if (len(keys) - matched[slot]) * self.block_size >= EXPECT_STORE_TOKENS:
+            self._unanswered.setdefault(address, state.now)
+        if self.speculative and len(keys):
+            self._remember(keys, address, state.now + self.speculative_ttl_s)
+
+    # -- speculative entries -----------------------------------------------------------------------------------
+
+    MAX_SPECULATIVE_KEYS: ClassVar[int] = 1 << 18
+
+    def _remember(self, keys: U64Array, address: str, expiry: float) -> None:
+        spec = self._spec
+        for key in keys.tolist():
+            holders = spec.get(key)
+            if holders is None:
+                spec[key] = {address: expiry}
+            else:
+                holders[address] = expiry
+                spec.move_to_end(key)
+        while len(spec) > self.MAX_SPECULATIVE_KEYS:
+            spec.popitem(last=False)
+
+    def _speculative(self, keys: U64Array, now: float) -> dict[str, int]:
+        out: dict[str, int] = {}
+        alive: set[str] | None = None
+        for n, key in enumerate(keys.tolist(), 1):
+            holders = self._spec.get(key)
+            here = {a for a, exp in holders.items() if exp > now} if holders else set()
+            alive = here if alive is None else alive & here
+            if not alive:
+                break
+            for a in alive:
+                out[a] = n
+        return out

@@ -1,0 +1,86 @@
+"""The state serving workers share: each worker writes its own in-flight row, every decision sees the sum; the
+control process's rows reach a worker's table; the workers' metrics are summed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from epp.app.worker import MATRIX_COLUMNS, MirrorTable
+from epp.app.workers import merge_expositions
+from epp.datastore.table import EndpointInfo
+from epp.scrape.process import NCOL, TOKEN, write_rows
+
+
+def members(n: int) -> list[tuple[int, float, EndpointInfo, list[str], list[str]]]:
+    return [(slot, float(slot), EndpointInfo(f"127.0.0.1:{8000 + slot}"), [], []) for slot in range(n)]
+
+
+def shared(workers: int = 2, rows: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    block = np.zeros((rows, NCOL))
+    block[:, TOKEN] = -1.0
+    return block, np.zeros((workers, rows, MATRIX_COLUMNS), dtype=np.int64)
+
+
+def test_each_worker_sees_every_workers_picks_in_flight() -> None:
+    block, matrix = shared()
+    a, b = MirrorTable(block, matrix, 0), MirrorTable(block, matrix, 1)
+    for table in (a, b):
+        table.mirror(members(3))
+    a.book_pick(a.slot_of("127.0.0.1:8001") or 0)
+    b.book_pick(b.slot_of("127.0.0.1:8001") or 0)
+    b.book_pick(b.slot_of("127.0.0.1:8002") or 0)
+    a.refresh()
+    inflight = {address: int(a.column("inflight")[a.slot_of(address) or 0]) for address in a.addresses()}
+    assert inflight == {"127.0.0.1:8000": 0, "127.0.0.1:8001": 2, "127.0.0.1:8002": 1}
+    b.release_pick(b.slot_of("127.0.0.1:8001") or 0)
+    a.refresh()
+    assert int(a.column("inflight")[a.slot_of("127.0.0.1:8001") or 0]) == 1
+    assert matrix[1].sum(axis=0).tolist() == [1, 2, 0]  # b's own row: one in flight, two picks since the scrape
+
+
+def test_a_dead_workers_cleared_row_stops_counting() -> None:
+    block, matrix = shared()
+    a, b = MirrorTable(block, matrix, 0), MirrorTable(block, matrix, 1)
+    for table in (a, b):
+        table.mirror(members(2))
+    for _ in range(5):
+        b.book_pick(0)
+    a.refresh()
+    assert int(a.column("inflight")[0]) == 5
+    matrix[1] = 0  # what the control process does when worker 1 dies
+    a.refresh()
+    assert int(a.column("inflight")[0]) == 0
+
+
+def test_published_rows_reach_the_worker_and_a_fresh_page_resets_its_picks() -> None:
+    block, matrix = shared(workers=1)
+    table = MirrorTable(block, matrix, 0)
+    table.mirror(members(2))
+    table.book_pick(table.slot_of("127.0.0.1:8001") or 0)
+    values = np.array([[3.0, 1.0, 0.5, 4.0, 16.0, 100.0, 10.0]])
+    write_rows(block, np.array([1]), np.array([1.0]), values, np.array([1.0]), np.array([0.0]))
+    assert table.refresh() == 1
+    slot = table.slot_of("127.0.0.1:8001") or 0
+    assert table.column("waiting")[slot] == 3.0
+    assert table.column("kv_usage")[slot] == 0.5
+    assert int(table.column("picks_since_scrape")[slot]) == 0  # the page shows that pick already
+    assert int(table.column("inflight")[slot]) == 1  # still in flight until its response ends
+    assert table.refresh() == 0  # nothing new
+
+
+def test_rows_of_a_replaced_endpoint_are_ignored() -> None:
+    block, matrix = shared(workers=1)
+    table = MirrorTable(block, matrix, 0)
+    table.mirror(members(1))
+    values = np.array([[3.0, 1.0, 0.5, 4.0, 16.0, 100.0, 10.0]])
+    write_rows(block, np.array([0]), np.array([7.0]), values, np.array([1.0]), np.array([0.0]))  # another token
+    assert table.refresh() == 0
+    assert np.isnan(table.column("waiting")[0])
+
+
+def test_worker_expositions_are_summed_by_labels() -> None:
+    one = b'# HELP x_total Things.\n# TYPE x_total counter\nx_total{model="a"} 2.0\nx_total{model="b"} 1.0\n'
+    two = b'# HELP x_total Things.\n# TYPE x_total counter\nx_total{model="a"} 3.0\n'
+    (family,) = merge_expositions([one, two])
+    summed = {s.labels["model"]: s.value for s in family.samples}
+    assert summed == {"a": 5.0, "b": 1.0}

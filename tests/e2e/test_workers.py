@@ -1,0 +1,152 @@
+"""`epp serve --workers 2` through a real Envoy: both workers serve, a burst spreads as with one process, and a
+SIGKILLed worker is replaced without failing requests it did not hold."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.conftest import Picker, start_picker
+from tests.support.envoy import envoy
+from tests.support.procs import free_port, http_ok, port_open, running, wait_until
+
+CHAT = "/v1/chat/completions"
+ENDPOINTS = 4
+
+
+@pytest.fixture(scope="module")
+def four_backends(e2e_tmp: Path) -> Iterator[list[str]]:
+    import sys
+
+    ports = [free_port() for _ in range(ENDPOINTS)]
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    argv = [sys.executable, "-m", "tests.support.echo_backend", ",".join(addresses)]
+    with running(argv, e2e_tmp / "workers-backends.log") as proc:
+        for p in ports:
+            wait_until(lambda p=p: port_open(p), 15, f"backend {p}", proc)
+        yield addresses
+
+
+def worker_streams(picker: Picker) -> dict[str, float]:
+    import urllib.request
+
+    with urllib.request.urlopen(picker.url("/metrics"), timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "epp_worker_streams":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    out[sample.labels["worker"]] = sample.value
+    return out
+
+
+def debug_pool(picker: Picker) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(picker.url("/debug/pool"), timeout=5) as r:
+        report: dict[str, Any] = json.loads(r.read())
+    return report
+
+
+def debug_workers(picker: Picker) -> list[dict[str, Any]]:
+    workers: list[dict[str, Any]] = debug_pool(picker)["workers"]
+    return workers
+
+
+def all_scraped(picker: Picker) -> bool:
+    """Every endpoint has had its first page: none is preferred for being the only one known."""
+    return all(e["metricsAgeSeconds"] is not None for e in debug_pool(picker)["endpoints"])
+
+
+async def burst(gateway: str, n: int, concurrency: int) -> tuple[Counter[str], list[int]]:
+    served: Counter[str] = Counter()
+    failed: list[int] = []
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(session: aiohttp.ClientSession, i: int) -> None:
+        body = {"model": "m1", "messages": [{"role": "user", "content": f"request {i}: " + "lorem ipsum " * 30}]}
+        async with semaphore, session.post(gateway + CHAT, json=body) as r:
+            data = await r.read()
+            if r.status != 200:
+                failed.append(r.status)
+                return
+        served[json.loads(data)["served_by"]] += 1
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        await asyncio.gather(*(one(session, i) for i in range(n)))
+    return served, failed
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-workers"])
+def workers_gateway(
+    request: pytest.FixtureRequest, envoy_available: None, e2e_tmp: Path, four_backends: list[str]
+) -> Iterator[tuple[int, Picker, str]]:
+    workers = int(request.param)
+    # Scrapes far apart (the echo backends have no /metrics anyway): only the pickers' own bookings move the
+    # choice, which is what a burst between two scrapes is.
+    argv, picker = start_picker(
+        e2e_tmp,
+        ",".join(four_backends),
+        "--workers",
+        str(workers),
+        "--refresh-metrics-interval",
+        "10s",
+        "--metrics-staleness-threshold",
+        "60s",
+    )
+    with running(argv, e2e_tmp / f"picker-workers-{workers}.log") as proc:
+        wait_until(lambda: http_ok(picker.url("/readyz")), 60, "epp serve --workers", proc)
+        if workers > 1:  # ready as soon as one serves; the split is measured with every worker up
+            wait_until(lambda: all(w["serving"] for w in debug_workers(picker)), 60, "every worker", proc)
+        wait_until(lambda: all_scraped(picker), 60, "every endpoint's first scrape", proc)
+        # Two Envoy worker threads, a new connection to the picker every 5 streams: the kernel spreads connections.
+        with envoy(e2e_tmp, picker.grpc_port, "BUFFERED", streams_per_connection=5, workers=2) as port:
+            yield workers, picker, f"http://127.0.0.1:{port}"
+
+
+async def test_a_burst_spreads_over_the_pool_and_every_worker_serves(workers_gateway: tuple[int, Picker, str]) -> None:
+    workers, picker, gateway = workers_gateway
+    served, failed = await burst(gateway, 100, 20)
+    assert failed == []
+    assert sum(served.values()) == 100
+    assert len(served) == ENDPOINTS
+    # The one-process bound of tests/scheduling (≤ 20 of 100 on 8 endpoints), scaled to 4: no endpoint herded.
+    assert max(served.values()) <= 40, served
+    if workers > 1:
+        streams = worker_streams(picker)
+        assert set(streams) == {"0", "1"}
+        assert all(count > 0 for count in streams.values()), streams
+
+
+async def test_a_killed_worker_is_replaced_and_the_others_keep_serving(
+    workers_gateway: tuple[int, Picker, str],
+) -> None:
+    workers, picker, gateway = workers_gateway
+    if workers == 1:
+        pytest.skip("one process: there is no worker to kill")
+    before = debug_workers(picker)
+    victim = before[0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    # Requests while it is down: Envoy's streams on the killed connection fail (those it held); new ones land on
+    # the surviving worker.
+    _, failed = await burst(gateway, 50, 5)
+    wait_until(lambda: debug_workers(picker)[0]["pid"] not in (None, victim), 60, "the worker's replacement")
+    wait_until(lambda: debug_workers(picker)[0]["serving"], 60, "the replacement serving")
+    after = debug_workers(picker)
+    assert after[0]["restarts"] == 1
+    assert "SIGKILL" in (after[0]["last_exit"] or "")
+    assert len(failed) <= 5, failed  # at most the streams in flight on the killed worker (concurrency 5)
+    served2, failed2 = await burst(gateway, 50, 5)
+    assert failed2 == []
+    assert sum(served2.values()) == 50

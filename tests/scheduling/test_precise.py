@@ -1,0 +1,217 @@
+"""precise-prefix-cache-producer: the engines' own KV events decide the prefix match; the approximate producer's
+answer stands in for an endpoint whose events are absent or stale. Upstream: dataproducer/preciseprefixcache."""
+
+from pathlib import Path
+
+import pytest
+
+from epp.config.decode import parse_config
+from epp.config.files import read_config
+from epp.errors import ConfigError
+from epp.kvevents.decode import AllBlocksCleared, BlockStored
+from epp.kvevents.index import KvBlockIndex
+from epp.scheduling import build_scheduler
+from epp.scheduling.framework import produced
+from epp.scheduling.precise import LocalIndexView, PrecisePrefixCacheProducer
+from epp.scheduling.producers import TokenProducer
+from tests.scheduling.tables import NOW, request, state, table_with
+
+BASE = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
+TOKENS = tuple(range(100, 164))  # 4 blocks of 16
+VLLM = {"type": "token-producer", "parameters": {"modelName": "m", "vllm": {"url": "http://127.0.0.1:8000"}}}
+
+
+def _config(plugins):
+    return parse_config(
+        {
+            **BASE,
+            "plugins": plugins,
+            "schedulingProfiles": [{"name": "p", "plugins": [{"pluginRef": "prefix-cache-scorer"}]}],
+        },
+        "cfg.yaml",
+    )
+
+
+def _stored(tokens, first_hash=1):
+    n = len(tokens) // 16
+    return BlockStored(list(range(first_hash, first_hash + n)), None, list(tokens), 16)
+
+
+def _setup(n=3):
+    snap = table_with([{}] * n).snapshot()
+    index = KvBlockIndex()
+    for address in snap.addresses:
+        index.add_endpoint(address)
+    producer = PrecisePrefixCacheProducer()
+    producer.attach(LocalIndexView(index))
+    return snap, index, producer
+
+
+def _produce(producer, snap, now=NOW, tokens=TOKENS):
+    TokenProducer(backend="vllm", model_name="m").produce(st := state(snap, request("x" * 256, token_ids=tokens), now))
+    producer.produce(st)
+    return st, produced(st, producer.name)
+
+
+def test_match_is_what_the_engines_reported() -> None:
+    snap, index, producer = _setup()
+    a, b, c = snap.addresses
+    index.apply(a, [_stored(TOKENS)], NOW)
+    index.apply(b, [_stored(TOKENS[:32])], NOW)
+    index.apply(c, [], NOW)  # heard from, holds nothing
+    _, match = _produce(producer, snap)
+    assert (match.total, match.block_tokens) == (4, 16)
+    assert match.matched.tolist() == [4, 2, 0]
+    assert producer.fallbacks == {"absent": 0, "stale": 0, "no_tokens": 0}
+
+
+def test_a_cleared_cache_is_no_longer_matched_though_the_approximate_producer_still_would() -> None:
+    snap, index, producer = _setup()
+    a = snap.addresses[0]
+    for address in snap.addresses:
+        index.apply(address, [], NOW)
+    index.apply(a, [_stored(TOKENS)], NOW)
+    st, match = _produce(producer, snap)
+    producer.picked(st, 0)
+    index.apply(a, [AllBlocksCleared()], NOW + 1)  # POST /reset_prefix_cache
+    st, match = _produce(producer, snap, NOW + 2)
+    assert match.matched.tolist() == [0, 0, 0]
+    assert produced(st, producer.approx.name).matched.tolist()[0] == 4  # approximate: still believes it
+
+
+def test_absent_and_stale_endpoints_fall_back_to_the_approximate_match() -> None:
+    snap, index, producer = _setup(2)
+    a, b = snap.addresses
+    index.apply(a, [_stored(TOKENS)], NOW)  # b never publishes
+    st, _ = _produce(producer, snap)
+    producer.picked(st, 1)  # the approximate producer now credits b
+    st, match = _produce(producer, snap, NOW + 1)
+    assert match.matched.tolist() == [4, 4]
+    assert producer.fallbacks["absent"] == 2
+    assert producer.freshness(b, NOW + 1)["fallbackReason"] == "absent"
+    # a serves a cache hit (nothing new to store, no event owed): still trusted long after
+    producer.picked(st, 0)
+    assert producer.trust(a, NOW + 30) is None
+    # a is sent a prompt it must store (1,024 new tokens), then its stream stops: stale once staleAfter passes
+    st, _ = _produce(producer, snap, NOW + 1, tokens=TOKENS + tuple(range(5000, 6024)))
+    producer.picked(st, 0)
+    assert producer.trust(a, NOW + 5) is None
+    assert producer.trust(a, NOW + 11.5) == "stale"
+    assert producer.freshness(a, NOW + 11.5) == {
+        "lastEventAgeSeconds": 11.5,
+        "precise": False,
+        "fallbackReason": "stale",
+    }
+    index.apply(a, [], NOW + 12)  # the stream resumes
+    assert producer.trust(a, NOW + 12) is None
+
+
+def test_an_idle_engine_that_sends_nothing_stays_trusted() -> None:
+    snap, index, producer = _setup(1)
+    index.apply(snap.addresses[0], [_stored(TOKENS)], NOW)
+    assert producer.trust(snap.addresses[0], NOW + 3600) is None
+
+
+def test_without_engine_token_ids_every_endpoint_uses_the_approximate_match() -> None:
+    snap, index, producer = _setup(1)
+    index.apply(snap.addresses[0], [_stored(TOKENS)], NOW)
+    st = state(snap, request("x" * 256))
+    TokenProducer(backend="vllm", model_name="m").produce(st)  # the render call failed: the estimate stands in
+    producer.produce(st)
+    assert producer.fallbacks["no_tokens"] == 1
+    assert produced(st, producer.name) is produced(st, producer.approx.name)
+
+
+def test_speculative_entries_credit_the_pick_until_its_events_arrive() -> None:
+    snap, index, producer = _setup(2)
+    producer.speculative = True
+    for address in snap.addresses:
+        index.apply(address, [], NOW)
+    st, match = _produce(producer, snap)
+    assert match.matched.tolist() == [0, 0]
+    producer.picked(st, 1)
+    _, match = _produce(producer, snap, NOW + 1)
+    assert match.matched.tolist() == [0, 4]
+    _, match = _produce(producer, snap, NOW + 2.5)  # speculativeTTL (2 s) passed
+    assert match.matched.tolist() == [0, 0]
+
+
+def test_upstream_parameters_map_and_the_rest_are_refused_by_name() -> None:
+    params = {
+        "tokenProcessorConfig": {"blockSize": 64, "hashSeed": "42"},
+        "indexerConfig": {"kvBlockIndexConfig": {"enableMetrics": True, "inMemoryConfig": {"size": 1000}}},
+        "kvEventsConfig": {"topicFilter": "kv", "podDiscoveryConfig": {"socketPort": 5556, "replaySocketPort": 5559}},
+        "speculativeIndexing": True,
+    }
+    scheduler = build_scheduler(
+        _config(
+            [
+                VLLM,
+                {"type": "precise-prefix-cache-producer", "parameters": params},
+                {
+                    "type": "prefix-cache-scorer",
+                    "parameters": {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"},
+                },
+            ]
+        )
+    )
+    (producer,) = [p for p in scheduler.profile.producers if isinstance(p, PrecisePrefixCacheProducer)]
+    assert (producer.block_size, producer.hash_seed, producer.topic_filter) == (64, "42", "kv")
+    assert (producer.socket_port, producer.replay_port, producer.max_blocks_per_endpoint) == (5556, 5559, 1000)
+    assert producer.speculative
+    for bad, word in [
+        ({"kvEventsConfig": {"zmqEndpoint": "tcp://*:5557"}}, "zmqEndpoint"),
+        ({"indexerConfig": {"kvBlockIndexConfig": {"redisConfig": {}}}}, "redisConfig"),
+        ({"nonsense": 1}, "nonsense"),
+    ]:
+        with pytest.raises(ConfigError, match=word):
+            build_scheduler(
+                _config(
+                    [
+                        VLLM,
+                        {"type": "precise-prefix-cache-producer", "parameters": bad},
+                        {"type": "prefix-cache-scorer"},
+                    ]
+                )
+            )
+
+
+def test_precise_mode_refuses_the_estimate_tokenizer_and_says_why() -> None:
+    with pytest.raises(ConfigError, match=r"estimate backend.*not the engine's"):
+        build_scheduler(
+            _config(
+                [{"type": "token-producer"}, {"type": "precise-prefix-cache-producer"}, {"type": "prefix-cache-scorer"}]
+            )
+        )
+    with pytest.raises(ConfigError, match="no token-producer"):
+        build_scheduler(_config([{"type": "precise-prefix-cache-producer"}, {"type": "prefix-cache-scorer"}]))
+
+
+def test_the_scorer_ranks_by_the_precise_match() -> None:
+    scheduler = build_scheduler(
+        _config(
+            [
+                {"type": "precise-prefix-cache-producer"},
+                VLLM,
+                {
+                    "type": "prefix-cache-scorer",
+                    "parameters": {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"},
+                },
+            ]
+        )
+    )
+    (producer,) = [p for p in scheduler.profile.producers if isinstance(p, PrecisePrefixCacheProducer)]
+    snap, index, _ = _setup(3)
+    producer.attach(LocalIndexView(index))
+    for address in snap.addresses:
+        index.apply(address, [], NOW)
+    index.apply(snap.addresses[2], [_stored(TOKENS)], NOW)
+    assert scheduler.pick(snap, snap.slots, request("x" * 256, token_ids=TOKENS), NOW)[0] == 2
+
+
+def test_upstreams_precise_sample_loads() -> None:
+    """deploy/config/epp-precise-prefix-cache-config.yaml: token-producer → precise producer → prefix-cache-scorer."""
+    config = read_config(Path(__file__).parents[1] / "data/epp-configs/llmd-router-precise-prefix-cache-config.yaml")
+    scheduler = build_scheduler(config)
+    (producer,) = [p for p in scheduler.profile.producers if isinstance(p, PrecisePrefixCacheProducer)]
+    assert (producer.block_size, producer.socket_port, producer.topic_filter) == (64, 5557, "kv@")
