@@ -54,6 +54,7 @@ def build(config_path: str | None) -> Callable[[], None]:
     from prometheus_client import CollectorRegistry
 
     from benchmarks.extproc_overhead import BODY
+
     try:
         from epp.app.config_file import load_config
     except ModuleNotFoundError:  # a checkout from before epp.app.config_file (--root on 3d82d65, say)
