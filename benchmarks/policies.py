@@ -11,18 +11,25 @@ are yardsticks, not features.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.workloads import Item, prompt_text
+from benchmarks.workloads import UNIT_TOKENS, Item, prompt_text
 from epp.app.config_file import load_config
+from epp.config.decode import parse_config
+from epp.config.model import EndpointPickerConfig
 from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
 from epp.director import Director
+from epp.kvevents.decode import Event
+from epp.kvevents.index import KvBlockIndex
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import ProfileScheduler, build_scheduler, upstream_default_config
-from epp.sim.engine import Engine, SimRequest
+from epp.scheduling.precise import LocalIndexView, PrecisePrefixCacheProducer
+from epp.sim.engine import Engine, KvRecord, SimRequest
+from epp.sim.kvevents import records_to_events
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -48,6 +55,11 @@ class Policy:
 
     def scrape(self, engines: Sequence[Engine], now: float) -> None:
         pass
+
+    wants_kv_events = False
+
+    def kv_records(self, server: int, records: list[KvRecord], now: float) -> None:
+        """The engine's cache records of one step (only when `wants_kv_events`)."""
 
 
 class RoundRobin(Policy):
@@ -207,6 +219,87 @@ class Split(Policy):
         """Called R times per scrape interval: one replica's scrape each time, in turn (the phase offset)."""
         self.replicas[self._tick % len(self.replicas)].scrape(engines, now)
         self._tick += 1
+
+
+def precise_config() -> EndpointPickerConfig:
+    """Our built-in profile with the prefix-cache scorer fed by precise-prefix-cache-producer (engine token ids
+    from a vllm token-producer): only the prefix signal changes against `epp`."""
+    doc = {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            {"type": "token-producer", "parameters": {"modelName": MODEL, "vllm": {"url": "http://127.0.0.1:8000"}}},
+            {"type": "precise-prefix-cache-producer"},
+            {
+                "type": "prefix-cache-scorer",
+                "parameters": {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"},
+            },
+            {"type": "utilization-detector"},
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "inflight-load-scorer"},
+            {"type": "max-score-picker"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": "utilization-detector"},
+                    {"pluginRef": "queue-scorer", "weight": 2},
+                    {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+                    {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                    {"pluginRef": "inflight-load-scorer", "weight": 2},
+                    {"pluginRef": "max-score-picker"},
+                ],
+            }
+        ],
+    }
+    return parse_config(doc, "<precise>")
+
+
+class PrecisePicker(Picker):
+    """`precise`: the picker whose prefix signal is the engines' own KV events, converted to vLLM events
+    (`epp.sim.kvevents.records_to_events`) and applied to a `KvBlockIndex` `delay_s` after the step that made them,
+    as the feeder would receive them; requests carry the engine's token ids (the render call's answer)."""
+
+    wants_kv_events = True
+
+    def __init__(self, n: int, seed: int, clock: Callable[[], float], delay_s: float) -> None:
+        scheduler = build_scheduler(precise_config(), seed=seed)
+        super().__init__("precise", n, scheduler, clock)
+        self.delay_s = delay_s
+        self.index = KvBlockIndex()
+        self.addresses = self.table.addresses()
+        for address in self.addresses:
+            self.index.add_endpoint(address)
+        (producer,) = [p for p in scheduler.profile.producers if isinstance(p, PrecisePrefixCacheProducer)]
+        producer.attach(LocalIndexView(self.index))
+        self.producer = producer
+        self._pending: deque[tuple[float, str, list[Event]]] = deque()
+
+    def kv_records(self, server: int, records: list[KvRecord], now: float) -> None:
+        events = records_to_events(records, UNIT_TOKENS)
+        if events:
+            self._pending.append((now + self.delay_s, self.table.addresses()[self.slots[server]], events))
+
+    def _deliver(self, now: float) -> None:
+        pending = self._pending
+        while pending and pending[0][0] <= now:
+            at, address, events = pending.popleft()
+            self.index.apply(address, events, at)
+
+    def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
+        self._deliver(now)
+        request = InferenceRequest(
+            request_id=str(index),
+            api=ApiKind.COMPLETIONS,
+            model=MODEL,
+            prompt=prompt_text(index, item),
+            token_ids=req.token_ids or None,
+        )
+        decision = self.director.decide(request)
+        self._decisions[index] = decision
+        return self._server_of[decision.slot]
 
 
 BASELINES = {"rr": RoundRobin, "random": Random, "least-queue": LeastQueue}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.policies import BASELINES, Oracle, Picker, Policy, Split, picker_scheduler
+from benchmarks.policies import BASELINES, Oracle, Picker, Policy, PrecisePicker, Split, picker_scheduler
 from benchmarks.virtual_time import capacity, simulate
 from benchmarks.workloads import WORKLOADS, Item, load, scaled_arrivals
 from epp.cli.flag_types import positive_duration
@@ -60,7 +60,9 @@ def split_of(name: str) -> tuple[str, int, int]:
     return base, int(replicas), int(workers or 1)
 
 
-def policy_factory(name: str, n: int, seed: int, config: Path | None) -> Callable[[Sequence[Engine], object], Policy]:
+def policy_factory(
+    name: str, n: int, seed: int, config: Path | None, kv_delay: float = 0.05
+) -> Callable[[Sequence[Engine], object], Policy]:
     base, replicas, workers = split_of(name)
     if replicas * workers > 1:
         upstream = base == "upstream"
@@ -76,6 +78,8 @@ def policy_factory(name: str, n: int, seed: int, config: Path | None) -> Callabl
         return lambda engines, clock: BASELINES[name](n, seed)
     if name == "oracle":
         return lambda engines, clock: Oracle(engines, seed)
+    if name == "precise":
+        return lambda engines, clock: PrecisePicker(n, seed, clock, kv_delay)  # type: ignore[arg-type]
     if name in ("epp", "upstream") or name.startswith("epp:"):
         upstream = name == "upstream"
         return lambda engines, clock: Picker(name, n, picker_scheduler(config, seed, upstream), clock)  # type: ignore[arg-type]
@@ -100,7 +104,7 @@ def run_one(
         items,
         arrivals,
         profiles,
-        policy_factory(policy, len(profiles), args.seed, config),
+        policy_factory(policy, len(profiles), args.seed, config, args.kv_events_delay),
         scrape_interval=args.scrape_interval / replicas,  # each replica scrapes once per interval, phases offset
     )
     cost = time.process_time() - started
@@ -216,6 +220,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--profiles", default="h100", help="comma list of server profiles, cycled (h100, l4)")
     p.add_argument("--scrape-interval", type=positive_duration, default=0.05, help="virtual seconds between scrapes")
+    p.add_argument(
+        "--kv-events-delay",
+        type=float,
+        default=0.05,
+        help="virtual seconds from an engine step to its KV events reaching the precise policy's index",
+    )
     p.add_argument("--warmup", type=float, default=0.1, help="fraction of first requests left out of latency stats")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

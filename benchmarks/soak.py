@@ -17,7 +17,12 @@ and the throughput of the last segment. The slope is a least-squares fit of RSS 
 whole run and for its second half (a plateau shows as a second-half slope near 0).
 
     .venv/bin/python -m benchmarks.soak [--mode inprocess|serve|envoy] [--requests 1000000] [--every 100000]
-        [--concurrency 32] [--tracemalloc] [--same-body] [--plaintext] [--scraped] [--heap]
+        [--concurrency 32] [--tracemalloc] [--same-body] [--plaintext] [--scraped] [--heap] [--trim]
+        [--body-kib N] [--warmup 2000]
+
+`--trim` (envoy) adds the picker's RSS after glibc's `malloc_trim(0)` at the end (through gdb): what it gives back
+was free memory the allocator kept, what stays is live. `EPP_SOAK_WRAP` prefixes the picker's command (e.g.
+`heaptrack -o /tmp/ht`) for a native heap profile.
 
 `--tracemalloc` (inprocess) adds the allocation sites that grew most between the first and the last checkpoint
 (slow: about 5x).
@@ -57,10 +62,15 @@ def rss_kib(pid: int | None = None) -> int:
 SAME_BODY = False  # --same-body: one prompt for every request (no new prefix-cache blocks after the first)
 
 
+BODY_KIB = 0  # --body-kib: pad each prompt to about this size (large bodies: many chunks per stream)
+WARMUP = 2_000  # --warmup: requests before the first checkpoint
+
+
 def body_of(i: int) -> bytes:
     if SAME_BODY:
         i = 0
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"question {i}: " + "why? " * 40}]
+    question = f"question {i}: " + ("why? " * (BODY_KIB * 1024 // 5) if BODY_KIB else "why? " * 40)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
     return json.dumps({"model": "meta-llama/Llama-3.1-8B-Instruct", "messages": messages}).encode()
 
 
@@ -300,8 +310,27 @@ def run_serve(requests: int, every: int, concurrency: int, scraped: bool = False
     return {"mode": "serve", "scraped": scraped, "concurrency": concurrency, **summary(checkpoints)}
 
 
+async def _envoy_upstream(session: Any, admin: int) -> dict[str, int]:
+    """Envoy's connections and streams to the picker so far (a new connection per N streams shows here)."""
+    url = f"http://127.0.0.1:{admin}/stats?filter=^cluster\\.epp\\.upstream_(cx_total|cx_active|rq_total)$"
+    async with session.get(url) as response:
+        text = await response.text()
+    return {k.rsplit(".", 1)[1]: int(v) for k, v in (line.split(": ") for line in text.splitlines() if ": " in line)}
+
+
+def _trimmed_rss(pid: int) -> int | None:
+    """RSS after glibc's malloc_trim(0) in the picker (via gdb): memory it gives back was free but kept (the
+    allocator's fragmentation or caching), what stays is live."""
+    argv = ["gdb", "-p", str(pid), "-batch", "-ex", "call (int)malloc_trim(0)", "-ex", "detach"]
+    try:
+        subprocess.run(argv, capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return rss_kib(pid)
+
+
 def run_envoy_mode(
-    requests: int, every: int, concurrency: int, plaintext: bool = False, heap: bool = False
+    requests: int, every: int, concurrency: int, plaintext: bool = False, heap: bool = False, trim: bool = False
 ) -> dict[str, Any]:
     import asyncio
     import tempfile
@@ -324,6 +353,7 @@ def run_envoy_mode(
             *(("--secure-serving=false",) if plaintext else ()),
             *(("--enable-pprof=true",) if heap else ()),
         )  # fmt: skip
+        argv = [*os.environ.get("EPP_SOAK_WRAP", "").split(), *argv]  # e.g. a native heap profiler
         env = {**os.environ, "PYTHONTRACEMALLOC": "1"} if heap else None
         heap_report: list[str] = []
         config = bootstrap(
@@ -336,7 +366,7 @@ def run_envoy_mode(
             [pool_cluster(), static_cluster("epp", epp_port, http2=True, tls=not plaintext)],
             free_port(),
         )  # fmt: skip
-        with running(argv, tmp / "epp.log", env) as epp, run_envoy(tmp, config, "soak"):
+        with running(argv, tmp / "epp.log", env) as epp, run_envoy(tmp, config, "soak") as admin:
             wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 30, "epp serve", epp)
             url = f"http://127.0.0.1:{front}/v1/chat/completions"
 
@@ -357,12 +387,14 @@ def run_envoy_mode(
 
                         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
-                    await segment(-2_000, 2_000)
+                    await segment(-WARMUP, WARMUP)
                     heap_url = f"http://127.0.0.1:{metrics_port}/debug/heap"
                     if heap:
                         async with session.get(heap_url) as response:
                             await response.text()  # the baseline the next call compares with
-                    checkpoints = [{"requests": 0, "rss_kib": rss_kib(epp.pid), "req_per_s": None}]
+                    checkpoints: list[dict[str, Any]] = [
+                        {"requests": 0, "rss_kib": rss_kib(epp.pid), "req_per_s": None}
+                    ]
                     done = 0
                     while done < requests:
                         count = min(every, requests - done)
@@ -376,6 +408,7 @@ def run_envoy_mode(
                                 "rss_kib": rss_kib(epp.pid),
                                 "req_per_s": rate,
                                 "statuses": dict(statuses),
+                                **await _envoy_upstream(session, admin),
                             }
                         )
                         print(json.dumps(checkpoints[-1]), flush=True)
@@ -385,6 +418,13 @@ def run_envoy_mode(
                 return checkpoints
 
             checkpoints = asyncio.run(drive())
+            if os.environ.get("EPP_SOAK_LOG"):
+                import shutil
+
+                shutil.copy(tmp / "epp.log", os.environ["EPP_SOAK_LOG"])
+            if trim:
+                checkpoints[-1]["rss_kib_after_malloc_trim"] = _trimmed_rss(epp.pid)
+                print(json.dumps({"rss_kib_after_malloc_trim": checkpoints[-1]["rss_kib_after_malloc_trim"]}))
         if heap_report:
             print(heap_report[-1])
     return {"mode": "envoy", "plaintext": plaintext, "concurrency": concurrency, **summary(checkpoints)}
@@ -401,16 +441,19 @@ def main() -> None:
     parser.add_argument("--plaintext", action="store_true", help="envoy: ext_proc without TLS")
     parser.add_argument("--scraped", action="store_true", help="serve: endpoints with a real /metrics page")
     parser.add_argument("--heap", action="store_true", help="envoy: tracemalloc in epp serve, /debug/heap growth")
+    parser.add_argument("--body-kib", type=int, default=0, help="pad every prompt to about this many KiB")
+    parser.add_argument("--warmup", type=int, default=2_000, help="envoy: requests before the first checkpoint")
+    parser.add_argument("--trim", action="store_true", help="envoy: RSS after malloc_trim(0) at the end (gdb)")
     args = parser.parse_args()
-    global SAME_BODY
-    SAME_BODY = args.same_body
+    global SAME_BODY, BODY_KIB, WARMUP
+    SAME_BODY, BODY_KIB, WARMUP = args.same_body, args.body_kib, args.warmup
     os.environ.setdefault("PYTHONHASHSEED", "0")
     if args.mode == "inprocess":
         result = run_inprocess(args.requests, args.every, args.tracemalloc)
     elif args.mode == "serve":
         result = run_serve(args.requests, args.every, args.concurrency, args.scraped)
     else:
-        result = run_envoy_mode(args.requests, args.every, args.concurrency, args.plaintext, args.heap)
+        result = run_envoy_mode(args.requests, args.every, args.concurrency, args.plaintext, args.heap, args.trim)
     result.pop("checkpoints")
     print(json.dumps(result, indent=2))
 

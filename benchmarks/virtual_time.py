@@ -49,6 +49,10 @@ def simulate(
         return now
 
     policy: Policy = policy_factory(engines, clock)  # type: ignore[operator]
+    events = policy.wants_kv_events
+    if events:
+        for engine in engines:
+            engine.kv_events = []
     n = len(items)
     ttft = np.full(n, np.nan)
     e2e = np.full(n, np.nan)
@@ -74,11 +78,14 @@ def simulate(
                 policy.done(arg, i)
                 remaining -= 1
                 last = now
+            if events and engine.kv_events:
+                policy.kv_records(arg, list(engine.kv_events), now)
+                engine.kv_events.clear()
             if engine.busy:
                 heapq.heappush(heap, (now + engine.begin_step(now), next(seq), _STEP, arg))
         elif kind == _ARRIVAL:
             item = items[arg]
-            req = sim_request(arg, item, unique_prefix)
+            req = sim_request(arg, item, unique_prefix, with_tokens=events)
             s = policy.pick(arg, item, req, now)
             server_of[arg] = s
             engine = engines[s]

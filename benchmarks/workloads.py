@@ -144,10 +144,29 @@ def _chain(units: Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def sim_request(index: int, item: Item, unique_prefix: bool = False) -> SimRequest:
-    """The engine's view; `unique_prefix` drops all sharing (for measuring capacity without cache hits)."""
+def sim_request(index: int, item: Item, unique_prefix: bool = False, with_tokens: bool = False) -> SimRequest:
+    """The engine's view; `unique_prefix` drops all sharing (for measuring capacity without cache hits);
+    `with_tokens` adds synthetic token ids (`item_token_ids`), which the engine's KV events then carry."""
     units = () if unique_prefix else _chain(item.units)
-    return SimRequest(index, item.prompt_tokens, item.output_tokens, prefix=units, unit_tokens=UNIT_TOKENS)
+    ids = item_token_ids(index, item) if with_tokens and not unique_prefix else ()
+    return SimRequest(
+        index, item.prompt_tokens, item.output_tokens, prefix=units, unit_tokens=UNIT_TOKENS, token_ids=ids
+    )
+
+
+_UNIT_OFFSETS = np.arange(UNIT_TOKENS, dtype=np.int64)
+
+
+def item_token_ids(index: int, item: Item) -> tuple[int, ...]:
+    """Synthetic engine token ids: UNIT_TOKENS ids per unit, a function of the unit id alone (so equal unit
+    sequences give equal token prefixes), then ids unique to the request up to its prompt length."""
+    parts = [((u * 0x9E3779B1) & 0x3FFFFFFF) + _UNIT_OFFSETS for u in item.units]
+    tail = item.prompt_tokens - len(item.units) * UNIT_TOKENS
+    if tail > 0:
+        parts.append((1 << 30) + ((index * 0x9E3779B1) & 0x1FFFFFFF) + np.arange(tail, dtype=np.int64) % (1 << 29))
+    if not parts:
+        return ()
+    return tuple(np.concatenate(parts).tolist())
 
 
 def prompt_text(index: int, item: Item) -> str:

@@ -14,6 +14,9 @@ from epp.errors import ConfigError
 DEFAULT_MAX_STREAMS = 10_000
 DEFAULT_IDLE_TIMEOUT_S = 300.0  # Envoy's own default stream_idle_timeout
 DEFAULT_MAX_BUFFERED_BYTES = 256 * 1024 * 1024
+# How long an ended stream waits for the peer's reset before sending its final status (see server.py, `_linger`).
+# Envoy ends every ext_proc stream with END_STREAM and RST_STREAM in one write; 50 ms covers that pair under load.
+DEFAULT_CLOSE_GRACE_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +26,7 @@ class ServerLimits:
     max_streams: int = DEFAULT_MAX_STREAMS
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+    close_grace_s: float = DEFAULT_CLOSE_GRACE_S  # not a flag: a property of how gateways end their streams
 
     def check(self, max_body_bytes: int) -> None:
         if self.max_streams <= 0:

@@ -8,8 +8,10 @@ engine token ids (the `token-producer`'s vllm backend) are cut into block keys e
 Where the index cannot be trusted for an endpoint, that endpoint's match falls back to the approximate producer's
 (this plugin keeps one, fed by its picks), counted by reason:
 - `absent`: no event ever heard from the endpoint (no publisher, wrong port, not yet connected);
-- `stale`: the picker sent it a request more than `staleAfter` ago and no event has arrived since: an engine that
-  prefills publishes stores, so its stream has stopped (an idle engine sends nothing and stays trusted);
+- `stale`: the picker sent it a request that had to store new blocks (at least `EXPECT_STORE_TOKENS` tokens it did
+  not hold: more than any engine's block) more than `staleAfter` ago, and no event has arrived since: such a
+  prefill publishes stores, so the stream has stopped (an idle engine, or one serving cache hits, sends nothing
+  and stays trusted);
 - `no_tokens`: the request has no engine token ids (the render call failed and the estimate stood in), so no
   endpoint can be matched precisely.
 
@@ -35,6 +37,7 @@ from epp.scheduling.framework import CycleState, PrefixMatch, produced, publish
 from epp.scheduling.producers import ApproxPrefixCacheProducer, tokenized
 
 FALLBACK_REASONS = ("absent", "stale", "no_tokens")
+EXPECT_STORE_TOKENS = 512  # uncached prompt tokens after which a pick must produce a BlockStored
 NEVER = float("-inf")
 
 
@@ -178,15 +181,19 @@ class PrecisePrefixCacheProducer:
                     matched[slot] = min(float(keys.size), float(approx.matched[slot]) * scale)
         if not used_fallback:
             self.precise_picks += 1
-        state.scratch[self._key] = keys
+        state.scratch[self._key] = (keys, matched)
         publish(state, self.name, PrefixMatch(matched, int(keys.size), self.block_size))
 
     def picked(self, state: CycleState, slot: int) -> None:
         self.approx.picked(state, slot)
         address = state.snapshot.addresses[slot]
-        self._unanswered.setdefault(address, state.now)
-        keys = state.scratch.get(self._key)
-        if self.speculative and keys is not None and len(keys):
+        cached = state.scratch.get(self._key)
+        if cached is None:
+            return
+        keys, matched = cached
+        if (len(keys) - matched[slot]) * self.block_size >= EXPECT_STORE_TOKENS:
+            self._unanswered.setdefault(address, state.now)
+        if self.speculative and len(keys):
             self._remember(keys, address, state.now + self.speculative_ttl_s)
 
     # -- speculative entries -----------------------------------------------------------------------------------

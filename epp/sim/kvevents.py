@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 import zmq
@@ -83,22 +83,7 @@ class KvEventPublisher:
         return h.to_bytes(32, "big", signed=True) if self._bytes else h
 
     def events(self, records: Sequence[KvRecord]) -> list[Event]:
-        out: list[Event] = []
-        bs = self._block_size
-        for rec in records:
-            if isinstance(rec, KvCleared):
-                out.append(AllBlocksCleared())
-            elif isinstance(rec, KvStored):
-                req, first, n = rec
-                tokens = list(req.token_ids[first * bs : (first + n) * bs])
-                if len(tokens) != n * bs:
-                    continue  # a request without token ids (the engine can still cache it; it cannot be published)
-                parent = self._hash(req.prefix[first - 1]) if first > 0 else None
-                hashes = [self._hash(h) for h in req.prefix[first : first + n]]
-                out.append(BlockStored(hashes, parent, tokens, bs, None, "GPU", req.lora))
-            else:
-                out.append(BlockRemoved([self._hash(h) for h in rec.hashes], "GPU"))
-        return out
+        return records_to_events(records, self._block_size, self._hash)
 
     def publish(self, records: Sequence[KvRecord], ts: float) -> None:
         events = self.events(records)
@@ -144,3 +129,30 @@ class KvEventPublisher:
         if self._replay is not None:
             self._replay.close(linger=0)
         self._ctx.term()
+
+
+def _int_hash(h: int) -> Hash:
+    return h
+
+
+def records_to_events(
+    records: Sequence[KvRecord], block_size: int, hash_of: Callable[[int], Hash] = _int_hash
+) -> list[Event]:
+    """The engine model's cache records as vLLM events (stores of requests without token ids are left out: the
+    engine can still cache them, but an event must carry the tokens)."""
+    out: list[Event] = []
+    bs = block_size
+    for rec in records:
+        if isinstance(rec, KvCleared):
+            out.append(AllBlocksCleared())
+        elif isinstance(rec, KvStored):
+            req, first, n = rec
+            tokens = list(req.token_ids[first * bs : (first + n) * bs])
+            if len(tokens) != n * bs:
+                continue
+            parent = hash_of(req.prefix[first - 1]) if first > 0 else None
+            hashes = [hash_of(h) for h in req.prefix[first : first + n]]
+            out.append(BlockStored(hashes, parent, tokens, bs, None, "GPU", req.lora))
+        else:
+            out.append(BlockRemoved([hash_of(h) for h in rec.hashes], "GPU"))
+    return out

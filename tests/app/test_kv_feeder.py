@@ -34,7 +34,7 @@ from tests.support.procs import free_port, http_ok, running, serve_argv, wait_un
 pytestmark = pytest.mark.timeout(90)
 
 
-def _prompt(seed: int, chars: int = 1600) -> str:
+def _prompt(seed: int, chars: int = 4000) -> str:
     return " ".join(f"w{seed}-{i:05d}" for i in range(chars // 8 + 1))[:chars]
 
 
@@ -122,7 +122,9 @@ async def test_reset_stale_stream_and_restart_through_the_feeder_process(http: a
         await b.stop()
         servers.remove(b)
         sent = time.monotonic()
-        producer.picked(_pick_state(table, prompt, sent), slot_b)
+        st = _pick_state(table, prompt, sent)
+        producer.produce(st)
+        producer.picked(st, slot_b)  # a prompt b does not hold: its prefill owes us stores
         assert producer.trust(b.address, sent + 0.5) is None
         assert producer.trust(b.address, sent + 1.5) == "stale"
         report = feeder.supervision(sent + 1.5)
@@ -165,13 +167,13 @@ def test_serve_with_upstreams_precise_sample_runs_the_feeder_and_shows_freshness
         free_port(), free_port(), metrics_port, "--static-endpoints", "127.10.0.9:8000", "--config-file", str(sample)
     )
     with running(argv, tmp_path / "serve.log") as proc:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 30, "serve", proc)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "serve", proc)
 
         def kv() -> dict[str, Any]:
             with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/debug/pool", timeout=5) as response:
                 return dict(json.load(response)["kvEvents"])
 
-        wait_until(lambda: kv()["up"] and "127.10.0.9:8000" in kv()["endpoints"], 30, "feeder", proc)
+        wait_until(lambda: kv()["up"] and "127.10.0.9:8000" in kv()["endpoints"], 60, "feeder", proc)
         entry = kv()["endpoints"]["127.10.0.9:8000"]
         assert (entry["precise"], entry["fallbackReason"], entry["lastEventAgeSeconds"]) == (False, "absent", None)
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:

@@ -49,7 +49,7 @@ def test_arrivals_are_scaled_to_the_requested_rate() -> None:
     assert t[0] == 0 and (len(t) - 1) / t[-1] == pytest.approx(50.0)
 
 
-@pytest.mark.parametrize("policy", ["rr", "random", "least-queue", "upstream", "epp", "oracle"])
+@pytest.mark.parametrize("policy", ["rr", "random", "least-queue", "upstream", "epp", "precise", "oracle"])
 def test_every_policy_completes_every_request(policy: str) -> None:
     items = shared_prefix(300, groups=8, prefix_tokens=2048, question_tokens=64, output_tokens=16, seed=1)
     pool = [H100_LLAMA_8B] * 2
@@ -67,6 +67,24 @@ def test_the_oracle_finds_cached_prefixes_round_robin_does_not() -> None:
     rr = simulate(items, arrivals, pool, policy_factory("rr", 4, 0, None))
     oracle = simulate(items, arrivals, pool, policy_factory("oracle", 4, 0, None))
     assert oracle.hit_tokens > 1.5 * rr.hit_tokens
+
+
+def test_the_precise_policy_matches_from_the_engines_events() -> None:
+    """`precise`: the engines' KV events reach its index after the delay and decide the match, no fallback."""
+    items = shared_prefix(200, groups=4, prefix_tokens=2048, question_tokens=64, output_tokens=16, seed=3)
+    pool = [H100_LLAMA_8B] * 2
+    made: list[object] = []
+
+    def factory(engines: object, clock: object) -> object:
+        made.append(policy_factory("precise", 2, 0, None, 0.05)(engines, clock))  # type: ignore[arg-type]
+        return made[-1]
+
+    simulate(items, scaled_arrivals(items, 10.0), pool, factory)
+    picker = made[0]
+    assert picker.index.total_blocks() > 0  # type: ignore[attr-defined]
+    # until a server's first events arrive it is absent (approximate match); after that, every pick is precise
+    assert picker.producer.precise_picks >= 100  # type: ignore[attr-defined]
+    assert picker.producer.fallbacks["no_tokens"] == picker.producer.fallbacks["stale"] == 0  # type: ignore[attr-defined]
 
 
 def test_the_command_writes_json_markdown_and_targets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -89,7 +89,11 @@ def test_absent_and_stale_endpoints_fall_back_to_the_approximate_match() -> None
     assert match.matched.tolist() == [4, 4]
     assert producer.fallbacks["absent"] == 2
     assert producer.freshness(b, NOW + 1)["fallbackReason"] == "absent"
-    # a is sent work, then its stream stops: trusted until staleAfter passes without an event
+    # a serves a cache hit (nothing new to store, no event owed): still trusted long after
+    producer.picked(st, 0)
+    assert producer.trust(a, NOW + 30) is None
+    # a is sent a prompt it must store (1,024 new tokens), then its stream stops: stale once staleAfter passes
+    st, _ = _produce(producer, snap, NOW + 1, tokens=TOKENS + tuple(range(5000, 6024)))
     producer.picked(st, 0)
     assert producer.trust(a, NOW + 5) is None
     assert producer.trust(a, NOW + 11.5) == "stale"
