@@ -17,7 +17,12 @@ and the throughput of the last segment. The slope is a least-squares fit of RSS 
 whole run and for its second half (a plateau shows as a second-half slope near 0).
 
     .venv/bin/python -m benchmarks.soak [--mode inprocess|serve|envoy] [--requests 1000000] [--every 100000]
-        [--concurrency 32] [--tracemalloc] [--same-body] [--plaintext] [--scraped] [--heap]
+        [--concurrency 32] [--tracemalloc] [--same-body] [--plaintext] [--scraped] [--heap] [--trim]
+        [--body-kib N] [--warmup 2000]
+
+`--trim` (envoy) adds the picker's RSS after glibc's `malloc_trim(0)` at the end (through gdb): what it gives back
+was free memory the allocator kept, what stays is live. `EPP_SOAK_WRAP` prefixes the picker's command (e.g.
+`heaptrack -o /tmp/ht`) for a native heap profile.
 
 `--tracemalloc` (inprocess) adds the allocation sites that grew most between the first and the last checkpoint
 (slow: about 5x).
@@ -57,10 +62,15 @@ def rss_kib(pid: int | None = None) -> int:
 SAME_BODY = False  # --same-body: one prompt for every request (no new prefix-cache blocks after the first)
 
 
+BODY_KIB = 0  # --body-kib: pad each prompt to about this size (large bodies: many chunks per stream)
+WARMUP = 2_000  # --warmup: requests before the first checkpoint
+
+
 def body_of(i: int) -> bytes:
     if SAME_BODY:
         i = 0
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"question {i}: " + "why? " * 40}]
+    question = f"question {i}: " + ("why? " * (BODY_KIB * 1024 // 5) if BODY_KIB else "why? " * 40)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
     return json.dumps({"model": "meta-llama/Llama-3.1-8B-Instruct", "messages": messages}).encode()
 
 
@@ -377,7 +387,7 @@ def run_envoy_mode(
 
                         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
-                    await segment(-2_000, 2_000)
+                    await segment(-WARMUP, WARMUP)
                     heap_url = f"http://127.0.0.1:{metrics_port}/debug/heap"
                     if heap:
                         async with session.get(heap_url) as response:
@@ -431,10 +441,12 @@ def main() -> None:
     parser.add_argument("--plaintext", action="store_true", help="envoy: ext_proc without TLS")
     parser.add_argument("--scraped", action="store_true", help="serve: endpoints with a real /metrics page")
     parser.add_argument("--heap", action="store_true", help="envoy: tracemalloc in epp serve, /debug/heap growth")
+    parser.add_argument("--body-kib", type=int, default=0, help="pad every prompt to about this many KiB")
+    parser.add_argument("--warmup", type=int, default=2_000, help="envoy: requests before the first checkpoint")
     parser.add_argument("--trim", action="store_true", help="envoy: RSS after malloc_trim(0) at the end (gdb)")
     args = parser.parse_args()
-    global SAME_BODY
-    SAME_BODY = args.same_body
+    global SAME_BODY, BODY_KIB, WARMUP
+    SAME_BODY, BODY_KIB, WARMUP = args.same_body, args.body_kib, args.warmup
     os.environ.setdefault("PYTHONHASHSEED", "0")
     if args.mode == "inprocess":
         result = run_inprocess(args.requests, args.every, args.tracemalloc)

@@ -54,7 +54,11 @@ def build(config_path: str | None) -> Callable[[], None]:
     from prometheus_client import CollectorRegistry
 
     from benchmarks.extproc_overhead import BODY
-    from epp.app.config_file import load_config
+
+    try:
+        from epp.app.config_file import load_config
+    except ModuleNotFoundError:  # a checkout from before epp.app.config_file (--root on 3d82d65, say)
+        from epp.scheduling.build import load_config  # type: ignore[no-redef]
     from epp.datastore import EndpointTable
     from epp.datastore.objectives import ObjectiveStore
     from epp.director import Director

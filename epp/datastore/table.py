@@ -302,11 +302,13 @@ class EndpointTable:
             self._cols["inflight_tokens"][slot] += tokens
 
     def release_pick(self, slot: int, tokens: int = 0) -> None:
-        if self._cols["inflight"][slot] > 0:
-            self._cols["inflight"][slot] -= 1
+        inflight = self._cols["inflight"]
+        count = inflight.item(slot)  # a Python int: half the cost of comparing a numpy scalar, then subtracting
+        if count > 0:
+            inflight[slot] = count - 1
         if tokens:
             held = self._cols["inflight_tokens"]
-            held[slot] = max(0, int(held[slot]) - tokens)
+            held[slot] = max(0, held.item(slot) - tokens)
 
     # -- readers ----------------------------------------------------------------------------------------------
 

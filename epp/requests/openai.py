@@ -124,7 +124,24 @@ def _milliseconds(text: str | None) -> float | None:
     return value if 0 < value < float("inf") else None
 
 
+# Every header `control_headers` reads. A request that carries none of them (most do not) gets the one answer of
+# all None, from a C-speed set test instead of eleven lookups.
+_CONTROL_NAMES = frozenset(
+    (
+        *wire.OBJECTIVE_HEADERS,
+        *wire.FAIRNESS_HEADERS,
+        HEADER_SESSION,
+        *wire.MODEL_REWRITE_HEADERS,
+        *wire.SLO_TTFT_HEADERS,
+        *wire.SLO_TPOT_HEADERS,
+    )
+)
+_NO_CONTROL = ControlHeaders(None, None, None, None, None, None)
+
+
 def control_headers(headers: Mapping[str, str]) -> ControlHeaders:
+    if headers.keys().isdisjoint(_CONTROL_NAMES):
+        return _NO_CONTROL
     get = headers.get
     return ControlHeaders(
         objective=get(HEADER_OBJECTIVE) or get(_OLD_OBJECTIVE) or None,
@@ -200,10 +217,14 @@ def _nesting_depth(value: object, limit: int) -> int:
     return deepest
 
 
+# Every byte but `[` and `{`: deleting them leaves a body's opening brackets, counted in one C pass.
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[{")
+
+
 def _check_nesting(body: bytes, parsed: dict[str, Any]) -> None:
     # Nesting needs brackets: a body with at most MAX_NESTING of them (most bodies) cannot be too deep, and
-    # counting them is a C-speed scan; only the rest are walked.
-    if body.count(b"[") + body.count(b"{") > MAX_NESTING and _nesting_depth(parsed, MAX_NESTING) > MAX_NESTING:
+    # counting them is a C-speed scan (one pass, not one per bracket); only the rest are walked.
+    if len(body.translate(None, _NOT_BRACKETS)) > MAX_NESTING and _nesting_depth(parsed, MAX_NESTING) > MAX_NESTING:
         raise _bad(f"nesting too deep (more than {MAX_NESTING} levels of arrays and objects)")
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.gateway.testbed import gateway_bootstrap
@@ -22,7 +23,7 @@ from tests.support.envoy import run_envoy
 from tests.support.procs import ROOT, free_port, http_ok, port_open, running, wait_until
 
 CHAT = "/v1/chat/completions"
-CONFIG = ROOT / "manifests" / "active-active" / "epp-config.yaml"
+CONFIG = ROOT / "manifests" / "active-active" / "configmap.yaml"
 ENDPOINTS = 4
 
 
@@ -46,9 +47,11 @@ def two_replicas(envoy_available: None, e2e_tmp: Path) -> Iterator[tuple[list[Pi
     with running(backends, e2e_tmp / "aa-backends.log") as proc:
         for p in ports:
             wait_until(lambda p=p: port_open(p), 15, f"backend {p}", proc)
+        config_file = e2e_tmp / "active-active.yaml"  # the overlay's ConfigMap, as the pod mounts it
+        config_file.write_text(yaml.safe_load(CONFIG.read_text())["data"]["active-active.yaml"])
         flags = (
             "--config-file",
-            str(CONFIG),
+            str(config_file),
             "--refresh-metrics-interval",
             "10s",
             "--metrics-staleness-threshold",

@@ -13,13 +13,14 @@ from epp.scheduling import build_scheduler
 from epp.scheduling.profile import ProfileScheduler
 from tests.scheduling.tables import NOW, request, table_with
 
-CONFIG = Path(__file__).resolve().parents[2] / "manifests" / "active-active" / "epp-config.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "manifests" / "active-active" / "configmap.yaml"
 
 
 def replica(seed: int) -> tuple[ProfileScheduler, EndpointTable]:
     import yaml
 
-    config = parse_config(yaml.safe_load(CONFIG.read_text()), str(CONFIG))
+    text = yaml.safe_load(CONFIG.read_text())["data"]["active-active.yaml"]  # the ConfigMap's profile
+    config = parse_config(yaml.safe_load(text), str(CONFIG))
     table = table_with([dict(waiting=w, running=4, kv_usage=0.3) for w in (0, 1, 1, 2, 2, 3, 3, 3)])
     return build_scheduler(config, seed=seed), table
 
