@@ -45,17 +45,23 @@ LEGACY = [
 
 NOT_EXPORTED = {
     **{
-        f"flow_control_{n}": "no flow-control layer yet (flowControl: is refused at config load)"
+        f"flow_control_{n}": "exported only with the flowControl feature gate on (epp/observability/flow.py)"
         for n in (
             "request_queue_duration_seconds", "dispatch_cycle_duration_seconds", "request_enqueue_duration_seconds",
             "queue_size", "queue_bytes", "pool_saturation", "stale_endpoints", "capacity_utilization_requests",
             "capacity_utilization_bytes", "global_capacity_utilization_requests",
-            "global_capacity_utilization_bytes", "requests_total", "revocations_issued_total", "revocations_total",
-            "reclaim_target", "pending_reclaim", "revocation_confirmation_seconds",
+            "global_capacity_utilization_bytes", "requests_total",
         )
     },
-    "inflight_tokens": "in-flight load is booked per request, not per token (no token-load producer)",
-    "kv_cache_events_*": "no KV-cache event subscriber in this build",
+    **{
+        f"flow_control_{n}": "in-flight eviction (enableEviction) is not built, so nothing is revoked or reclaimed"
+        for n in (
+            "revocations_issued_total", "revocations_total", "reclaim_target", "pending_reclaim",
+            "revocation_confirmation_seconds",
+        )
+    },
+    "inflight_tokens": "tokens in flight are booked in the endpoint table for token-load-scorer, not exported yet",
+    "kv_cache_events_*": "exported only with a precise-prefix-cache-producer configured (epp/app/kv_metrics.py)",
 }  # fmt: skip
 
 
