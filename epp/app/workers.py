@@ -274,16 +274,11 @@ class WorkerPool:
         members = []
         view = table.view()
         infos: dict[int, Any] = {}
-        for address in table.addresses():
-            slot = table.slot_of(address)
-            info = table.info(slot) if slot is not None else None
-            if slot is None or info is None:
-                continue
-            if slot >= self.rows:
-                if not self._warned_full:
-                    log.warning("more than %d endpoints: the workers do not see the rest", self.rows)
-                    self._warned_full = True
-                continue
+        within, beyond = table.members(self.rows)
+        if beyond and not self._warned_full:
+            log.warning("more than %d endpoints: the workers do not see the rest", self.rows)
+            self._warned_full = True
+        for slot, info in within:
             if self._infos.get(slot) != info:
                 self._tokens[slot] = self._next_token
                 self._next_token += 1

@@ -150,6 +150,21 @@ class EndpointTable:
     def info(self, slot: int) -> EndpointInfo | None:
         return self._infos[slot] if 0 <= slot < self._high_water else None
 
+    def members(self, rows: int) -> tuple[list[tuple[int, EndpointInfo]], bool]:
+        """(slot, info) of every endpoint whose slot is below `rows`, and whether any lay beyond: what a
+        fixed-size shared block (the scrape child's, the workers') can carry of the table."""
+        within: list[tuple[int, EndpointInfo]] = []
+        beyond = False
+        for slot in self._slot_of.values():
+            info = self.info(slot)
+            if info is None:
+                continue
+            if slot >= rows:
+                beyond = True
+                continue
+            within.append((slot, info))
+        return within, beyond
+
     def upsert(self, info: EndpointInfo) -> int:
         """Add an endpoint, or update its description (engine, labels) keeping its slot and metrics."""
         slot = self._slot_of.get(info.address)

@@ -297,16 +297,11 @@ class ScrapeProcess:
             return
         self._seen_version = table.version
         members: dict[int, tuple[EndpointInfo, int]] = {}
-        for address in table.addresses():
-            slot = table.slot_of(address)
-            info = table.info(slot) if slot is not None else None
-            if slot is None or info is None:
-                continue
-            if slot >= self.rows:
-                if not self._warned_full:
-                    log.warning("more than %d endpoints: the rest are not scraped", self.rows)
-                    self._warned_full = True
-                continue
+        within, beyond = table.members(self.rows)
+        if beyond and not self._warned_full:
+            log.warning("more than %d endpoints: the rest are not scraped", self.rows)
+            self._warned_full = True
+        for slot, info in within:
             old = self._members.get(slot)
             if old is not None and old[0] == info:
                 members[slot] = old
