@@ -4,15 +4,15 @@ Active-active replicas each score with their own in-flight view and their own pr
 request differ a little; a max-score picker with a random tie-break then sends requests that share a prefix to
 different endpoints depending on which replica took them. This picker keeps the endpoints within a load band
 (consistent hashing with bounded loads): an endpoint's queue as this replica sees it, last scraped `waiting` plus
-its own picks since that scrape, at most `(1 + loadFactor)` × the candidates' mean, plus one; optionally also a
-score `band` of the best, as a fraction of the score range (off by default). Among those it chooses by rendezvous
-(highest-random-weight) hashing of the request's leading `keyBytes` of prompt (and its model) with each endpoint's
-address: every replica that sees the same band picks the same endpoint for the same leading prefix, and an
-endpoint leaving or joining moves only the keys it wins. Distinct prefixes hash uniformly over the band, so a burst
-split over replicas spreads instead of herding; an endpoint that fills up leaves the band in every replica's view
-as its metrics (and that replica's own picks) show it. Measured in tests/scheduling/test_rendezvous.py: two
-replicas, 40 shared prefixes, 400 requests: 343 of 360 repeats (95 %) land with the first; a 100-request burst
-split over 1, 2 or 4 replicas puts at most 18 on any of 8 endpoints.
+its own picks since that scrape that are still in flight, at most `(1 + loadFactor)` × the candidates' mean, plus
+one; optionally also a score `band` of the best, as a fraction of the score range (off by default). Among those it
+chooses by rendezvous (highest-random-weight) hashing of the request's leading `keyBytes` of prompt (and its model)
+with each endpoint's address: every replica that sees the same band picks the same endpoint for the same leading
+prefix, and an endpoint leaving or joining moves only the keys it wins. Distinct prefixes hash uniformly over the
+band, so a burst split over replicas spreads instead of herding; an endpoint that fills up leaves the band in every
+replica's view as its metrics (and that replica's own picks) show it. Measured in
+tests/scheduling/test_rendezvous.py: two replicas, 40 shared prefixes, 400 requests: 343 of 360 repeats (95 %) land
+with the first; a 100-request burst split over 1, 2 or 4 replicas puts at most 18 on any of 8 endpoints.
 
 Pure: hashes are blake2b (never Python's `hash()`, which differs per process), no clock, no I/O.
 """
@@ -85,7 +85,9 @@ class RendezvousPicker(SeededPicker):
             return ()
         lo, hi, _ = extremes(scores)
         snap = state.snapshot
-        load = np.nan_to_num(snap.waiting[candidates], nan=0.0) + snap.picks_since_scrape[candidates]
+        # Our picks since the scrape count only while still in flight: one that already finished is load no longer.
+        unseen = np.minimum(snap.picks_since_scrape[candidates], snap.inflight[candidates])
+        load = np.nan_to_num(snap.waiting[candidates], nan=0.0) + unseen
         bounded = load <= (1.0 + self.load_factor) * float(load.mean()) + 1.0  # never empty: the least loaded is in
         in_band = np.flatnonzero(bounded & (scores >= hi - self.band * max(hi - lo, 1e-9)))
         if in_band.size == 0:
