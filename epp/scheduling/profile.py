@@ -116,6 +116,11 @@ class ProfileScheduler:
         )
         self._every = max(1, wrapper.every)
 
+    @property
+    def writes_response_headers(self) -> bool:
+        """Whether any plugin writes a response header: the director asks `response_headers` per request only then."""
+        return bool(self._responders)
+
     def response_headers(self, snapshot: Snapshot, slot: int) -> tuple[tuple[str, str], ...]:
         """Headers the response to a request picked onto `slot` carries back to the client (none usually)."""
         if not self._responders:
