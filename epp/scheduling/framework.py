@@ -132,8 +132,8 @@ class CycleState:
         """Per candidate, whether its data is usable (`epp.datastore.usable`); None when all of them are (the
         common case, decided from the oldest scrape and the longest failure streak without a per-endpoint pass)."""
         cached = self._usable
-        if cached is not None and cached[0] is candidates:
-            return cached[1]
+        if cached is not None and (cached[0] is candidates or (cached[1] is None and cached[0] is self.candidates)):
+            return cached[1]  # a filter's subset of all-usable candidates is all usable: no second pass
         snapshot, now, freshness = self.snapshot, self.now, self.freshness
         scraped_at = self.take(snapshot.scraped_at, candidates)
         failures = self.take(snapshot.scrape_failures, candidates)
