@@ -51,6 +51,13 @@ SCRAPE_EVERY = 50
 SYSTEM = "You are a helpful assistant. Answer briefly and precisely. " * 8
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU the process has used: per-request CPU holds still when other load shares the cores."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_kib(pid: int | None = None) -> int:
     with open(f"/proc/{pid or 'self'}/status") as status:
         for line in status:
@@ -214,12 +221,14 @@ def summary(checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
     points = [(c["requests"], c["rss_kib"]) for c in checkpoints]
     half = [p for p in points if p[0] >= points[-1][0] / 2]
     rates = [c["req_per_s"] for c in checkpoints if c["req_per_s"]]
+    cpu = [c["picker_cpu_us_per_request"] for c in checkpoints if c.get("picker_cpu_us_per_request")]
     return {
         "checkpoints": checkpoints,
         "rss_growth_mib": round((points[-1][1] - points[0][1]) / 1024, 1),
         "slope_b_per_request": round(fit(points), 1),
         "slope_second_half_b_per_request": round(fit(half), 1),
         "throughput_end_vs_start": round(rates[-1] / rates[0], 3) if len(rates) >= 2 else None,
+        "picker_cpu_per_request_end_vs_start": round(cpu[-1] / cpu[0], 3) if len(cpu) >= 2 else None,
     }
 
 
@@ -398,15 +407,17 @@ def run_envoy_mode(
                     done = 0
                     while done < requests:
                         count = min(every, requests - done)
-                        t0 = time.perf_counter()
+                        t0, cpu0 = time.perf_counter(), cpu_seconds(epp.pid)
                         await segment(done, count)
                         done += count
                         rate = round(count / (time.perf_counter() - t0))
+                        cpu_us = round((cpu_seconds(epp.pid) - cpu0) / count * 1e6)
                         checkpoints.append(
                             {
                                 "requests": done,
                                 "rss_kib": rss_kib(epp.pid),
                                 "req_per_s": rate,
+                                "picker_cpu_us_per_request": cpu_us,
                                 "statuses": dict(statuses),
                                 **await _envoy_upstream(session, admin),
                             }

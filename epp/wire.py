@@ -28,5 +28,11 @@ DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
 REJECTED_SATURATED = "rejected-saturated"
 REJECTED_NO_ENDPOINTS = "rejected-no-endpoints"
 
+# While a request waits in the flow-control queue the picker asks Envoy, every QUEUE_HOLD_S / 2, to wait QUEUE_HOLD_S
+# more for its answer (ext_proc `override_message_timeout`), so the short `message_timeout` FailOpen needs does not
+# fail a queued request. Envoy honours an override only up to the filter's `max_message_timeout`, which must
+# therefore be at least QUEUE_HOLD_S (`epp envoy-config --max-message-timeout`, default 30s).
+QUEUE_HOLD_S = 10.0
+
 # Conformance: the endpoints a test asks for (IPs or ip:port, comma separated); honoured only when enabled.
 TEST_ENDPOINT_SELECTION_HEADER = "test-epp-endpoint-selection"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -72,3 +74,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_went_away()
+
+
+def _reader_went_away() -> int:
+    """`epp check-config … | head`: the reader closed the pipe. Exit quietly as a shell tool killed by SIGPIPE would,
+    instead of a traceback (and a second one when the interpreter flushes stdout at exit)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # stdout is not a real file (tests' capture): nothing will be flushed into the pipe
+    return 128 + signal.SIGPIPE

@@ -54,6 +54,13 @@ def register(sub: Any) -> None:
         "--message-timeout", type=positive_duration, default=1.0, help="how long Envoy waits per picker answer (1s)"
     )
     p.add_argument(
+        "--max-message-timeout",
+        type=positive_duration,
+        default=30.0,
+        help="the longest wait the picker may ask Envoy for (ext_proc max_message_timeout); a request queued by "
+        "flow control is held 10s at a time, so at least 10s (default 30s)",
+    )
+    p.add_argument(
         "--epp-streams-per-connection",
         type=int,
         default=1000,
@@ -88,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         body_mode=BodyMode(args.body_mode),
         response_phases=ResponsePhases(args.response_phases),
         message_timeout_s=args.message_timeout,
+        max_message_timeout_s=args.max_message_timeout,
         retries=args.retries,
         max_body_bytes=args.max_body_bytes,
         access_log=args.access_log,

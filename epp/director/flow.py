@@ -20,6 +20,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from epp.datastore import EndpointTable, usable
@@ -63,6 +64,16 @@ class _NullObserver:
 
     def flow_cycle(self, seconds: float, saturation: float) -> None:
         pass
+
+
+@dataclass(slots=True, eq=False)
+class Waiter:
+    """A request waiting in the queue: its item, the future its outcome arrives on, and when it arrived."""
+
+    item: QueuedRequest
+    future: asyncio.Future[Outcome]
+    since: float
+    settled: bool = False
 
 
 class FlowGate:
@@ -109,7 +120,14 @@ class FlowGate:
     async def admit(self, headers: Mapping[str, str], size: int) -> None:
         """Return when the request may be scheduled (then call `decided` once it was); raise EppError when it is
         refused. The caller decides synchronously after this returns, so its pick is booked before the next
-        cycle."""
+        cycle. `enter` and `wait` are the same in two steps, for a caller that does something while it waits."""
+        waiter = self.enter(headers, size)
+        if waiter is not None:
+            await self.wait(waiter)
+
+    def enter(self, headers: Mapping[str, str], size: int) -> Waiter | None:
+        """The request arrives: None when it may be scheduled now; a Waiter when it waits in the queue (then
+        `wait` on it); raises EppError when it is refused at once (capacity, admission, shutting down)."""
         now = self._clock()
         item = self.item_of(headers, size, now)
         if self._closing:
@@ -131,27 +149,53 @@ class FlowGate:
             if saturation < fc.ceiling_for(item.priority, saturation):
                 self._granted += 1
                 self.observer.flow_outcome(Outcome.DISPATCHED, item.flow_id, item.priority, 0.0)
-                return
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Outcome] = loop.create_future()
+                return None
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         item.ticket = future
         refused = fc.enqueue(item, now)
         if refused is not None:
             self.observer.flow_outcome(refused, item.flow_id, item.priority, 0.0)
             raise outcome_error(refused)
         self.wake()
+        return Waiter(item, future, now)
+
+    async def wait(self, waiter: Waiter, timeout: float | None = None) -> bool:
+        """Wait for the queued request's outcome, at most `timeout` seconds (None: until it comes): True when it
+        may be scheduled now (then call `decided`), False when it still waits; raises EppError when it was
+        refused. If the caller is cancelled meanwhile, the request leaves the queue at once."""
         try:
-            outcome = await future
+            done, _ = await asyncio.wait((waiter.future,), timeout=timeout)
         except asyncio.CancelledError:
-            if future.done() and not future.cancelled() and future.result() is Outcome.DISPATCHED:
-                self.decided()  # dispatched, then the client left before deciding
-            elif fc.cancel(item):
-                self.observer.flow_outcome(Outcome.EVICTED_CANCELLED, item.flow_id, item.priority, self._clock() - now)
-                self.wake()
+            self.abandon(waiter)
             raise
-        self.observer.flow_outcome(outcome, item.flow_id, item.priority, self._clock() - now)
+        if not done:
+            return False
+        waiter.settled = True
+        outcome = waiter.future.result()
+        item = waiter.item
+        self.observer.flow_outcome(outcome, item.flow_id, item.priority, self._clock() - waiter.since)
         if outcome is not Outcome.DISPATCHED:
             raise outcome_error(outcome)
+        return True
+
+    def abandon(self, waiter: Waiter) -> None:
+        """The caller stopped waiting (its stream went away): free the request's place, or, if it had just been
+        dispatched, its grant. Idempotent, and a no-op once `wait` returned the outcome."""
+        if waiter.settled:
+            return
+        waiter.settled = True
+        future = waiter.future
+        if future.done() and not future.cancelled():
+            if future.result() is Outcome.DISPATCHED:
+                self.decided()  # dispatched, then the client left before deciding
+            return
+        future.cancel()
+        item = waiter.item
+        if self.controller.cancel(item):
+            self.observer.flow_outcome(
+                Outcome.EVICTED_CANCELLED, item.flow_id, item.priority, self._clock() - waiter.since
+            )
+            self.wake()
 
     def decided(self) -> None:
         """The request let through by `admit` has been decided (booked in flight, or refused)."""

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
+from google.protobuf import duration_pb2
 
 from epp import wire
 from epp.errors import EppError
@@ -208,6 +209,14 @@ def response_body_response(body: bytes | None = None) -> pb.ProcessingResponse:
 
 def response_trailers_response() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+
+
+def hold_response(seconds: float) -> pb.ProcessingResponse:
+    """Asks Envoy to wait `seconds` more for the answer to the message it is waiting on (its per-message timer
+    restarts; honoured up to the filter's `max_message_timeout`). Not an answer: the message still gets one."""
+    timeout = duration_pb2.Duration()
+    timeout.FromMilliseconds(round(seconds * 1000))
+    return pb.ProcessingResponse(override_message_timeout=timeout)
 
 
 def _refusal_headers(error: EppError) -> list[tuple[str, str]]:

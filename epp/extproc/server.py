@@ -27,6 +27,8 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from epp import wire
+from epp.director.flow import Waiter
 from epp.errors import EppError, ErrorCode
 from epp.extproc import messages as m
 from epp.extproc.bounds import BodyBudget, ServerLimits
@@ -46,9 +48,14 @@ class ServerObserver(StreamObserver, Protocol):
 
 
 class FlowControl(Protocol):
-    """Flow control as the protocol sees it (`epp.director.flow.FlowGate`)."""
+    """Flow control as the protocol sees it (`epp.director.flow.FlowGate`): `enter` admits, refuses (EppError) or
+    queues the request; a queued one is waited on in slices (`wait`), and `abandon`ed if its stream goes away."""
 
-    async def admit(self, headers: Mapping[str, str], size: int) -> None: ...
+    def enter(self, headers: Mapping[str, str], size: int) -> Waiter | None: ...
+
+    async def wait(self, waiter: Waiter, timeout: float | None = None) -> bool: ...
+
+    def abandon(self, waiter: Waiter) -> None: ...
 
     def decided(self) -> None: ...
 
@@ -141,14 +148,23 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 if pending is not None:
                     assert gate is not None
                     watchdog.hold = True  # waiting in the queue is not idleness
+                    waiter: Waiter | None = None
                     try:
-                        await gate.admit(*pending)
+                        waiter = gate.enter(*pending)
+                        if waiter is not None:
+                            # Queued: Envoy's per-message timer runs meanwhile. Ask it to wait longer, again and
+                            # again while we hold the request, so only our TTL (or the client) ends the wait.
+                            yield m.hold_response(wire.QUEUE_HOLD_S)
+                            while not await gate.wait(waiter, wire.QUEUE_HOLD_S / 2):
+                                yield m.hold_response(wire.QUEUE_HOLD_S)
                     except EppError as err:
                         for response in stream.refuse(err):
                             yield response
                         code = "OK"
                         return
                     finally:
+                        if waiter is not None:
+                            gate.abandon(waiter)  # the stream went away while queued (no-op once decided)
                         watchdog.hold = False
                         watchdog.touch()
                     try:

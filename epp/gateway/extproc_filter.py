@@ -62,7 +62,10 @@ def extproc_filter(options: GatewayOptions) -> ext_proc_pb2.ExternalProcessor:
         # a member itself. FailClose: Envoy answers at once (status_on_error) and nothing reaches a backend.
         failure_mode_allow=options.fail_open,
         processing_mode=processing_mode(options),
+        # Short, so a hung picker fails over quickly under FailOpen; the picker extends it (override_message_timeout,
+        # up to max_message_timeout) while it holds a request in its flow-control queue.
         message_timeout=duration(options.message_timeout_s),
+        max_message_timeout=duration(options.max_message_timeout_s),
         metadata_options=ext_proc_pb2.MetadataOptions(
             # Without this Envoy silently drops the picker's `envoy.lb` metadata, and with it the decision.
             receiving_namespaces=ext_proc_pb2.MetadataOptions.MetadataNamespaces(untyped=[wire.LB_NAMESPACE]),

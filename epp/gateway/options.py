@@ -10,6 +10,7 @@ import enum
 import ipaddress
 from dataclasses import dataclass
 
+from epp import wire
 from epp.datastore.pool import FailureMode, PoolSpec
 from epp.errors import ConfigError
 
@@ -118,6 +119,9 @@ class GatewayOptions:
     body_mode: BodyMode = BodyMode.BUFFERED
     response_phases: ResponsePhases = ResponsePhases.HEADERS
     message_timeout_s: float = 1.0
+    # How long the picker may ask Envoy to wait (override_message_timeout) while it holds a request in its
+    # flow-control queue; the picker asks for wire.QUEUE_HOLD_S at a time, so it must be at least that.
+    max_message_timeout_s: float = 30.0
     retries: int = 2
     max_body_bytes: int = 16 * 1024 * 1024
     dns_refresh_s: float = 2.0
@@ -148,6 +152,12 @@ class GatewayOptions:
             )
         if not 0 < self.message_timeout_s <= 3600:
             raise ConfigError(f"--message-timeout must be in (0, 3600] seconds, got {self.message_timeout_s}")
+        if not max(self.message_timeout_s, wire.QUEUE_HOLD_S) <= self.max_message_timeout_s <= 3600:
+            raise ConfigError(
+                f"--max-message-timeout must be at least --message-timeout and the picker's {wire.QUEUE_HOLD_S:g}s "
+                f"queue hold (a request waiting in its flow-control queue would otherwise be failed by Envoy), and "
+                f"at most 3600s; got {self.max_message_timeout_s:g}s"
+            )
         if not 0 <= self.retries <= 10:
             raise ConfigError(f"--retries must be 0-10, got {self.retries}")
         if self.max_body_bytes <= 0:

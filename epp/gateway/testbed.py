@@ -34,14 +34,18 @@ def processing_mode(request_body: str, response_body: str = "", response_headers
     return mode
 
 
-def ext_proc_filter(cluster: str, mode: dict[str, str]) -> dict[str, Any]:
+def ext_proc_filter(
+    cluster: str, mode: dict[str, str], message_timeout: str = "10s", max_message_timeout: str = "30s"
+) -> dict[str, Any]:
+    """`max_message_timeout` bounds what the picker may ask for while it holds a queued request."""
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": _EXT_PROC,
             "grpc_service": {"envoy_grpc": {"cluster_name": cluster}, "timeout": "10s"},
             "processing_mode": mode,
-            "message_timeout": "10s",
+            "message_timeout": message_timeout,
+            "max_message_timeout": max_message_timeout,
             "failure_mode_allow": False,
             "metadata_options": {"receiving_namespaces": {"untyped": ["envoy.lb"]}},
         },
@@ -150,13 +154,14 @@ def gateway_bootstrap(
     response_body_mode: str = "",
     tls: bool = True,
     streams_per_connection: int = 0,
+    message_timeout: str = "10s",
 ) -> dict[str, Any]:
     """One listener: ext_proc to the picker (over TLS, the picker's default), then the original-destination pool
     cluster."""
     mode = processing_mode(body_mode, response_body_mode or body_mode)
     route = {"route": {"cluster": "pool", "timeout": "30s"}}
     return bootstrap(
-        [listener("gateway", listen_port, route, [ext_proc_filter("epp", mode)])],
+        [listener("gateway", listen_port, route, [ext_proc_filter("epp", mode, message_timeout)])],
         [
             pool_cluster(),
             static_cluster("epp", epp_port, http2=True, tls=tls, streams_per_connection=streams_per_connection),

@@ -24,7 +24,7 @@ from epp.flowcontrol import FlowSettings
 from epp.flowcontrol import policies as fp
 from epp.flowcontrol.admission import Admitter, LatencySloAdmitter, ProbabilisticAdmitter
 from epp.scheduling.params import Params
-from epp.scheduling.saturation import ConcurrencyDetector, SaturationDetector
+from epp.scheduling.saturation import CONCURRENCY_MODES, ConcurrencyDetector, SaturationDetector
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,15 +85,16 @@ def usage_limit(type_name: str, name: str, params: Params) -> FlowPolicy:
 
 def concurrency_detector(name: str, params: Params) -> ConcurrencyDetector:
     mode = params.text("concurrencyMode", "requests")
-    if mode not in ("requests", "tokens", "hybrid"):
+    if mode not in CONCURRENCY_MODES:
         raise params.error("concurrencyMode", f"'{mode}': expected requests, tokens or hybrid")
-    if mode != "requests":
-        raise params.error("concurrencyMode", f"'{mode}': token accounting in flight is not implemented; use requests")
     limit = params.integer("maxConcurrency", 100, minimum=1)
-    params.integer("maxTokenConcurrency", 1_000_000, minimum=1)
+    token_limit = params.integer("maxTokenConcurrency", 1_000_000, minimum=1)
     headroom = params.number("headroom", 0.0, minimum=0)
+    # upstream reads the tallies from a named inflight-load-producer; ours come from the endpoint table, which every
+    # inflight-load-producer reads too, so the name changes nothing (accepted for upstream's files)
+    params.text("inFlightLoadProducerName", "")
     params.finish()
-    return ConcurrencyDetector(name, limit, headroom)
+    return ConcurrencyDetector(name, limit, headroom, mode, token_limit)
 
 
 def probabilistic_admitter(name: str, params: Params) -> object:

@@ -98,29 +98,67 @@ class SaturationFilter:
         return kept if 0 < kept.size < candidates.size else candidates
 
 
+CONCURRENCY_MODES = ("requests", "tokens", "hybrid")
+
+
 class ConcurrencyDetector:
-    """Upstream's `concurrency-detector`: saturation = our in-flight requests / (maxConcurrency × endpoints),
-    averaged per endpoint; as a filter it drops endpoints at maxConcurrency × (1 + headroom) in flight (all kept
-    if all would go). Modes `tokens` and `hybrid` need per-request token counts in flight, which the table does
-    not keep: they are refused at load time rather than silently counted as requests."""
+    """Upstream's `concurrency-detector`: saturation from our own requests in flight, no scrape needed, so it leads
+    the engines' metrics instead of lagging them. Three modes, upstream's:
+
+    - `requests`: in-flight requests over the pool's capacity, sum / (maxConcurrency × endpoints);
+    - `tokens`: in-flight prompt tokens (the table's per-endpoint tally, the same one the inflight-load producer
+      reads) over sum / (maxTokenConcurrency × endpoints);
+    - `hybrid`: per endpoint the larger of its request and token ratios, averaged over the pool (an endpoint full
+      on either dimension shows even when another endpoint is full on the other).
+
+    As a filter it drops endpoints at capacity × (1 + headroom) in flight (hybrid: either limit reached); unlike
+    upstream it keeps every candidate if all would go, so a full pool still answers with its least bad endpoint."""
 
     type_name = "concurrency-detector"
 
-    def __init__(self, name: str = "concurrency-detector", max_concurrency: int = 100, headroom: float = 0.0):
+    def __init__(
+        self,
+        name: str = "concurrency-detector",
+        max_concurrency: int = 100,
+        headroom: float = 0.0,
+        mode: str = "requests",
+        max_token_concurrency: int = 1_000_000,
+    ):
+        if mode not in CONCURRENCY_MODES:
+            raise ValueError(f"concurrency mode {mode!r}: expected one of {', '.join(CONCURRENCY_MODES)}")
         self.name = name
         self.max_concurrency = max_concurrency
+        self.max_token_concurrency = max_token_concurrency
         self.headroom = headroom
+        self.mode = mode
         self.freshness = Freshness()
 
     def saturation(self, snapshot: Snapshot, candidates: IntArray, now: float) -> float:
         if candidates.size == 0:
             return 1.0
-        return float(snapshot.inflight[candidates].sum()) / (self.max_concurrency * candidates.size)
+        if self.mode == "requests":
+            return float(snapshot.inflight[candidates].sum()) / (self.max_concurrency * candidates.size)
+        if self.mode == "tokens":
+            return float(snapshot.inflight_tokens[candidates].sum()) / (self.max_token_concurrency * candidates.size)
+        requests = snapshot.inflight[candidates] / self.max_concurrency
+        tokens = snapshot.inflight_tokens[candidates] / self.max_token_concurrency
+        return float(np.maximum(requests, tokens).mean())
 
     def saturated(self, snapshot: Snapshot, candidates: IntArray, now: float) -> bool:
         return self.saturation(snapshot, candidates, now) >= 1.0
 
     def filter(self, state: CycleState, candidates: IntArray) -> IntArray:
-        inflight = state.snapshot.inflight[candidates]
-        kept = candidates[inflight < self.max_concurrency * (1.0 + self.headroom)]
+        snapshot = state.snapshot
+        factor = 1.0 + self.headroom
+        request_limit = int(self.max_concurrency * factor)  # whole requests and tokens, as upstream
+        token_limit = int(self.max_token_concurrency * factor)
+        if self.mode == "requests":
+            admits = snapshot.inflight[candidates] < request_limit
+        elif self.mode == "tokens":
+            admits = snapshot.inflight_tokens[candidates] < token_limit
+        else:
+            admits = (snapshot.inflight[candidates] < request_limit) & (
+                snapshot.inflight_tokens[candidates] < token_limit
+            )
+        kept = candidates[admits]
         return kept if 0 < kept.size < candidates.size else candidates

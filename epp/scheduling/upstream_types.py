@@ -180,7 +180,9 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     UpstreamType(
         "utilization-detector", "saturation detector", False, _S, "also usable as a filter (alias saturation-filter)"
     ),
-    UpstreamType("concurrency-detector", "saturation detector", False, _S, "mode requests; also usable as a filter"),
+    UpstreamType(
+        "concurrency-detector", "saturation detector", False, _S, "modes requests, tokens, hybrid; also a filter"
+    ),
     # admission
     UpstreamType(
         "latency-slo-admitter", "admitter", False, _S, "without a latency predictor: idle, cold, or the queue wait"

@@ -2,7 +2,11 @@
 `flowControl` gate, `--objectives-file`, and a simulated model server whose long streaming requests saturate the
 pool (concurrency-detector, maxConcurrency 2). A critical request waits and is served once those requests end; a
 sheddable one gets 429 `rejected-ttl-expired` after its TTL; on SIGTERM every queued request is answered (503
-`rejected-shutting-down`) before the picker exits."""
+`rejected-shutting-down`) before the picker exits.
+
+Envoy runs with the 1 s ext_proc `message_timeout` the rendered gateway config ships (and `max_message_timeout`
+30 s): every wait here is longer than that, and each is ended by the picker (served, or refused with its reason),
+never by Envoy's timer, because the picker extends it while it holds the request (override_message_timeout)."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from tests.support.envoy import envoy
 from tests.support.procs import http_ok, running, wait_until
 
 TTL_S = 4.0
+MESSAGE_TIMEOUT_S = 1.0  # epp envoy-config's default
 CONFIG = f"""
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
@@ -61,8 +66,9 @@ def _sim_address(log: Path) -> str | None:
     return None
 
 
-@pytest.fixture
-def stack(e2e_tmp: Path, envoy_available: None) -> Iterator[tuple[str, object]]:
+@pytest.fixture(params=["FULL_DUPLEX_STREAMED", "BUFFERED"])
+def stack(request: pytest.FixtureRequest, e2e_tmp: Path, envoy_available: None) -> Iterator[tuple[str, object]]:
+    body_mode = request.param
     sim_argv = [sys.executable, "-m", "epp", "sim", "--servers", "1", "--base-port", "0", "--model", "m1"]
     sim_argv += ["--duration", "120"]
     (e2e_tmp / "flow.yaml").write_text(CONFIG)
@@ -83,7 +89,10 @@ def stack(e2e_tmp: Path, envoy_available: None) -> Iterator[tuple[str, object]]:
         )
         with running(argv, e2e_tmp / "picker-flow.log") as proc:
             wait_until(lambda: http_ok(picker.url("/readyz")), 20, "epp serve", proc)
-            with envoy(e2e_tmp, picker.grpc_port, "FULL_DUPLEX_STREAMED") as port:
+            # BUFFERED as `epp envoy-config` renders it: the response body does not pass through the picker
+            response_body = "" if body_mode == "FULL_DUPLEX_STREAMED" else "NONE"
+            timeout = f"{MESSAGE_TIMEOUT_S:g}s"
+            with envoy(e2e_tmp, picker.grpc_port, body_mode, response_body, message_timeout=timeout) as port:
                 yield f"http://127.0.0.1:{port}", proc
 
 
@@ -110,14 +119,16 @@ async def test_queued_requests_wait_expire_and_are_answered_on_shutdown(stack: t
         assert headers["x-llm-d-request-dropped-reason"] == "rejected-ttl-expired"
         assert waited >= TTL_S * 0.9  # it waited its TTL in the queue, then was refused
 
+        started = time.monotonic()
         critical = asyncio.ensure_future(post(session, url + CHAT, chat(), {OBJECTIVE: "critical"}))
-        await asyncio.sleep(1.0)
-        assert not critical.done()  # held: the pool is saturated
+        await asyncio.sleep(MESSAGE_TIMEOUT_S * 2.5)
+        assert not critical.done()  # held, longer than Envoy's message_timeout: the pool is saturated
         for r in longs:  # the model server's work ends: room opens
             r.close()
         status, headers, body = await asyncio.wait_for(critical, 20)
-        assert status == 200, body
+        assert status == 200, body  # served: Envoy's per-message timer did not fail it while it was queued
         assert "x-llm-d-request-dropped-reason" not in headers
+        assert time.monotonic() - started >= MESSAGE_TIMEOUT_S * 2.5
 
         longs = await _saturate(session, url)
         queued = [asyncio.ensure_future(post(session, url + CHAT, chat(), {OBJECTIVE: "critical"})) for _ in range(3)]

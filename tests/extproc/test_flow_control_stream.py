@@ -13,6 +13,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from prometheus_client import CollectorRegistry
 
+from epp import wire
 from epp.config.flowcontrol import FlowControlSpec
 from epp.datastore import EndpointInfo, EndpointTable, Freshness
 from epp.datastore.table import MetricsSample
@@ -76,9 +77,20 @@ async def _open(port: int) -> tuple[grpc.aio.Channel, grpc.aio.StreamStreamCall]
     return channel, call
 
 
+async def _answer(call: grpc.aio.StreamStreamCall, holds: list[float] | None = None) -> pb.ProcessingResponse:  # type: ignore[type-arg]
+    """The next answer on the stream, past the hold messages (override_message_timeout) sent while it queues."""
+    while True:
+        response: pb.ProcessingResponse = await asyncio.wait_for(call.read(), 10)
+        if not response.HasField("override_message_timeout"):
+            return response
+        assert response.WhichOneof("response") is None  # a hold is never also an answer
+        if holds is not None:
+            holds.append(response.override_message_timeout.ToMilliseconds() / 1000)
+
+
 async def test_a_queued_stream_stays_open_and_is_answered_with_the_decision_when_the_pool_drains(stack) -> None:
     channel, call = await _open(stack.port)
-    read = asyncio.ensure_future(call.read())
+    read = asyncio.ensure_future(_answer(call))
     await asyncio.sleep(0.5)  # longer than the idle timeout
     assert not read.done() and stack.gate.controller.count == 1
     stack.drain()  # new scrape data wakes the dispatch task
@@ -123,7 +135,7 @@ async def test_ttl_expiry_answers_429_with_the_dropped_reason_header() -> None:
     ticker = asyncio.ensure_future(tick())
     try:
         channel, call = await _open(s.port)
-        response: pb.ProcessingResponse = await asyncio.wait_for(call.read(), 10)
+        response = await _answer(call)
         assert response.WhichOneof("response") == "immediate_response"
         immediate = response.immediate_response
         assert immediate.status.code == 429
@@ -134,3 +146,32 @@ async def test_ttl_expiry_answers_429_with_the_dropped_reason_header() -> None:
         ticker.cancel()
         await s.gate.shutdown(0)
         await s.grpc.stop(0)
+
+
+async def test_a_queued_stream_asks_envoy_to_keep_waiting_at_once_and_again_while_it_waits(
+    stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Envoy's per-message timer (1 s in the rendered config) runs while the request waits in our queue; the
+    picker restarts it with override_message_timeout when it queues the request and every half hold after."""
+    monkeypatch.setattr(wire, "QUEUE_HOLD_S", 0.2)
+    channel, call = await _open(stack.port)
+    holds: list[float] = []
+    read = asyncio.ensure_future(_answer(call, holds))
+    await asyncio.sleep(0.65)
+    assert not read.done() and stack.gate.controller.count == 1
+    assert len(holds) >= 3 and set(holds) == {0.2}  # at once, then every 0.1 s
+    stack.drain()
+    answer = await asyncio.wait_for(read, 10)
+    assert answer.WhichOneof("response") == "request_headers"  # the decision, after the holds
+    await call.done_writing()
+    await channel.close()
+
+
+async def test_a_request_with_room_gets_its_decision_without_a_hold(stack) -> None:
+    stack.drain()
+    channel, call = await _open(stack.port)
+    first: pb.ProcessingResponse = await asyncio.wait_for(call.read(), 10)
+    assert not first.HasField("override_message_timeout")
+    assert first.WhichOneof("response") == "request_headers"
+    await call.done_writing()
+    await channel.close()

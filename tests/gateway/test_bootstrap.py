@@ -279,3 +279,13 @@ def test_the_picker_is_dialled_over_unverified_tls_by_default_with_sni_and_h2() 
 
 def test_a_plaintext_picker_gets_no_transport_socket() -> None:
     assert "transport_socket" not in cluster(bootstrap_dict(options(epp_tls=False)), "epp")
+
+
+@pytest.mark.parametrize("mode", list(FailureMode), ids=lambda m: m.value)
+def test_the_message_timeout_stays_short_and_the_picker_may_extend_it_past_its_queue_hold(mode: FailureMode) -> None:
+    """A queued request's message would be failed by Envoy after message_timeout; the picker asks for
+    wire.QUEUE_HOLD_S at a time (override_message_timeout), which Envoy honours only up to max_message_timeout."""
+    filter_config = ext_proc(bootstrap_dict(options(mode)))
+    assert filter_config["message_timeout"] == "1s"  # short: a hung picker fails over quickly under FailOpen
+    assert float(filter_config["max_message_timeout"].rstrip("s")) >= wire.QUEUE_HOLD_S
+    assert ext_proc(bootstrap_dict(options(mode, max_message_timeout_s=90.0)))["max_message_timeout"] == "90s"

@@ -78,10 +78,21 @@ def test_endpoint_lists_take_ips_only_and_no_duplicates() -> None:
         ),
         ({"endpoints": (HostPort("127.10.0.1", 8000),), "endpoints_dns": "vllm"}, "exclude each other"),
         ({"message_timeout_s": 0}, "--message-timeout"),
+        ({"max_message_timeout_s": 5}, "--max-message-timeout must be at least --message-timeout and the picker"),
+        ({"message_timeout_s": 40}, "--max-message-timeout must be at least --message-timeout"),
         ({"retries": -1}, "--retries"),
         ({"max_body_bytes": 0}, "--max-body-bytes"),
     ],
-    ids=["fail-open-without-members", "fail-open-full-duplex", "two-member-sources", "timeout", "retries", "body"],
+    ids=[
+        "fail-open-without-members",
+        "fail-open-full-duplex",
+        "two-member-sources",
+        "timeout",
+        "max-timeout-under-the-queue-hold",
+        "max-timeout-under-the-timeout",
+        "retries",
+        "body",
+    ],
 )
 def test_inconsistent_options_are_refused_before_rendering(kwargs: dict[str, object], reason: str) -> None:
     with pytest.raises(ConfigError, match=reason):

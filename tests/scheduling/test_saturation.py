@@ -89,3 +89,92 @@ def test_the_filter_keeps_exactly_the_usable_endpoints_under_the_limits(rows, pi
     ]
     state = CycleState(snap, snap.slots, request(), NOW, freshness)
     assert SaturationFilter().filter(state, snap.slots).tolist() == (expected or list(range(len(rows))))
+
+
+# -- concurrency-detector: upstream's three modes ----------------------------------------------------------------
+
+
+def _loaded(loads: list[tuple[int, int]]):
+    """A pool whose endpoint i holds loads[i] = (requests, prompt tokens) of ours in flight."""
+    table = table_with([dict(waiting=0, kv_usage=0.0)] * len(loads))
+    for slot, (requests, tokens) in enumerate(loads):
+        for i in range(requests):
+            table.book_pick(slot, tokens // requests + (1 if i < tokens % requests else 0))
+    return table.snapshot()
+
+
+def test_concurrency_requests_mode_is_the_pools_requests_over_its_request_capacity() -> None:
+    from epp.scheduling.saturation import ConcurrencyDetector
+
+    snap = _loaded([(50, 900_000), (0, 0)])
+    assert ConcurrencyDetector(max_concurrency=100).saturation(snap, snap.slots, NOW) == pytest.approx(0.25)
+
+
+def test_concurrency_tokens_mode_is_the_pools_tokens_over_its_token_capacity() -> None:
+    from epp.scheduling.saturation import ConcurrencyDetector
+
+    snap = _loaded([(2, 1500), (1, 500)])
+    detector = ConcurrencyDetector(mode="tokens", max_token_concurrency=1000)
+    assert detector.saturation(snap, snap.slots, NOW) == pytest.approx(1.0)  # 2000 / (1000 × 2)
+
+
+def test_concurrency_hybrid_mode_shows_endpoints_full_on_different_dimensions() -> None:
+    from epp.scheduling.saturation import ConcurrencyDetector
+
+    # endpoint 0 is full on requests (10/10), endpoint 1 on tokens (1000/1000): neither aggregate ratio shows it
+    snap = _loaded([(10, 10), (1, 1000)])
+    detector = ConcurrencyDetector(max_concurrency=10, mode="hybrid", max_token_concurrency=1000)
+    assert detector.saturation(snap, snap.slots, NOW) == pytest.approx(1.0)
+    assert ConcurrencyDetector(max_concurrency=10).saturation(snap, snap.slots, NOW) == pytest.approx(0.55)
+    tokens = ConcurrencyDetector(mode="tokens", max_token_concurrency=1000)
+    assert tokens.saturation(snap, snap.slots, NOW) == pytest.approx(0.505)
+
+
+@pytest.mark.parametrize(
+    ("mode", "kept"),
+    [("requests", [1, 2]), ("tokens", [0, 2]), ("hybrid", [2])],
+)
+def test_concurrency_filter_drops_endpoints_at_the_limit_of_its_mode(mode, kept) -> None:
+    from epp.scheduling.saturation import ConcurrencyDetector
+    from tests.scheduling.tables import state
+
+    # endpoint 0 at the request limit (12 = 10 × 1.2), endpoint 1 at the token limit (1200), endpoint 2 under both
+    snap = _loaded([(12, 12), (1, 1200), (11, 1100)])
+    detector = ConcurrencyDetector(max_concurrency=10, headroom=0.2, mode=mode, max_token_concurrency=1000)
+    assert detector.filter(state(snap), snap.slots).tolist() == kept
+
+
+def test_concurrency_filter_keeps_every_endpoint_when_all_are_at_the_limit() -> None:
+    from epp.scheduling.saturation import ConcurrencyDetector
+    from tests.scheduling.tables import state
+
+    snap = _loaded([(5, 5000), (5, 5000)])
+    detector = ConcurrencyDetector(max_concurrency=1, mode="hybrid", max_token_concurrency=1)
+    assert detector.filter(state(snap), snap.slots).tolist() == [0, 1]
+
+
+def test_concurrency_detector_parameters_are_upstreams_with_their_defaults() -> None:
+    from epp.config.decode import parse_config
+    from epp.errors import ConfigError
+    from epp.scheduling import build_scheduler
+
+    def built(parameters: dict) -> object:
+        doc = {
+            "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+            "kind": "EndpointPickerConfig",
+            "plugins": [{"type": "concurrency-detector", "parameters": parameters}, {"type": "max-score-picker"}],
+            "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "concurrency-detector"}]}],
+            "saturationDetector": {"pluginRef": "concurrency-detector"},
+        }
+        return build_scheduler(parse_config(doc)).saturation
+
+    default = built({})
+    assert (default.mode, default.max_concurrency, default.max_token_concurrency, default.headroom) == (
+        "requests", 100, 1_000_000, 0.0,
+    )  # fmt: skip
+    hybrid = built({"concurrencyMode": "hybrid", "maxTokenConcurrency": 4096, "inFlightLoadProducerName": "x"})
+    assert (hybrid.mode, hybrid.max_token_concurrency) == ("hybrid", 4096)
+    with pytest.raises(ConfigError, match=r"concurrencyMode.*'bytes': expected requests, tokens or hybrid"):
+        built({"concurrencyMode": "bytes"})
+    with pytest.raises(ConfigError, match="maxTokenConcurrency"):
+        built({"maxTokenConcurrency": 0})

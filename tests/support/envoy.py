@@ -38,12 +38,20 @@ def envoy(
     tls: bool = True,
     streams_per_connection: int = 0,
     workers: int = 1,
+    message_timeout: str = "10s",
 ) -> Iterator[int]:
     """A gateway Envoy in front of the picker (over TLS, its default) on a free loopback port; yields the
     listener port."""
     listen, admin = free_port(), free_port()
     config = gateway_bootstrap(
-        listen, admin, epp_port, body_mode, response_body_mode, tls=tls, streams_per_connection=streams_per_connection
+        listen,
+        admin,
+        epp_port,
+        body_mode,
+        response_body_mode,
+        tls=tls,
+        streams_per_connection=streams_per_connection,
+        message_timeout=message_timeout,
     )
     with run_envoy(tmp, config, str(listen), workers):
         yield listen
