@@ -49,14 +49,33 @@ Extremes = tuple[float, float, bool]
 _NONE_KNOWN: Extremes = (math.nan, math.nan, False)
 
 
+# The extremes of recent small arrays, by their bytes (and dtype): the scrape columns (scrape times, failure streaks,
+# queues, KV usage) hold still between scrapes while every pick reduces them, so most reductions are one lookup.
+# A pure cache of a pure function: the same bytes and dtype give the same answer. Bounded; cleared when full.
+_RECENT: dict[bytes, tuple[np.dtype[Any], Extremes]] = {}
+_RECENT_MAX = 1024
+
+
 def extremes(values: FloatArray | IntArray) -> Extremes:
     """`Extremes` of an array: for a pool of a few dozen endpoints on a Python list, both ends in one pass (unless a
-    NaN is present: its sum is NaN then); otherwise numpy's reductions, NaN-ignoring ones only when needed."""
+    NaN is present: its sum is NaN then), remembered by content (`_RECENT`); otherwise numpy's reductions,
+    NaN-ignoring ones only when needed."""
     if values.size <= SMALL_POOL:
+        key = values.tobytes()
+        recent = _RECENT.get(key)
+        if recent is not None and recent[0] is values.dtype:
+            return recent[1]
         listed: list[float] = values.tolist()
-        total = sum(listed)
-        if total == total:  # no NaN (an inf − inf sum goes to numpy, which gets it right)
-            return (min(listed), max(listed), False) if listed else _NONE_KNOWN
+        total = sum(listed)  # NaN when a value is (an inf − inf sum goes to numpy too, which gets it right)
+        found = _reduced(values) if total != total else (min(listed), max(listed), False) if listed else _NONE_KNOWN
+        if len(_RECENT) >= _RECENT_MAX:
+            _RECENT.clear()
+        _RECENT[key] = (values.dtype, found)
+        return found
+    return _reduced(values)
+
+
+def _reduced(values: FloatArray | IntArray) -> Extremes:
     lo = float(np.minimum.reduce(values))
     if lo == lo:
         return lo, float(np.maximum.reduce(values)), False
