@@ -348,11 +348,12 @@ class EndpointTable:
         rebuilds its columns show the current values. Writing through it raises (the views are read-only), so a
         plugin that forgets a column is shared cannot corrupt the table.
         """
-        members, adapters = self._members(), self._adapters()
         key = (self.version, self._high_water, self._capacity)
         cached = self._view_cache
-        if cached is not None and cached[0] == key and cached[1] is adapters:
+        # Same membership and size, adapters not rebuilt (a change drops `_adapters_cache`): the view still holds.
+        if cached is not None and cached[0] == key and cached[1] is self._adapters_cache:
             return cached[2]
+        members, adapters = self._members(), self._adapters()
         n = self._high_water
         floats, ints, bools = self._floats[:, :n], self._ints[:, :n], self._bools[:, :n]
         slots = np.flatnonzero(bools[0])

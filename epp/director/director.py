@@ -187,7 +187,7 @@ class Director:
             subset = None
         if subset is not None and not subset:
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "the gateway's endpoint subset is empty", _NO_ENDPOINTS)
-        candidates = self.candidates(snapshot, subset)
+        candidates = snapshot.slots if subset is None else self.candidates(snapshot, subset)
         if self._test_selection:
             named = request.headers.get(test_selection.HEADER, "").strip()
             if named:
@@ -221,7 +221,7 @@ class Director:
                     ErrorCode.SERVICE_UNAVAILABLE, "no pool endpoint matches the gateway's subset hint", _NO_ENDPOINTS
                 )
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no ready endpoint in the pool", _NO_ENDPOINTS)
-        if self.flow is None:
+        if self.flow is None and (self._admitters or request.objective):  # else `_admit` has nothing to do
             self._admit(request, snapshot, candidates, now)
         degraded = False
         try:

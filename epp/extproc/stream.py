@@ -346,7 +346,8 @@ class StreamProcessor:
 
     def close(self) -> None:
         """The stream ended, normally or not: release the in-flight booking and buffered bytes exactly once."""
-        self._release_body()
+        if self._reserved or self._body:
+            self._release_body()
         self._complete()
 
     # -- request phase ----------------------------------------------------------------------------------------
@@ -445,7 +446,8 @@ class StreamProcessor:
             self._body = bytearray()
 
     def _finish_duplex(self, body: bytes, end_of_stream: bool) -> _Answers:
-        self._release_body()
+        if self._reserved or self._body:  # the usual one-chunk body was never buffered
+            self._release_body()
         headers = self._decision_answer("headers", body)
         decision = self._decision
         out_body = decision.body if decision is not None and decision.body is not None else body
