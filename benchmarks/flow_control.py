@@ -1,17 +1,25 @@
 """Flow control in virtual time: the real queues (`epp.flowcontrol`), the real director and scheduler over a real
 endpoint table fed by simulated scrapes, and the simulator's engine model — no clock, deterministic per seed.
 
+Every workload runs with one configuration, the one docs/flow-control.md recommends
+(`benchmarks/configs/flow-control.yaml`, built by the same code as `epp serve --config-file`), and, to compare,
+with upstream's defaults (the gate on, nothing else set: utilization-detector queueDepthThreshold 5,
+static-usage-limit 1.0, global-strict fairness; for the noisy neighbour also with round-robin fairness alone). Only
+each workload's TTL is its own.
+
 Workloads (benchmarks/RESULTS.md, "Flow control"):
 - `priority-overload`: 130 % of the pool's capacity, 20 % critical (priority 10) / 80 % sheddable (priority −1),
-  TTL 2 s, `priority-holdback-policy` (maxCeiling 0.2, minCeiling 0.1); compared with critical traffic alone at
-  50 % under the same policy (and, for reference, the overload under the default static threshold 1.0).
-- `noisy-neighbour`: two fairness ids, one sending 10× the other, 120 % of capacity, round-robin fairness at
-  three static usage-limit thresholds; compared with the light flow alone.
+  TTL 2 s; critical p99 TTFT compared with critical traffic alone at 50 % under the same configuration.
+- `noisy-neighbour`: two fairness ids in one band, one sending 10× the other, 120 % of capacity; the light flow's
+  p90 TTFT compared with the light flow alone. Also: the pool's served req/s with flow control and without (every
+  request sent on at arrival), and the light flow's time from dispatch to first token alone (its TTFT had it
+  never waited in the picker: what no fairness policy can beat).
 - `overshoot`: a burst of 3× what the pool holds at saturation 1.0, arriving within one scrape interval, on a
   pool at 60 % load; the engines' own queue peak with our gating vs upstream-style dispatch on scraped metrics
-  only (`SaturationDetector(count_own_picks=False)`: the same code, one switch).
+  only (`SaturationDetector(count_own_picks=False)`: the same configuration, one switch).
 
-    .venv/bin/python -m benchmarks.flow_control [--endpoints 4] [--seed 0] [--chart benchmarks/flow_control.png]
+    .venv/bin/python -m benchmarks.flow_control [--endpoints 4] [--seed 0] [--requests 4000] \
+        [--config benchmarks/configs/flow-control.yaml] [--chart benchmarks/flow_control.png]
 """
 
 from __future__ import annotations
@@ -21,18 +29,19 @@ import heapq
 import itertools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import cast
 
 import numpy as np
 
 from benchmarks.policies import MODEL, Picker
 from benchmarks.virtual_time import capacity
 from benchmarks.workloads import Item, prompt_text, sim_request
-from epp.config.flowcontrol import FlowControlSpec
-from epp.datastore import Freshness
+from epp.app.config_file import load_config
+from epp.config.model import EndpointPickerConfig
 from epp.flowcontrol import FlowController, FlowSettings, Outcome, QueuedRequest
 from epp.flowcontrol.gauge import PoolGauge
-from epp.flowcontrol.policies import PriorityHoldback, RoundRobinFairness, StaticUsageLimit
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import build_scheduler
 from epp.scheduling.saturation import SaturationDetector
@@ -41,6 +50,52 @@ from epp.sim.profiles import profile_named
 
 _STEP, _ARRIVAL, _SCRAPE, _TIMER = 0, 1, 2, 3
 SCRAPE_S = 0.05
+RECOMMENDED = Path(__file__).parent / "configs" / "flow-control.yaml"
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """A flow-control configuration to run: a config file's, or upstream's defaults (`config` None)."""
+
+    name: str
+    config: EndpointPickerConfig | None = None
+
+    def build(self, seed: int, ttl_s: float) -> tuple[object, FlowSettings, SaturationDetector]:
+        """The scheduler, the queues' settings (the workload's TTL) and the pool's detector, as `epp serve`."""
+        scheduler = build_scheduler(self.config, seed=seed, allow_experimental=True)
+        settings = getattr(scheduler, "flow_control", None) or FlowSettings()
+        settings = replace(settings, spec=replace(settings.spec, default_request_ttl_s=ttl_s))
+        detector = scheduler.saturation
+        if not isinstance(detector, SaturationDetector):
+            raise SystemExit(f"{self.name}: the benchmark's switch needs utilization-detector as the pool detector")
+        return scheduler, settings, detector
+
+
+UPSTREAM_DEFAULTS = Setup("upstream defaults")
+# Upstream's defaults with round-robin fairness only: what queueDepthThreshold 1 adds, in the noisy neighbour.
+DEFAULTS_ROUND_ROBIN = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+featureGates: [flowControl]
+plugins:
+- {type: utilization-detector}
+- {type: queue-scorer}
+- {type: kv-cache-utilization-scorer}
+- {type: prefix-cache-scorer}
+- {type: inflight-load-scorer}
+- {type: max-score-picker}
+- {type: round-robin-fairness-policy}
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: utilization-detector}
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+  - {pluginRef: inflight-load-scorer, weight: 2}
+  - {pluginRef: max-score-picker}
+flowControl: {defaultPriorityBand: {fairnessPolicyRef: round-robin-fairness-policy}}
+"""
 
 
 @dataclass(slots=True)
@@ -48,8 +103,14 @@ class Run:
     ttft: np.ndarray  # from arrival at the picker (queue wait included); NaN: not served
     outcome: list[str]
     served_at: np.ndarray  # dispatch time
+    finished_at: np.ndarray  # last token; NaN: not served
     engine_queue_peak: int = 0
     engine_queue: list[tuple[float, int]] = field(default_factory=list)  # (time, Σ waiting) after each change
+
+    def served_rps(self, items: Sequence[Item]) -> float:
+        """Requests served per second, from the first arrival to the last completion."""
+        done = ~np.isnan(self.finished_at)
+        return float(done.sum() / (np.nanmax(self.finished_at) - items[0].arrival)) if done.any() else 0.0
 
 
 def simulate(
@@ -57,11 +118,14 @@ def simulate(
     priorities: Sequence[int],
     flows: Sequence[str],
     endpoints: int,
-    spec: FlowControlSpec,
-    settings: FlowSettings | None = None,
+    setup: Setup,
+    ttl_s: float,
     own_picks: bool = True,
+    gated: bool = True,
     seed: int = 0,
 ) -> Run:
+    """One run. `own_picks=False`: upstream-style dispatch on scraped metrics only; `gated=False`: no flow
+    control, every request is sent on at arrival (the engines queue it)."""
     profile = profile_named("h100")
     engines = [Engine(profile) for _ in range(endpoints)]
     now = 0.0
@@ -69,16 +133,14 @@ def simulate(
     def clock() -> float:
         return now
 
-    scheduler = build_scheduler(None, seed=seed)
-    picker = Picker("epp", endpoints, scheduler, clock)
-    freshness = Freshness()
-    detector = SaturationDetector(scheduler.saturation.thresholds, freshness, count_own_picks=own_picks)
+    scheduler, settings, pool_detector = setup.build(seed, ttl_s)
+    picker = Picker("epp", endpoints, scheduler, clock)  # type: ignore[arg-type]
+    freshness = pool_detector.freshness
+    detector = SaturationDetector(pool_detector.thresholds, freshness, count_own_picks=own_picks)
     gauge = PoolGauge(detector, freshness)
-    settings = settings or FlowSettings()
-    settings.spec = spec
     fc = FlowController(settings)
     n = len(items)
-    run = Run(np.full(n, np.nan), ["lost"] * n, np.full(n, np.nan))
+    run = Run(np.full(n, np.nan), ["lost"] * n, np.full(n, np.nan), np.full(n, np.nan))
     seq = itertools.count()
     heap: list[tuple[float, int, int, int]] = [(items[i].arrival, next(seq), _ARRIVAL, i) for i in range(n)]
     heapq.heapify(heap)
@@ -94,11 +156,11 @@ def simulate(
         """One dispatch opportunity (upstream runs one per arrival and per ms; ours per event): returns how many
         requests left the queue unserved (expired)."""
         expired = fc.expire(now)
-        for item, outcome in expired:
-            run.outcome[int(item.ticket)] = outcome.value  # type: ignore[call-overload]
+        for gone, outcome in expired:
+            run.outcome[int(gone.ticket)] = outcome.value  # type: ignore[call-overload]
         snapshot = picker.table.view()
         while fc.count:
-            saturation = gauge.saturation(snapshot, snapshot.slots, now)
+            saturation = gauge.saturation(snapshot, snapshot.slots, now) if gated else 0.0
             item = fc.dispatch(saturation, now)
             if item is None:
                 break
@@ -128,6 +190,7 @@ def simulate(
             for fin in engine.end_step(now).finished:
                 i = fin.request_id
                 run.ttft[i] = fin.first_token_at - items[i].arrival
+                run.finished_at[i] = fin.finished_at
                 picker.done(arg, i)
                 remaining -= 1
             if engine.busy:
@@ -163,34 +226,27 @@ def p(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if values.size else float("nan")
 
 
-def priority_overload(endpoints: int, seed: int, n: int) -> dict[str, object]:
+def priority_overload(setup: Setup, endpoints: int, seed: int, n: int) -> dict[str, object]:
     cap = pool_capacity(endpoints, seed)
-    spec = FlowControlSpec(default_request_ttl_s=2.0)
-
-    def holdback() -> FlowSettings:  # the same usage limit for both runs
-        return FlowSettings(usage_limit=PriorityHoldback(min_ceiling=0.1, max_ceiling=0.2))
-
+    ttl = 2.0
     base_items = _items(n // 4, 0.5 * cap, seed)
     prio = [10] * len(base_items)
-    base = simulate(base_items, prio, ["c"] * len(base_items), endpoints, spec, holdback(), seed=seed)
+    base = simulate(base_items, prio, ["c"] * len(base_items), endpoints, setup, ttl, seed=seed)
     items = _items(n, 1.3 * cap, seed + 1)
     rng = np.random.default_rng(seed)
     critical = rng.random(n) < 0.2
     prios = [10 if c else -1 for c in critical]
-    run = simulate(items, prios, ["c" if c else "s" for c in critical], endpoints, spec, holdback(), seed=seed)
-    static = simulate(items, prios, ["c" if c else "s" for c in critical], endpoints, spec, seed=seed)
+    run = simulate(items, prios, ["c" if c else "s" for c in critical], endpoints, setup, ttl, seed=seed)
     crit_ttft = run.ttft[critical]
     shed = ~critical
     outcomes = np.array(run.outcome)
     late = [
-        i for i in np.flatnonzero(shed) if not np.isnan(run.served_at[i]) and run.served_at[i] - items[i].arrival > 2.0
+        i for i in np.flatnonzero(shed) if not np.isnan(run.served_at[i]) and run.served_at[i] - items[i].arrival > ttl
     ]
     return {
-        "capacity_rps": cap,
         "critical_p99_alone_50pct": p(base.ttft, 99),
         "critical_p99_overload": p(crit_ttft, 99),
         "ratio": p(crit_ttft, 99) / p(base.ttft, 99),
-        "critical_p99_overload_static_1.0": p(static.ttft[critical], 99),
         "sheddable": int(shed.sum()),
         "sheddable_served": int(np.count_nonzero(outcomes[shed] == "Dispatched")),
         "sheddable_429_ttl": int(np.count_nonzero(outcomes[shed] == "EvictedTTL")),
@@ -198,15 +254,16 @@ def priority_overload(endpoints: int, seed: int, n: int) -> dict[str, object]:
         "lost": int(np.count_nonzero(outcomes == "lost")),
         "served_after_ttl": len(late),
         "critical_unserved": int(np.count_nonzero(np.isnan(crit_ttft))),
+        "served_rps": run.served_rps(items),
     }
 
 
-def noisy_neighbour(endpoints: int, seed: int, n: int) -> dict[str, object]:
+def noisy_neighbour(setup: Setup, endpoints: int, seed: int, n: int, extras: bool = False) -> dict[str, object]:
+    """`extras`: also the pool without flow control (every request sent on at arrival)."""
     cap = pool_capacity(endpoints, seed)
-    spec = FlowControlSpec(default_request_ttl_s=0.0)
     heavy, light = 1.2 * cap * 10 / 11, 1.2 * cap / 11
     light_items = _items(n // 11, light, seed + 2)
-    solo = simulate(light_items, [0] * len(light_items), ["light"] * len(light_items), endpoints, spec, seed=seed)
+    solo = simulate(light_items, [0] * len(light_items), ["light"] * len(light_items), endpoints, setup, 0.0, seed=seed)
     heavy_items = _items(n - len(light_items), heavy, seed + 3)
     tagged = sorted(
         [(it, "light") for it in light_items] + [(it, "heavy") for it in heavy_items], key=lambda x: x[0].arrival
@@ -214,31 +271,50 @@ def noisy_neighbour(endpoints: int, seed: int, n: int) -> dict[str, object]:
     items = [it for it, _ in tagged]
     flows = [f for _, f in tagged]
     is_light = np.array([f == "light" for f in flows])
-    out: dict[str, object] = {"capacity_rps": cap, "light_p90_solo": p(solo.ttft, 90)}
-    strict = simulate(items, [0] * len(items), flows, endpoints, spec, seed=seed)
-    out["light_p90_global_strict"] = p(strict.ttft[is_light], 90)
-    for threshold in (1.0, 0.3, 0.1):  # static-usage-limit-policy threshold
-        rr = FlowSettings(fairness=lambda ref: RoundRobinFairness(), usage_limit=StaticUsageLimit(threshold))
-        run = simulate(items, [0] * len(items), flows, endpoints, spec, settings=rr, seed=seed)
-        out[f"light_p90_round_robin_threshold_{threshold}"] = p(run.ttft[is_light], 90)
-        out[f"ratio_threshold_{threshold}"] = p(run.ttft[is_light], 90) / p(solo.ttft, 90)
-        out[f"heavy_p90_round_robin_threshold_{threshold}"] = p(run.ttft[~is_light], 90)
+    run = simulate(items, [0] * len(items), flows, endpoints, setup, 0.0, seed=seed)
+    solo_p90, light_p90 = p(solo.ttft, 90), p(run.ttft[is_light], 90)
+    arrival = np.array([it.arrival for it in items])
+    out: dict[str, object] = {
+        "light_p90_solo": solo_p90,
+        "light_p90": light_p90,
+        "ratio": light_p90 / solo_p90,
+        "light_p90_picker_wait": p((run.served_at - arrival)[is_light], 90),
+        # from dispatch to first token: what the light flow's TTFT would be if it never waited in the picker
+        "light_p90_engine_side": p((run.ttft - (run.served_at - arrival))[is_light], 90),
+        "heavy_p90": p(run.ttft[~is_light], 90),
+        "engine_queue_mean": _time_mean(run.engine_queue),
+        "served_rps": run.served_rps(items),
+    }
+    if extras:
+        ungated = simulate(items, [0] * len(items), flows, endpoints, setup, 0.0, gated=False, seed=seed)
+        out["served_rps_without_flow_control"] = ungated.served_rps(items)
+        out["light_p90_without_flow_control"] = p(ungated.ttft[is_light], 90)
     return out
 
 
-def overshoot(endpoints: int, seed: int, n: int) -> dict[str, object]:
+def _time_mean(series: list[tuple[float, int]]) -> float:
+    """Time-weighted mean of a step series (the engines' Σ waiting)."""
+    if len(series) < 2:
+        return 0.0
+    t = np.array([x for x, _ in series])
+    v = np.array([y for _, y in series], dtype=float)
+    dt = np.diff(t)
+    return float((v[:-1] * dt).sum() / dt.sum()) if dt.sum() > 0 else 0.0
+
+
+def overshoot(setup: Setup, endpoints: int, seed: int, n: int) -> dict[str, object]:
     cap = pool_capacity(endpoints, seed)
-    spec = FlowControlSpec(default_request_ttl_s=0.0)
     background = _items(n, 0.6 * cap, seed + 4)
     # What the pool holds at saturation 1.0: the engines' batch plus queueDepthThreshold waiting each.
-    holds = endpoints * (profile_named("h100").max_num_seqs + 5)
+    queue_depth = setup.build(seed, 0.0)[2].thresholds.queue_depth
+    holds = endpoints * (profile_named("h100").max_num_seqs + int(queue_depth))
     t_burst = background[len(background) // 2].arrival
     burst = [Item(t_burst + SCRAPE_S * k / (3 * holds), 1000, 200) for k in range(3 * holds)]
     items = sorted(background + burst, key=lambda it: it.arrival)
     prios = [0] * len(items)
     flows = ["default-flow"] * len(items)
-    ours = simulate(items, prios, flows, endpoints, spec, own_picks=True, seed=seed)
-    upstream = simulate(items, prios, flows, endpoints, spec, own_picks=False, seed=seed)
+    ours = simulate(items, prios, flows, endpoints, setup, 0.0, own_picks=True, seed=seed)
+    upstream = simulate(items, prios, flows, endpoints, setup, 0.0, own_picks=False, seed=seed)
     return {
         "burst": len(burst),
         "engine_queue_peak_ours": ours.engine_queue_peak,
@@ -250,42 +326,82 @@ def overshoot(endpoints: int, seed: int, n: int) -> dict[str, object]:
     }
 
 
+_Series = tuple[list[tuple[float, int]], list[tuple[float, int]], float]  # ours, upstream-style, burst time
+BOUNDS = {"priority-overload": 1.2, "noisy-neighbour": 1.5, "overshoot": 0.5}
+
+
+def verdict(results: dict[str, dict[str, object]]) -> dict[str, bool]:
+    """Each workload's bound, on one configuration's results."""
+    po, nn, ov = results["priority-overload"], results["noisy-neighbour"], results["overshoot"]
+    return {
+        "priority-overload": float(po["ratio"]) <= BOUNDS["priority-overload"]  # type: ignore[arg-type]
+        and po["lost"] == 0
+        and po["served_after_ttl"] == 0
+        and po["critical_unserved"] == 0,
+        "noisy-neighbour": float(nn["ratio"]) <= BOUNDS["noisy-neighbour"],  # type: ignore[arg-type]
+        "overshoot": float(ov["ratio"]) <= BOUNDS["overshoot"],  # type: ignore[arg-type]
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--endpoints", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--requests", type=int, default=4000)
+    ap.add_argument("--config", type=Path, default=RECOMMENDED, help="the flow-control configuration to measure")
     ap.add_argument("--chart", default="")
     args = ap.parse_args(argv)
-    results = {
-        "priority-overload": priority_overload(args.endpoints, args.seed, args.requests),
-        "noisy-neighbour": noisy_neighbour(args.endpoints, args.seed, args.requests),
-        "overshoot": overshoot(args.endpoints, args.seed, args.requests),
-    }
-    series = results["overshoot"].pop("_series")
+    setups = [Setup(str(args.config), load_config(args.config, allow_experimental=True, warn=False)), UPSTREAM_DEFAULTS]
+    e, s, n = args.endpoints, args.seed, args.requests
+    results: dict[str, object] = {"capacity_rps": pool_capacity(e, s)}
+    series = {}
+    for i, setup in enumerate(setups):
+        one: dict[str, dict[str, object]] = {
+            "priority-overload": priority_overload(setup, e, s, n),
+            "noisy-neighbour": noisy_neighbour(setup, e, s, n, extras=i == 0),
+            "overshoot": overshoot(setup, e, s, n),
+        }
+        series[setup.name] = one["overshoot"].pop("_series")
+        results[setup.name] = {**one, "bounds_met": verdict(one)}
+    rr = Setup("upstream defaults + round-robin", load_config(None, text=DEFAULTS_ROUND_ROBIN, warn=False))
+    results[rr.name] = {"noisy-neighbour": noisy_neighbour(rr, e, s, n)}
     print(json.dumps(results, indent=2, default=float))
     if args.chart:
-        _chart(series, args.chart)
+        _chart(results, series, setups, args.chart)
     return 0
 
 
-def _chart(series: object, path: str) -> None:
+def _chart(results: dict[str, object], series: dict[str, object], setups: Sequence[Setup], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ours, upstream, t0 = series  # type: ignore[misc]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [3, 2]})
+    ours, upstream, t0 = cast(_Series, series[setups[0].name])
     for data, label in ((upstream, "upstream-style (scraped metrics only)"), (ours, "epp (scraped + own picks)")):
         t = np.array([x for x, _ in data]) - t0
         q = np.array([y for _, y in data])
         keep = (t > -2) & (t < 40)
-        ax.step(t[keep], q[keep], where="post", label=label)
-    ax.set_xlabel("seconds from the burst")
-    ax.set_ylabel("model servers' queue (Σ waiting)")
-    ax.set_title("Overshoot: a 3× burst within one scrape interval")
-    ax.legend()
+        left.step(t[keep], q[keep], where="post", label=label)
+    left.set_xlabel("seconds from the burst")
+    left.set_ylabel("model servers' queue (Σ waiting)")
+    left.set_title("Overshoot: a 3× burst within one scrape interval")
+    left.legend()
+    rec = results[setups[0].name]["noisy-neighbour"]  # type: ignore[index]
+    dflt = results[setups[-1].name]["noisy-neighbour"]  # type: ignore[index]
+    rr = results["upstream defaults + round-robin"]["noisy-neighbour"]  # type: ignore[index]
+    labels = ["upstream\ndefaults", "defaults +\nround-robin", "recommended", "recommended:\nengine side"]
+    ratios = [dflt["ratio"], rr["ratio"], rec["ratio"], rec["light_p90_engine_side"] / rec["light_p90_solo"]]
+    right.bar(labels, ratios, color=["tab:blue", "tab:cyan", "tab:orange", "tab:gray"])
+    right.set_yscale("log")
+    right.axhline(BOUNDS["noisy-neighbour"], color="k", linestyle="--", linewidth=1, label="bound 1.5×")
+    for x, r in enumerate(ratios):
+        right.text(x, r, f"{r:.1f}×", ha="center", va="bottom")
+    right.set_ylabel("light flow p90 TTFT / solo p90")
+    right.set_title("Noisy neighbour at 120 %: the light flow")
+    right.tick_params(axis="x", labelsize=8)
+    right.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

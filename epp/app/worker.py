@@ -37,6 +37,7 @@ import numpy as np
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.observability.relay import RelayHandler
 from epp.scrape.process import FAILURES, NCOL, OK, VALUES, VERSION, read_rows
+from epp.supervision import watch_pipe
 
 log = logging.getLogger(__name__)
 
@@ -228,11 +229,13 @@ async def _worker(conn: Connection, args: argparse.Namespace, index: int, arrays
             stop.set()  # the control process is gone: drain and exit
 
     loop = asyncio.get_running_loop()
-    loop.add_reader(conn.fileno(), on_message)
+    watch_pipe(loop, conn, on_message)
     for sig in (signal.SIGTERM, signal.SIGINT):  # sent to the worker itself (or its group): drain, as on "stop"
         loop.add_signal_handler(sig, stop.set)
     settle_garbage_collector()
     await server.start()
+    # The metrics first: from the moment a worker counts as serving, /metrics shows every family it exports.
+    conn.send(("metrics", generate_latest(registry)))
     conn.send(("ready", os.getpid()))
     next_metrics = 0.0
     try:

@@ -43,7 +43,7 @@ from epp.datastore.pool import FailureMode
 from epp.datastore.table import EndpointTable
 from epp.observability.relay import reemit
 from epp.scrape.process import NCOL, TOKEN, write_rows
-from epp.supervision import RestartBackoff, describe_exit
+from epp.supervision import RestartBackoff, describe_exit, watch_pipe
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ class WorkerPool:
         worker.conn.send(self._members_msg)
         worker.started_at = time.monotonic()
         worker.ready = False
-        asyncio.get_running_loop().add_reader(worker.conn.fileno(), self._on_message, worker)
+        watch_pipe(asyncio.get_running_loop(), worker.conn, self._on_message, worker)
 
     def _drop(self, worker: _Worker) -> None:
         if worker.conn is not None:

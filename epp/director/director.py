@@ -153,7 +153,9 @@ class Director:
         self.flow = flow
         self._admitters: tuple[Admitter, ...] = tuple(getattr(scheduler, "admitters", ()))
         self._draw = random.Random(seed)
-        self._response_headers = getattr(scheduler, "response_headers", None)
+        # Asked per request only when a plugin writes a response header (session affinity); most profiles have none.
+        responds = getattr(scheduler, "writes_response_headers", True)
+        self._response_headers = getattr(scheduler, "response_headers", None) if responds else None
         self.tokenizer = render_tokenizer(scheduler)
 
     @property

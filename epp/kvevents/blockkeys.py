@@ -107,6 +107,29 @@ class BlockKeys:
             out.extend(self._values(tokens[start * b :], m).tolist())
         return out
 
+    def unit_sums(self, tokens: U64Array, offset: int, unit: int) -> list[int]:
+        """The pre-mix sums Σ tokens[t]·K_t of each run of `unit` tokens, the first run starting at position `offset`
+        of one of our blocks (`unit` divides the block size). An engine block smaller than ours is such a run: the
+        sums of the runs that make up block i add up to the sum that `mix` turns into v_i, so an event that stops
+        inside one of our blocks leaves (offset, sum so far) for its successor to continue (`mix_sums`)."""
+        b = self.block_size
+        n = len(tokens) // unit
+        if n == 0:
+            return []
+        tokens = tokens[: n * unit]
+        if offset + len(tokens) <= len(self._kt):
+            kt = self._kt[offset : offset + len(tokens)]
+        else:  # longer than the precomputed run: the same multipliers by position within the block
+            kt = self._kt[(offset + np.arange(len(tokens))) % b]
+        sums: list[int] = np.add.reduceat(tokens * kt, np.arange(0, n * unit, unit)).tolist()
+        return sums
+
+    @staticmethod
+    def mix_sums(sums: Sequence[int]) -> list[int]:
+        """v_i from whole blocks' pre-mix sums (what `unit_sums` adds up)."""
+        out: list[int] = _mix(np.array(sums, dtype=np.uint64)).tolist()
+        return out
+
     @staticmethod
     def chain(parent: int, values: Sequence[int]) -> list[int]:
         """The keys that follow `parent`, one per block value (the recurrence, block by block)."""

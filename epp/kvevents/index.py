@@ -2,14 +2,16 @@
 
 Keys are recomputed from each `BlockStored` event's `token_ids` (`epp.kvevents.blockkeys`), so a request's keys,
 computed the same way from its token ids, find the blocks whatever hash algorithm, seed or block size the engine
-uses (the engine's block size must be a multiple of ours; other events are counted and skipped). Engine hashes are
-opaque names: they resolve an event's parent and a later `BlockRemoved`.
+uses, as long as one block size divides the other (vLLM's 16 under upstream's sample's 64, or 512-token engine blocks
+under our 16; other events are counted and skipped). Engine hashes are opaque names: they resolve an event's parent
+and a later `BlockRemoved`.
 
 State:
 - `holders`: block key → bit mask of the endpoints holding it (one bit per endpoint slot; Python ints, so any
   number of endpoints). A lookup walks the request's keys once and ANDs masks, so its cost is the matched length,
   not the number of endpoints.
-- per endpoint, `engine`: engine hash → our key (or the keys of the k blocks of ours one engine block spans), in
+- per endpoint, `engine`: engine hash → our key (or the keys of the k blocks of ours one engine block spans; or,
+  for an engine block smaller than ours that does not end one of ours, the open block's state: `_Open`), in
   store order (an OrderedDict: evicting the oldest is O(1)); the KV-cache groups it learnt (only full-attention
   groups establish a prefix); when it last heard an event and a store.
 
@@ -32,14 +34,27 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 
-from epp.kvevents.blockkeys import BlockKeys, U64Array
+from epp.kvevents.blockkeys import MASK, BlockKeys, U64Array
 from epp.kvevents.decode import AllBlocksCleared, Batch, BlockRemoved, BlockStored, Event, engine_key
 
 DEFAULT_MAX_BLOCKS_PER_ENDPOINT = 65_536
 INDEXED_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
 SKIP_REASONS = ("non_dense", "block_size", "orphan", "medium", "cache_kind", "bad_tokens")
 
-Keys = int | tuple[int, ...]
+
+class _Open:
+    """An engine block that ends inside one of our blocks (engine blocks smaller than ours): it holds no key of
+    ours; it keeps what its successor in the chain needs to continue: the key before our open block, how many of
+    that block's tokens are in, and their pre-mix sum (`BlockKeys.unit_sums`). The engine block that completes our
+    block holds its key, so a prefix counts only whole blocks of ours, as a request's keys do."""
+
+    __slots__ = ("acc", "offset", "prev")
+
+    def __init__(self, prev: int, offset: int, acc: int) -> None:
+        self.prev, self.offset, self.acc = prev, offset, acc
+
+
+Keys = int | tuple[int, ...] | _Open
 
 
 @dataclass(slots=True)
@@ -175,7 +190,7 @@ class KvBlockIndex:
         if n == 0 or size <= 0 or len(ev.token_ids) != n * size:
             self._skip("non_dense")
             return False
-        if size % self.block_size:
+        if size % self.block_size and self.block_size % size:
             self._skip("block_size")
             return False
         return True
@@ -187,6 +202,11 @@ class KvBlockIndex:
             return {}
         bs = self.block_size
         out: dict[int, list[int]] = {}
+        if any(ev.block_size < bs for ev in todo):  # engine blocks smaller than ours: summed in `_store_units`
+            out.update((id(ev), []) for ev in todo if ev.block_size < bs)
+            todo = [ev for ev in todo if ev.block_size >= bs]
+            if not todo:
+                return out
         try:
             tokens: list[int] = []
             for ev in todo:
@@ -209,14 +229,21 @@ class KvBlockIndex:
     def _store(self, ep: _Endpoint, ev: BlockStored, values: list[int], now: float) -> None:
         parent = ev.parent_block_hash
         if parent is None:
-            start = self.keys.root(ev.lora_name)
+            start: Keys = self.keys.root(ev.lora_name)
         else:
             pk = ep.engine.get(engine_key(parent))
             if pk is None:  # its parent was never seen (or evicted): the chain cannot be recomputed
                 self._skip("orphan")
                 return
-            start = pk if isinstance(pk, int) else pk[-1]
-        keys = self.keys.chain(start, values)
+            start = pk
+        if ev.block_size < self.block_size:
+            self._store_units(ep, ev, start)
+            ep.last_store_at = now
+            return
+        if isinstance(start, _Open):  # a larger block after one that ended inside ours: the chain is misaligned
+            self._skip("block_size")
+            return
+        keys = self.keys.chain(start if isinstance(start, int) else start[-1], values)
         per = ev.block_size // self.block_size
         engine, holders, bit = ep.engine, self.holders, ep.bit
         for i, h in enumerate(ev.block_hashes):
@@ -241,6 +268,51 @@ class KvBlockIndex:
         self.counters.stored_blocks += len(ev.block_hashes)
         ep.last_store_at = now
 
+    def _store_units(self, ep: _Endpoint, ev: BlockStored, start: Keys) -> None:
+        """Engine blocks smaller than ours: each adds its tokens' sum to the open block of ours; the one that
+        completes it holds the block's key, the others keep the open state (`_Open`)."""
+        bs, unit = self.block_size, ev.block_size
+        if isinstance(start, _Open):
+            prev, offset, acc = start.prev, start.offset, start.acc
+        else:
+            prev, offset, acc = (start if isinstance(start, int) else start[-1]), 0, 0
+        try:
+            sums = self.keys.unit_sums(self.keys.tokens_array(ev.token_ids), offset, unit)
+        except (OverflowError, TypeError, ValueError):
+            self._skip("bad_tokens")
+            return
+        states: list[
+            tuple[int, int] | None
+        ] = []  # per engine block: (offset, sum) in the open block; None: completes it
+        whole: list[int] = []
+        for s in sums:
+            acc = (acc + s) & MASK
+            offset += unit
+            if offset == bs:
+                whole.append(acc)
+                states.append(None)
+                offset = acc = 0
+            else:
+                states.append((offset, acc))
+        keys = self.keys.chain(prev, self.keys.mix_sums(whole)) if whole else []
+        engine, holders, bit, mirror = ep.engine, self.holders, ep.bit, self.mirror
+        done = 0
+        for h, state in zip(ev.block_hashes, states, strict=True):
+            ek = engine_key(h)
+            old = engine.pop(ek, None)
+            if old is not None:
+                self._unhold(old, bit)
+            if state is None:
+                key = prev = keys[done]
+                done += 1
+                engine[ek] = key
+                m = holders[key] = holders.get(key, 0) | bit
+                if mirror is not None:
+                    mirror(key, m)
+            else:
+                engine[ek] = _Open(prev, state[0], state[1])
+        self.counters.stored_blocks += len(ev.block_hashes)
+
     def _remove(self, ep: _Endpoint, ev: BlockRemoved) -> None:
         if ev.medium is not None and ev.medium.upper() != "GPU":
             return
@@ -256,6 +328,8 @@ class KvBlockIndex:
     def _unhold(self, keys: Keys, bit: int) -> None:
         holders = self.holders
         mirror = self.mirror
+        if isinstance(keys, _Open):
+            return
         for k in (keys,) if isinstance(keys, int) else keys:
             m = holders.get(k, 0) & ~bit
             if m:

@@ -43,8 +43,6 @@ def parse_messages(request_id: str, path: str, headers: Mapping[str, str], body:
     messages = parsed.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages requests need a non-empty 'messages' list")
-    if not all(isinstance(m, dict) for m in messages):
-        raise _bad("each entry of 'messages' must be an object")
     system = parsed.get("system")
     prompt = _chat_prompt(messages)
     if system is not None:

@@ -170,12 +170,14 @@ def _text_of_content(content: object) -> str:
 
 
 def _chat_prompt(messages: list[Any]) -> str:
+    """The prompt of a list of message objects; 400 when an entry is not an object (checked in the same pass)."""
     # Role markers keep two conversations with the same words in other roles from sharing a prefix.
     parts = []
     for m in messages:
-        if isinstance(m, dict):
-            content = m.get("content")
-            parts.append(f"<{m.get('role', '')}>{content if isinstance(content, str) else _text_of_content(content)}")
+        if not isinstance(m, dict):
+            raise _bad("each entry of 'messages' must be an object")
+        content = m.get("content")
+        parts.append(f"<{m.get('role', '')}>{content if isinstance(content, str) else _text_of_content(content)}")
     return "".join(parts)
 
 
@@ -233,8 +235,6 @@ def _prompt_of(api: ApiKind, body: dict[str, Any]) -> str:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _bad("chat completions need a non-empty 'messages' list")
-        if not all(isinstance(m, dict) for m in messages):
-            raise _bad("each entry of 'messages' must be an object")
         return _chat_prompt(messages)
     if api is ApiKind.COMPLETIONS:
         if "prompt" not in body or body["prompt"] in (None, "", []):

@@ -197,6 +197,10 @@ class DisaggScheduler:
         stages = (self.encode, self.prefill)
         return (self.decode, *(s.profile for s in stages if s is not None))
 
+    @property
+    def writes_response_headers(self) -> bool:
+        return self.decode.writes_response_headers
+
     def response_headers(self, snapshot: Snapshot, slot: int) -> tuple[tuple[str, str], ...]:
         """The decode profile's (the client's session is bound to the endpoint it talks to)."""
         return self.decode.response_headers(snapshot, slot)

@@ -25,17 +25,14 @@ class SeededPicker:
     def __init__(self, name: str | None = None, max_endpoints: int = 1, seed: int | None = None) -> None:
         self.name = name or self.type_name
         self.max_endpoints = max(1, max_endpoints)
-        self._rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng(seed)  # vector draws (fallback orders, weights)
+        self._draw = random.Random(seed).random  # one scalar draw: ~20× cheaper than Generator.integers
 
 
 class MaxScorePicker(SeededPicker):
     """`max-score-picker`: highest total score; ties broken uniformly at random, so equal endpoints share load."""
 
     type_name = "max-score-picker"
-
-    def __init__(self, name: str | None = None, max_endpoints: int = 1, seed: int | None = None) -> None:
-        super().__init__(name, max_endpoints, seed)
-        self._draw = random.Random(seed).random  # a scalar draw: ~20× cheaper than Generator.integers
 
     def pick(self, state: CycleState, candidates: IntArray, scores: FloatArray) -> Sequence[int]:
         n = candidates.size
@@ -61,7 +58,7 @@ class RandomPicker(SeededPicker):
         if n == 0:
             return ()
         if self.max_endpoints == 1:
-            return (int(candidates[self._rng.integers(n)]),)
+            return (candidates.item(int(self._draw() * n)),)
         return candidates[self._rng.permutation(n)[: self.max_endpoints]].tolist()  # type: ignore[no-any-return]
 
 

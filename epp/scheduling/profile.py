@@ -96,6 +96,7 @@ class ProfileScheduler:
         self._plain = self._timed = (tuple(f.filter for f in self._filters), self._scorers, self._picker.pick)
         self._every = 0  # 0: never instrumented
         self._count = 0
+        self._uniform: dict[tuple[int, float], FloatArray] = {}  # (candidates, offset) → read-only equal scores
 
     def instrument(self, wrapper: PluginWrapper) -> None:
         """Run one pick in `wrapper.every` through wrapped plugin methods (per-plugin durations); the others, and
@@ -115,6 +116,19 @@ class ProfileScheduler:
             wrapper.timed("Picker", self._picker, self._picker.pick),
         )
         self._every = max(1, wrapper.every)
+
+    @property
+    def writes_response_headers(self) -> bool:
+        """Whether any plugin writes a response header: the director asks `response_headers` per request only then."""
+        return bool(self._responders)
+
+    def _uniform_scores(self, size: int, offset: float) -> FloatArray:
+        """`offset` for each of `size` candidates, built once per size: pickers only read their scores."""
+        if len(self._uniform) >= 64:
+            self._uniform.clear()
+        scores = self._uniform[(size, offset)] = np.full(size, offset)
+        scores.flags.writeable = False
+        return scores
 
     def response_headers(self, snapshot: Snapshot, slot: int) -> tuple[tuple[str, str], ...]:
         """Headers the response to a request picked onto `slot` carries back to the client (none usually)."""
@@ -163,8 +177,10 @@ class ProfileScheduler:
                 total = scores
             else:
                 total += scores
-        if total is None:
-            total = np.full(candidates.size, offset)
+        if total is None:  # no per-candidate term (a random-picker profile): the same scores every pick
+            total = self._uniform.get((candidates.size, offset))
+            if total is None:
+                total = self._uniform_scores(candidates.size, offset)
         else:
             if offset:
                 total += offset

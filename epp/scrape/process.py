@@ -50,7 +50,7 @@ from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.observability.relay import RelayHandler, reemit
 from epp.scrape.engines import EngineRegistry
 from epp.scrape.scraper import EndpointStatus, ScrapeService, ScrapeSettings
-from epp.supervision import RESTART_INITIAL_S, RESTART_MAX_S, STABLE_S, RestartBackoff, describe_exit
+from epp.supervision import RESTART_INITIAL_S, RESTART_MAX_S, STABLE_S, RestartBackoff, describe_exit, watch_pipe
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class ScrapeProcess:
         self._conn = Connection(ours.detach())
         level = logging.getLogger("epp").getEffectiveLevel()
         self._conn.send(("settings", self.settings, self.engines, level))
-        asyncio.get_running_loop().add_reader(self._conn.fileno(), self._on_message)
+        watch_pipe(asyncio.get_running_loop(), self._conn, self._on_message)
         self._started_at = self._heard_at = time.monotonic()
         self._heard_any = False
         self._seen_version = -1  # the new child learns the membership from scratch
@@ -430,7 +430,7 @@ async def _child(block: np.ndarray, conn: Connection) -> None:
         except (EOFError, OSError):
             stop.set()
 
-    loop.add_reader(conn.fileno(), on_message)
+    watch_pipe(loop, conn, on_message)
     await svc.start()
     next_status = loop.time() + STATUS_S
     mapped = -1

@@ -60,7 +60,7 @@ def test_engine_block_size_a_multiple_of_ours_maps_each_engine_block_to_several_
     assert index.match(index.request_keys(TOKENS)) == {A: 12}
     index.apply(A, [BlockRemoved([2], "GPU")], 2.0)
     assert index.match(index.request_keys(TOKENS)) == {A: 4}
-    index.apply(B, [_stored([7], None, TOKENS[:8], size=8)], 1.0)  # 8 does not divide into 16: skipped
+    index.apply(B, [_stored([7], None, TOKENS[:24], size=24)], 1.0)  # neither of 24 and 16 divides the other
     assert index.counters.skipped["block_size"] == 1
 
 
@@ -130,3 +130,20 @@ def test_many_endpoints_each_get_their_own_slot_and_freed_slots_are_reused() -> 
     index.remove_endpoint(names[3])
     index.apply("127.10.2.1:8000", [_stored([1], None, TOKENS[:16])], 1.0)
     assert index.match(keys)["127.10.2.1:8000"] == 1 and names[3] not in index.match(keys)
+
+
+@pytest.mark.parametrize("ours", [32, 64])
+def test_engine_blocks_smaller_than_ours_are_summed_into_ours_across_events(ours: int) -> None:
+    """vLLM's 16-token blocks under upstream's sample's blockSize 64: an index block is held once the engine block
+    that completes it is stored, whichever event it comes in, and the keys are the request's keys."""
+    index = KvBlockIndex(block_size=ours)
+    tokens = TOKENS[: 16 * 40]
+    index.apply(A, [_stored([1, 2, 3, 4, 5], None, tokens[:80])], 1.0)  # ends inside one of ours
+    index.apply(A, [_stored(list(range(6, 41)), 5, tokens[80:])], 1.0)
+    keys = index.request_keys(tokens)
+    assert index.match(keys) == {A: len(tokens) // ours}
+    assert index.counters.skipped["block_size"] == 0
+    index.apply(A, [BlockRemoved([8], "GPU")], 2.0)  # engine block 8 (tokens 112..128) completes one of ours
+    assert index.match(keys) == {A: 128 // ours - 1}
+    index.apply(A, [AllBlocksCleared()], 3.0)
+    assert index.match(keys) == {} and index.holders == {}
