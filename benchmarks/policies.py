@@ -28,6 +28,7 @@ from epp.kvevents.index import KvBlockIndex
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import ProfileScheduler, build_scheduler, upstream_default_config
 from epp.scheduling.precise import LocalIndexView, PrecisePrefixCacheProducer
+from epp.scheduling.prefix import PrefixCacheScorer
 from epp.sim.engine import Engine, KvRecord, SimRequest
 from epp.sim.kvevents import records_to_events
 
@@ -139,6 +140,7 @@ class Picker(Policy):
         ]
         self.table.synced = True
         self._server_of = {slot: i for i, slot in enumerate(self.slots)}
+        self.scheduler = scheduler
         self.director = Director(self.table, scheduler, clock, saturation=scheduler.saturation)  # as epp serve
         self._decisions: dict[int, object] = {}
 
@@ -177,7 +179,11 @@ class Split(Policy):
     R times behind one gateway: a replica has its own table (its own in-flight view and scrapes, the replicas'
     scrapes spread evenly over the interval: each one's phase is offset), a worker of a replica has its own
     scheduler (its own prefix index) over the replica's shared table (the in-flight matrix summed). Arrivals go
-    round-robin over replicas, then over a replica's workers, as a gateway balancing streams would."""
+    round-robin over replicas, then over a replica's workers, as a gateway balancing streams would.
+
+    `log_delay` (seconds; None: off) feeds each worker's prefix index with every other worker's picks of the same
+    replica as well, each applied `log_delay` after it was made: a shared log of picks (records of block hashes and
+    endpoint slot), to measure against indexes that learn only their own picks."""
 
     reads_scrapes = True
 
@@ -189,20 +195,26 @@ class Split(Policy):
         replicas: int,
         workers: int,
         clock: Callable[[], float],
+        log_delay: float | None = None,
     ) -> None:
         self.name = name
         self.replicas = [Picker(name, n, scheduler(r * workers), clock) for r in range(replicas)]
         self.workers = workers
         self.directors: list[list[Director]] = []
+        self._logs: list[PickLog] = []
         for r, replica in enumerate(self.replicas):
-            others = [scheduler(r * workers + w) for w in range(1, workers)]
-            extra = [Director(replica.table, s, clock, saturation=s.saturation) for s in others]
+            schedulers = [replica.scheduler] + [scheduler(r * workers + w) for w in range(1, workers)]
+            extra = [Director(replica.table, s, clock, saturation=s.saturation) for s in schedulers[1:]]
             self.directors.append([replica.director, *extra])
+            if log_delay is not None and workers > 1:
+                self._logs.append(PickLog(replica.table, schedulers, log_delay, clock))
         self._owner: dict[int, tuple[Director, object]] = {}
         self._tick = 0
 
     def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
         r = index % len(self.replicas)
+        if self._logs:
+            self._logs[r].deliver(now)
         director = self.directors[r][(index // len(self.replicas)) % self.workers]
         request = InferenceRequest(
             request_id=str(index), api=ApiKind.COMPLETIONS, model=MODEL, prompt=prompt_text(index, item)
@@ -219,6 +231,45 @@ class Split(Policy):
         """Called R times per scrape interval: one replica's scrape each time, in turn (the phase offset)."""
         self.replicas[self._tick % len(self.replicas)].scrape(engines, now)
         self._tick += 1
+
+
+class PickLog:
+    """A shared log of one replica's picks: every worker's prefix scorer also learns each pick of every other worker
+    (`PrefixCacheScorer.learn`, as the serving workers' pick rings feed it), `delay` seconds after it was made."""
+
+    def __init__(
+        self,
+        table: EndpointTable,
+        schedulers: Sequence[ProfileScheduler],
+        delay: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.table = table
+        self.delay = delay
+        self._clock = clock
+        self._scorers = [
+            [s.scorer for s in sched.profile.scorers if isinstance(s.scorer, PrefixCacheScorer)] for sched in schedulers
+        ]
+        self._pending: deque[tuple[float, int, int, int, list[int]]] = deque()
+        for worker, scorers in enumerate(self._scorers):
+            for position, scorer in enumerate(scorers):
+                scorer.on_pick = self._recorder(worker, position)
+
+    def _recorder(self, worker: int, position: int) -> Callable[[int, list[int]], None]:
+        def record(slot: int, hashes: list[int]) -> None:
+            self._pending.append((self._clock() + self.delay, worker, position, slot, hashes))
+
+        return record
+
+    def deliver(self, now: float) -> None:
+        """Every record due by `now`, to the other workers' scorers."""
+        pending = self._pending
+        snapshot = self.table.view()
+        while pending and pending[0][0] <= now:
+            _, origin, position, slot, hashes = pending.popleft()
+            for worker, scorers in enumerate(self._scorers):
+                if worker != origin:
+                    scorers[position].learn(snapshot, slot, hashes)
 
 
 def precise_config() -> EndpointPickerConfig:

@@ -52,6 +52,7 @@ from epp.extproc.bounds import ServerLimits
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.flowcontrol import FlowController
+from epp.flowcontrol.eviction import EVICTION_FILTER, EVICTION_ORDER, Reclaimer, confirmation_grace
 from epp.flowcontrol.gauge import PoolGauge
 from epp.observability.flow import FlowControlMetrics
 from epp.observability.logs import configure_logging
@@ -60,6 +61,7 @@ from epp.observability.plugins import PluginTimer
 from epp.scheduling import ProfileScheduler, build_scheduler
 from epp.scheduling.build import deprecations
 from epp.scheduling.precise import PrecisePrefixCacheProducer
+from epp.scheduling.saturation import ConcurrencyDetector
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
 from epp.scrape.scraper import ScrapeService
@@ -199,7 +201,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     federation = build_federation(args, state.failure_mode(), config, scheduler.saturation.saturated)
     for warning in deprecations(config) if config is not None else ():  # after every check that refuses to start
         log.warning("%s: %s", config.source if config is not None else "", warning)
-    flow = _flow_gate(scheduler, state)
+    flow = _flow_gate(scheduler, state, scrape.interval_s)
     one_process = [
         what
         for what, used in (
@@ -413,13 +415,20 @@ def _readiness_changed(state: PickerState) -> None:
 _PENDING: set[asyncio.Future[None]] = set()  # strong references until each health update is done
 
 
-def _flow_gate(scheduler: Any, state: PickerState) -> FlowGate | None:
+def _flow_gate(scheduler: Any, state: PickerState, scrape_interval_s: float) -> FlowGate | None:
     """Flow control, when the config's `flowControl` feature gate is on: the queues, the dispatch saturation
-    (the pool's detector, counting our own picks since the scrape, with the all-stale fallback) and the admitters."""
+    (the pool's detector, counting our own picks since the scrape, with the all-stale fallback), the admitters
+    and, with `enableEviction`, in-flight eviction paced by the detector's lag."""
     settings = getattr(scheduler, "flow_control", None)
     if settings is None:
         return None
     gauge = PoolGauge(scheduler.saturation, scheduler.freshness)
+    reclaimer = None
+    if settings.spec.enable_eviction:
+        leading = isinstance(scheduler.saturation, ConcurrencyDetector)
+        grace = confirmation_grace(leading, scrape_interval_s, scheduler.freshness.staleness_s)
+        reclaimer = Reclaimer(grace)
+        log.info("in-flight eviction on: %s, %s, confirmation grace %gs", EVICTION_FILTER, EVICTION_ORDER, grace)
     return FlowGate(
         FlowController(settings),
         state.table,
@@ -427,6 +436,7 @@ def _flow_gate(scheduler: Any, state: PickerState) -> FlowGate | None:
         time.monotonic,
         objectives=state.objectives,
         admitters=scheduler.admitters,
+        reclaimer=reclaimer,
     )
 
 

@@ -11,9 +11,11 @@ it decides on comes through memory it shares with the control process:
   prompt tokens in flight).
   Each worker writes its own row when it books or releases a pick; every decision reads the sum over all rows,
   refreshed every `REFRESH_S`, so a burst split over workers is seen whole, as one process would see it;
-- a stats row (streams started) the control process shows per worker in /metrics.
+- a stats row (streams started, pid, picks learned from the other workers, picks of theirs lost) the control
+  process shows per worker in /metrics and /debug/pool;
+- the shared log of picks (epp.app.pick_log): each worker's prefix scorers learn their own picks at once and the
+  other workers' picks every `REFRESH_S`, so a repeat of a prompt finds its endpoint whichever worker takes it.
 
-The prefix index stays per worker: each worker's prefix scorer learns from its own picks (see docs/architecture.md).
 The worker's own metrics go to the control process as exposition text every `METRICS_S`, summed there.
 If the control process dies, the socket closes and the worker drains and exits.
 """
@@ -29,13 +31,16 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
+from epp.app.pick_log import PickLog, prefix_scorers, ring_words
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.observability.relay import RelayHandler
+from epp.scheduling.prefix import PrefixCacheScorer
 from epp.scrape.process import FAILURES, NCOL, OK, VALUES, VERSION, read_rows
 from epp.supervision import watch_pipe
 
@@ -45,7 +50,7 @@ REFRESH_S = 0.01  # shared rows and in-flight sums → this worker's table
 METRICS_S = 0.5  # this worker's exposition → the control process
 INFLIGHT, PICKS, TOKENS = 0, 1, 2  # the in-flight matrix's columns: picks in flight, picks since scrape, tokens
 MATRIX_COLUMNS = 3
-STATS_COLUMNS = 2  # streams started, pid
+STATS_COLUMNS = 4  # streams started, pid, picks learned from the pick log, picks lost from it (lapped)
 _SCRAPED_AT = 7  # the row's column of `scraped_at` (VALUES is columns 1..7)
 
 
@@ -128,6 +133,18 @@ class MirrorTable(EndpointTable):
             row[PICKS] += 1
             row[TOKENS] += tokens
 
+    def control_of(self, slot: int) -> tuple[int, int] | None:
+        """(the control process's slot, its token) of our `slot`: how a shared record names the endpoint."""
+        control = int(self._control[slot]) if slot < len(self._control) else -1
+        return (control, int(self._tokens[control])) if control >= 0 else None
+
+    def local_of(self, control: int, token: int) -> int | None:
+        """Our slot of the control process's `control` slot, if it still holds the endpoint that had `token`."""
+        if not 0 <= control < len(self._local) or self._tokens[control] != token:
+            return None
+        local = int(self._local[control])
+        return local if local >= 0 else None
+
     def release_pick(self, slot: int, tokens: int = 0) -> None:
         super().release_pick(slot, tokens)
         control = self._control[slot] if slot < len(self._control) else -1
@@ -167,7 +184,7 @@ async def _worker(conn: Connection, args: argparse.Namespace, index: int, arrays
     from epp.observability.metrics import PickerMetrics
     from epp.scheduling import build_scheduler
 
-    rows, matrix, stats = arrays
+    rows, matrix, stats, picks = arrays
     stats[index, 1] = os.getpid()
     allow_experimental = bool(getattr(args, "allow_experimental_plugins", False))
     config_text = getattr(args, "config_text", None)
@@ -179,6 +196,10 @@ async def _worker(conn: Connection, args: argparse.Namespace, index: int, arrays
     scrape = scrape_settings_from_args(args)
     scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness, allow_experimental=allow_experimental)
     table = MirrorTable(rows, matrix, index)
+    pick_log = PickLog(picks, matrix.shape[0], index)
+    scorers = prefix_scorers(scheduler)
+    for position, scorer in enumerate(scorers):
+        scorer.on_pick = _sharing(pick_log, table, position)
     objectives = ObjectiveStore()
     failure = [FailureMode.FAIL_CLOSE]
     registry = CollectorRegistry(auto_describe=True)
@@ -249,6 +270,7 @@ async def _worker(conn: Connection, args: argparse.Namespace, index: int, arrays
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), REFRESH_S)
             table.refresh()
+            _learn(pick_log, table, scorers, stats[index])
             if loop.time() >= next_metrics:
                 next_metrics = loop.time() + METRICS_S
                 with contextlib.suppress(OSError):
@@ -260,13 +282,40 @@ async def _worker(conn: Connection, args: argparse.Namespace, index: int, arrays
     return 0
 
 
+def _sharing(pick_log: PickLog, table: MirrorTable, position: int) -> Callable[[int, list[int]], None]:
+    """The prefix scorer's `on_pick`: our pick, as a record in our ring of the shared log."""
+
+    def share(slot: int, hashes: list[int]) -> None:
+        named = table.control_of(slot)
+        if named is not None:
+            pick_log.append(position, named[0], named[1], hashes)
+
+    return share
+
+
+def _learn(pick_log: PickLog, table: MirrorTable, scorers: list[PrefixCacheScorer], stats: np.ndarray) -> None:
+    """The other workers' picks since the last call, into our prefix scorers (their counts into our stats row)."""
+    if not scorers:
+        return
+    snapshot = table.view()
+    learned, lost = 0, pick_log.lost
+    for position, control, token, hashes in pick_log.read():
+        local = table.local_of(control, token)
+        if local is not None and position < len(scorers):
+            scorers[position].learn(snapshot, local, hashes)
+            learned += 1
+    stats[2] += learned
+    stats[3] += pick_log.lost - lost
+
+
 def _main(argv: list[str]) -> int:
     conn = Connection(int(argv[1]))
-    index, rows, workers = int(argv[5]), int(argv[6]), int(argv[7])
+    index, rows, workers = int(argv[6]), int(argv[7]), int(argv[8])
     arrays = (
         shared_array(int(argv[2]), (rows, NCOL), np.float64),
         shared_array(int(argv[3]), (workers, rows, MATRIX_COLUMNS), np.int64),
         shared_array(int(argv[4]), (workers, STATS_COLUMNS), np.int64),
+        shared_array(int(argv[5]), (ring_words(workers),), np.int64),
     )
     root = logging.getLogger()
     root.handlers[:] = [RelayHandler(lambda data: conn.send(("log", data)))]

@@ -10,7 +10,8 @@ them, each piece with a single writer:
 - membership (with a token per slot, so a reused slot's late rows are ignored), the pool's failure mode and the
   objectives, as a message to every worker when any of them changes;
 - the in-flight matrix (worker × endpoint) is written by the workers, each its own row; the control process only
-  clears the row of a worker that died, so its picks stop counting as load.
+  clears the row of a worker that died, so its picks stop counting as load;
+- the shared log of picks (epp.app.pick_log): a ring per worker, written by that worker, read by the others.
 
 Supervision is the scrape child's (epp.supervision): a worker that exits is logged with its exit code or signal
 and started again after the backoff. Readiness is on while any worker is serving; on SIGTERM every worker gets
@@ -37,6 +38,7 @@ import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from epp.app.pick_log import ring_words
 from epp.app.worker import MATRIX_COLUMNS, STATS_COLUMNS, shared_array
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
@@ -89,8 +91,8 @@ class WorkerPool:
         self._namespace = namespace
         self._on_change = on_change
         self.rows = max_endpoints
-        self._fds = [os.memfd_create(f"epp-{name}") for name in ("rows", "inflight", "stats")]
-        shapes = ((self.rows, NCOL), (count, self.rows, MATRIX_COLUMNS), (count, STATS_COLUMNS))
+        self._fds = [os.memfd_create(f"epp-{name}") for name in ("rows", "inflight", "stats", "picks")]
+        shapes = ((self.rows, NCOL), (count, self.rows, MATRIX_COLUMNS), (count, STATS_COLUMNS), (ring_words(count),))
         for fd, shape in zip(self._fds, shapes, strict=True):
             os.ftruncate(fd, int(np.prod(shape)) * 8)
         self._rows = shared_array(self._fds[0], shapes[0], np.float64)
@@ -310,6 +312,8 @@ class WorkerPool:
                 "restarts": w.restarts,
                 "last_exit": w.last_exit,
                 "streams": int(self.stats[w.index, 0]),
+                "picks_learned": int(self.stats[w.index, 2]),  # from the other workers, through the pick log
+                "picks_lost": int(self.stats[w.index, 3]),  # theirs, overwritten before this worker read them
             }
             for w in self._workers
         ]

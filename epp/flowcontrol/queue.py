@@ -107,6 +107,7 @@ class FlowController:
         self.count = 0
         self.bytes = 0
         self.pool_empty = False
+        self.last_ceilings: dict[int, float] = {}  # the ceilings the last dispatch cycle read (eviction's demand)
         for band in settings.spec.bands:
             self._band(band.priority)
 
@@ -209,7 +210,7 @@ class FlowController:
         """One cycle: the next request to send on, or None (nothing queued, or held back by saturation)."""
         if self.count == 0 or self.pool_empty:
             return None
-        ceilings = self.ceilings(saturation)
+        self.last_ceilings = ceilings = self.ceilings(saturation)
         for priority in self._order:
             band = self._bands[priority]
             if band.count == 0:
@@ -266,6 +267,10 @@ class FlowController:
         return items
 
     # -- observation -----------------------------------------------------------------------------------------
+    def band_counts(self) -> list[tuple[int, int]]:
+        """(priority, queued requests) of every band, highest priority first (in-flight eviction's demand)."""
+        return [(p, self._bands[p].count) for p in self._order]
+
     def oldest_enqueued_at(self, priority: int) -> float | None:
         band = self._bands.get(priority)
         if band is None or band.count == 0:

@@ -83,6 +83,14 @@ def usage_limit(type_name: str, name: str, params: Params) -> FlowPolicy:
     return FlowPolicy(type_name, name, "usage-limit", fp.SoftReflectiveCeiling)
 
 
+def eviction_policy(type_name: str, name: str, params: Params) -> FlowPolicy:
+    """`sheddable-eviction-filter`, `priority-then-time-eviction-order-policy`: upstream registers them but wires
+    them itself whenever `enableEviction` is on, so listing them changes nothing; accepted for upstream's files
+    (the rules are `epp.flowcontrol.eviction`'s)."""
+    params.finish()
+    return FlowPolicy(type_name, name, "eviction", lambda: None)
+
+
 def concurrency_detector(name: str, params: Params) -> ConcurrencyDetector:
     mode = params.text("concurrencyMode", "requests")
     if mode not in CONCURRENCY_MODES:

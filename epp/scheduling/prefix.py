@@ -13,12 +13,14 @@ Index layout, chosen for the hot path:
 - Slots are reused by the endpoint table, so the index remembers each slot's address and forgets a slot whose
   address changed (checked only when the snapshot's membership version moves).
 
-Pure: no clock, no I/O; state changes only in `add` (called with the final pick) and on membership changes.
+Pure: no clock, no I/O; state changes only in `add` (called with the final pick, or with a pick another serving
+worker made: `PrefixCacheScorer.learn`) and on membership changes.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from itertools import repeat
 
 import numpy as np
@@ -171,6 +173,8 @@ class PrefixCacheScorer(LinearScorer):
         self.index = PrefixIndex(lru_capacity)
         self._hashers: dict[int, BlockHasher] = {}
         self._key = f"prefix-cache:{name}"
+        # Called with (slot, block hashes) after each pick is recorded: how the serving workers share their picks.
+        self.on_pick: Callable[[int, list[int]], None] | None = None
         # Per lookup: matched share of the prompt and matched bytes (upstream's prefix_indexer_hit_* histograms),
         # plain counts read when /metrics is scraped.
         self.hit_ratio = PlainHistogram(buckets.PREFIX_HIT_RATIO)
@@ -215,12 +219,28 @@ class PrefixCacheScorer(LinearScorer):
         if not hashes:
             return
         snapshot = state.snapshot
-        capacity = self.index.default_capacity
+        self.index.add(
+            slot, snapshot.addresses[slot], hashes, int(matched[slot]), self._capacity(snapshot, slot), reach
+        )
+        if self.on_pick is not None:
+            self.on_pick(slot, hashes)
+
+    def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> None:
+        """A pick another decider of this picker made (a serving worker's, from the shared pick log): `slot` now
+        holds `hashes`, recorded as if this scorer had picked it. A slot not in `snapshot` is ignored."""
+        if not hashes or slot >= snapshot.present.size or not snapshot.present[slot]:
+            return
+        index = self.index
+        index.sync(snapshot)
+        held = int(index.match(hashes, slot + 1)[slot])
+        index.add(slot, snapshot.addresses[slot], hashes, held, self._capacity(snapshot, slot), index.reach)
+
+    def _capacity(self, snapshot: Snapshot, slot: int) -> int:
         if self.auto_tune:
             gpu_blocks = float(snapshot.num_blocks[slot])
             if math.isfinite(gpu_blocks) and gpu_blocks > 0:
-                capacity = min(int(gpu_blocks), MAX_TUNED_CAPACITY)
-        self.index.add(slot, snapshot.addresses[slot], hashes, int(matched[slot]), capacity, reach)
+                return min(int(gpu_blocks), MAX_TUNED_CAPACITY)
+        return self.index.default_capacity
 
 
 _NO_MATCH: FloatArray = np.zeros(0)

@@ -12,6 +12,7 @@ import pytest
 from benchmarks.quality import main, policy_factory
 from benchmarks.virtual_time import capacity, simulate
 from benchmarks.workloads import TRACES, UNIT_TOKENS, Item, load_trace, prompt_text, scaled_arrivals, shared_prefix
+from epp.scheduling.prefix import PrefixCacheScorer
 from epp.sim.profiles import H100_LLAMA_8B
 
 
@@ -157,3 +158,51 @@ def test_upstreams_current_default_profile_file_loads() -> None:
         ("kv-cache-utilization-scorer", 2.0),
         ("prefix-cache-scorer", 3.0),
     ]
+
+
+def test_split_names_carry_replicas_workers_and_the_pick_logs_delay() -> None:
+    from benchmarks.quality import split_of
+
+    assert split_of("epp") == ("epp", 1, 1, None)
+    assert split_of("epp:epp-config@r2w1") == ("epp:epp-config", 2, 1, None)
+    assert split_of("epp@r1w4log50") == ("epp", 1, 4, 0.05)
+
+
+def test_a_shared_pick_log_teaches_every_worker_the_others_picks() -> None:
+    """Workers with their own prefix index learn only their own picks; fed by the shared log, each index holds
+    what the other worker sent as well, `delay` after it was sent."""
+    items = shared_prefix(200, groups=8, prefix_tokens=2048, question_tokens=64, output_tokens=16, seed=4)
+    pool = [H100_LLAMA_8B] * 4
+    made: dict[str, object] = {}
+
+    def factory(name: str) -> object:
+        def build(engines: object, clock: object) -> object:
+            made[name] = policy_factory(name, 4, 0, None)(engines, clock)  # type: ignore[arg-type]
+            return made[name]
+
+        return build
+
+    arrivals = scaled_arrivals(items, 10.0)
+    for name in ("epp@r1w2", "epp@r1w2log1"):
+        simulate(items, arrivals, pool, factory(name))
+
+    def indexes(name: str) -> list[set[int]]:
+        split = made[name]
+        for log in split._logs:  # type: ignore[attr-defined]
+            log.deliver(float("inf"))  # the last picks' records, due after the run ended
+        schedulers = [d._scheduler for d in split.directors[0]]  # type: ignore[attr-defined]
+        scorers = [s.scorer for sched in schedulers for s in sched.profile.scorers]
+        return [set(s.index._holders) for s in scorers if isinstance(s, PrefixCacheScorer)]
+
+    own, shared = indexes("epp@r1w2"), indexes("epp@r1w2log1")
+    assert own[0] and own[1] and own[0] != own[1]  # each learned only its own picks
+    assert shared[0] and shared[0] == shared[1]  # both learned every pick (nothing evicted on this small run)
+
+
+def test_phases_run_each_row_at_several_scrape_phases(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "q.json"
+    argv = ["--workload", "shared-prefix", "--load", "0.5", "--requests", "100", "--endpoints", "2"]
+    assert main([*argv, "--policies", "epp", "--phases", "3", "--json", str(out)]) == 0
+    assert "p90 TTFT ms by scrape phase:" in capsys.readouterr().out
+    assert [r["policy"] for r in json.loads(out.read_text())["rows"]] == ["epp"]
+    assert main([*argv, "--phases", "0"]) == 2

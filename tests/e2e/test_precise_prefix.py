@@ -68,7 +68,9 @@ def _configs(tmp: Path, render_url: str, kv_port: int) -> tuple[Path, Path]:
     for plugin in doc["plugins"]:
         if plugin["type"] == "precise-prefix-cache-producer":
             plugin.clear()
-            plugin.update({"type": "approx-prefix-cache-producer", "parameters": {"blockSizeTokens": 64}})
+            # blocks fixed at 64: auto-tuning would switch to the engine's 16 at the first scrape, forgetting picks
+            params = {"blockSizeTokens": 64, "autoTune": False}
+            plugin.update({"type": "approx-prefix-cache-producer", "parameters": params})
         if plugin["type"] == "prefix-cache-scorer":
             plugin["parameters"]["prefixMatchInfoProducerName"] = "approx-prefix-cache-producer"
     doc["dataLayer"]["sources"] = [s for s in doc["dataLayer"]["sources"] if s["pluginRef"] == "metrics-data-source"]
@@ -149,7 +151,10 @@ async def world(envoy_available: None, e2e_tmp: Path) -> AsyncIterator[World]:
                 w = World(*sims, precise=gateways[0], approximate=gateways[1], precise_metrics=metrics[0], http=http)
                 # ZMQ's slow joiner: reset the (empty) caches until the feeder has heard every publisher
                 deadline = time.monotonic() + 30
-                while any(e.get("lastEventAgeSeconds") is None for e in w.kv_endpoints().values()):
+                while True:
+                    heard = [w.kv_endpoints().get(s.address, {}).get("lastEventAgeSeconds") for s in sims]
+                    if None not in heard:
+                        break
                     assert time.monotonic() < deadline, f"the feeder never heard every publisher: {w.kv_endpoints()}"
                     for server in sims:
                         async with http.post(f"http://{server.address}/reset_prefix_cache") as r:

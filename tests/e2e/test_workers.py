@@ -150,3 +150,29 @@ async def test_a_killed_worker_is_replaced_and_the_others_keep_serving(
     served2, failed2 = await burst(gateway, 50, 5)
     assert failed2 == []
     assert sum(served2.values()) == 50
+
+
+async def test_repeats_of_a_prompt_land_where_the_first_went_whichever_worker_takes_them(
+    workers_gateway: tuple[int, Picker, str],
+) -> None:
+    """The prefix index across workers: each worker's prefix scorer learns the others' picks from the shared log,
+    so a repeat taken by the other worker still goes where the first request of its prefix went."""
+    workers, picker, gateway = workers_gateway
+    prefixes = [f"customer {k} context: " + f"the history of customer {k}, told at length. " * 40 for k in range(12)]
+
+    async def send(session: aiohttp.ClientSession, content: str) -> str:
+        body = {"model": "m1", "messages": [{"role": "user", "content": content}]}
+        async with session.post(gateway + CHAT, json=body) as r:
+            assert r.status == 200, await r.text()
+            served: str = json.loads(await r.read())["served_by"]
+            return served
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        first = [await send(session, p + " first question?") for p in prefixes]
+        await asyncio.sleep(0.2)  # the log is read every 10 ms
+        repeats = [(k, await send(session, p + f" question {j}?")) for j in range(4) for k, p in enumerate(prefixes)]
+    together = sum(served == first[k] for k, served in repeats)
+    assert together >= 0.9 * len(repeats), (together, len(repeats))
+    if workers > 1:
+        learned = [w["picks_learned"] for w in debug_workers(picker)]
+        assert all(n > 0 for n in learned), learned  # both workers took picks, and each learned the other's

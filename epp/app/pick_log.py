@@ -1,0 +1,108 @@
+"""The serving workers' shared log of picks: every worker's prefix index learns every worker's picks.
+
+A prefix scorer remembers what it sent where. With `--workers N` each worker has its own scorer, and one that learns
+only its own picks sends a repeat of another worker's prompt elsewhere: measured in virtual time
+(benchmarks/RESULTS.md, `--pick-log`), shared-prefix p90 TTFT 27 → 101 ms at 2 workers and → 453 ms at 4, and
+the same 27 ms at 2 and 4 workers when every index also learns the other workers' picks within 50 ms.
+
+So each worker appends a record (scorer, endpoint, block hashes) per pick to its own ring in shared memory, and
+every `REFRESH_S` each worker applies the records the others appended since (`PrefixCacheScorer.learn`). One
+writer per ring, no lock: a record is stamped with its sequence number after its payload is written (negative
+while it is written), so a reader copies it and keeps it only if the stamp it read before and after is the one it
+expects; a reader lapped by a writer skips what was overwritten and counts it. The rings live in one memfd that the
+control process owns, so a restarted worker continues its ring where its predecessor stopped, and starts by learning
+the others' last `CAPACITY` picks.
+
+Records name the endpoint by the control process's slot and its token (epp.app.workers), so a pick on an endpoint
+that has since left, or whose slot was reused, is dropped, not learned for its successor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from epp.scheduling.prefix import PrefixCacheScorer
+
+CAPACITY = 1024  # records per worker's ring: seconds of picks at thousands per second per worker, read every 10 ms
+MAX_HASHES = 256  # block hashes kept per record (the prefix scorer's default depth); deeper ones are not shared
+_HEADER = 4  # stamp, control slot, token, scorer position << 16 | hash count
+RECORD_WORDS = _HEADER + MAX_HASHES
+_STAMP, _SLOT, _TOKEN, _SHAPE = range(_HEADER)
+
+
+def ring_words(workers: int) -> int:
+    """int64 words of the shared block for `workers` rings: a head per worker, then the rings."""
+    return workers + workers * CAPACITY * RECORD_WORDS
+
+
+def prefix_scorers(scheduler: Any) -> list[PrefixCacheScorer]:
+    """The prefix scorers of a scheduler, every profile's (P/D has several), each once, in configuration order:
+    workers built from one configuration list them alike, which is how a record names its scorer."""
+    seen: dict[int, PrefixCacheScorer] = {}
+    for profile in getattr(scheduler, "profiles", (scheduler,)):
+        for weighted in profile.profile.scorers:
+            scorer = weighted.scorer
+            if isinstance(scorer, PrefixCacheScorer):
+                seen.setdefault(id(scorer), scorer)
+    return list(seen.values())
+
+
+class PickLog:
+    """One worker's end of the shared log: it writes its own ring and reads everyone else's."""
+
+    def __init__(self, block: np.ndarray, workers: int, me: int) -> None:
+        self._heads = block[:workers]
+        self._rings = block[workers:].reshape(workers, CAPACITY, RECORD_WORDS)
+        self._hashes = self._rings.view(np.uint64)
+        self._me = me
+        self._mine, self._mine_hashes = self._rings[me], self._hashes[me]
+        # A worker that starts (or restarts) learns the others' last CAPACITY picks first: a warm index.
+        self._next = [max(0, int(self._heads[w]) - CAPACITY) for w in range(workers)]
+        self.lost = 0  # records overwritten before this worker read them
+
+    def append(self, position: int, slot: int, token: int, hashes: list[int]) -> None:
+        """One pick of ours: `hashes` now on the control process's `slot` (with its `token`), by scorer `position`.
+        About 4–5 µs for a short prompt, 24–34 µs for 256 blocks on the shared dev machine (the hash list's
+        conversion into the ring dominates)."""
+        heads = self._heads
+        seq = int(heads[self._me])
+        at = seq % CAPACITY
+        record = self._mine[at]
+        count = len(hashes)
+        if count > MAX_HASHES:
+            count, hashes = MAX_HASHES, hashes[:MAX_HASHES]
+        record[_STAMP] = -(seq + 1)  # being written
+        record[_SLOT] = slot
+        record[_TOKEN] = token
+        record[_SHAPE] = position << 16 | count
+        self._mine_hashes[at, _HEADER : _HEADER + count] = hashes
+        record[_STAMP] = seq + 1  # whole
+        heads[self._me] = seq + 1
+
+    def read(self) -> Iterable[tuple[int, int, int, list[int]]]:
+        """(scorer position, control slot, token, hashes) of every whole record the other workers appended since the
+        last call. A writer that restarted from an older head (its ring reset) is read from there."""
+        for worker, start in enumerate(self._next):
+            if worker == self._me:
+                continue
+            head = int(self._heads[worker])
+            if head < start:
+                start = 0  # the ring was reset under us: read it afresh
+            if head - start > CAPACITY:
+                self.lost += head - start - CAPACITY
+                start = head - CAPACITY
+            ring, hashes = self._rings[worker], self._hashes[worker]
+            for seq in range(start, head):
+                at = seq % CAPACITY
+                header = ring[at, :_HEADER].copy()
+                shape = int(header[_SHAPE])
+                count = shape & 0xFFFF
+                values: list[int] = hashes[at, _HEADER : _HEADER + count].tolist()
+                if header[_STAMP] != seq + 1 or ring[at, _STAMP] != seq + 1:  # overwritten while we read
+                    self.lost += 1
+                    continue
+                yield shape >> 16, int(header[_SLOT]), int(header[_TOKEN]), values
+            self._next[worker] = head

@@ -1,0 +1,96 @@
+"""The serving workers' shared log of picks: each worker writes its own ring, every other reads it; a repeat of a
+prompt taken by another worker goes where the first went."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from epp.app.pick_log import CAPACITY, MAX_HASHES, PickLog, prefix_scorers, ring_words
+from epp.app.worker import MATRIX_COLUMNS, MirrorTable, _learn, _sharing
+from epp.datastore.table import EndpointInfo
+from epp.requests import ApiKind, InferenceRequest
+from epp.scheduling import build_scheduler
+from epp.scrape.process import NCOL, TOKEN
+
+
+def block(workers: int) -> np.ndarray:
+    return np.zeros(ring_words(workers), dtype=np.int64)
+
+
+def test_a_worker_reads_the_others_records_not_its_own() -> None:
+    shared = block(3)
+    a, b, c = PickLog(shared, 3, 0), PickLog(shared, 3, 1), PickLog(shared, 3, 2)
+    a.append(0, 5, 11, [1, 2, 3])
+    b.append(1, 6, 12, [2**64 - 1])  # hashes are unsigned 64-bit
+    assert list(c.read()) == [(0, 5, 11, [1, 2, 3]), (1, 6, 12, [2**64 - 1])]
+    assert list(a.read()) == [(1, 6, 12, [2**64 - 1])]
+    assert list(c.read()) == []  # each record once
+    a.append(0, 1, 1, list(range(MAX_HASHES + 10)))
+    ((_, _, _, hashes),) = list(c.read())
+    assert hashes == list(range(MAX_HASHES))  # bounded: the leading blocks are what a prefix match uses
+
+
+def test_a_lapped_reader_skips_what_was_overwritten_and_counts_it() -> None:
+    shared = block(2)
+    writer, reader = PickLog(shared, 2, 0), PickLog(shared, 2, 1)
+    for i in range(CAPACITY + 7):
+        writer.append(0, i % 16, 0, [i])
+    records = list(reader.read())
+    assert len(records) == CAPACITY and records[0][3] == [7] and records[-1][3] == [CAPACITY + 6]
+    assert reader.lost == 7
+
+
+def test_a_record_being_written_is_not_taken() -> None:
+    shared = block(2)
+    writer, reader = PickLog(shared, 2, 0), PickLog(shared, 2, 1)
+    writer.append(0, 3, 0, [9])
+    writer._rings[0, 0, 0] = -1  # what a reader sees while the writer rewrites the slot (lapped mid-read)
+    assert list(reader.read()) == [] and reader.lost == 1
+
+
+def test_a_restarted_worker_learns_the_others_recent_picks() -> None:
+    shared = block(2)
+    PickLog(shared, 2, 0).append(0, 3, 4, [7, 8])
+    assert list(PickLog(shared, 2, 1).read()) == [(0, 3, 4, [7, 8])]
+
+
+def members(n: int) -> list[tuple[int, float, EndpointInfo, list[str], list[str]]]:
+    return [(slot, float(10 + slot), EndpointInfo(f"127.10.0.{slot + 1}:8000"), [], []) for slot in range(n)]
+
+
+def test_a_repeat_taken_by_another_worker_goes_where_the_first_went() -> None:
+    """Two workers of the default profile over one pool: without the log the second worker's index has never seen
+    the prompt; with it, the second worker's prefix scorer sends the repeat to the first worker's endpoint."""
+    workers, endpoints = 2, 8
+    rows = np.zeros((16, NCOL))
+    rows[:, TOKEN] = -1.0
+    matrix = np.zeros((workers, 16, MATRIX_COLUMNS), dtype=np.int64)
+    shared = block(workers)
+    stats = np.zeros((workers, 4), dtype=np.int64)
+    sides = []
+    for me in range(workers):
+        table = MirrorTable(rows, matrix, me)
+        table.mirror(members(endpoints))
+        table.synced = True
+        scheduler = build_scheduler(None, seed=me)
+        log = PickLog(shared, workers, me)
+        scorers = prefix_scorers(scheduler)
+        assert len(scorers) == 1
+        for position, scorer in enumerate(scorers):
+            scorer.on_pick = _sharing(log, table, position)
+        sides.append((table, scheduler, log, scorers))
+
+    def pick(side: int, prompt: str) -> str:
+        table, scheduler, _, _ = sides[side]
+        request = InferenceRequest(request_id="r", api=ApiKind.COMPLETIONS, model="m", prompt=prompt)
+        snapshot = table.snapshot()
+        slots = scheduler.pick(snapshot, np.flatnonzero(snapshot.present), request, 0.0)
+        return snapshot.addresses[slots[0]]
+
+    prompts = [f"customer {k}: " + f"context of customer {k}. " * 60 for k in range(12)]
+    first = [pick(0, p) for p in prompts]
+    table_b, _, log_b, scorers_b = sides[1]
+    _learn(log_b, table_b, scorers_b, stats[1])
+    assert stats[1, 2] == len(prompts) and stats[1, 3] == 0
+    again = [pick(1, p + " and a new question") for p in prompts]
+    assert again == first
