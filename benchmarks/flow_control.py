@@ -13,13 +13,18 @@ Workloads (benchmarks/RESULTS.md, "Flow control"):
 - `noisy-neighbour`: two fairness ids in one band, one sending 10× the other, 120 % of capacity; the light flow's
   p90 TTFT compared with the light flow alone. Also: the pool's served req/s with flow control and without (every
   request sent on at arrival), and the light flow's time from dispatch to first token alone (its TTFT had it
-  never waited in the picker: what no fairness policy can beat).
+  never waited in the picker: what no fairness policy can beat). And the fair-share gate's curve: the light flow's
+  ratio and the pool's served req/s with the configuration's round-robin-fairness-policy at each
+  `overShareCeiling` of `SHARE_CURVE` (the gate's cost in throughput).
 - `overshoot`: a burst of 3× what the pool holds at saturation 1.0, arriving within one scrape interval, on a
   pool at 60 % load; the engines' own queue peak with our gating vs upstream-style dispatch on scraped metrics
   only (`SaturationDetector(count_own_picks=False)`: the same configuration, one switch).
 
     .venv/bin/python -m benchmarks.flow_control [--endpoints 4] [--seed 0] [--requests 4000] \
         [--config benchmarks/configs/flow-control.yaml] [--chart benchmarks/flow_control.png]
+
+`--config benchmarks/configs/flow-control-fair-share.yaml`: the option that meets the noisy neighbour's bound
+(the fair-share gate at overShareCeiling 0.58), every workload and bound in the same run.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from epp.sim.profiles import profile_named
 _STEP, _ARRIVAL, _SCRAPE, _TIMER = 0, 1, 2, 3
 SCRAPE_S = 0.05
 RECOMMENDED = Path(__file__).parent / "configs" / "flow-control.yaml"
+SHARE_CURVE = (1.0, 0.75, 0.65, 0.6, 0.58, 0.5)  # round-robin-fairness-policy overShareCeiling (1.0: no gate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +298,29 @@ def noisy_neighbour(setup: Setup, endpoints: int, seed: int, n: int, extras: boo
     return out
 
 
+def with_over_share(config: EndpointPickerConfig, over_share: float) -> EndpointPickerConfig:
+    """The configuration with every round-robin-fairness-policy plugin's `overShareCeiling` set."""
+    if not any(spec.type == "round-robin-fairness-policy" for spec in config.plugins):
+        raise SystemExit("the fair-share curve needs a round-robin-fairness-policy plugin in the configuration")
+    plugins = tuple(
+        replace(spec, parameters={**spec.parameters, "overShareCeiling": over_share})
+        if spec.type == "round-robin-fairness-policy"
+        else spec
+        for spec in config.plugins
+    )
+    return replace(config, plugins=plugins)
+
+
+def share_curve(config: EndpointPickerConfig, endpoints: int, seed: int, n: int) -> list[dict[str, float]]:
+    """The noisy neighbour at each `SHARE_CURVE` setting of the fair-share gate: light ratio vs served req/s."""
+    out = []
+    for c in SHARE_CURVE:
+        r = noisy_neighbour(Setup(f"overShareCeiling {c}", with_over_share(config, c)), endpoints, seed, n)
+        keys = ("ratio", "light_p90", "light_p90_engine_side", "served_rps")
+        out.append({"overShareCeiling": c, **{k: float(r[k]) for k in keys}})  # type: ignore[arg-type]
+    return out
+
+
 def _time_mean(series: list[tuple[float, int]]) -> float:
     """Time-weighted mean of a step series (the engines' Σ waiting)."""
     if len(series) < 2:
@@ -365,6 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results[setup.name] = {**one, "bounds_met": verdict(one)}
     rr = Setup("upstream defaults + round-robin", load_config(None, text=DEFAULTS_ROUND_ROBIN, warn=False))
     results[rr.name] = {"noisy-neighbour": noisy_neighbour(rr, e, s, n)}
+    results["fair-share gate (noisy neighbour)"] = share_curve(setups[0].config, e, s, n)  # type: ignore[arg-type]
     print(json.dumps(results, indent=2, default=float))
     if args.chart:
         _chart(results, series, setups, args.chart)

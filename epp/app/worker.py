@@ -253,6 +253,12 @@ async def _worker(conn: Connection, args: argparse.Namespace, index: int, arrays
     watch_pipe(loop, conn, on_message)
     for sig in (signal.SIGTERM, signal.SIGINT):  # sent to the worker itself (or its group): drain, as on "stop"
         loop.add_signal_handler(sig, stop.set)
+    # Nothing is served before the control process's view is ours: its membership (sent right after "init") and
+    # the rows scraped so far. A stream taken earlier would see the endpoints without their data (all unusable:
+    # e.g. no prefill stage, or a saturated pool).
+    if conn.poll(10.0):
+        on_message()
+    table.refresh()
     settle_garbage_collector()
     await server.start()
     # The metrics first: from the moment a worker counts as serving, /metrics shows every family it exports.
