@@ -163,7 +163,7 @@ class FlowGate:
                     raise outcome_error(Outcome.REJECTED_ADMISSION)
         if fc.count == 0 and self._granted == 0 and not fc.pool_empty:  # the common case: nothing waits
             saturation = self._gauge.saturation(snapshot, candidates, now)
-            if saturation < fc.ceiling_for(item.priority, saturation):
+            if fc.pass_through(item, saturation, now):
                 self._granted += 1
                 self.observer.flow_outcome(Outcome.DISPATCHED, item.flow_id, item.priority, 0.0)
                 return None

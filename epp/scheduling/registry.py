@@ -619,7 +619,7 @@ def _register_flow_control(r: Callable[..., None]) -> None:
     fc = Kind.FLOW_CONTROL
     for t, summary in (
         ("global-strict-fairness-policy", "a band as one queue, in its ordering policy's order"),
-        ("round-robin-fairness-policy", "each flow of a band in turn"),
+        ("round-robin-fairness-policy", "each flow of a band in turn; overShareCeiling: the fair-share gate (ours)"),
         ("program-aware-fairness", "least attained service first (strategy las)"),
     ):
         r(t, fc, _flow(flow_plugins.fairness, t), summary)
