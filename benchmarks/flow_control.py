@@ -13,13 +13,21 @@ Workloads (benchmarks/RESULTS.md, "Flow control"):
 - `noisy-neighbour`: two fairness ids in one band, one sending 10× the other, 120 % of capacity; the light flow's
   p90 TTFT compared with the light flow alone. Also: the pool's served req/s with flow control and without (every
   request sent on at arrival), and the light flow's time from dispatch to first token alone (its TTFT had it
-  never waited in the picker: what no fairness policy can beat).
+  never waited in the picker: what no fairness policy can beat). And the fair-share gate's curve: the light flow's
+  ratio and the pool's served req/s with the configuration's round-robin-fairness-policy at each
+  `overShareCeiling` of `SHARE_CURVE` (the gate's cost in throughput). `--oracle-placement`: also that curve with
+  the light flow's requests placed by the oracle (`benchmarks.policies.Oracle`: every engine's true queue and
+  prefill work, the lowest predicted TTFT; the pick is the director's, narrowed to that endpoint, so the endpoint
+  table's books stay true): what placement alone could add.
 - `overshoot`: a burst of 3× what the pool holds at saturation 1.0, arriving within one scrape interval, on a
   pool at 60 % load; the engines' own queue peak with our gating vs upstream-style dispatch on scraped metrics
   only (`SaturationDetector(count_own_picks=False)`: the same configuration, one switch).
 
     .venv/bin/python -m benchmarks.flow_control [--endpoints 4] [--seed 0] [--requests 4000] \
         [--config benchmarks/configs/flow-control.yaml] [--chart benchmarks/flow_control.png]
+
+`--config benchmarks/configs/flow-control-fair-share.yaml`: the option that meets the noisy neighbour's bound
+(the fair-share gate at overShareCeiling 0.58), every workload and bound in the same run.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from typing import cast
 
 import numpy as np
 
-from benchmarks.policies import MODEL, Picker
+from benchmarks.policies import MODEL, Oracle, Picker
 from benchmarks.virtual_time import capacity
 from benchmarks.workloads import Item, prompt_text, sim_request
 from epp.app.config_file import load_config
@@ -51,6 +59,7 @@ from epp.sim.profiles import profile_named
 _STEP, _ARRIVAL, _SCRAPE, _TIMER = 0, 1, 2, 3
 SCRAPE_S = 0.05
 RECOMMENDED = Path(__file__).parent / "configs" / "flow-control.yaml"
+SHARE_CURVE = (1.0, 0.75, 0.65, 0.6, 0.58, 0.5)  # round-robin-fairness-policy overShareCeiling (1.0: no gate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +132,11 @@ def simulate(
     own_picks: bool = True,
     gated: bool = True,
     seed: int = 0,
+    oracle_flows: frozenset[str] = frozenset(),
 ) -> Run:
     """One run. `own_picks=False`: upstream-style dispatch on scraped metrics only; `gated=False`: no flow
-    control, every request is sent on at arrival (the engines queue it)."""
+    control, every request is sent on at arrival (the engines queue it); `oracle_flows`: those flows' requests go
+    where the oracle's predicted TTFT is lowest."""
     profile = profile_named("h100")
     engines = [Engine(profile) for _ in range(endpoints)]
     now = 0.0
@@ -135,6 +146,8 @@ def simulate(
 
     scheduler, settings, pool_detector = setup.build(seed, ttl_s)
     picker = Picker("epp", endpoints, scheduler, clock)  # type: ignore[arg-type]
+    oracle = Oracle(engines, seed)
+    addresses = picker.table.view().addresses
     freshness = pool_detector.freshness
     detector = SaturationDetector(pool_detector.thresholds, freshness, count_own_picks=own_picks)
     gauge = PoolGauge(detector, freshness)
@@ -166,7 +179,11 @@ def simulate(
                 break
             i = int(item.ticket)  # type: ignore[call-overload]
             request = InferenceRequest(str(i), ApiKind.COMPLETIONS, MODEL, prompt=prompt_text(i, items[i]))
-            decision = picker.director.decide(request)
+            subset = None
+            if flows[i] in oracle_flows:
+                best = oracle.pick(i, items[i], sim_request(i, items[i]), now)
+                subset = [addresses[picker.slots[best]]]
+            decision = picker.director.decide(request, subset)
             picker._decisions[i] = decision
             s = picker._server_of[decision.slot]
             engine = engines[s]
@@ -258,12 +275,25 @@ def priority_overload(setup: Setup, endpoints: int, seed: int, n: int) -> dict[s
     }
 
 
-def noisy_neighbour(setup: Setup, endpoints: int, seed: int, n: int, extras: bool = False) -> dict[str, object]:
-    """`extras`: also the pool without flow control (every request sent on at arrival)."""
+def noisy_neighbour(
+    setup: Setup, endpoints: int, seed: int, n: int, extras: bool = False, oracle: bool = False
+) -> dict[str, object]:
+    """`extras`: also the pool without flow control (every request sent on at arrival); `oracle`: the light flow's
+    requests placed by the oracle (in the solo run too)."""
+    placed = frozenset({"light"}) if oracle else frozenset()
     cap = pool_capacity(endpoints, seed)
     heavy, light = 1.2 * cap * 10 / 11, 1.2 * cap / 11
     light_items = _items(n // 11, light, seed + 2)
-    solo = simulate(light_items, [0] * len(light_items), ["light"] * len(light_items), endpoints, setup, 0.0, seed=seed)
+    solo = simulate(
+        light_items,
+        [0] * len(light_items),
+        ["light"] * len(light_items),
+        endpoints,
+        setup,
+        0.0,
+        seed=seed,
+        oracle_flows=placed,
+    )
     heavy_items = _items(n - len(light_items), heavy, seed + 3)
     tagged = sorted(
         [(it, "light") for it in light_items] + [(it, "heavy") for it in heavy_items], key=lambda x: x[0].arrival
@@ -271,7 +301,7 @@ def noisy_neighbour(setup: Setup, endpoints: int, seed: int, n: int, extras: boo
     items = [it for it, _ in tagged]
     flows = [f for _, f in tagged]
     is_light = np.array([f == "light" for f in flows])
-    run = simulate(items, [0] * len(items), flows, endpoints, setup, 0.0, seed=seed)
+    run = simulate(items, [0] * len(items), flows, endpoints, setup, 0.0, seed=seed, oracle_flows=placed)
     solo_p90, light_p90 = p(solo.ttft, 90), p(run.ttft[is_light], 90)
     arrival = np.array([it.arrival for it in items])
     out: dict[str, object] = {
@@ -289,6 +319,37 @@ def noisy_neighbour(setup: Setup, endpoints: int, seed: int, n: int, extras: boo
         ungated = simulate(items, [0] * len(items), flows, endpoints, setup, 0.0, gated=False, seed=seed)
         out["served_rps_without_flow_control"] = ungated.served_rps(items)
         out["light_p90_without_flow_control"] = p(ungated.ttft[is_light], 90)
+    return out
+
+
+def with_over_share(config: EndpointPickerConfig, over_share: float) -> EndpointPickerConfig:
+    """The configuration with every round-robin-fairness-policy plugin's `overShareCeiling` set."""
+    if not any(spec.type == "round-robin-fairness-policy" for spec in config.plugins):
+        raise SystemExit("the fair-share curve needs a round-robin-fairness-policy plugin in the configuration")
+    plugins = tuple(
+        replace(spec, parameters={**spec.parameters, "overShareCeiling": over_share})
+        if spec.type == "round-robin-fairness-policy"
+        else spec
+        for spec in config.plugins
+    )
+    return replace(config, plugins=plugins)
+
+
+def share_curve(
+    config: EndpointPickerConfig,
+    endpoints: int,
+    seed: int,
+    n: int,
+    settings: Sequence[float] = SHARE_CURVE,
+    oracle: bool = False,
+) -> list[dict[str, float]]:
+    """The noisy neighbour at each setting of the fair-share gate: light ratio vs served req/s."""
+    out = []
+    for c in settings:
+        setup = Setup(f"overShareCeiling {c}", with_over_share(config, c))
+        r = noisy_neighbour(setup, endpoints, seed, n, oracle=oracle)
+        keys = ("ratio", "light_p90", "light_p90_engine_side", "served_rps")
+        out.append({"overShareCeiling": c, **{k: float(r[k]) for k in keys}})  # type: ignore[arg-type]
     return out
 
 
@@ -350,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=4000)
     ap.add_argument("--config", type=Path, default=RECOMMENDED, help="the flow-control configuration to measure")
     ap.add_argument("--chart", default="")
+    ap.add_argument("--oracle-placement", action="store_true", help="also the light flow placed by the oracle")
     args = ap.parse_args(argv)
     setups = [Setup(str(args.config), load_config(args.config, allow_experimental=True, warn=False)), UPSTREAM_DEFAULTS]
     e, s, n = args.endpoints, args.seed, args.requests
@@ -365,6 +427,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         results[setup.name] = {**one, "bounds_met": verdict(one)}
     rr = Setup("upstream defaults + round-robin", load_config(None, text=DEFAULTS_ROUND_ROBIN, warn=False))
     results[rr.name] = {"noisy-neighbour": noisy_neighbour(rr, e, s, n)}
+    config = cast(EndpointPickerConfig, setups[0].config)
+    results["fair-share gate (noisy neighbour)"] = share_curve(config, e, s, n)
+    if args.oracle_placement:
+        results["fair-share gate, light flow placed by the oracle"] = share_curve(config, e, s, n, (1.0, 0.75), True)
     print(json.dumps(results, indent=2, default=float))
     if args.chart:
         _chart(results, series, setups, args.chart)

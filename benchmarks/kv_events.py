@@ -1,6 +1,6 @@
 """KV events: decoder choice, what one feeder process sustains, index memory, and the lookup cost at 64 endpoints.
 
-    .venv/bin/python -m benchmarks.kv_events [--seconds S] [--blocks N]
+    .venv/bin/python -m benchmarks.kv_events [--seconds S] [--blocks N] [--only lookup,pick]
 
 Sections (all side by side in one run; the machine is shared, so compare ratios):
 - decode: µs per batch for the same payloads through msgspec's typed decode (what `epp.kvevents.decode` does),
@@ -14,6 +14,9 @@ Sections (all side by side in one run; the machine is shared, so compare ratios)
   from a uint64 array) and `match` (the longest prefix of all 64 endpoints) for 1k/4k/16k-token prompts whose first
   half is cached on 8 of the endpoints; and the same answer from the shared-memory table (`epp.kvevents.shared`,
   vectorised probes); the best of many 5-call rounds (a round must fit in one scheduler slice on a loaded box).
+- pick: the serving path's own cost per request at 64 endpoints, 1k and 4k tokens: the render response parsed into
+  token ids (`epp.director.tokens`), and the pick's producers (`token-producer` vllm + `precise-prefix-cache-
+  producer`, its approximate fallback included) over the shared-memory table, as `epp serve` reads it.
 Bounded: each timed loop runs at most `--seconds` (default 3); the ZMQ section sends at most 20,000 batches.
 """
 
@@ -41,6 +44,10 @@ from epp.kvevents.decode import BlockRemoved, BlockStored, _walk_batch, decode_b
 from epp.kvevents.feeder import Feeder, FeederSettings, KvSource
 from epp.kvevents.index import KvBlockIndex
 from epp.kvevents.shared import TableWriter
+from epp.requests import ApiKind, InferenceRequest
+from epp.scheduling.framework import CycleState
+from epp.scheduling.precise import PrecisePrefixCacheProducer
+from epp.scheduling.producers import TokenProducer
 
 ENDPOINTS = 64
 BLOCK = 16
@@ -252,13 +259,81 @@ def bench_lookup(seconds: float) -> dict[str, Any]:
     return out
 
 
+class _TableView:
+    """The serving process's view (`epp.app.kv_feeder.KvFeederProcess`): the shared table's counts by endpoint."""
+
+    def __init__(self, table: Any, names: list[str | None]) -> None:
+        self.table, self.names = table, names
+
+    def prefix_blocks(self, keys: Any) -> dict[str, int]:
+        counts = self.table.prefix_blocks(keys)
+        return {str(self.names[b]): int(counts[b]) for b in np.flatnonzero(counts[: len(self.names)]).tolist()}
+
+    def last_event_at(self, endpoint: str) -> float:
+        return 0.0
+
+
+def bench_pick(seconds: float) -> dict[str, Any]:
+    from epp.datastore.table import EndpointInfo, EndpointTable
+    from epp.director import tokens as render
+
+    rng = random.Random(6)
+    out: dict[str, Any] = {}
+    for tokens_n in (1024, 4096):
+        index = KvBlockIndex()
+        writer = TableWriter(index, lambda _gen, nbytes: bytearray(nbytes))
+        table = EndpointTable()
+        prompt = [rng.randrange(128_000) for _ in range(tokens_n)]
+        half = tokens_n // 2 // BLOCK
+        for e in range(ENDPOINTS):
+            name = f"127.10.0.{e}:8000"
+            table.upsert(EndpointInfo(address=name))
+            ids = prompt[: half * BLOCK] if e < 8 else [rng.randrange(128_000) for _ in range(half * BLOCK)]
+            index.apply(name, [BlockStored(list(range(e * 10**6, e * 10**6 + half)), None, ids, BLOCK)], 0.0)
+        producer = PrecisePrefixCacheProducer(block_size=BLOCK)
+        producer.attach(_TableView(writer.table, index.slot_names()))
+        tokenizer = TokenProducer(backend="vllm", model_name="m")
+        body = json.dumps({"token_ids": prompt, "features": None}).encode()
+        raw = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        parsed = render._token_ids(raw)
+        snapshot = table.snapshot()
+        request = InferenceRequest(request_id="r", api=ApiKind.COMPLETIONS, model="m", prompt="", token_ids=parsed)
+
+        def pick(
+            request: InferenceRequest = request,
+            snapshot: Any = snapshot,
+            tokenizer: TokenProducer = tokenizer,
+            producer: PrecisePrefixCacheProducer = producer,
+        ) -> None:
+            state = CycleState(snapshot, snapshot.slots, request, 1.0)
+            tokenizer.produce(state)
+            producer.produce(state)
+
+        pick()
+        assert producer.fallbacks["no_tokens"] == 0 and producer.precise_picks == 1
+        cells = {"render_parse_us": lambda r=raw: render._token_ids(r), "pick_64_endpoints_us": pick}
+        row: dict[str, Any] = {"blocks": tokens_n // BLOCK, "matched_blocks": half}
+        for name, fn in cells.items():
+            rounds = max(20, min(400, int(seconds / 45 / 5 / 50e-6)))
+            row[name] = round(min(timeit.repeat(fn, number=5, repeat=rounds)) / 5 * 1e6, 1)
+        out[f"{tokens_n}_tokens"] = row
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--blocks", type=int, default=1_000_000)
+    parser.add_argument("--only", default="", help="comma list of sections to run: lookup, pick (default: all)")
     args = parser.parse_args()
     load = os.getloadavg()[0]
     print(f"# benchmarks/kv_events.py on {os.cpu_count()} CPUs, python {platform.python_version()}, load {load:.1f}")
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    if only:
+        sections = {"lookup": bench_lookup, "pick": bench_pick}
+        for name in only:
+            print(f"{name}:", json.dumps(sections[name](args.seconds)))
+        return
     sample, blocks = make_batches(200, 1)
     print("decode:", json.dumps(bench_decode(sample, args.seconds)))
     batches: dict[str, list[bytes]] = {}
@@ -269,6 +344,7 @@ def main() -> None:
     print("feeder_zmq:", json.dumps(bench_feeder_zmq(zmq_batches, zmq_blocks / len(zmq_batches), args.seconds)))
     print("memory:", json.dumps(bench_memory(args.blocks)))
     print("lookup:", json.dumps(bench_lookup(args.seconds)))
+    print("pick:", json.dumps(bench_pick(args.seconds)))
 
 
 if __name__ == "__main__":

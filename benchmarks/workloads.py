@@ -178,3 +178,38 @@ def prompt_text(index: int, item: Item) -> str:
         word = f"r{index:014x} "
         parts.append((word * (tail_chars // 16 + 1))[:tail_chars])
     return "".join(parts)
+
+
+def working_set(items: Sequence[Item]) -> tuple[int, int]:
+    """(distinct prefix units, units that recur) over the items, in UNIT_TOKENS-token units: the cacheable prefix
+    blocks a pool would have to hold for every reuse to hit, and the part of it that is ever reused."""
+    seen: dict[int, int] = {}
+    for item in items:
+        for h in _chain(item.units):
+            seen[h] = seen.get(h, 0) + 1
+    return len(seen), sum(1 for n in seen.values() if n > 1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    from epp.sim.profiles import H100_LLAMA_8B
+
+    p = argparse.ArgumentParser(description="working set of the quality benchmark's workloads")
+    p.add_argument("--workload", default="shared-prefix,mooncake")
+    p.add_argument("--requests", type=int, default=4000)
+    args = p.parse_args(argv)
+    kv = H100_LLAMA_8B.num_blocks * H100_LLAMA_8B.block_size
+    for name in args.workload.split(","):
+        items = load(name.strip(), args.requests)
+        distinct, recurring = working_set(items)
+        print(
+            f"{name}: {len(items)} requests; working set {distinct * UNIT_TOKENS / 1e6:.1f} M tokens"
+            f" = {distinct * UNIT_TOKENS / kv:.1f} x one server's {kv // 1000}k-token KV cache;"
+            f" reused part {recurring * UNIT_TOKENS / 1e6:.1f} M tokens = {recurring * UNIT_TOKENS / kv:.1f} x"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,6 +24,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from epp.app.config_file import file_discovery_of, load_config, parser_chain_of
+from epp.app.cores import default_workers
 from epp.app.federation import build_federation
 from epp.app.health import HealthState
 from epp.app.http import build_http_app, pool_report
@@ -51,6 +52,7 @@ from epp.extproc.bounds import ServerLimits
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.flowcontrol import FlowController
+from epp.flowcontrol.eviction import EVICTION_FILTER, EVICTION_ORDER, Reclaimer, confirmation_grace
 from epp.flowcontrol.gauge import PoolGauge
 from epp.observability.flow import FlowControlMetrics
 from epp.observability.logs import configure_logging
@@ -59,6 +61,7 @@ from epp.observability.plugins import PluginTimer
 from epp.scheduling import ProfileScheduler, build_scheduler
 from epp.scheduling.build import deprecations
 from epp.scheduling.precise import PrecisePrefixCacheProducer
+from epp.scheduling.saturation import ConcurrencyDetector
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
 from epp.scrape.scraper import ScrapeService
@@ -169,11 +172,6 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     elif args.config_file:
         config = load_config(args.config_file, allow_experimental=allow_experimental, warn=False)
     _endpoint_source(args, state, config)
-    workers = int(getattr(args, "workers", 1) or 1)
-    # With workers, the request metrics are theirs (summed into /metrics by WorkerCollector): the control process's
-    # own would only show zeros under the same names.
-    metrics_registry = state.registry if workers == 1 else CollectorRegistry(auto_describe=True)
-    metrics = PickerMetrics(metrics_registry, labels=state.objectives, endpoint_name=_endpoint_labels(state))
     pool_name = state.pool.name if state.pool is not None else "static"
     if state.kubernetes is not None:
         pool_name = state.kubernetes.settings.pool_name or "standalone"
@@ -187,7 +185,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     state.registry.register(plugin_timer)
     scheduler.instrument(plugin_timer)
     # precise-prefix-cache-producer: the KV-events feeder in its own supervised process, membership from discovery
-    kv_feeder = _kv_feeder(scheduler, state.table, workers)
+    kv_feeder = _kv_feeder(scheduler, state.table)
     if kv_feeder is not None:
         state.registry.register(KvEventsCollector(kv_feeder))
     prefix = PrefixCollector([s.scorer for s in scheduler.profile.scorers if hasattr(s.scorer, "hit_ratio")])
@@ -203,13 +201,24 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     federation = build_federation(args, state.failure_mode(), config, scheduler.saturation.saturated)
     for warning in deprecations(config) if config is not None else ():  # after every check that refuses to start
         log.warning("%s: %s", config.source if config is not None else "", warning)
-    if workers > 1 and (federation is not None or tracer is not None):
-        raise ConfigError("--workers above 1 does not combine with federation or --tracing yet: use --workers 1")
+    flow = _flow_gate(scheduler, state, scrape.interval_s)
+    one_process = [
+        what
+        for what, used in (
+            ("federation", federation is not None),
+            ("--tracing", tracer is not None),
+            ("the flowControl feature gate", flow is not None),
+            ("precise-prefix-cache-producer", kv_feeder is not None),
+        )
+        if used
+    ]
+    workers = serving_workers(getattr(args, "workers", 1), one_process)
     if federation is not None:
         federation.connect(getattr(args, "kubeconfig", "") or "")
-    flow = _flow_gate(scheduler, state)
-    if workers > 1 and flow is not None:
-        raise ConfigError("--workers above 1 does not combine with the flowControl feature gate yet: use --workers 1")
+    # With workers, the request metrics are theirs (summed into /metrics by WorkerCollector): the control process's
+    # own would only show zeros under the same names.
+    metrics_registry = state.registry if workers == 1 else CollectorRegistry(auto_describe=True)
+    metrics = PickerMetrics(metrics_registry, labels=state.objectives, endpoint_name=_endpoint_labels(state))
     director = Director(
         state.table,
         scheduler,
@@ -406,13 +415,20 @@ def _readiness_changed(state: PickerState) -> None:
 _PENDING: set[asyncio.Future[None]] = set()  # strong references until each health update is done
 
 
-def _flow_gate(scheduler: Any, state: PickerState) -> FlowGate | None:
+def _flow_gate(scheduler: Any, state: PickerState, scrape_interval_s: float) -> FlowGate | None:
     """Flow control, when the config's `flowControl` feature gate is on: the queues, the dispatch saturation
-    (the pool's detector, counting our own picks since the scrape, with the all-stale fallback) and the admitters."""
+    (the pool's detector, counting our own picks since the scrape, with the all-stale fallback), the admitters
+    and, with `enableEviction`, in-flight eviction paced by the detector's lag."""
     settings = getattr(scheduler, "flow_control", None)
     if settings is None:
         return None
     gauge = PoolGauge(scheduler.saturation, scheduler.freshness)
+    reclaimer = None
+    if settings.spec.enable_eviction:
+        leading = isinstance(scheduler.saturation, ConcurrencyDetector)
+        grace = confirmation_grace(leading, scrape_interval_s, scheduler.freshness.staleness_s)
+        reclaimer = Reclaimer(grace)
+        log.info("in-flight eviction on: %s, %s, confirmation grace %gs", EVICTION_FILTER, EVICTION_ORDER, grace)
     return FlowGate(
         FlowController(settings),
         state.table,
@@ -420,10 +436,26 @@ def _flow_gate(scheduler: Any, state: PickerState) -> FlowGate | None:
         time.monotonic,
         objectives=state.objectives,
         admitters=scheduler.admitters,
+        reclaimer=reclaimer,
     )
 
 
-def _kv_feeder(scheduler: Any, table: EndpointTable, workers: int) -> KvFeederProcess | None:
+def serving_workers(requested: int | None, one_process: list[str]) -> int:
+    """How many serving processes: `--workers N` as given, `auto` (None, the default) the usable cores, capped.
+    What needs one process (`one_process`: the features that keep state per decision the workers cannot share
+    yet) makes `auto` one process, with a line that says why, and refuses an explicit N above 1."""
+    if requested is not None:
+        if requested > 1 and one_process:
+            raise ConfigError(f"--workers above 1 does not combine with {', '.join(one_process)} yet: use --workers 1")
+        return requested
+    workers = default_workers()
+    if workers > 1 and one_process:
+        log.info("--workers auto: one serving process, since %s needs it", ", ".join(one_process))
+        return 1
+    return workers
+
+
+def _kv_feeder(scheduler: Any, table: EndpointTable) -> KvFeederProcess | None:
     """The feeder for the config's precise-prefix-cache-producer (one per picker; none without the plugin)."""
     profiles = getattr(scheduler, "profiles", None) or (scheduler,)
     found = {
@@ -434,8 +466,6 @@ def _kv_feeder(scheduler: Any, table: EndpointTable, workers: int) -> KvFeederPr
     }
     if not found:
         return None
-    if workers > 1:
-        raise ConfigError("--workers above 1 does not combine with precise-prefix-cache-producer yet: use --workers 1")
     if len(found) > 1:
         raise ConfigError("one precise-prefix-cache-producer per config: its feeder follows every endpoint")
     return KvFeederProcess(table, next(iter(found.values())))

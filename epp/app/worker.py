@@ -118,10 +118,7 @@ class MirrorTable(EndpointTable):
                 taken = int(slots.size)
         ours, theirs = self._pairs
         if ours.size:
-            totals = self._matrix[:, theirs, :].sum(axis=0)
-            self._cols["inflight"][ours] = totals[:, INFLIGHT]
-            self._cols["picks_since_scrape"][ours] = totals[:, PICKS]
-            self._cols["inflight_tokens"][ours] = totals[:, TOKENS]
+            self.set_bookings(ours, self._matrix[:, theirs, :].sum(axis=0))
         return taken
 
     def book_pick(self, slot: int, tokens: int = 0) -> None:
@@ -253,6 +250,12 @@ async def _worker(conn: Connection, args: argparse.Namespace, index: int, arrays
     watch_pipe(loop, conn, on_message)
     for sig in (signal.SIGTERM, signal.SIGINT):  # sent to the worker itself (or its group): drain, as on "stop"
         loop.add_signal_handler(sig, stop.set)
+    # Nothing is served before the control process's view is ours: its membership (sent right after "init") and
+    # the rows scraped so far. A stream taken earlier would see the endpoints without their data (all unusable:
+    # e.g. no prefill stage, or a saturated pool).
+    if conn.poll(10.0):
+        on_message()
+    table.refresh()
     settle_garbage_collector()
     await server.start()
     # The metrics first: from the moment a worker counts as serving, /metrics shows every family it exports.

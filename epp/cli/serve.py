@@ -6,6 +6,7 @@ import argparse
 import os
 from typing import Any
 
+from epp.app.cores import MAX_DEFAULT_WORKERS
 from epp.app.tls import tls_policy
 from epp.cli.flag_types import duration, positive_duration
 from epp.cli.scrape_flags import add_scrape_flags
@@ -98,29 +99,11 @@ def _register_stream_bounds(p: argparse.ArgumentParser) -> None:
     )
 
 
-MAX_DEFAULT_WORKERS = 8
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity, lowered by a cgroup v2 CPU quota (a container's CPU
-    limit, `cpu.max`) where one is set, rounded up."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, -(-int(quota) // int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, cores)
-
-
-def _workers(text: str) -> int:
+def _workers(text: str) -> int | None:
+    """A worker count, or None for `auto` (the default): the usable cores, capped (epp.app.cores), resolved when
+    `epp serve` knows whether its configuration can run in several processes."""
     if text == "auto":
-        return min(MAX_DEFAULT_WORKERS, usable_cores())
+        return None
     value = _positive_int(text)
     if value > 64:
         raise argparse.ArgumentTypeError(f"at most 64 workers, got {value}")
@@ -150,9 +133,11 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--workers",
         type=_workers,
-        default=1,
-        help="serving processes sharing the ext_proc port (SO_REUSEPORT); 'auto': the cores this process may use "
-        f"(CPU affinity and the cgroup's cpu.max), at most {MAX_DEFAULT_WORKERS} (default 1: one process)",
+        default=None,
+        help="serving processes sharing the ext_proc port (SO_REUSEPORT); 1: one process serves; 'auto' (default): "
+        "the cores this process may use (CPU affinity, lowered by the container's CPU limit: cgroup cpu.max or "
+        f"cfs quota, whole cores), at most {MAX_DEFAULT_WORKERS}; one process where the configuration needs it "
+        "(federation, --tracing, flowControl, precise-prefix-cache-producer)",
     )
     p.add_argument(
         "--grace-period",

@@ -28,9 +28,10 @@ from epp.datastore.objectives import ObjectiveStore
 from epp.errors import EppError, ErrorCode
 from epp.flowcontrol import FlowController, Outcome, QueuedRequest
 from epp.flowcontrol.admission import Admitter
+from epp.flowcontrol.eviction import EVICTED_REASON, InFlight, Reclaimer, demand_band
 from epp.flowcontrol.gauge import PoolGauge
 from epp.flowcontrol.types import DEFAULT_FLOW
-from epp.observability.flow import QueueState
+from epp.observability.flow import EvictionState, QueueState
 from epp.requests.openai import control_headers
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,14 @@ def outcome_error(outcome: Outcome) -> EppError:
     return EppError(_CODES[outcome.status], _WORDS[outcome], outcome.reason)
 
 
+# Upstream answers an evicted request 429 with the reason `evicted` (its ImmediateResponseEvictor).
+EVICTED = EppError(
+    ErrorCode.RESOURCE_EXHAUSTED,
+    "request evicted by flow control: a higher-priority request needed room",
+    EVICTED_REASON,
+)
+
+
 class FlowObserver(Protocol):
     """What flow control reports (the metrics implement it; a no-op by default)."""
 
@@ -57,12 +66,17 @@ class FlowObserver(Protocol):
 
     def flow_cycle(self, seconds: float, saturation: float) -> None: ...
 
+    def flow_revocation_confirmed(self, seconds: float) -> None: ...
+
 
 class _NullObserver:
     def flow_outcome(self, outcome: Outcome, fairness_id: str, priority: int, waited_s: float) -> None:
         pass
 
     def flow_cycle(self, seconds: float, saturation: float) -> None:
+        pass
+
+    def flow_revocation_confirmed(self, seconds: float) -> None:
         pass
 
 
@@ -87,7 +101,9 @@ class FlowGate:
         admitters: Sequence[Admitter] = (),
         observer: FlowObserver | None = None,
         seed: int | None = None,
+        reclaimer: Reclaimer | None = None,
     ) -> None:
+        """`reclaimer` is in-flight eviction (`enableEviction`); None: off."""
         self.controller = controller
         self._table = table
         self._gauge = gauge
@@ -101,6 +117,7 @@ class FlowGate:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.saturation = 0.0  # the last value a cycle read (for /debug/pool and the metrics)
+        self.reclaimer = reclaimer
         table.add_scrape_listener(self.wake)
 
     # -- the request side ------------------------------------------------------------------------------------
@@ -146,7 +163,7 @@ class FlowGate:
                     raise outcome_error(Outcome.REJECTED_ADMISSION)
         if fc.count == 0 and self._granted == 0 and not fc.pool_empty:  # the common case: nothing waits
             saturation = self._gauge.saturation(snapshot, candidates, now)
-            if saturation < fc.ceiling_for(item.priority, saturation):
+            if fc.pass_through(item, saturation, now):
                 self._granted += 1
                 self.observer.flow_outcome(Outcome.DISPATCHED, item.flow_id, item.priority, 0.0)
                 return None
@@ -197,6 +214,49 @@ class FlowGate:
             )
             self.wake()
 
+    # -- in flight (eviction) ---------------------------------------------------------------------------------
+    @property
+    def evicting(self) -> bool:
+        """In-flight eviction is on (`enableEviction`)."""
+        return self.reclaimer is not None
+
+    def track(self, headers: Mapping[str, str], evict: Callable[[], None]) -> InFlight | None:
+        """A request this gate let through is now in flight. With eviction on and a sheddable priority: its
+        handle (call `untrack` when its stream ends, whatever the reason); `evict` is how the dispatch task ends
+        it early. None: it cannot be evicted."""
+        reclaimer = self.reclaimer
+        if reclaimer is None:
+            return None
+        priority = self._objectives.priority_of(control_headers(headers).objective) if self._objectives else 0
+        return reclaimer.track(evict, priority, self._clock())
+
+    def untrack(self, item: InFlight) -> None:
+        """The stream of a tracked request ended: for an evicted one, the revocation's confirmation."""
+        assert self.reclaimer is not None
+        seconds = self.reclaimer.untrack(item, self._clock())
+        if seconds is not None:
+            self.observer.flow_revocation_confirmed(seconds)
+            self.wake()  # the pacing gate may have moved
+
+    def _reclaim(self, saturation: float, in_flight: int, now: float) -> None:
+        """A cycle stopped at a held-back band: end sheddable requests in flight to make room, when upstream's
+        trigger, sizing and pacing say so (`epp.flowcontrol.eviction`)."""
+        reclaimer = self.reclaimer
+        if reclaimer is None or not reclaimer.gate_open(now):
+            return
+        victim = reclaimer.victim_priority()
+        if victim is None:
+            return
+        fc = self.controller
+        demand = demand_band(fc.band_counts(), fc.last_ceilings, saturation, victim)
+        if demand is None:
+            return
+        priority, ceiling = demand
+        for item in reclaimer.reclaim(saturation, ceiling, priority, in_flight, now):
+            evict = item.ticket
+            assert callable(evict)
+            evict()
+
     def decided(self) -> None:
         """The request let through by `admit` has been decided (booked in flight, or refused)."""
         if self._granted > 0:
@@ -245,6 +305,8 @@ class FlowGate:
                 if _resolve(item, Outcome.DISPATCHED):
                     self._granted += 1
                     break
+            if blocked and self.reclaimer is not None:
+                self._reclaim(saturation, int(snapshot.inflight[candidates].sum()), now)
             self.observer.flow_cycle(self._clock() - started, saturation)
         if not fc.count:
             return None
@@ -254,6 +316,9 @@ class FlowGate:
             waits.append(expiry - now)
         if blocked:  # held back: data may go stale (the gauge's fallback then changes its reading)
             waits.append(self._gauge.freshness.staleness_s)
+            change = self.reclaimer.next_change() if self.reclaimer is not None else None
+            if change is not None:  # eviction's pacing gate may open
+                waits.append(max(0.0, change - now))
         return min(waits) if waits else None
 
     async def shutdown(self, grace_s: float) -> None:
@@ -301,7 +366,12 @@ class FlowGate:
         fresh = usable(
             snapshot.scraped_at[slots], snapshot.scrape_failures[slots], self._clock(), self._gauge.freshness
         )
-        return QueueState(flows, self.saturation, int(slots.size - int(fresh.sum())), bands, glob)
+        stale = int(slots.size - int(fresh.sum()))
+        r = self.reclaimer
+        eviction = None
+        if r is not None:
+            eviction = EvictionState(dict(r.issued), r.confirmed, r.timed_out, r.reclaim_target, r.pending_reclaim)
+        return QueueState(flows, self.saturation, stale, bands, glob, eviction)
 
     def report(self, now: float) -> dict[str, Any]:
         """For /debug/pool: bands (highest first) with queue lengths, bytes, flows and the oldest wait."""
@@ -311,6 +381,7 @@ class FlowGate:
             "queuedBytes": self.controller.bytes,
             "staleFallback": self._gauge.last_stale and self._gauge.fallback,
             "learnedConcurrency": self._gauge.learned_limit,
+            "eviction": self._eviction_report(),
             "bands": [
                 {
                     "priority": s.priority,
@@ -321,6 +392,19 @@ class FlowGate:
                 }
                 for s in self.controller.stats()
             ],
+        }
+
+    def _eviction_report(self) -> dict[str, Any] | None:
+        r = self.reclaimer
+        if r is None:
+            return None
+        return {
+            "evictable": r.evictable_count,
+            "issued": sum(r.issued.values()),
+            "confirmed": r.confirmed,
+            "timedOut": r.timed_out,
+            "pendingReclaim": r.pending_reclaim,
+            "graceSeconds": r.grace_s,
         }
 
 

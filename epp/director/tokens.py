@@ -8,6 +8,10 @@ token producer then publishes them instead of the estimate. Any failure (refused
 the request unchanged, so scheduling falls back to the estimate: the request is never lost or delayed beyond the
 timeout. Results are cached per (kind, model, prompt), newest `cacheSize` (4096) kept.
 
+The response's id list is decoded by msgspec against its schema (ids in 0..2^32-1, checked in C) and packed once
+into a `TokenIds` buffer, the form the producers read without a per-token conversion: 8× less CPU than `json.loads`
+plus a Python check and a tuple at 4k tokens, and ~85 µs less per pick (benchmarks/kv_events.py `pick`).
+
 HTTP/1.1 on asyncio streams (one connection per call, `Connection: close`): the picker's lifecycle layer does not
 import an HTTP client library, as the scraper does not.
 """
@@ -19,9 +23,13 @@ import json
 import logging
 import ssl
 from collections import OrderedDict
+from typing import Annotated
 from urllib.parse import urlsplit
 
-from epp.requests import ApiKind, InferenceRequest
+import msgspec
+
+from epp.kvevents.token_ids import MAX_TOKEN_ID
+from epp.requests import ApiKind, InferenceRequest, TokenIds
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +62,7 @@ class RenderTokenizer:
         self.timeout_s = timeout_s
         self.chat_timeout_s = chat_timeout_s
         self.cache_size = cache_size
-        self._cache: OrderedDict[tuple[ApiKind, str, str], tuple[int, ...]] = OrderedDict()
+        self._cache: OrderedDict[tuple[ApiKind, str, str], TokenIds] = OrderedDict()
         self.calls = 0
         self.failures = 0
 
@@ -95,7 +103,7 @@ class RenderTokenizer:
             self._cache.popitem(last=False)
         return request._replace(token_ids=fetched)
 
-    async def _render(self, path: str, body: dict[str, object]) -> tuple[int, ...]:
+    async def _render(self, path: str, body: dict[str, object]) -> TokenIds:
         payload = json.dumps(body, separators=(",", ":")).encode()
         reader, writer = await asyncio.open_connection(self.host, self.port, ssl=self.tls)
         try:
@@ -118,7 +126,16 @@ class RenderTokenizer:
         return _token_ids(raw)
 
 
-def _token_ids(raw: bytes) -> tuple[int, ...]:
+class _Rendered(msgspec.Struct):
+    """What is read of a render answer (`features`, multimodal placeholders, is ignored: text prompts only)."""
+
+    token_ids: list[Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]]
+
+
+_DECODE = msgspec.json.Decoder(_Rendered).decode
+
+
+def _token_ids(raw: bytes) -> TokenIds:
     head, sep, body = raw.partition(b"\r\n\r\n")
     if not sep:
         raise RenderError("no complete HTTP response")
@@ -128,11 +145,11 @@ def _token_ids(raw: bytes) -> tuple[int, ...]:
         raise RenderError(f"status {lines[0]!r}")
     if any(line.lower().replace(" ", "") == "transfer-encoding:chunked" for line in lines[1:]):
         body = _dechunk(body)
-    parsed = json.loads(body)
-    ids = parsed.get("token_ids") if isinstance(parsed, dict) else None
-    if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < 1 << 32 for t in ids):
-        raise RenderError("no token_ids list in the response")
-    return tuple(ids)
+    try:
+        ids = _DECODE(body).token_ids
+    except msgspec.DecodeError as exc:  # ValidationError included: no list, a non-integer, out of range
+        raise RenderError(f"no token_ids list in the response: {exc}") from None
+    return TokenIds.of(ids)
 
 
 def _dechunk(body: bytes) -> bytes:

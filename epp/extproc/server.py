@@ -28,11 +28,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp import wire
-from epp.director.flow import Waiter
+from epp.director.flow import EVICTED, Waiter
 from epp.errors import EppError, ErrorCode
 from epp.extproc import messages as m
 from epp.extproc.bounds import BodyBudget, ServerLimits
 from epp.extproc.stream import Decider, StreamObserver, StreamProcessor, StreamSettings
+from epp.flowcontrol.eviction import InFlight
 from epp.observability.ratelimit import RateLimitedLog
 from epp.requests import InferenceRequest
 
@@ -58,6 +59,13 @@ class FlowControl(Protocol):
     def abandon(self, waiter: Waiter) -> None: ...
 
     def decided(self) -> None: ...
+
+    @property
+    def evicting(self) -> bool: ...
+
+    def track(self, headers: Mapping[str, str], evict: Callable[[], None]) -> InFlight | None: ...
+
+    def untrack(self, item: InFlight) -> None: ...
 
 
 class Tokenizer(Protocol):
@@ -109,8 +117,17 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         started = self._clock()
         self._observer.stream_started()
         code = "Unknown"  # an exception out of the stream (a broken stream), unless it ends or is cancelled
+        evictor: _Evictor | None = None  # set while a sheddable request of ours is in flight, with eviction on
         try:
             while True:
+                if evictor is not None:
+                    if evictor.requested:  # evicted while this task was not waiting for a message
+                        for response in self._evict(stream, evictor):
+                            yield response
+                        code = "OK"
+                        await _linger(self._limits.close_grace_s)
+                        return
+                    evictor.armed = True
                 try:
                     message = await anext(messages)
                 except StopAsyncIteration:
@@ -118,6 +135,12 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                     await _linger(self._limits.close_grace_s)
                     return
                 except asyncio.CancelledError:
+                    if evictor is not None and evictor.fired():
+                        for response in self._evict(stream, evictor):
+                            yield response
+                        code = "OK"
+                        await _linger(self._limits.close_grace_s)
+                        return
                     if not watchdog.fired():
                         code = "Canceled"
                         raise
@@ -132,6 +155,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                     for response in stream.expire(watchdog.idle_s):
                         yield response
                     return
+                if evictor is not None:
+                    evictor.armed = False
                 watchdog.touch()
                 tokenizer = self._tokenizer
                 if tokenizer is not None:
@@ -171,11 +196,20 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                         responses = stream.handle(message)
                     finally:
                         gate.decided()
+                    if gate.evicting and stream.in_flight:
+                        evictor = _Evictor()
+                        evictor.handle = gate.track(pending[0], evictor)
+                        if evictor.handle is None:  # not sheddable: never evicted
+                            evictor = None
                     for response in responses:
                         yield response
                 else:
                     for response in stream.handle(message):
                         yield response
+                if evictor is not None and not stream.in_flight:  # its response ended: nothing left to evict
+                    assert evictor.handle is not None and self._flow is not None
+                    self._flow.untrack(evictor.handle)
+                    evictor = None
                 if stream.finished:
                     code = "OK"
                     await _linger(self._limits.close_grace_s)
@@ -183,8 +217,18 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         finally:
             watchdog.stop()
             stream.close()
+            if evictor is not None and evictor.handle is not None and self._flow is not None:
+                self._flow.untrack(evictor.handle)  # the stream ended: an evicted one confirms its revocation
             self.open_streams -= 1
             self._observer.stream_finished(code, self._clock() - started)
+
+    def _evict(self, stream: StreamProcessor, evictor: _Evictor) -> list[pb.ProcessingResponse]:
+        """Flow control ends this in-flight request for a higher-priority one: 429 `evicted` (Envoy then resets
+        the model server's connection), its booking released now, the revocation confirmed."""
+        responses = stream.refuse(EVICTED)
+        if evictor.handle is not None and self._flow is not None:
+            self._flow.untrack(evictor.handle)
+        return responses
 
     def _over_cap(self) -> pb.ProcessingResponse:
         """The answer to a stream above `--max-concurrent-streams`: 503 at once, before anything is read."""
@@ -210,6 +254,35 @@ async def _linger(grace_s: float) -> None:
 
 def add_to_server(processor: ExternalProcessor, server: grpc.aio.Server) -> None:
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+
+
+class _Evictor:
+    """How the dispatch task ends one stream's in-flight request early: called, it cancels the stream's task if
+    that task is waiting for Envoy's next message (else the stream notices before its next wait); `fired()` tells
+    this cancel from a real one and takes it back from the task, as `_IdleWatchdog` does."""
+
+    __slots__ = ("_fired", "_task", "armed", "handle", "requested")
+
+    def __init__(self) -> None:
+        self._task = asyncio.current_task()
+        self.handle: InFlight | None = None
+        self.armed = False  # the stream's task is awaiting the next message
+        self.requested = False
+        self._fired = False
+
+    def __call__(self) -> None:
+        self.requested = True
+        if self.armed and self._task is not None and not self._fired:
+            self._fired = True
+            self._task.cancel()
+
+    def fired(self) -> bool:
+        if not self._fired:
+            return False
+        self._fired = False
+        if self._task is not None:
+            self._task.uncancel()
+        return True
 
 
 class _IdleWatchdog:

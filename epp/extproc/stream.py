@@ -222,6 +222,11 @@ class StreamProcessor:
     def finished(self) -> bool:
         return self.phase is _FINISHED
 
+    @property
+    def in_flight(self) -> bool:
+        """Decided and sent on, not yet ended: its booking is held."""
+        return self._decision is not None and self.phase is not _FINISHED
+
     # -- entry points -----------------------------------------------------------------------------------------
 
     def handle(self, msg: m.ProcessingRequest) -> list[m.ProcessingResponse]:
@@ -322,7 +327,8 @@ class StreamProcessor:
             return None
 
     def refuse(self, err: EppError) -> list[m.ProcessingResponse]:
-        """Answer the request with an ImmediateResponse now (flow control refused it before its decision)."""
+        """Answer the request with an ImmediateResponse now: flow control refused it before its decision, or
+        evicted it in flight (then its booking is released too)."""
         if self.phase is _FINISHED:
             return []
         if self._record is None:

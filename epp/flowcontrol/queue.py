@@ -107,6 +107,7 @@ class FlowController:
         self.count = 0
         self.bytes = 0
         self.pool_empty = False
+        self.last_ceilings: dict[int, float] = {}  # the ceilings the last dispatch cycle read (eviction's demand)
         for band in settings.spec.bands:
             self._band(band.priority)
 
@@ -200,23 +201,35 @@ class FlowController:
     def ceilings(self, saturation: float) -> dict[int, float]:
         return dict(self.settings.usage_limit.ceilings(self._order, saturation))
 
-    def ceiling_for(self, priority: int, saturation: float) -> float:
-        """The ceiling of one band (created on demand), for a request that would not wait behind anything."""
-        self._band(priority)
-        return self.ceilings(saturation)[priority]
+    def pass_through(self, item: QueuedRequest, saturation: float, now: float) -> bool:
+        """A request that would wait behind nothing (the queue is empty): True when its band's ceiling and
+        fairness policy let it go now, and then its dispatch is counted as the policy's (the fair-share gate's
+        service); False when it must be queued."""
+        band = self._band(item.priority)
+        ceiling = self.ceilings(saturation)[item.priority]
+        if saturation >= ceiling:
+            return False
+        state = FlowState(item.flow_id, now, now)
+        if not band.fairness.eligible([state], saturation, ceiling, now):
+            return False
+        band.fairness.dispatched(state, now)
+        return True
 
     def dispatch(self, saturation: float, now: float) -> QueuedRequest | None:
         """One cycle: the next request to send on, or None (nothing queued, or held back by saturation)."""
         if self.count == 0 or self.pool_empty:
             return None
-        ceilings = self.ceilings(saturation)
+        self.last_ceilings = ceilings = self.ceilings(saturation)
         for priority in self._order:
             band = self._bands[priority]
             if band.count == 0:
                 continue
-            if saturation >= ceilings[priority]:
+            ceiling = ceilings[priority]
+            if saturation >= ceiling:
                 return None  # head-of-line: lower bands wait behind this one
-            flows = band.flow_states()
+            flows = band.fairness.eligible(band.flow_states(), saturation, ceiling, now)
+            if not flows:
+                return None  # every waiting flow of the band is over its fair share: held, head-of-line too
             chosen = band.fairness.choose(flows, now)
             flow = band.flows[chosen.flow_id]
             head = flow.head()
@@ -266,6 +279,10 @@ class FlowController:
         return items
 
     # -- observation -----------------------------------------------------------------------------------------
+    def band_counts(self) -> list[tuple[int, int]]:
+        """(priority, queued requests) of every band, highest priority first (in-flight eviction's demand)."""
+        return [(p, self._bands[p].count) for p in self._order]
+
     def oldest_enqueued_at(self, priority: int) -> float | None:
         band = self._bands.get(priority)
         if band is None or band.count == 0:

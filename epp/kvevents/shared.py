@@ -144,14 +144,21 @@ class SharedBlockTable:
         if n == 0:
             return np.zeros(out_bits, dtype=np.int64)
         k = keys.astype(np.uint64, copy=True)
-        k[k < 2] += np.uint64(2)
+        if k.min() < 2:  # keys 0 and 1 are stored as 2 and 3 (0 marks an empty slot); ~2^-63 of keys
+            k[k < 2] += np.uint64(2)
         slot = _fmix(k) & self._mask_c
         # the first probe for every key at once; only keys whose slot holds another key probe on
         seen = self._keys[slot]
-        hit = seen == k
+        absent = np.flatnonzero(seen == 0)
+        if absent.size:  # keys are never deleted, so an empty first slot means no endpoint holds the key: every
+            n = int(absent[0])  # prefix ends before it, and the rows after it need no probing
+            if n == 0:
+                return np.zeros(out_bits, dtype=np.int64)
+            k, slot, seen = k[:n], slot[:n], seen[:n]
+        miss = seen != k  # every slot left is occupied: a miss is another key there, probe on
         masks = self._masks[slot]
-        masks[~hit] = 0
-        todo = np.flatnonzero(~hit & (seen != 0))
+        masks[miss] = 0
+        todo = np.flatnonzero(miss)
         for _ in range(MAX_PROBE - 1):
             if not len(todo):
                 break

@@ -23,7 +23,19 @@ from epp.observability.plain import PlainHistogram
 
 QUEUE_DURATION = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 CYCLE_DURATION = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+CONFIRMATION_DURATION = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # upstream's buckets
 _PREFIXES = ("llm_d_epp_", "inference_extension_")
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionState:
+    """In-flight eviction's counters (from `epp.flowcontrol.eviction.Reclaimer`); present only with it on."""
+
+    issued: dict[int, int]  # demand band's priority → revocations issued
+    confirmed: int
+    timed_out: int
+    reclaim_target: float
+    pending_reclaim: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +47,7 @@ class QueueState:
     stale_endpoints: int = 0
     band_utilization: list[tuple[int, float, float]] = field(default_factory=list)  # (priority, requests, bytes)
     global_utilization: tuple[float, float] | None = None  # (requests, bytes) when global caps are set
+    eviction: EvictionState | None = None  # None: enableEviction off, and its series are not exported
 
 
 @dataclass(slots=True)
@@ -42,6 +55,7 @@ class _Numbers:
     queue: dict[tuple[str, str, str], PlainHistogram] = field(default_factory=dict)  # (fairness, priority, outcome)
     totals: dict[tuple[str, str], int] = field(default_factory=dict)  # (outcome, priority)
     cycle: PlainHistogram = field(default_factory=lambda: PlainHistogram(CYCLE_DURATION))
+    confirmation: PlainHistogram = field(default_factory=lambda: PlainHistogram(CONFIRMATION_DURATION))
 
 
 class FlowControlMetrics(FreezableCollector):
@@ -66,14 +80,17 @@ class FlowControlMetrics(FreezableCollector):
     def flow_cycle(self, seconds: float, saturation: float) -> None:
         self._n.cycle.observe(seconds)
 
+    def flow_revocation_confirmed(self, seconds: float) -> None:
+        self._n.confirmation.observe(seconds)
+
     # -- collection -----------------------------------------------------------------------------------------
     def snapshot(self) -> Any:
         n = self._n
         queue = {k: _copy(h) for k, h in n.queue.items()}
-        return queue, dict(n.totals), _copy(n.cycle), self._state(), self._pool()
+        return queue, dict(n.totals), _copy(n.cycle), self._state(), self._pool(), _copy(n.confirmation)
 
     def families(self, data: Any) -> Iterator[Metric]:
-        queue, totals, cycle, state, pool = data
+        queue, totals, cycle, state, pool, confirmation = data
         for prefix in _PREFIXES:
             p = prefix + "flow_control_"
             yield histogram_family(
@@ -150,6 +167,42 @@ class FlowControlMetrics(FreezableCollector):
             ("outcome", "priority", "inference_pool"),
             (((o, pr, pool), float(v)) for (o, pr), v in sorted(totals.items())),
         )
+        if state.eviction is not None:
+            yield from _eviction_families(p, state.eviction, confirmation, pool)
+
+
+def _eviction_families(p: str, ev: EvictionState, confirmation: PlainHistogram, pool: str) -> Iterator[Metric]:
+    """Upstream's reclamation series, exported only with `enableEviction` on (as upstream's exist only then)."""
+    yield counter_family(
+        p + "revocations_issued",
+        "Total number of in-flight eviction revocations issued, labeled by the demand band's priority.",
+        ("priority", "inference_pool"),
+        (((str(pr), pool), float(n)) for pr, n in sorted(ev.issued.items())),
+    )
+    yield counter_family(
+        p + "revocations",
+        "Total number of in-flight eviction revocations by terminal outcome (confirmed, timed_out).",
+        ("outcome", "inference_pool"),
+        [(("confirmed", pool), float(ev.confirmed)), (("timed_out", pool), float(ev.timed_out))],
+    )
+    yield gauge_family(
+        p + "reclaim_target",
+        "Last computed reclamation deficit, in saturation-gauge units.",
+        ("inference_pool",),
+        [((pool,), ev.reclaim_target)],
+    )
+    yield gauge_family(
+        p + "pending_reclaim",
+        "Sum of outstanding and cooling pending-reclaim debits, in saturation-gauge units.",
+        ("inference_pool",),
+        [((pool,), ev.pending_reclaim)],
+    )
+    yield histogram_family(
+        p + "revocation_confirmation_seconds",
+        "Time from revocation issue to confirmed stream termination.",
+        ("inference_pool",),
+        [((pool,), confirmation)],
+    )
 
 
 def _copy(hist: PlainHistogram) -> PlainHistogram:

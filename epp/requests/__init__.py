@@ -1,6 +1,7 @@
 """Request bodies parsed into the small value the decision needs: OpenAI, Anthropic Messages, vLLM generate, or
 passed through unread, by the parser the request's path selects (`parsers`)."""
 
+from epp.kvevents.token_ids import TokenIds
 from epp.requests.openai import (
     ApiKind,
     InferenceRequest,
@@ -17,6 +18,7 @@ __all__ = [
     "ApiKind",
     "InferenceRequest",
     "ParserChain",
+    "TokenIds",
     "UsageDialect",
     "api_kind_of_path",
     "parse_request",

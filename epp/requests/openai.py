@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -99,8 +99,9 @@ class InferenceRequest(NamedTuple):
     slo_ttft_ms: float | None = None  # x-llm-d-slo-ttft-ms (alias x-slo-ttft-ms); a value that is no number: None
     slo_tpot_ms: float | None = None  # x-llm-d-slo-tpot-ms (alias x-slo-tpot-ms)
     # The engine's token ids of the prompt: the body's own (vLLM generate) or those a vllm token-producer's render
-    # call returned (epp.director.tokens); None: not known, scheduling estimates (4 bytes per token).
-    token_ids: tuple[int, ...] | None = None
+    # call returned (epp.director.tokens, as `TokenIds`: one uint32 buffer); None: not known, scheduling estimates
+    # (4 bytes per token).
+    token_ids: Sequence[int] | None = None
 
 
 class ControlHeaders(NamedTuple):

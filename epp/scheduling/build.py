@@ -177,11 +177,6 @@ def _check_references(config: EndpointPickerConfig, built: Built) -> None:
         raise ConfigError(
             f"{source}: saturationDetector, plugin '{detector}' ({built[detector][2].type}): is not a detector"
         )
-    if config.gate(FLOW_CONTROL_GATE) and config.flow_control is not None and config.flow_control.enable_eviction:
-        raise ConfigError(
-            f"{source}: flowControl.enableEviction: in-flight eviction of sheddable requests is not implemented "
-            "here; remove it (queued requests still expire after their TTL)"
-        )
 
 
 # What a consumer's producer reference must name: attribute → producer types that publish that data; the first

@@ -49,9 +49,14 @@ def fairness(type_name: str, name: str, params: Params) -> FlowPolicy:
         params.number("evictionSweepSeconds", 300.0, minimum=1e-9)
         params.finish()
         return FlowPolicy(type_name, name, "fairness", lambda: fp.LasFairness(w_service, w_wait, half_life))
+    if type_name == "round-robin-fairness-policy":
+        # ours: the fair-share gate (docs/flow-control.md); 1.0, the default, is upstream's plain round-robin
+        over_share = params.number("overShareCeiling", 1.0, minimum=1e-9, maximum=1.0)
+        share_half_life = params.number("shareHalfLifeSeconds", 10.0, minimum=1e-9)
+        params.finish()
+        return FlowPolicy(type_name, name, "fairness", lambda: fp.RoundRobinFairness(over_share, share_half_life))
     params.finish()
-    cls = fp.RoundRobinFairness if type_name == "round-robin-fairness-policy" else fp.GlobalStrictFairness
-    return FlowPolicy(type_name, name, "fairness", cls)
+    return FlowPolicy(type_name, name, "fairness", fp.GlobalStrictFairness)
 
 
 def ordering(type_name: str, name: str, params: Params) -> FlowPolicy:
@@ -81,6 +86,14 @@ def usage_limit(type_name: str, name: str, params: Params) -> FlowPolicy:
         )
     params.finish()
     return FlowPolicy(type_name, name, "usage-limit", fp.SoftReflectiveCeiling)
+
+
+def eviction_policy(type_name: str, name: str, params: Params) -> FlowPolicy:
+    """`sheddable-eviction-filter`, `priority-then-time-eviction-order-policy`: upstream registers them but wires
+    them itself whenever `enableEviction` is on, so listing them changes nothing; accepted for upstream's files
+    (the rules are `epp.flowcontrol.eviction`'s)."""
+    params.finish()
+    return FlowPolicy(type_name, name, "eviction", lambda: None)
 
 
 def concurrency_detector(name: str, params: Params) -> ConcurrencyDetector:

@@ -120,6 +120,8 @@ class PrecisePrefixCacheProducer:
         # speculative entries: block key → {endpoint: expiry}, oldest insertions first
         self._spec: OrderedDict[int, dict[str, float]] = OrderedDict()
         self._key = f"precise-prefix:{name}"
+        self._addresses: tuple[str, ...] = ()
+        self._slot_of: dict[str, int] = {}
 
     # -- per endpoint state ------------------------------------------------------------------------------------
 
@@ -152,37 +154,59 @@ class PrecisePrefixCacheProducer:
     # -- the pick ----------------------------------------------------------------------------------------------
 
     def produce(self, state: CycleState) -> None:
-        self.approx.produce(state)
-        approx: PrefixMatch = produced(state, self.approx.name)
         tokens = tokenized(state, self.token_producer)
         if not tokens.exact:
+            self.approx.produce(state)
             self.fallbacks["no_tokens"] += 1
             state.scratch[self._key] = None
-            publish(state, self.name, approx)
+            publish(state, self.name, produced(state, self.approx.name))
             return
         ids = np.frombuffer(tokens.data, dtype="<u4").astype(np.uint64)
         keys = self.keys.request_keys(ids)
+        # the fallback learns and matches by the same block keys (its blocks are ours: block_size tokens)
+        self.approx.produce_keyed(state, keys.tolist(), self.block_size)
+        approx: PrefixMatch = produced(state, self.approx.name)
         snapshot = state.snapshot
+        now = state.now
         matched = np.zeros(snapshot.present.size)
         held = self.view.prefix_blocks(keys) if keys.size else {}
-        spec = self._speculative(keys, state.now) if self.speculative and self._spec else {}
+        spec = self._speculative(keys, now) if self.speculative and self._spec else {}
         scale = approx.block_tokens / self.block_size if approx.block_tokens > 0 else 0.0
-        used_fallback = False
         addresses = snapshot.addresses
+        # Untrusted candidates first (few: absent or owing events), their match from the approximate producer; then
+        # the trusted endpoints the index or the speculative entries name (few as well): no per-candidate work for
+        # the many trusted endpoints that hold nothing of the prompt.
+        last_event_at, unanswered = self.view.last_event_at, self._unanswered
+        untrusted: set[str] = set()
         for slot in state.candidates.tolist():
             address = addresses[slot]
-            reason = self.trust(address, state.now)
+            if address not in unanswered and last_event_at(address) != NEVER:
+                continue
+            reason = self.trust(address, now)
             if reason is None:
-                matched[slot] = max(held.get(address, 0), spec.get(address, 0))
-            else:
-                self.fallbacks[reason] += 1
-                used_fallback = True
-                if approx.matched.size > slot:
-                    matched[slot] = min(float(keys.size), float(approx.matched[slot]) * scale)
-        if not used_fallback:
+                continue
+            self.fallbacks[reason] += 1
+            untrusted.add(address)
+            if approx.matched.size > slot:
+                matched[slot] = min(float(keys.size), float(approx.matched[slot]) * scale)
+        if held or spec:
+            slot_of = self._slots_of(addresses)
+            for source in (held, spec) if spec else (held,):
+                for address, blocks in source.items():
+                    slot = slot_of.get(address)
+                    if slot is not None and address not in untrusted and blocks > matched[slot]:
+                        matched[slot] = blocks
+        if not untrusted:
             self.precise_picks += 1
         state.scratch[self._key] = (keys, matched)
         publish(state, self.name, PrefixMatch(matched, int(keys.size), self.block_size))
+
+    def _slots_of(self, addresses: tuple[str, ...]) -> dict[str, int]:
+        """address → slot of the snapshot's addresses (kept while the membership tuple is the same object)."""
+        if addresses is not self._addresses:
+            self._addresses = addresses
+            self._slot_of = {a: i for i, a in enumerate(addresses) if a}
+        return self._slot_of
 
     def picked(self, state: CycleState, slot: int) -> None:
         self.approx.picked(state, slot)

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
 
 from epp.datastore.table import FloatArray
+from epp.kvevents.token_ids import TokenIds
 from epp.observability import buckets
 from epp.observability.plain import PlainHistogram
 from epp.scheduling.framework import (
@@ -48,9 +50,9 @@ def estimate_tokens(prompt: str) -> int:
     return -(-size // BYTES_PER_TOKEN)
 
 
-def token_ids_of(request: object) -> tuple[int, ...] | None:
+def token_ids_of(request: object) -> Sequence[int] | None:
     """Engine token ids the lifecycle attached to the request (vllm backend), if any."""
-    ids = getattr(request, "token_ids", None)
+    ids: Sequence[int] | None = getattr(request, "token_ids", None)
     return ids if ids else None
 
 
@@ -100,7 +102,9 @@ class TokenProducer:
         # Token ids the request already carries (vLLM generate bodies; the render call of the vllm backend) win,
         # as upstream's producer skips a request whose tokens are known.
         ids = token_ids_of(state.request)
-        if ids is not None:
+        if isinstance(ids, TokenIds):  # the render client's buffer: already the bytes the producers hash
+            tokens = TokenizedPrompt(len(ids), ids.data, exact=True)
+        elif ids is not None:
             tokens = TokenizedPrompt(len(ids), np.asarray(ids, dtype="<u4").tobytes(), exact=True)
         else:
             tokens = _estimate(state.request.prompt)
@@ -167,14 +171,18 @@ class ApproxPrefixCacheProducer:
         tokens = tokenized(state)
         block_tokens = self._block_tokens(state)
         hasher = self._hasher(block_tokens)
-        hashes: list[int] = hasher.hash_bytes(tokens.data, state.request.model).tolist()
+        self.produce_keyed(state, hasher.hash_bytes(tokens.data, state.request.model).tolist(), block_tokens)
+
+    def produce_keyed(self, state: CycleState, hashes: list[int], block_tokens: int) -> None:
+        """`produce` with the prompt's chain keys of `block_tokens`-token blocks already computed: the precise
+        producer's fallback passes its own block keys of the same blocks (one hashing per pick, not two)."""
         self.index.sync(state.snapshot)
         matched = self.index.match(hashes, state.snapshot.present.size) if hashes else _NO_MATCH
         reach = self.index.reach if hashes else 0
         state.scratch[self._key] = (hashes, matched, reach)
         if hashes:
             self.hit_ratio.observe(reach / len(hashes))
-            self.hit_bytes.observe(reach * hasher.block_bytes)
+            self.hit_bytes.observe(reach * block_tokens * BYTES_PER_TOKEN)
         publish(state, self.name, PrefixMatch(matched, len(hashes), block_tokens))
 
     def picked(self, state: CycleState, slot: int) -> None:

@@ -619,7 +619,7 @@ def _register_flow_control(r: Callable[..., None]) -> None:
     fc = Kind.FLOW_CONTROL
     for t, summary in (
         ("global-strict-fairness-policy", "a band as one queue, in its ordering policy's order"),
-        ("round-robin-fairness-policy", "each flow of a band in turn"),
+        ("round-robin-fairness-policy", "each flow of a band in turn; overShareCeiling: the fair-share gate (ours)"),
         ("program-aware-fairness", "least attained service first (strategy las)"),
     ):
         r(t, fc, _flow(flow_plugins.fairness, t), summary)
@@ -644,6 +644,11 @@ def _register_flow_control(r: Callable[..., None]) -> None:
         "lower bands held back in proportion to saturation",
         stability=Stability.ALPHA,
     )
+    for t, summary in (
+        ("sheddable-eviction-filter", "in-flight eviction takes only priority < 0 (always, with enableEviction)"),
+        ("priority-then-time-eviction-order-policy", "evicts the lowest priority, newest dispatch first (always)"),
+    ):
+        r(t, fc, _flow(flow_plugins.eviction_policy, t), summary, stability=Stability.ALPHA)
     r("concurrency-detector", Kind.FILTER, _named(flow_plugins.concurrency_detector), "in flight over capacity")
     r("probabilistic-admitter", Kind.ADMITTER, _named(flow_plugins.probabilistic_admitter), "sheds sheddable load")
     r("latency-slo-admitter", Kind.ADMITTER, _named(flow_plugins.latency_slo_admitter), "refuses unmeetable SLOs")

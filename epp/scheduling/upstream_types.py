@@ -27,7 +27,7 @@ class UpstreamType(NamedTuple):
 
 
 _S, _A, _R = Status.SUPPORTED, Status.ALIAS, Status.REFUSED
-_FC = "in-flight eviction (enableEviction) is not implemented"
+_FC = "always used with enableEviction, listed or not (as upstream)"
 _MM_IN = "multimodal requests are not recognised; encode stages run with always-disagg-pd-decider"
 _HEADERS = "deprecated upstream; disagg-profile-handler sets the P/D headers itself"
 _MC = "multi-cluster through InferencePoolImport is not implemented; epp federates sites instead (docs/federation.md)"
@@ -175,8 +175,8 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     UpstreamType("static-usage-limit-policy", "flow-control policy", False, _S, ""),
     UpstreamType("priority-holdback-policy", "flow-control policy", True, _S, ""),
     UpstreamType("soft-reflective-ceiling-policy", "flow-control policy", True, _S, ""),
-    UpstreamType("sheddable-eviction-filter", "flow-control eviction", True, _R, _FC),
-    UpstreamType("priority-then-time-eviction-order-policy", "flow-control eviction", True, _R, _FC),
+    UpstreamType("sheddable-eviction-filter", "flow-control eviction", True, _S, _FC),
+    UpstreamType("priority-then-time-eviction-order-policy", "flow-control eviction", True, _S, _FC),
     UpstreamType(
         "utilization-detector", "saturation detector", False, _S, "also usable as a filter (alias saturation-filter)"
     ),

@@ -54,7 +54,7 @@ NOT_EXPORTED = {
         )
     },
     **{
-        f"flow_control_{n}": "in-flight eviction (enableEviction) is not built, so nothing is revoked or reclaimed"
+        f"flow_control_{n}": "exported only with flowControl.enableEviction on (epp/observability/flow.py)"
         for n in (
             "revocations_issued_total", "revocations_total", "reclaim_target", "pending_reclaim",
             "revocation_confirmation_seconds",

@@ -17,6 +17,7 @@ from epp.datastore.table import EndpointInfo, MetricsSample
 from epp.director.flow import FlowGate
 from epp.errors import EppError
 from epp.flowcontrol import FlowController, FlowSettings
+from epp.flowcontrol.eviction import Reclaimer
 from epp.flowcontrol.gauge import PoolGauge
 from epp.flowcontrol.policies import RoundRobinFairness, StaticUsageLimit
 from epp.observability.flow import FlowControlMetrics
@@ -333,6 +334,22 @@ async def test_flow_control_metrics_emitted() -> None:
         == 1.0
     )
     await gate.shutdown(0)
+
+
+async def test_the_eviction_series_are_exported_only_with_eviction_on() -> None:
+    """Upstream's revocation and reclaim series exist only with enableEviction (tests/extproc covers them on)."""
+    clock, table = Clock(), _table(waiting=0)
+    names = (
+        "revocations_issued", "revocations", "reclaim_target", "pending_reclaim", "revocation_confirmation_seconds"
+    )  # fmt: skip
+    for reclaimer, exported in ((None, set()), (Reclaimer(0.5), set(names))):
+        gate = _gate(table, clock)
+        gate.reclaimer = reclaimer
+        registry = CollectorRegistry()
+        FlowControlMetrics(registry, lambda: "pool", gate.queue_state)
+        families = {m.name.removeprefix("llm_d_epp_flow_control_") for m in registry.collect()}
+        assert families & set(names) == exported
+        await gate.shutdown(0)
 
 
 async def test_an_unsaturated_pool_lets_requests_through_without_queueing() -> None:

@@ -58,7 +58,11 @@ def served_picker(kubeconfig: Path, log: Path, *flags: str) -> Iterator[ServedPi
     )  # fmt: skip
     with running(argv, log) as proc:
         wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics}/healthz"), 30, "epp serve", proc)
-        yield ServedPicker(proc, metrics, health, log)
+        picker = ServedPicker(proc, metrics, health, log)
+        # With serving workers (the default where the machine has cores for them) readiness also waits for one
+        # of them to serve: the scenarios start once every worker does, as a one-process picker would be.
+        wait_until(lambda: all(w["serving"] for w in picker.report().get("workers", ())), 60, "the workers", proc)
+        yield picker
 
 
 def eventually(check: Callable[[], bool], within_s: float, what: Callable[[], str]) -> None:

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
+from epp.app.cores import default_workers, usable_cores
 from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import parse_pool
@@ -239,6 +240,18 @@ def test_the_picker_runs_hardened() -> None:
     assert container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
     bindings = [o for o in build(MANIFESTS / "base") if o["kind"] == "RoleBinding"]
     assert all(s["name"] == pod_spec["serviceAccountName"] for b in bindings for s in b["subjects"])
+
+
+def test_the_cpu_limit_sizes_the_serving_workers(tmp_path: Path) -> None:
+    """No --workers in the args: the default (auto) follows the container's CPU limit, as the kubelet writes it
+    into the cgroup (limits.cpu 2 → cpu.max "200000 100000"), not the node's cores."""
+    [container] = by_kind(build(MANIFESTS / "base"), "Deployment", "epp")["spec"]["template"]["spec"]["containers"]
+    assert not any(arg.startswith("--workers") for arg in container["args"])
+    cpu = container["resources"]["limits"]["cpu"]
+    millicores = int(cpu[:-1]) if cpu.endswith("m") else int(float(cpu) * 1000)
+    (tmp_path / "cpu.max").write_text(f"{millicores * 100} 100000\n")
+    (tmp_path / "self-cgroup").write_text("0::/\n")
+    assert default_workers(usable_cores(64, tmp_path / "self-cgroup", tmp_path)) == millicores // 1000 >= 2
 
 
 def test_the_ha_overlay_runs_two_replicas_with_leader_election() -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
 
+from epp.app.worker import METRICS_S
 from epp.gateway.binary import find_envoy
 from tests.support.envoy import envoy
 from tests.support.procs import free_port, http_ok, port_open, running, serve_argv, wait_until
@@ -78,3 +81,33 @@ def picker(e2e_tmp: Path, backends: Backends) -> Iterator[Picker]:
 def gateway(request: pytest.FixtureRequest, envoy_available: None, e2e_tmp: Path, picker: Picker) -> Iterator[str]:
     with envoy(e2e_tmp, picker.grpc_port, request.param) as port:
         yield f"http://127.0.0.1:{port}"
+
+
+async def metrics_when(
+    session: aiohttp.ClientSession, picker: Picker, holds: Callable[[str], bool], within_s: float = 10.0
+) -> str:
+    """The picker's /metrics text once `holds(text)`, or the last text seen after `within_s` (for the assertion
+    to show). With serving workers (the default where the machine has cores for them) the request series reach
+    the control process's /metrics in each worker's next exposition, up to `METRICS_S` after the request."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while True:
+        async with session.get(picker.url("/metrics")) as response:
+            text = await response.text()
+        if holds(text) or asyncio.get_running_loop().time() > deadline:
+            return text
+        await asyncio.sleep(0.05)
+
+
+async def settled_value(session: aiohttp.ClientSession, picker: Picker, value: Callable[[str], float]) -> float:
+    """`value(/metrics text)` once every worker has reported what it counted so far (the same two expositions
+    apart): a baseline that later requests can be compared with."""
+    async with session.get(picker.url("/metrics")) as response:
+        last = value(await response.text())
+    for _ in range(20):
+        await asyncio.sleep(2 * METRICS_S)
+        async with session.get(picker.url("/metrics")) as response:
+            now = value(await response.text())
+        if now == last:
+            break
+        last = now
+    return last

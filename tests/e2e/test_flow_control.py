@@ -11,6 +11,7 @@ never by Envoy's timer, because the picker extends it while it holds the request
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import time
@@ -66,34 +67,41 @@ def _sim_address(log: Path) -> str | None:
     return None
 
 
-@pytest.fixture(params=["FULL_DUPLEX_STREAMED", "BUFFERED"])
-def stack(request: pytest.FixtureRequest, e2e_tmp: Path, envoy_available: None) -> Iterator[tuple[str, object]]:
-    body_mode = request.param
+@contextlib.contextmanager
+def _stack(e2e_tmp: Path, body_mode: str, config: str, name: str) -> Iterator[tuple[str, object]]:
+    """The simulator, `epp serve` with `config` and the objectives, and Envoy in `body_mode`: (its URL, the
+    picker's process)."""
     sim_argv = [sys.executable, "-m", "epp", "sim", "--servers", "1", "--base-port", "0", "--model", "m1"]
     sim_argv += ["--duration", "120"]
-    (e2e_tmp / "flow.yaml").write_text(CONFIG)
+    (e2e_tmp / f"{name}.yaml").write_text(config)
     (e2e_tmp / "flow-objectives.yaml").write_text(OBJECTIVES)
-    with running(sim_argv, e2e_tmp / "flow-sim.log") as sim:
-        wait_until(lambda: _sim_address(e2e_tmp / "flow-sim.log") is not None, 20, "epp sim", sim)
-        address = _sim_address(e2e_tmp / "flow-sim.log")
+    with running(sim_argv, e2e_tmp / f"{name}-sim.log") as sim:
+        wait_until(lambda: _sim_address(e2e_tmp / f"{name}-sim.log") is not None, 20, "epp sim", sim)
+        address = _sim_address(e2e_tmp / f"{name}-sim.log")
         assert address is not None
         argv, picker = start_picker(
             e2e_tmp,
             address,
             "--config-file",
-            str(e2e_tmp / "flow.yaml"),
+            str(e2e_tmp / f"{name}.yaml"),
             "--objectives-file",
             str(e2e_tmp / "flow-objectives.yaml"),
             "--grace-period",
             "1",
         )
-        with running(argv, e2e_tmp / "picker-flow.log") as proc:
+        with running(argv, e2e_tmp / f"picker-{name}.log") as proc:
             wait_until(lambda: http_ok(picker.url("/readyz")), 20, "epp serve", proc)
             # BUFFERED as `epp envoy-config` renders it: the response body does not pass through the picker
             response_body = "" if body_mode == "FULL_DUPLEX_STREAMED" else "NONE"
             timeout = f"{MESSAGE_TIMEOUT_S:g}s"
             with envoy(e2e_tmp, picker.grpc_port, body_mode, response_body, message_timeout=timeout) as port:
                 yield f"http://127.0.0.1:{port}", proc
+
+
+@pytest.fixture(params=["FULL_DUPLEX_STREAMED", "BUFFERED"])
+def stack(request: pytest.FixtureRequest, e2e_tmp: Path, envoy_available: None) -> Iterator[tuple[str, object]]:
+    with _stack(e2e_tmp, request.param, CONFIG, "flow") as running_stack:
+        yield running_stack
 
 
 async def _saturate(session: aiohttp.ClientSession, url: str) -> list[aiohttp.ClientResponse]:
@@ -142,3 +150,31 @@ async def test_queued_requests_wait_expire_and_are_answered_on_shutdown(stack: t
         for r in longs:
             r.close()
     assert await asyncio.to_thread(proc.wait, 15) == 0  # type: ignore[attr-defined]
+
+
+EVICTION_CONFIG = CONFIG.replace("maxConcurrency: 2", "maxConcurrency: 1").replace(
+    "flowControl:\n", "flowControl:\n  enableEviction: true\n"
+)
+
+
+@pytest.fixture(params=["FULL_DUPLEX_STREAMED", "BUFFERED"])
+def evicting(request: pytest.FixtureRequest, e2e_tmp: Path, envoy_available: None) -> Iterator[tuple[str, object]]:
+    with _stack(e2e_tmp, request.param, EVICTION_CONFIG, "evict") as running_stack:
+        yield running_stack
+
+
+async def test_a_sheddable_request_in_flight_is_evicted_for_a_critical_one(evicting: tuple[str, object]) -> None:
+    """enableEviction: the pool's one slot holds a sheddable streaming request; a critical request arrives, the
+    sheddable one is ended (its response cut off: it had started), and the critical one is served at once."""
+    url, _ = evicting
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        shed = await session.post(url + CHAT, json=LONG, headers={OBJECTIVE: "batch"})
+        assert shed.status == 200
+        await asyncio.wait_for(shed.content.readany(), 20)  # running
+        started = time.monotonic()
+        status, _, body = await post(session, url + CHAT, chat(), {OBJECTIVE: "critical"})
+        assert status == 200, body  # served in the evicted request's place, long before that one would end
+        assert time.monotonic() - started < TTL_S
+        with pytest.raises(aiohttp.ClientPayloadError):  # the evicted response was cut off
+            await asyncio.wait_for(shed.read(), 20)
+        shed.close()

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.e2e.conftest import Backends, Picker
+from tests.e2e.conftest import Backends, Picker, metrics_when
 
 CHAT = "/v1/chat/completions"
 
@@ -98,8 +98,7 @@ async def test_metrics_count_routed_and_refused_requests(gateway: str, picker: P
     async with aiohttp.ClientSession() as session:
         await post(session, gateway + CHAT, chat())
         await post(session, gateway + CHAT, b"nope")
-        async with session.get(picker.url("/metrics")) as response:
-            text = await response.text()
+        text = await metrics_when(session, picker, lambda t: 'outcome="refused"' in t and 'outcome="routed"' in t)
     assert 'epp_requests_total{code="OK",outcome="routed"}' in text
     assert 'epp_requests_total{code="BadRequest",outcome="refused"}' in text
 

@@ -25,10 +25,14 @@ spec: {priority: -1, poolRef: {name: pool}}
 
 @pytest.fixture(scope="module")
 def saturated_gateway(e2e_tmp: Path, backends: Backends, envoy_available: None) -> Iterator[str]:
-    """The echo backends serve no model-server metrics, so every endpoint is stale: saturated for admission."""
+    """Every endpoint's data is stale (one scrape an hour, stale after 1 ms): saturated for admission. (The echo
+    backends' JSON answer to /metrics is a page with no model-server metrics, not a failed scrape.)"""
     objectives = e2e_tmp / "objectives.yaml"
     objectives.write_text(OBJECTIVES)
-    argv, picker = start_picker(e2e_tmp, ",".join(backends.pool), "--objectives-file", str(objectives))
+    argv, picker = start_picker(
+        e2e_tmp, ",".join(backends.pool), "--objectives-file", str(objectives),
+        "--refresh-metrics-interval", "1h", "--metrics-staleness-threshold", "1ms",
+    )  # fmt: skip
     with running(argv, e2e_tmp / "picker-objectives.log") as proc:
         wait_until(lambda: http_ok(picker.url("/readyz")), 20, "epp serve", proc)
         with envoy(e2e_tmp, picker.grpc_port, "FULL_DUPLEX_STREAMED") as port:

@@ -5,6 +5,7 @@ carrying `x-llm-d-request-dropped-reason`; a client that goes away frees its pla
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from epp import wire
 from epp.config.flowcontrol import FlowControlSpec
 from epp.datastore import EndpointInfo, EndpointTable, Freshness
+from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.table import MetricsSample
 from epp.director import Director, RandomScheduler
 from epp.director.flow import FlowGate
@@ -23,10 +25,12 @@ from epp.extproc.bounds import ServerLimits
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.flowcontrol import FlowController, FlowSettings
+from epp.flowcontrol.eviction import Reclaimer, confirmation_grace
 from epp.flowcontrol.gauge import PoolGauge
+from epp.observability.flow import FlowControlMetrics
 from epp.observability.metrics import PickerMetrics
-from epp.scheduling.saturation import SaturationDetector
-from tests.extproc.envoy import BODY, body_msg, headers_msg
+from epp.scheduling.saturation import ConcurrencyDetector, SaturationDetector
+from tests.extproc.envoy import BODY, body_msg, headers_msg, response_headers
 
 ADDRESS = "127.10.0.1:8000"
 
@@ -173,5 +177,129 @@ async def test_a_request_with_room_gets_its_decision_without_a_hold(stack) -> No
     first: pb.ProcessingResponse = await asyncio.wait_for(call.read(), 10)
     assert not first.HasField("override_message_timeout")
     assert first.WhichOneof("response") == "request_headers"
+    await call.done_writing()
+    await channel.close()
+
+
+# -- in-flight eviction (enableEviction) ---------------------------------------------------------------------------
+
+
+class _EvictionStack:
+    """One endpoint, concurrency-detector with maxConcurrency 1: one request in flight saturates the pool."""
+
+    def __init__(self) -> None:
+        self.table = EndpointTable()
+        self.slot = self.table.upsert(EndpointInfo(address=ADDRESS))
+        self.table.record_scrape(self.slot, MetricsSample(waiting=0, kv_usage=0.0), now=0.0)
+        objectives = ObjectiveStore()
+        objectives.put_objective("critical", 10)
+        objectives.put_objective("batch", -1)
+        detector = ConcurrencyDetector(max_concurrency=1)
+        self.registry = CollectorRegistry()
+        self.metrics = FlowControlMetrics(self.registry, lambda: "pool", lambda: self.gate.queue_state())
+        self.gate = FlowGate(
+            FlowController(FlowSettings(spec=FlowControlSpec(enable_eviction=True))),
+            self.table,
+            PoolGauge(detector, detector.freshness),
+            time.monotonic,
+            objectives=objectives,
+            observer=self.metrics,
+            reclaimer=Reclaimer(confirmation_grace(True, 0.05, 0.2)),
+        )
+        director = Director(
+            self.table, RandomScheduler(seed=1), clock=time.monotonic, objectives=objectives, flow=self.gate
+        )
+        self.processor = ExternalProcessor(director, PickerMetrics(CollectorRegistry()), StreamSettings())
+        self.grpc = grpc.aio.server()
+        add_to_server(self.processor, self.grpc)
+        self.port = self.grpc.add_insecure_port("127.0.0.1:0")
+
+    async def open(self, objective: str) -> tuple[grpc.aio.Channel, grpc.aio.StreamStreamCall]:  # type: ignore[type-arg]
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.port}")
+        call = pb_grpc.ExternalProcessorStub(channel).Process()
+        await call.write(headers_msg(extra={"x-llm-d-inference-objective": objective}))
+        await call.write(body_msg(BODY, end_of_stream=True))
+        return channel, call
+
+
+@pytest.fixture
+async def evicting() -> AsyncIterator[_EvictionStack]:
+    s = _EvictionStack()
+    s.gate.start()
+    await s.grpc.start()
+    yield s
+    await s.gate.shutdown(0)
+    await s.grpc.stop(0)
+
+
+def _immediate_headers(response: pb.ProcessingResponse) -> dict[str, str]:
+    return {h.header.key: h.header.raw_value.decode() for h in response.immediate_response.headers.set_headers}
+
+
+async def test_a_sheddable_request_in_flight_is_evicted_with_429_for_a_blocked_critical_one(evicting) -> None:
+    s = evicting
+    shed_channel, shed = await s.open("batch")
+    decided = await _answer(shed)
+    assert decided.WhichOneof("response") == "request_headers"  # sent on: in flight, booked
+    assert int(s.table.view().inflight[s.slot]) == 1
+    assert (await _answer(shed)).WhichOneof("response") == "request_body"  # the body goes on (full duplex)
+    crit_channel, critical = await s.open("critical")  # the pool is full (1 of 1): it queues ...
+    evicted = await _answer(shed)  # ... and the sheddable request is ended to make room
+    assert evicted.WhichOneof("response") == "immediate_response"
+    assert evicted.immediate_response.status.code == 429
+    assert _immediate_headers(evicted)["x-llm-d-request-dropped-reason"] == "evicted"
+    served = await _answer(critical)
+    assert served.WhichOneof("response") == "request_headers"  # dispatched into the freed room
+    assert int(s.table.view().inflight[s.slot]) == 1  # the evicted booking was released, the critical one held
+    r = s.gate.reclaimer
+    assert r is not None and r.issued == {10: 1} and r.evictable_count == 0
+    for _ in range(100):  # the evicted stream's end confirms the revocation
+        if r.confirmed == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert r.confirmed == 1 and r.timed_out == 0
+    get = s.registry.get_sample_value
+    pool = {"inference_pool": "pool"}
+    assert get("llm_d_epp_flow_control_revocations_issued_total", {"priority": "10", **pool}) == 1.0
+    assert get("llm_d_epp_flow_control_revocations_total", {"outcome": "confirmed", **pool}) == 1.0
+    assert get("llm_d_epp_flow_control_revocations_total", {"outcome": "timed_out", **pool}) == 0.0
+    assert get("llm_d_epp_flow_control_revocation_confirmation_seconds_count", pool) == 1.0
+    assert get("llm_d_epp_flow_control_reclaim_target", pool) == 0.0  # saturation 1.0 at ceiling 1.0
+    assert get("llm_d_epp_flow_control_pending_reclaim", pool) is not None
+    for channel in (shed_channel, crit_channel):
+        await channel.close()
+
+
+async def test_a_critical_request_in_flight_is_never_evicted(evicting) -> None:
+    s = evicting
+    first_channel, first = await s.open("critical")
+    assert (await _answer(first)).WhichOneof("response") == "request_headers"
+    second_channel, second = await s.open("critical")
+    assert (await _answer(first)).WhichOneof("response") == "request_body"
+    read = asyncio.ensure_future(_answer(second))
+    after = asyncio.ensure_future(first.read())
+    await asyncio.sleep(0.3)
+    assert not read.done() and not after.done()  # the second waits; the first runs on, unanswered
+    assert s.gate.reclaimer is not None and s.gate.reclaimer.issued == {}
+    after.cancel()
+    read.cancel()
+    for channel in (first_channel, second_channel):
+        await channel.close()
+
+
+async def test_a_sheddable_request_whose_response_ended_is_no_longer_a_victim(evicting) -> None:
+    s = evicting
+    channel, call = await s.open("batch")
+    assert (await _answer(call)).WhichOneof("response") == "request_headers"
+    assert (await _answer(call)).WhichOneof("response") == "request_body"
+    r = s.gate.reclaimer
+    assert r is not None and r.evictable_count == 1
+    await call.write(response_headers(end_of_stream=True))  # the whole response: headers only
+    assert (await _answer(call)).WhichOneof("response") == "response_headers"
+    for _ in range(100):
+        if r.evictable_count == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert r.evictable_count == 0 and r.victim_priority() is None
     await call.done_writing()
     await channel.close()

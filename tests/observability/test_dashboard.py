@@ -77,7 +77,9 @@ def test_every_panel_query_names_only_exported_series(tmp_path: Path) -> None:
     metrics_port = free_port()
     argv = serve_argv(free_port(), free_port(), metrics_port, "--static-endpoints", "127.10.0.1:8000")
     with running(argv, tmp_path / "serve.log") as proc:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/metrics"), 20, "serve", proc)
+        # Ready: with serving workers (the default on a machine with cores for them) the request series are theirs,
+        # in /metrics from the moment one serves.
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "serve", proc)
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
             exported = exported_series(response.read().decode())
     missing = {
