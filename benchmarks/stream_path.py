@@ -15,11 +15,12 @@ to the hot path can be judged on its own, and side by side with another checkout
   of everything but scheduling).
 
 Reported: µs per request (best of 5 batches: the least disturbed by other processes) and, with `--instructions`,
-CPU instructions per request counted by valgrind's callgrind (deterministic to a few %, unlike time on a shared
-machine; needs `valgrind`). `--root DIR` measures another checkout of the repository, e.g. a git worktree of an
-older commit, with this same driver.
+CPU instructions per request counted by valgrind's callgrind inside the measured loop only (1,000 requests
+after 300 warm-up ones, the collector settled as `epp serve` settles it; steady to well under 1 %, unlike time on
+a shared machine; needs `valgrind`; `--callgrind-out DIR` keeps the files for `callgrind_annotate`). `--root DIR`
+measures another checkout of the repository, e.g. a git worktree of an older commit, with this same driver.
 
-    .venv/bin/python -m benchmarks.stream_path [--requests N] [--instructions] [--root DIR]
+    .venv/bin/python -m benchmarks.stream_path [--requests N] [--instructions] [--root DIR] [--callgrind-out DIR]
 
 Bounded: N requests per batch (default 5,000) after 300 warm-up requests; no network.
 """
@@ -27,6 +28,7 @@ Bounded: N requests per batch (default 5,000) after 300 warm-up requests; no net
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -178,25 +180,32 @@ def _run_child(root: Path, profile: str, requests: int) -> str:
     return subprocess.run(argv, cwd=root, env=_child_env(root), capture_output=True, text=True, check=True).stdout
 
 
-def _instructions(root: Path, profile: str, requests: int) -> float:
-    """Instructions per request: callgrind's total with `requests` requests minus the total with none."""
-    totals = []
-    for n in (0, requests):
-        argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *_child_argv(profile, n, "--count")]
-        out = subprocess.run(
-            argv,
-            cwd=root,
-            env=_child_env(root),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            check=True,
-        )
-        match = re.search(r"Collected : (\d+)", out.stderr)
-        if match is None:
-            raise RuntimeError("callgrind printed no total")
-        totals.append(int(match.group(1)))
-    return (totals[1] - totals[0]) / requests
+def _measured(one: Callable[[], None], requests: int) -> None:
+    """`requests` requests inside one `functools.reduce` call: the C function callgrind toggles collection on, so
+    only the measured requests are counted (not start-up, warm-up or exit, whose totals moved by millions of
+    instructions between two runs of the same code when the count was a difference of two whole runs)."""
+    functools.reduce(lambda _, __: one(), range(requests + 1))
+
+
+def _instructions(root: Path, profile: str, requests: int, out_dir: Path | None = None) -> float:
+    """Instructions per request, counted by callgrind inside the measured loop only (`_measured`). With `out_dir`
+    callgrind's file is kept there (`callgrind_annotate --inclusive=yes FILE`: the cost per C function)."""
+    out_file = "/dev/null" if out_dir is None else str(out_dir.resolve() / f"callgrind.{profile}.out")
+    argv = [
+        "valgrind",
+        "--tool=callgrind",
+        "--collect-atstart=no",
+        "--toggle-collect=functools_reduce",
+        f"--callgrind-out-file={out_file}",
+        *_child_argv(profile, requests, "--count"),
+    ]
+    out = subprocess.run(
+        argv, cwd=root, env=_child_env(root), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True
+    )
+    match = re.search(r"Collected : (\d+)", out.stderr)
+    if match is None:
+        raise RuntimeError("callgrind printed no total")
+    return int(match.group(1)) / requests
 
 
 def main() -> None:
@@ -204,6 +213,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=5000, help="requests per timed batch")
     parser.add_argument("--instructions", action="store_true", help="also count instructions with callgrind")
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout to measure (default: this one)")
+    parser.add_argument("--callgrind-out", type=Path, help="with --instructions: keep callgrind's files in this folder")
     parser.add_argument("--child", nargs=2, metavar=("PROFILE", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -212,8 +222,9 @@ def main() -> None:
         if args.count:
             one = build(PROFILES[profile])
             _settle_gc()
-            for _ in range(300 + n):
+            for _ in range(300):
                 one()
+            _measured(one, n)
         else:
             _child(profile, n)
         return
@@ -223,7 +234,7 @@ def main() -> None:
     for profile in PROFILES:
         row: dict[str, Any] = json.loads(_run_child(args.root, profile, args.requests))
         if args.instructions:
-            row["instructions"] = _instructions(args.root, profile, 1000)
+            row["instructions"] = _instructions(args.root, profile, 1000, args.callgrind_out)
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(f"\nroot: {args.root}\n\n| profile | µs per request (best of 5) | instructions per request |\n|---|---|---|")
