@@ -303,7 +303,8 @@ def _child_main(argv: list[str] | None = None) -> int:
         pass
     finally:
         feeder.close()
-        del writer
+        index.mirror = None  # the last reference to the writer, whose table views the segments: free it before
+        del writer  # the segments close (a view still alive makes the close fail, and again at exit)
         segments.close()
     return 0
 

@@ -118,10 +118,7 @@ class MirrorTable(EndpointTable):
                 taken = int(slots.size)
         ours, theirs = self._pairs
         if ours.size:
-            totals = self._matrix[:, theirs, :].sum(axis=0)
-            self._cols["inflight"][ours] = totals[:, INFLIGHT]
-            self._cols["picks_since_scrape"][ours] = totals[:, PICKS]
-            self._cols["inflight_tokens"][ours] = totals[:, TOKENS]
+            self.set_bookings(ours, self._matrix[:, theirs, :].sum(axis=0))
         return taken
 
     def book_pick(self, slot: int, tokens: int = 0) -> None:

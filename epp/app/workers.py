@@ -98,6 +98,7 @@ class WorkerPool:
         self._rows = shared_array(self._fds[0], shapes[0], np.float64)
         self._rows[:, TOKEN] = -1.0
         self.inflight = shared_array(self._fds[1], shapes[1], np.int64)
+        self._slots = np.arange(self.rows)
         self.stats = shared_array(self._fds[2], shapes[2], np.int64)
         self._workers = [_Worker(i) for i in range(count)]
         self._task: asyncio.Task[None] | None = None
@@ -258,6 +259,9 @@ class WorkerPool:
         n = min(len(view.present), self.rows)
         if n == 0:
             return
+        # The workers' bookings, summed into the control process's table: /metrics (llm_d_epp_inflight_requests)
+        # and /debug/pool show what is in flight, as one process's would.
+        table.set_bookings(self._slots[:n], self.inflight[:, :n, :].sum(axis=0))
         at = view.scraped_at[:n]
         failures = view.scrape_failures[:n]
         moved = (self._tokens[:n] >= 0) & ~((at == self._last_at[:n]) | (np.isnan(at) & np.isnan(self._last_at[:n])))

@@ -325,6 +325,13 @@ class EndpointTable:
             held = self._cols["inflight_tokens"]
             held[slot] = max(0, held.item(slot) - tokens)
 
+    def set_bookings(self, slots: IntArray, totals: IntArray) -> None:
+        """Bookings made elsewhere (serving workers, each in its own row of a shared matrix), summed: one row per
+        slot of (picks in flight, picks since the last scrape, tokens in flight)."""
+        self._cols["inflight"][slots] = totals[:, 0]
+        self._cols["picks_since_scrape"][slots] = totals[:, 1]
+        self._cols["inflight_tokens"][slots] = totals[:, 2]
+
     # -- readers ----------------------------------------------------------------------------------------------
 
     def column(self, name: str) -> np.ndarray:

@@ -206,6 +206,10 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 else:
                     for response in stream.handle(message):
                         yield response
+                if evictor is not None and not stream.in_flight:  # its response ended: nothing left to evict
+                    assert evictor.handle is not None and self._flow is not None
+                    self._flow.untrack(evictor.handle)
+                    evictor = None
                 if stream.finished:
                     code = "OK"
                     await _linger(self._limits.close_grace_s)

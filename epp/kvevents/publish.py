@@ -37,6 +37,17 @@ def _untrack(shm: SharedMemory) -> None:
         resource_tracker.unregister(getattr(shm, "_name"), "shared_memory")  # noqa: B009
 
 
+def _unlink(shm: SharedMemory) -> None:
+    """`shm.unlink()`, which also unregisters the name from the resource tracker: give the tracker the name back
+    first, or its process prints a KeyError traceback for every segment at our exit."""
+    with contextlib.suppress(Exception):
+        from multiprocessing import resource_tracker
+
+        resource_tracker.register(getattr(shm, "_name"), "shared_memory")  # noqa: B009
+    with contextlib.suppress(FileNotFoundError):
+        shm.unlink()
+
+
 class SegmentAllocator:
     """Creates and retires the writer's segments: a `TableWriter`'s `alloc` and `published`. `close()` unlinks all."""
 
@@ -64,8 +75,7 @@ class SegmentAllocator:
 
     def _release(self, generation: int) -> None:
         seg = self._segments.pop(generation)
-        with contextlib.suppress(FileNotFoundError):
-            seg.unlink()
+        _unlink(seg)
         with contextlib.suppress(BufferError):  # the writer's table may still view it; the mapping goes with it
             seg.close()
 
@@ -73,8 +83,7 @@ class SegmentAllocator:
         for g in list(self._segments):
             self._release(g)
         del self._current
-        with contextlib.suppress(FileNotFoundError):
-            self._directory.unlink()
+        _unlink(self._directory)
         with contextlib.suppress(BufferError):
             self._directory.close()
 

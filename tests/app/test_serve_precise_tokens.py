@@ -167,3 +167,6 @@ async def test_completions_and_chat_are_rendered_and_matched_against_the_engines
             assert _metric(text, f'llm_d_epp_precise_prefix_fallbacks_total{{reason="{reason}"}}') == 0, reason
         pool = json.loads(_get(f"{base}/debug/pool"))["kvEvents"]["endpoints"]
         assert all(pool[s.address]["precise"] for s in sims)
+    # stopped: the feeder child closed its shared memory without a traceback (a view left open, or the resource
+    # tracker asked to forget a name twice, used to print one per segment)
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()

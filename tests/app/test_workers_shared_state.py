@@ -3,11 +3,16 @@ control process's rows reach a worker's table; the workers' metrics are summed."
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+
 import numpy as np
 
 from epp.app.worker import MATRIX_COLUMNS, MirrorTable
-from epp.app.workers import merge_expositions
-from epp.datastore.table import EndpointInfo
+from epp.app.workers import WorkerPool, merge_expositions
+from epp.datastore.objectives import ObjectiveStore
+from epp.datastore.pool import FailureMode
+from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.scrape.process import NCOL, TOKEN, write_rows
 
 
@@ -84,3 +89,27 @@ def test_worker_expositions_are_summed_by_labels() -> None:
     (family,) = merge_expositions([one, two])
     summed = {s.labels["model"]: s.value for s in family.samples}
     assert summed == {"a": 5.0, "b": 1.0}
+
+
+def test_the_control_process_shows_the_workers_bookings_summed() -> None:
+    """/debug/pool and llm_d_epp_inflight_requests read the control process's table: with workers its in-flight
+    counts are the matrix's column sums, published with the rows (they stayed 0 before)."""
+    table = EndpointTable()
+    table.replace_all([EndpointInfo("127.0.0.1:8000"), EndpointInfo("127.0.0.1:8001")])
+    pool = WorkerPool(
+        2, argparse.Namespace(), table, ObjectiveStore(), lambda: FailureMode.FAIL_CLOSE, lambda: "", lambda: None,
+        max_endpoints=8,
+    )  # fmt: skip
+    try:
+        slot = table.slot_of("127.0.0.1:8001") or 0
+        pool.inflight[0, slot] = (2, 3, 40)
+        pool.inflight[1, slot] = (1, 1, 10)
+        pool._publish()
+        assert int(table.column("inflight")[slot]) == 3
+        assert int(table.column("picks_since_scrape")[slot]) == 4
+        assert int(table.column("inflight_tokens")[slot]) == 50
+        pool.inflight[:, slot] = 0  # every response ended (or the workers' rows were cleared)
+        pool._publish()
+        assert int(table.column("inflight")[slot]) == 0
+    finally:
+        asyncio.run(pool.stop(0.0))  # no worker was started: closes the shared memory

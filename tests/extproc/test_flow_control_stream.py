@@ -30,7 +30,7 @@ from epp.flowcontrol.gauge import PoolGauge
 from epp.observability.flow import FlowControlMetrics
 from epp.observability.metrics import PickerMetrics
 from epp.scheduling.saturation import ConcurrencyDetector, SaturationDetector
-from tests.extproc.envoy import BODY, body_msg, headers_msg
+from tests.extproc.envoy import BODY, body_msg, headers_msg, response_headers
 
 ADDRESS = "127.10.0.1:8000"
 
@@ -285,3 +285,21 @@ async def test_a_critical_request_in_flight_is_never_evicted(evicting) -> None:
     read.cancel()
     for channel in (first_channel, second_channel):
         await channel.close()
+
+
+async def test_a_sheddable_request_whose_response_ended_is_no_longer_a_victim(evicting) -> None:
+    s = evicting
+    channel, call = await s.open("batch")
+    assert (await _answer(call)).WhichOneof("response") == "request_headers"
+    assert (await _answer(call)).WhichOneof("response") == "request_body"
+    r = s.gate.reclaimer
+    assert r is not None and r.evictable_count == 1
+    await call.write(response_headers(end_of_stream=True))  # the whole response: headers only
+    assert (await _answer(call)).WhichOneof("response") == "response_headers"
+    for _ in range(100):
+        if r.evictable_count == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert r.evictable_count == 0 and r.victim_priority() is None
+    await call.done_writing()
+    await channel.close()
