@@ -102,6 +102,17 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def _machine_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU jiffies of the whole machine, all cores, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _load_1m() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
 def _picker_pids(proc_pid: int, metrics_port: int) -> list[int]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/debug/pool", timeout=5) as r:
@@ -191,16 +202,30 @@ def run(
                             hey(f"http://127.0.0.1:{port}/v1/chat/completions", 2, c, body_file)  # warm-up
                         # Rounds interleave (a), (b), (c) so that a burst of noise from elsewhere on the machine
                         # hits all three; each figure is the median over the rounds.
+                        # The load on the machine while the rounds ran: its 1-minute load average at each run's
+                        # start and the share of all its cores busy (ours and everyone else's), each run.
+                        loads: list[float] = []
+                        busy: list[float] = []
                         for _ in range(rounds):
                             for name, port in ports.items():
                                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
                                 w = next((k for k, v in names.items() if v == name), 0)
                                 pids = _picker_pids(procs[w].pid, pickers[w][1]) if w else []
                                 before = _cpu_seconds(pids)
+                                loads.append(_load_1m())
+                                machine_before = _machine_jiffies()
                                 runs[name].append(hey(url, seconds, c, body_file))
+                                machine_after = _machine_jiffies()
+                                busy.append(
+                                    (machine_after[0] - machine_before[0])
+                                    / max(1, machine_after[1] - machine_before[1])
+                                )
                                 if w:
                                     cpu[name] += _cpu_seconds(pids) - before
                                     done[name] += runs[name][-1]["rps"] * seconds
+                        row["load_1m"] = [min(loads), statistics.median(loads), max(loads)]
+                        row["machine_busy"] = statistics.median(busy)
+                        row["cores"] = os.cpu_count()
                         for name, results_of in runs.items():
                             row[name] = {k: statistics.median(r[k] for r in results_of) for k in results_of[0]}
                             row[name]["rps_all"] = [r["rps"] for r in results_of]
@@ -225,6 +250,20 @@ def table(results: list[dict[str, Any]]) -> str:
         cells = [f"{r[k]['rps']:,.0f} ({r[k]['p50_ms']:.1f}/{r[k]['p99_ms']:.1f})" for k in ("none", "noop")]
         cells += [f"{r[k]['rps']:,.0f} ({r[k].get('cpu_ms_per_request', float('nan')):.2f})" for k in pickers]
         lines.append(f"| {r['mode']} | {r['concurrency']} | {' | '.join(cells)} | {r['ratio_c_b']:.2f} |")
+    for r in results:
+        low, mid, high = r["load_1m"]
+        lines.append(
+            f"\nload during {r['mode']} c={r['concurrency']}: 1-min load average {low:.1f}-{high:.1f} (median "
+            f"{mid:.1f}) on {r['cores']} cores, {100 * r['machine_busy']:.0f} % of all cores busy (median run)"
+        )
+        for k in pickers:
+            per_request = r[k].get("cpu_ms_per_request")
+            if per_request:
+                lines.append(
+                    f"  {k}: {per_request:.2f} ms of picker CPU per request = {1000 / per_request:,.0f} req/s per "
+                    f"core of picker CPU; x 16 cores: {16 * 1000 / per_request:,.0f} req/s (if Envoy and the clients "
+                    "have cores of their own)"
+                )
     return "\n".join(lines)
 
 

@@ -33,7 +33,7 @@ from epp.app.kv_metrics import KvEventsCollector
 from epp.app.metrics_auth import MetricsAuth
 from epp.app.pool_metrics import PoolCollector, PrefixCollector
 from epp.app.scrape_metrics import ScrapeCollector
-from epp.app.tls import TlsSettings, server_credentials
+from epp.app.tls import TlsSettings, self_signed_pair, server_credentials
 from epp.app.workers import WorkerCollector, WorkerPool
 from epp.cli.scrape_flags import scrape_settings_from_args
 from epp.config.model import EndpointPickerConfig
@@ -249,6 +249,8 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     if workers == 1:
         grpc_server = extproc_server(args, processor, reuse_port=False)
     else:
+        if tls.enabled and not tls.cert_dir:  # one certificate on the port, whichever worker a connection reaches
+            args.tls = replace(tls, self_signed=self_signed_pair(_hostnames(args.bind_address)))
         state.workers = WorkerPool(
             workers,
             args,

@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,6 +76,9 @@ class TlsSettings:
     reload: bool = False
     min_version: str = ""
     cipher_suites: tuple[str, ...] = ()
+    # Without --cert-path: the self-signed (key, certificate) pair, made once by the control process and served by
+    # every serving worker, so that a client pinning the certificate it saw first can connect to any of them.
+    self_signed: tuple[bytes, bytes] | None = field(default=None, repr=False)  # a private key: never in a log
 
 
 def parse_cipher_suites(text: str) -> tuple[str, ...]:
@@ -233,7 +236,7 @@ def server_credentials(settings: TlsSettings, hostnames: tuple[str, ...] = ("loc
     if not settings.cert_dir:
         if settings.reload:
             log.warning("--enable-cert-reload: ignored without --cert-path (the self-signed certificate never changes)")
-        key_pem, cert_pem = self_signed_pair(hostnames)
+        key_pem, cert_pem = settings.self_signed or self_signed_pair(hostnames)
         log.info("TLS on the ext_proc port with a self-signed certificate (no --cert-path)")
         return grpc.ssl_server_credentials([(key_pem, cert_pem)])
     signature = _signature(Path(settings.cert_dir))

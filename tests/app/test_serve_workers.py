@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2
 
 from tests.app.test_serve_lifecycle import health_status
 from tests.support.procs import free_port, http_ok, running, serve_argv, wait_until
+from tests.support.tls import presented_certificate
 
 pytestmark = pytest.mark.process
 
@@ -40,6 +41,10 @@ def test_workers_serve_then_all_stop_on_sigterm(tmp_path: Path) -> None:
         assert health_status(health_port, "readiness") == health_pb2.HealthCheckResponse.SERVING
         pids = [int(str(w["pid"])) for w in workers_of(metrics_port)]
         assert len(set(pids)) == 2 and proc.pid not in pids
+        # One self-signed certificate on the port, whichever worker a connection reaches (each made its own
+        # before: a client trusting the certificate it saw first failed on the other worker, one time in two).
+        assert len({presented_certificate(grpc_port) for _ in range(12)}) == 1
+        assert all(int(str(w["streams"])) == 0 for w in workers_of(metrics_port))  # handshakes only, no stream
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     wait_until(lambda: not any(alive(pid) for pid in pids), 30, "the workers' exit")

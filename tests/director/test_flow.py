@@ -130,6 +130,25 @@ async def test_fairness_round_robin_the_light_flow_is_not_stuck_behind_the_heavy
     await gate.shutdown(0)
 
 
+async def test_the_fair_share_gate_holds_an_over_share_flow_on_the_fast_path_too() -> None:
+    """Ours: requests that pass without queueing count toward the shares, and an over-share one must queue."""
+    clock, table = Clock(), _table(waiting=3)  # saturation 0.6, over 0.5 x the ceiling 1.0
+    gate = _gate(table, clock, fairness=lambda ref: RoundRobinFairness(over_share=0.5))
+    for flow in ("heavy", "light", "heavy"):  # shares 0:0, 1:0, 1:1: never more than an equal share
+        assert gate.enter(headers(flow=flow), 0) is None
+        gate.decided()
+    held = gate.enter(headers(flow="heavy"), 0)
+    assert held is not None  # heavy would have 2 of 3: over its share, it waits in the queue
+    assert not await gate.wait(held, timeout=0.05)  # and the dispatch task holds it at this saturation
+    light = gate.enter(headers(flow="light"), 0)
+    assert light is not None  # something waits, so it queues too, and is sent on at once
+    assert await gate.wait(light, timeout=1)
+    gate.decided()
+    assert await gate.wait(held, timeout=1)  # 2 of 4 now: an equal share, so heavy goes next
+    gate.decided()
+    await gate.shutdown(0)
+
+
 async def test_usage_limit_threshold_gates_dispatch() -> None:
     """Upstream: TestUsageLimitThresholdGatesDispatch: at saturation 0.6 a 0.5 threshold holds the request."""
     clock, table = Clock(), _table(waiting=3)
