@@ -146,6 +146,7 @@ def run_config(tmp: Path, name: str, body_mode: str, phases: str, backend: str, 
         sys.executable, "-m", "epp", "serve", "--bind-address", "127.0.0.1", "--grpc-port", str(grpc_port),
         "--grpc-health-port", str(free_port()), "--metrics-port", str(metrics_port),
         "--static-endpoints", backend, "-v", "0",
+        "--workers", "1",  # one process: the CPU figure is this process's (serving workers are the default)
     ]  # fmt: skip
     envoy_argv = [str(find_envoy()), "-c", str(config), "--disable-hot-restart", "-l", "error", "--concurrency", "1"]
     with running(picker_argv, tmp / f"picker-{listen}.log") as picker:

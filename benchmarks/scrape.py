@@ -297,6 +297,7 @@ def bench_picker(seconds: float, rounds: int) -> dict[str, object]:
                     "--grpc-port", str(grpc_port), "--grpc-health-port", str(free_port()),
                     "--metrics-port", str(free_port()), "--bind-address", "127.0.0.1", "-v", "0", *flags,
                     "--secure-serving=false",  # h2load speaks plaintext h2c; this measures scraping, not TLS
+                    "--workers", "1",  # one serving process: its CPU and threads are what this measures
                 ]  # fmt: skip
                 pinned = shutil.which("taskset") is not None
                 if pinned:

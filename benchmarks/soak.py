@@ -270,7 +270,10 @@ def run_serve(requests: int, every: int, concurrency: int, scraped: bool = False
     if scraped:  # endpoints whose /metrics answer, so the scrape process and its rows are part of the run
         metrics_servers = _metrics_servers(ENDPOINTS)
         addresses = ",".join(f"127.0.0.1:{m.server_address[1]}" for m in metrics_servers)
-    argv = serve_argv(grpc_port, free_port(), metrics_port, "--static-endpoints", addresses, "--secure-serving=false")
+    argv = serve_argv(  # one serving process: its RSS is the picker's (serving workers are the default)
+        grpc_port, free_port(), metrics_port, "--static-endpoints", addresses, "--secure-serving=false",
+        "--workers", "1",
+    )  # fmt: skip
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 30, "epp serve", proc)

@@ -59,7 +59,10 @@ class Timeline:
 
 
 class RestartablePicker:
-    """`epp serve` on fixed ports, killed by PID with SIGKILL and started again with the same arguments."""
+    """`epp serve` on fixed ports, killed with SIGKILL and started again with the same arguments. The picker is a
+    process group (the control process, its serving workers, the scrape child): the kill is the group's, as a
+    crashed container's. (A control process killed alone leaves its workers to drain what they hold; a stream
+    one of them took in the milliseconds before it saw the control process go is still routed, by its last view.)"""
 
     def __init__(self, argv: list[str], picker: Picker, log: Path) -> None:
         self.argv, self.picker, self.log = argv, picker, log
@@ -67,14 +70,16 @@ class RestartablePicker:
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+            )
 
     def wait_ready(self) -> None:
         wait_until(lambda: http_ok(self.picker.url("/readyz")), 30, "epp serve", self.proc)
 
     def kill(self) -> None:
         assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
+        os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
     def stop(self) -> None:
