@@ -18,21 +18,23 @@ from epp.datastore.table import FloatArray, IntArray
 from epp.scheduling.framework import CycleState, Extremes, Linear, LinearScorer, Signal, extremes
 
 NEUTRAL = 0.5
+_MAX_SCALE = 1e300  # 1 / the smallest range that ranks endpoints; a weight up to 1e8 times it stays finite
 
 
 def lower_is_better(values: FloatArray, bounds: Extremes | None = None) -> Linear:
     """Upstream's min-max normalisation: (max − v) / (max − min); all equal → 1.0; NaN → NEUTRAL.
 
     `bounds` are the `extremes` of `values` when the caller has them (`CycleState.extremes`, shared per pick); the
-    range is that of the known values, so one unknown endpoint does not flatten everyone else's ranking. A range so
-    small that its reciprocal overflows (subnormal) counts as all equal.
+    range is that of the known values, so one unknown endpoint does not flatten everyone else's ranking. A range
+    below 1e-300 counts as all equal: the runner multiplies the reciprocal by the scorer's weight, which overflows to
+    infinity for a subnormal range (then 0 × inf = NaN in the total), and no metric tells endpoints apart there.
     """
     lo, hi, unknown = bounds if bounds is not None else extremes(values)
     fill = NEUTRAL if unknown else None
     if hi > lo:
         scale = 1.0 / (hi - lo)
         offset = hi * scale
-        if math.isfinite(scale) and math.isfinite(offset):
+        if scale <= _MAX_SCALE and math.isfinite(offset):
             return Linear(values, -scale, offset, fill)
     if lo == lo:  # known values, all equal → 1.0 (upstream); unknown ones still NEUTRAL
         return Linear(values if unknown else None, 0.0, 1.0, fill)

@@ -3,7 +3,7 @@
 from collections import Counter
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from epp.datastore.table import MetricsSample
@@ -63,6 +63,14 @@ wide_row = st.fixed_dictionaries({"waiting": big, "running": big, "kv_usage": us
 
 
 @settings(max_examples=80, deadline=None)
+@example(  # a subnormal range: its reciprocal times the weight 2 overflowed, and 0 × inf made the total NaN
+    rows=[
+        {"waiting": 0.0, "running": NAN, "kv_usage": NAN, "scraped": True},
+        {"waiting": 1.1125369292536007e-308, "running": NAN, "kv_usage": NAN, "scraped": True},
+    ],
+    picks=[],
+    failing=[],
+)
 @given(
     rows=st.lists(wide_row, min_size=1, max_size=40),
     picks=st.lists(st.integers(0, 39), max_size=30),
