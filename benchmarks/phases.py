@@ -150,9 +150,9 @@ def run_config(tmp: Path, name: str, body_mode: str, phases: str, backend: str, 
     ]  # fmt: skip
     envoy_argv = [str(find_envoy()), "-c", str(config), "--disable-hot-restart", "-l", "error", "--concurrency", "1"]
     with running(picker_argv, tmp / f"picker-{listen}.log") as picker:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 30, "epp serve", picker)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "epp serve", picker)
         with running(envoy_argv, tmp / f"envoy-{listen}.log") as envoy:
-            wait_until(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 30, "envoy", envoy)
+            wait_until(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 60, "envoy", envoy)
             url = f"http://127.0.0.1:{listen}/v1/chat/completions"
             asyncio.run(drive(url, 20, 4, 10))  # warm-up: connections, caches
             idle_start, idle_cpu = time.monotonic(), cpu_seconds(picker.pid)

@@ -305,7 +305,7 @@ def bench_picker(seconds: float, rounds: int) -> dict[str, object]:
                 with (tmp / f"epp-{mode}.log").open("wb") as log:
                     proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
                 try:
-                    wait_until(lambda p=grpc_port: port_open(p), 30, "epp serve", proc)  # type: ignore[misc]
+                    wait_until(lambda p=grpc_port: port_open(p), 60, "epp serve", proc)  # type: ignore[misc]
                     time.sleep(2.0)  # connections up, first scrape rounds done
                     if pinned:  # the scrape child inherits CPU 0: move it to the other CPU, as a pod would give it
                         for child in _children(proc.pid):

@@ -276,7 +276,7 @@ def run_serve(requests: int, every: int, concurrency: int, scraped: bool = False
     )  # fmt: skip
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 30, "epp serve", proc)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "epp serve", proc)
 
         async def drive() -> list[dict[str, Any]]:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
@@ -379,7 +379,7 @@ def run_envoy_mode(
             free_port(),
         )  # fmt: skip
         with running(argv, tmp / "epp.log", env) as epp, run_envoy(tmp, config, "soak") as admin:
-            wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 30, "epp serve", epp)
+            wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "epp serve", epp)
             url = f"http://127.0.0.1:{front}/v1/chat/completions"
 
             async def drive() -> list[dict[str, Any]]:

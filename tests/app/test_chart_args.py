@@ -65,7 +65,7 @@ def test_the_charts_args_start_a_serving_picker_with_json_logs_and_metrics_auth(
         log = tmp_path / "epp.log"
         with running(epp_argv(*chart_args, *local), log, env={"NAMESPACE": "default", "POD_NAME": "epp-0"}) as proc:
             serving = health_pb2.HealthCheckResponse.SERVING
-            wait_until(lambda: health(health_port, "inference-extension") == serving, 30, "epp", proc)
+            wait_until(lambda: health(health_port, "inference-extension") == serving, 60, "epp", proc)
             assert metrics_status(metrics_port, None) == 401
             assert metrics_status(metrics_port, "forged") == 401
             assert metrics_status(metrics_port, "other-token") == 403

@@ -35,7 +35,7 @@ def test_serve_reports_health_and_pool_then_stops_cleanly_on_sigterm(tmp_path: P
         grpc_port, health_port, metrics_port, "--pool-file", str(pool), "--static-endpoints", "127.10.0.1,127.10.0.2"
     )
     with running(argv, tmp_path / "serve.log") as proc:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "serve", proc)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "serve", proc)
         serving = health_pb2.HealthCheckResponse.SERVING
         for service in ("liveness", "readiness", "inference-extension", "envoy.service.ext_proc.v3.ExternalProcessor"):
             assert health_status(health_port, service) == serving
@@ -59,7 +59,7 @@ def test_sigterm_lets_an_open_stream_finish_then_exits_0(tmp_path: Path) -> None
         grpc_port, free_port(), metrics_port, "--static-endpoints", "127.10.0.1:8000", "--grace-period", "10"
     )
     with running(argv, tmp_path / "serve.log") as proc:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "serve", proc)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "serve", proc)
         with picker_channel(grpc_port) as channel:
             stub = pb_grpc.ExternalProcessorStub(channel)
             sent: list[object] = [headers_msg()]
@@ -106,7 +106,7 @@ def test_a_buffered_body_above_grpcs_default_limit_is_decided_not_dropped(tmp_pa
         grpc_port, free_port(), metrics_port, "--static-endpoints", "127.10.0.1:8000", "--max-body-bytes", str(8 << 20)
     )
     with running(argv, tmp_path / "serve.log") as proc:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "serve", proc)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "serve", proc)
         with picker_channel(grpc_port) as channel:
             stub = pb_grpc.ExternalProcessorStub(channel)
             buffered = processing_mode_pb2.ProcessingMode.BUFFERED

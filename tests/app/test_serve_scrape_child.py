@@ -69,12 +69,12 @@ def test_a_killed_scrape_child_is_restarted_and_a_dead_endpoint_shows_its_reason
     argv = serve_argv(free_port(), free_port(), metrics_port, "--static-endpoints", address)
     log = tmp_path / "serve.log"
     with running(argv, log) as proc:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "serve", proc)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "serve", proc)
 
         def endpoint() -> dict[str, Any]:
             return dict(debug_pool(metrics_port)["endpoints"][0])
 
-        wait_until(lambda: endpoint()["metrics"]["waiting"] == 3, 20, "first scrape", proc)
+        wait_until(lambda: endpoint()["metrics"]["waiting"] == 3, 60, "first scrape", proc)
         first = debug_pool(metrics_port)["scrapeProcess"]["pid"]
         os.kill(first, signal.SIGKILL)
         killed_at = time.monotonic()

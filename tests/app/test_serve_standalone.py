@@ -65,7 +65,7 @@ def test_file_discovery_serves_without_a_cluster_and_follows_the_file(tmp_path: 
         free_port(), free_port(), metrics_port, "--config-file", str(config), "--objectives-file", str(objectives)
     )
     with running(argv, tmp_path / "serve.log") as proc:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "serve", proc)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "serve", proc)
         (only,) = _pool(metrics_port)["endpoints"]
         assert only["address"] == "127.10.0.1:8000" and only["labels"] == {"llm-d.ai/role": "decode"}
         endpoints.write_text(ENDPOINTS.replace("127.10.0.1", "127.10.0.2"))

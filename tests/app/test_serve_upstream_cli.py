@@ -45,7 +45,7 @@ def test_no_subcommand_and_zap_encoder_json_give_one_json_object_per_line(tmp_pa
     argv, _, metrics_port = _serve(tmp_path, "--zap-encoder", "json", "--tracing=false", "--enable-pprof=false")
     log = tmp_path / "serve.log"
     with running(argv, log) as proc:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "epp", proc)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "epp", proc)
     lines = [line for line in log.read_text().splitlines() if line.strip()]
     assert len(lines) >= 3  # the TLS line, "epp serving", "stopping", "stopped"
     records = [json.loads(line) for line in lines]  # every line is one JSON object
@@ -58,7 +58,7 @@ def test_no_subcommand_and_zap_encoder_json_give_one_json_object_per_line(tmp_pa
 def test_tls_1_2_suites_follow_the_flag_and_nothing_older_than_tls_1_2_is_served(tmp_path: Path) -> None:
     argv, grpc_port, metrics_port = _serve(tmp_path, "--tls-cipher-suites", "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256")
     with running(argv, tmp_path / "serve.log") as proc:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "epp", proc)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "epp", proc)
         tls12 = {"maximum_version": ssl.TLSVersion.TLSv1_2}
         assert _handshake(grpc_port, ciphers="ECDHE-RSA-AES128-GCM-SHA256", **tls12) == "TLSv1.2"
         assert _handshake(grpc_port, ciphers="ECDHE-RSA-AES256-GCM-SHA384", **tls12) != "TLSv1.2"  # not listed
@@ -71,6 +71,6 @@ def test_tls_min_version_13_is_accepted_with_one_warning_that_says_why(tmp_path:
     argv, _, metrics_port = _serve(tmp_path, "--tls-min-version=VersionTLS13")
     log = tmp_path / "serve.log"
     with running(argv, log) as proc:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "epp", proc)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "epp", proc)
     warnings = [line for line in log.read_text().splitlines() if "--tls-min-version" in line]
     assert len(warnings) == 1 and "not enforced" in warnings[0] and "grpcio" in warnings[0]

@@ -78,7 +78,7 @@ def test_every_upstream_metric_name_is_exported_or_named_why_not(tmp_path: Path)
     grpc_port, metrics_port = free_port(), free_port()
     argv = serve_argv(grpc_port, free_port(), metrics_port, "--static-endpoints", "127.10.0.1:8000")
     with running(argv, tmp_path / "serve.log") as proc:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "serve", proc)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "serve", proc)
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as response:
             text = response.read().decode()
     exported = _families(text)

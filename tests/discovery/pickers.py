@@ -57,7 +57,7 @@ def served_picker(kubeconfig: Path, log: Path, *flags: str) -> Iterator[ServedPi
         "--metrics-endpoint-auth=false", *flags,
     )  # fmt: skip
     with running(argv, log) as proc:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics}/healthz"), 30, "epp serve", proc)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics}/healthz"), 60, "epp serve", proc)
         picker = ServedPicker(proc, metrics, health, log)
         # With serving workers (the default where the machine has cores for them) readiness also waits for one
         # of them to serve: the scenarios start once every worker does, as a one-process picker would be.

@@ -73,7 +73,7 @@ def start_picker(tmp: Path, endpoints: str, *extra: str) -> tuple[list[str], Pic
 def picker(e2e_tmp: Path, backends: Backends) -> Iterator[Picker]:
     argv, picker = start_picker(e2e_tmp, ",".join(backends.pool), "--max-body-bytes", "1000000")
     with running(argv, e2e_tmp / "picker.log") as proc:
-        wait_until(lambda: http_ok(picker.url("/readyz")), 20, "epp serve", proc)
+        wait_until(lambda: http_ok(picker.url("/readyz")), 60, "epp serve", proc)
         yield picker
 
 

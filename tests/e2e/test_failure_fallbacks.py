@@ -93,7 +93,7 @@ def gateway_process(
     config = render(e2e_tmp, mode, epp_port, listen, admin, [*backends.pool, dead_member])
     argv = [str(find_envoy()), "-c", str(config), "--disable-hot-restart", "-l", "warn", "--concurrency", "1"]
     with running(argv, e2e_tmp / f"scripted-envoy-{mode}.log") as proc:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 20, "envoy", proc)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 60, "envoy", proc)
         yield mode, epp_port, f"http://127.0.0.1:{listen}", dead_member
 
 

@@ -75,7 +75,7 @@ class RestartablePicker:
             )
 
     def wait_ready(self) -> None:
-        wait_until(lambda: http_ok(self.picker.url("/readyz")), 30, "epp serve", self.proc)
+        wait_until(lambda: http_ok(self.picker.url("/readyz")), 60, "epp serve", self.proc)
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -173,7 +173,7 @@ def gateway(
 
         argv_envoy = [str(find_envoy()), "-c", str(config), "--disable-hot-restart", "-l", "warn", "--concurrency", "1"]
         with running(argv_envoy, e2e_tmp / f"envoy-{mode}-{body_mode}.log") as envoy_proc:
-            wait_until(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 20, "envoy", envoy_proc)
+            wait_until(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 60, "envoy", envoy_proc)
             yield Gateway(
                 f"http://127.0.0.1:{listen}",
                 f"http://127.0.0.1:{admin}",

@@ -76,7 +76,7 @@ def _stack(e2e_tmp: Path, body_mode: str, config: str, name: str) -> Iterator[tu
     (e2e_tmp / f"{name}.yaml").write_text(config)
     (e2e_tmp / "flow-objectives.yaml").write_text(OBJECTIVES)
     with running(sim_argv, e2e_tmp / f"{name}-sim.log") as sim:
-        wait_until(lambda: _sim_address(e2e_tmp / f"{name}-sim.log") is not None, 20, "epp sim", sim)
+        wait_until(lambda: _sim_address(e2e_tmp / f"{name}-sim.log") is not None, 60, "epp sim", sim)
         address = _sim_address(e2e_tmp / f"{name}-sim.log")
         assert address is not None
         argv, picker = start_picker(
@@ -90,7 +90,7 @@ def _stack(e2e_tmp: Path, body_mode: str, config: str, name: str) -> Iterator[tu
             "1",
         )
         with running(argv, e2e_tmp / f"picker-{name}.log") as proc:
-            wait_until(lambda: http_ok(picker.url("/readyz")), 20, "epp serve", proc)
+            wait_until(lambda: http_ok(picker.url("/readyz")), 60, "epp serve", proc)
             # BUFFERED as `epp envoy-config` renders it: the response body does not pass through the picker
             response_body = "" if body_mode == "FULL_DUPLEX_STREAMED" else "NONE"
             timeout = f"{MESSAGE_TIMEOUT_S:g}s"

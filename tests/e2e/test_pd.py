@@ -81,7 +81,7 @@ def world(envoy_available: None, e2e_tmp: Path) -> Iterator[PdWorld]:
         running([*_sim(2, "decode"), *speed], logs[2]) as d,
     ):
         for log, proc, n in zip(logs, (p0, p1, d), (1, 1, 2), strict=True):
-            wait_until(lambda log=log, n=n: len(_sim_lines(log)) == n, 20, f"epp sim ({log.name})", proc)
+            wait_until(lambda log=log, n=n: len(_sim_lines(log)) == n, 60, f"epp sim ({log.name})", proc)
         prefill = [_sim_lines(logs[0])[0][1], _sim_lines(logs[1])[0][1]]
         decode = [line[1] for line in _sim_lines(logs[2])]
         entries = [
@@ -103,8 +103,8 @@ def world(envoy_available: None, e2e_tmp: Path) -> Iterator[PdWorld]:
             picker.grpc_port, free_port(), picker.metrics_port, "--config-file", str(config), "--grace-period", "2"
         )
         with running(argv, e2e_tmp / "pd-picker.log") as proc:
-            wait_until(lambda: http_ok(picker.url("/readyz")), 20, "epp serve", proc)
-            wait_until(lambda: _healthy(picker) == 4, 20, "first scrapes of the four simulators", proc)
+            wait_until(lambda: http_ok(picker.url("/readyz")), 60, "epp serve", proc)
+            wait_until(lambda: _healthy(picker) == 4, 60, "first scrapes of the four simulators", proc)
             with envoy(e2e_tmp, picker.grpc_port, "FULL_DUPLEX_STREAMED") as port:
                 yield PdWorld(f"http://127.0.0.1:{port}", prefill, decode, [p0, p1])
 

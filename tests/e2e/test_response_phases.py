@@ -71,7 +71,7 @@ def phased_gateway(
     assert rendered.returncode == 0, rendered.stderr
     envoy_argv = [str(find_envoy()), "-c", str(config), "--disable-hot-restart", "-l", "warn", "--concurrency", "1"]
     with running(envoy_argv, e2e_tmp / f"envoy-phases-{phases}.log") as proc:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 20, "envoy", proc)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 60, "envoy", proc)
         yield phases, f"http://127.0.0.1:{listen}", admin
 
 

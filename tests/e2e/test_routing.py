@@ -110,7 +110,7 @@ async def test_no_endpoints_gives_503_with_reason(envoy_available: None, e2e_tmp
 
     argv, empty = start_picker(e2e_tmp, "")
     with running(argv, e2e_tmp / "picker-empty.log") as proc:
-        wait_until(lambda: http_ok(empty.url("/readyz")), 20, "epp serve", proc)
+        wait_until(lambda: http_ok(empty.url("/readyz")), 60, "epp serve", proc)
         with envoy(e2e_tmp, empty.grpc_port, "FULL_DUPLEX_STREAMED") as port:
             async with aiohttp.ClientSession() as session:
                 status, _, text = await post(session, f"http://127.0.0.1:{port}{CHAT}", chat())

@@ -57,7 +57,7 @@ def test_the_ext_proc_port_refuses_a_plaintext_client_and_the_health_port_stays_
     picker = Picker(grpc_port=free_port(), metrics_port=free_port())
     argv = serve_argv(picker.grpc_port, health, picker.metrics_port, "--static-endpoints", backends.pool[0])
     with running(argv, e2e_tmp / "picker-plaintext-refused.log") as proc:
-        wait_until(lambda: http_ok(picker.url("/readyz")), 20, "epp serve", proc)
+        wait_until(lambda: http_ok(picker.url("/readyz")), 60, "epp serve", proc)
         with (
             grpc.insecure_channel(f"127.0.0.1:{picker.grpc_port}") as channel,
             pytest.raises(grpc.RpcError) as refused,
@@ -81,7 +81,7 @@ def reloading_picker(e2e_tmp: Path, backends: Backends) -> Iterator[tuple[Picker
         e2e_tmp, ",".join(backends.pool), "--cert-path", str(certs), "--enable-cert-reload", "--grace-period", "5"
     )
     with running(argv, e2e_tmp / "picker-reload.log") as proc:
-        wait_until(lambda: http_ok(picker.url("/readyz")), 20, "epp serve", proc)
+        wait_until(lambda: http_ok(picker.url("/readyz")), 60, "epp serve", proc)
         yield picker, certs
 
 
@@ -144,7 +144,7 @@ async def test_a_certificate_swapped_on_disk_is_served_to_new_connections_and_no
 async def test_secure_serving_false_keeps_plaintext(e2e_tmp: Path, backends: Backends, envoy_available: None) -> None:
     argv, picker = start_picker(e2e_tmp, ",".join(backends.pool), "--secure-serving=false")
     with running(argv, e2e_tmp / "picker-plaintext.log") as proc:
-        wait_until(lambda: http_ok(picker.url("/readyz")), 20, "epp serve", proc)
+        wait_until(lambda: http_ok(picker.url("/readyz")), 60, "epp serve", proc)
         with envoy(e2e_tmp, picker.grpc_port, "FULL_DUPLEX_STREAMED", tls=False) as port:
             async with (
                 aiohttp.ClientSession() as session,

@@ -67,7 +67,7 @@ def file_picker(e2e_tmp: Path, role_backends: dict[str, str]) -> Iterator[Picker
         picker.grpc_port, free_port(), picker.metrics_port, "--config-file", str(config), "--grace-period", "2"
     )
     with running(argv, e2e_tmp / "file-picker.log") as proc:
-        wait_until(lambda: http_ok(picker.url("/readyz")), 20, "epp serve", proc)
+        wait_until(lambda: http_ok(picker.url("/readyz")), 60, "epp serve", proc)
         yield picker
 
 

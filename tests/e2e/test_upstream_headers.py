@@ -34,7 +34,7 @@ def saturated_gateway(e2e_tmp: Path, backends: Backends, envoy_available: None) 
         "--refresh-metrics-interval", "1h", "--metrics-staleness-threshold", "1ms",
     )  # fmt: skip
     with running(argv, e2e_tmp / "picker-objectives.log") as proc:
-        wait_until(lambda: http_ok(picker.url("/readyz")), 20, "epp serve", proc)
+        wait_until(lambda: http_ok(picker.url("/readyz")), 60, "epp serve", proc)
         with envoy(e2e_tmp, picker.grpc_port, "FULL_DUPLEX_STREAMED") as port:
             yield f"http://127.0.0.1:{port}"
 

@@ -105,7 +105,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     (tmp / "epp.yaml").write_text(CONFIG)
     with FakeApiServer(resources=(*DEFAULT_RESOURCES, FC)) as api, running(sim_argv, tmp / "sim.log") as sim:
         kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
-        wait_until(lambda: len(_sim_addresses(tmp / "sim.log")) == 3, 20, "epp sim", sim)
+        wait_until(lambda: len(_sim_addresses(tmp / "sim.log")) == 3, 60, "epp sim", sim)
         sim_addresses = _sim_addresses(tmp / "sim.log")
         beats = Heartbeats(api, sites, beating={"site-a", "site-b"})
         thread = threading.Thread(target=beats.run, daemon=True)
@@ -130,7 +130,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 run_envoy(tmp, _site_gateway(site_ports["site-b"], _port(sim_addresses["sim-2"])), "site-b"),
             ):
                 debug_url = f"http://127.0.0.1:{metrics_port}/debug/pool"
-                wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 20, "epp serve", picker)
+                wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "epp serve", picker)
                 with envoy(tmp, grpc_port, "BUFFERED") as gateway_port:
                     servers = {"sim-0": "local", "sim-1": "site-a", "sim-2": "site-b"}
                     yield World(f"http://127.0.0.1:{gateway_port}", debug_url, beats, servers)

@@ -25,7 +25,7 @@ def run_envoy(tmp: Path, config: dict[str, Any], name: str, workers: int = 1) ->
     path.write_text(yaml.safe_dump(config))
     argv = [str(binary), "-c", str(path), "--disable-hot-restart", "--log-level", "warn", "--concurrency", str(workers)]
     with running(argv, tmp / f"envoy-{name}.log") as proc:
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 20, "envoy", proc)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 60, "envoy", proc)
         yield admin
 
 
