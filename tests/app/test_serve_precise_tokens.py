@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.sim.server import DEFAULT_MODEL, ServerConfig, SimServer
 from tests.extproc.envoy import body_msg, destination, headers_msg
-from tests.support.procs import free_port, http_ok, running, serve_argv
+from tests.support.procs import free_port, http_ok, http_text, metric_value, running, serve_argv
 from tests.support.tls import SELF_SIGNED_NAME, presented_certificate
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
@@ -66,16 +64,6 @@ async def _until(condition: Callable[[], bool], what: str, seconds: float = 30.0
     while not condition():
         assert time.monotonic() < deadline, what
         await asyncio.sleep(0.1)
-
-
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return str(response.read().decode())
-
-
-def _metric(text: str, name: str) -> float:
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
 
 
 @pytest.fixture
@@ -128,7 +116,7 @@ async def test_completions_and_chat_are_rendered_and_matched_against_the_engines
             # ZMQ's slow joiner: reset the (empty) caches until every server's AllBlocksCleared has been heard
             deadline = time.monotonic() + 30
             while True:
-                kv = json.loads(_get(f"{base}/debug/pool"))["kvEvents"]
+                kv = json.loads(http_text(f"{base}/debug/pool"))["kvEvents"]
                 heard = [kv["endpoints"].get(s.address, {}).get("lastEventAgeSeconds") for s in sims]
                 if kv["up"] and None not in heard:
                     break
@@ -145,11 +133,11 @@ async def test_completions_and_chat_are_rendered_and_matched_against_the_engines
                 ("/v1/completions", _completion(3)),
             ]
             for server, (path, body) in zip(sims, cases, strict=True):
-                before = _metric(_get(f"{base}/metrics"), INDEXED)
+                before = metric_value(http_text(f"{base}/metrics"), INDEXED)
                 async with http.post(f"http://{server.address}{path}", json=body) as r:
                     assert r.status == 200, await r.text()
                 await _until(
-                    lambda before=before: _metric(_get(f"{base}/metrics"), INDEXED) > before,
+                    lambda before=before: metric_value(http_text(f"{base}/metrics"), INDEXED) > before,
                     f"{server.address}'s stores never reached the picker's index",
                 )
 
@@ -162,10 +150,10 @@ async def test_completions_and_chat_are_rendered_and_matched_against_the_engines
         assert picked == [s.address for s in sims]
         assert render.render_calls == renders + len(cases)  # one render call per request, through the sidecar URL
 
-        text = _get(f"{base}/metrics")
+        text = http_text(f"{base}/metrics")
         for reason in ("absent", "stale", "no_tokens"):  # every endpoint's match came from the events
-            assert _metric(text, f'llm_d_epp_precise_prefix_fallbacks_total{{reason="{reason}"}}') == 0, reason
-        pool = json.loads(_get(f"{base}/debug/pool"))["kvEvents"]["endpoints"]
+            assert metric_value(text, f'llm_d_epp_precise_prefix_fallbacks_total{{reason="{reason}"}}') == 0, reason
+        pool = json.loads(http_text(f"{base}/debug/pool"))["kvEvents"]["endpoints"]
         assert all(pool[s.address]["precise"] for s in sims)
     # stopped: the feeder child closed its shared memory without a traceback (a view left open, or the resource
     # tracker asked to forget a name twice, used to print one per segment)

@@ -17,9 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +31,7 @@ import yaml
 from epp import wire
 from epp.sim.server import DEFAULT_MODEL, SERVER_HEADER, ServerConfig, SimServer
 from tests.support.envoy import envoy
-from tests.support.procs import free_port, http_ok, running, serve_argv
+from tests.support.procs import free_port, http_ok, http_text, metric_value, running, serve_argv
 
 pytestmark = [
     pytest.mark.e2e,
@@ -80,16 +78,6 @@ def _configs(tmp: Path, render_url: str, kv_port: int) -> tuple[Path, Path]:
     return precise, approx
 
 
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return str(response.read().decode())
-
-
-def _metric(text: str, name: str) -> float:
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
 async def _until(condition: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -108,10 +96,10 @@ class World:
     http: aiohttp.ClientSession
 
     def metrics(self) -> str:
-        return _get(f"{self.precise_metrics}/metrics")
+        return http_text(f"{self.precise_metrics}/metrics")
 
     def kv_endpoints(self) -> dict[str, Any]:
-        return dict(json.loads(_get(f"{self.precise_metrics}/debug/pool"))["kvEvents"]["endpoints"])
+        return dict(json.loads(http_text(f"{self.precise_metrics}/debug/pool"))["kvEvents"]["endpoints"])
 
     async def complete(self, gateway: str, prompt: str, to: SimServer | None = None) -> str:
         """The simulator that served the completion (through `gateway`; to `to` when given)."""
@@ -172,18 +160,20 @@ async def test_after_a_cache_reset_the_precise_picker_stops_steering_to_it_the_a
     w = world
     half = _text("x", 8 * BLOCK_CHARS)  # cached on B and A
     full = half + _text("y", 8 * BLOCK_CHARS)  # cached only on A
-    stored = _metric(w.metrics(), STORED)
+    stored = metric_value(w.metrics(), STORED)
     for gateway in (w.precise, w.approximate):  # both pickers book the same history
         assert await w.complete(gateway, half, to=w.b) == "b"
         assert await w.complete(gateway, full, to=w.a) == "a"
     engine_blocks = (len(half) + len(full)) // 4 // 16  # the simulator's 16-token blocks, B's and A's
-    await _until(lambda: _metric(w.metrics(), STORED) >= stored + engine_blocks, "the stores never reached the index")
-    indexed = _metric(w.metrics(), INDEXED)
+    await _until(
+        lambda: metric_value(w.metrics(), STORED) >= stored + engine_blocks, "the stores never reached the index"
+    )
+    indexed = metric_value(w.metrics(), INDEXED)
 
     async with w.http.post(f"http://{w.a.address}/reset_prefix_cache") as r:
         assert r.status == 200
     a_blocks = len(full) // 4 // 16
-    await _until(lambda: _metric(w.metrics(), INDEXED) <= indexed - a_blocks, "A's clear never reached the index")
+    await _until(lambda: metric_value(w.metrics(), INDEXED) <= indexed - a_blocks, "A's clear never reached the index")
 
     question = full + _text("q", BLOCK_CHARS // 2)
     # precise: A holds nothing any more, B the first half: B; approximate: A still "holds" all of it
@@ -208,8 +198,8 @@ async def test_a_server_whose_event_stream_stops_is_marked_stale_and_routed_by_t
     pool = w.kv_endpoints()
     assert pool[w.a.address]["precise"] and pool[w.b.address]["precise"]
     stale = 'llm_d_epp_precise_prefix_fallbacks_total{reason="stale"}'
-    before = _metric(w.metrics(), stale)
+    before = metric_value(w.metrics(), stale)
     # no event ever told where the prompt lives; C's approximate match (the picker sent it there) decides
     served = [await w.complete(w.precise, prompt + _text(f"t{i}", 40)) for i in range(4)]
     assert served == ["c"] * 4
-    assert _metric(w.metrics(), stale) >= before + 4
+    assert metric_value(w.metrics(), stale) >= before + 4
