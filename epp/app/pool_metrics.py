@@ -128,6 +128,13 @@ class PrefixCollector(FreezableCollector):
     def __init__(self, plugins: list[Any]) -> None:
         self._plugins = plugins  # objects with name, type_name, index (len), hit_ratio (PlainHistogram)
 
+    @classmethod
+    def of(cls, scheduler: Any) -> PrefixCollector:
+        """For the scheduler's prefix scorers (those that count their hits). With serving workers each worker
+        registers its own, and the control process's /metrics sums them: hit counts add up, and the size is the
+        blocks held by all the workers' indexes together (each learns the others' picks through the pick log)."""
+        return cls([s.scorer for s in scheduler.profile.scorers if hasattr(s.scorer, "hit_ratio")])
+
     def snapshot(self) -> list[tuple[str, str, float, PlainHistogram, PlainHistogram]]:
         out = []
         for p in self._plugins:

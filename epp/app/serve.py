@@ -188,8 +188,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     kv_feeder = _kv_feeder(scheduler, state.table)
     if kv_feeder is not None:
         state.registry.register(KvEventsCollector(kv_feeder))
-    prefix = PrefixCollector([s.scorer for s in scheduler.profile.scorers if hasattr(s.scorer, "hit_ratio")])
-    state.registry.register(prefix)
+    prefix = PrefixCollector.of(scheduler)
     auth = _metrics_auth(args, state)
     for warning in getattr(args, "startup_warnings", ()):  # after the checks that refuse to start: errors stand alone
         log.warning("%s", warning)
@@ -218,6 +217,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
     # With workers, the request metrics are theirs (summed into /metrics by WorkerCollector): the control process's
     # own would only show zeros under the same names.
     metrics_registry = state.registry if workers == 1 else CollectorRegistry(auto_describe=True)
+    metrics_registry.register(prefix)  # the prefix index too: with workers, the indexes that pick are theirs
     metrics = PickerMetrics(metrics_registry, labels=state.objectives, endpoint_name=_endpoint_labels(state))
     director = Director(
         state.table,

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from epp.app.pick_log import PickLog, prefix_scorers, ring_words
+from epp.app.pool_metrics import PrefixCollector
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.observability.relay import RelayHandler
 from epp.scheduling.prefix import PrefixCacheScorer
@@ -200,6 +201,7 @@ async def _worker(conn: Connection, args: argparse.Namespace, index: int, arrays
     objectives = ObjectiveStore()
     failure = [FailureMode.FAIL_CLOSE]
     registry = CollectorRegistry(auto_describe=True)
+    registry.register(PrefixCollector.of(scheduler))  # this worker's prefix index, summed by the control process
 
     def endpoint_name(address: str) -> tuple[str, str, str]:
         slot = table.slot_of(address)

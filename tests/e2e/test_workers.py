@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,6 +50,15 @@ def worker_streams(picker: Picker) -> dict[str, float]:
                 if sample.name.endswith("_total"):
                     out[sample.labels["worker"]] = sample.value
     return out
+
+
+def metric_sum(picker: Picker, sample: str) -> float:
+    """The sum of every sample named `sample` in the picker's /metrics (all label sets)."""
+    import urllib.request
+
+    with urllib.request.urlopen(picker.url("/metrics"), timeout=5) as r:
+        text = r.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == sample)
 
 
 def debug_pool(picker: Picker) -> dict[str, Any]:
@@ -176,3 +186,10 @@ async def test_repeats_of_a_prompt_land_where_the_first_went_whichever_worker_ta
     if workers > 1:
         learned = [w["picks_learned"] for w in debug_workers(picker)]
         assert all(n > 0 for n in learned), learned  # both workers took picks, and each learned the other's
+        # the workers' prefix indexes in /metrics (the control process's scheduler never picks): every lookup of
+        # the 60 requests counted once, in the worker that made it, and the blocks they hold
+        deadline = time.monotonic() + 10  # expositions reach the control process every 0.5 s
+        while metric_sum(picker, "llm_d_epp_prefix_indexer_hit_ratio_count") < len(first) + len(repeats):
+            assert time.monotonic() < deadline, metric_sum(picker, "llm_d_epp_prefix_indexer_hit_ratio_count")
+            await asyncio.sleep(0.2)
+        assert metric_sum(picker, "llm_d_epp_prefix_indexer_size") > 0
