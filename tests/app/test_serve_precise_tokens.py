@@ -23,13 +23,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.sim.server import DEFAULT_MODEL, ServerConfig, SimServer
 from tests.extproc.envoy import body_msg, destination, headers_msg
+from tests.support.precise import precise_sample
 from tests.support.procs import free_port, http_ok, http_text, metric_value, running, serve_argv
 from tests.support.tls import SELF_SIGNED_NAME, presented_certificate
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
 
 INDEXED = "llm_d_epp_kv_cache_events_indexed_blocks"
-SAMPLE = Path(__file__).parents[1] / "data/epp-configs/llmd-router-precise-prefix-cache-config.yaml"
 
 
 def _prompt(seed: int, chars: int = 4000) -> str:
@@ -45,17 +45,8 @@ def _chat(seed: int) -> dict[str, Any]:
 
 
 def _config(tmp: Path, render_url: str, kv_port: int) -> Path:
-    """Upstream's sample as shipped, with only its addresses made ours: the render sidecar's URL and the engines'
-    KV-events port (a free one, not 5557, so parallel runs cannot cross)."""
-    doc = yaml.safe_load(SAMPLE.read_text())
-    for plugin in doc["plugins"]:
-        if plugin["type"] == "token-producer":
-            plugin["parameters"]["modelName"] = DEFAULT_MODEL
-            plugin["parameters"]["vllm"]["url"] = render_url
-        if plugin["type"] == "precise-prefix-cache-producer":
-            plugin["parameters"]["kvEventsConfig"] = {"podDiscoveryConfig": {"socketPort": kv_port}}
     path = tmp / "precise.yaml"
-    path.write_text(yaml.safe_dump(doc))
+    path.write_text(yaml.safe_dump(precise_sample(render_url, kv_port)))
     return path
 
 

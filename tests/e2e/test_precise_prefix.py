@@ -31,6 +31,7 @@ import yaml
 from epp import wire
 from epp.sim.server import DEFAULT_MODEL, SERVER_HEADER, ServerConfig, SimServer
 from tests.support.envoy import envoy
+from tests.support.precise import precise_sample
 from tests.support.procs import free_port, http_ok, http_text, metric_value, running, serve_argv
 
 pytestmark = [
@@ -40,7 +41,6 @@ pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
 ]
 
-SAMPLE = Path(__file__).parents[1] / "data/epp-configs/llmd-router-precise-prefix-cache-config.yaml"
 BLOCK_CHARS = 64 * 4  # one block of the sample's 64 tokens, at the simulator's 4 characters per token
 STORED = 'llm_d_epp_kv_cache_events_blocks_total{event="stored"}'
 INDEXED = "llm_d_epp_kv_cache_events_indexed_blocks"
@@ -53,13 +53,9 @@ def _text(seed: str, chars: int) -> str:
 def _configs(tmp: Path, render_url: str, kv_port: int) -> tuple[Path, Path]:
     """Upstream's precise sample with our addresses (render URL, KV-events port) and a 1 s staleness; the
     approximate twin: the same file with `approx-prefix-cache-producer` feeding the scorer instead."""
-    doc = yaml.safe_load(SAMPLE.read_text())
+    doc = precise_sample(render_url, kv_port)
     for plugin in doc["plugins"]:
-        if plugin["type"] == "token-producer":
-            plugin["parameters"]["modelName"] = DEFAULT_MODEL
-            plugin["parameters"]["vllm"]["url"] = render_url
         if plugin["type"] == "precise-prefix-cache-producer":
-            plugin["parameters"]["kvEventsConfig"] = {"podDiscoveryConfig": {"socketPort": kv_port}}
             plugin["parameters"]["staleAfter"] = "1s"
     precise = tmp / "precise.yaml"
     precise.write_text(yaml.safe_dump(doc))
