@@ -4,6 +4,7 @@ on failure, the per-prompt cache (upstream's `dataproducer/tokenizer/README.md`,
 import asyncio
 import json
 import socket
+from typing import Any
 
 import numpy as np
 
@@ -98,26 +99,31 @@ async def test_a_render_endpoint_that_never_answers_times_out_to_the_estimate() 
         listener.close()
 
 
+def _rendering_director(port: int) -> tuple[Any, EndpointTable, Director]:
+    """A director whose config has a vllm token-producer rendering at the simulator on `port`, one endpoint."""
+    doc = {
+        **BASE,
+        "plugins": [
+            {
+                "type": "token-producer",
+                "parameters": {"modelName": DEFAULT_MODEL, "vllm": {"url": f"http://127.0.0.1:{port}"}},
+            },
+            {"type": "queue-scorer"},
+        ],
+        "schedulingProfiles": [{"name": "p", "plugins": [{"pluginRef": "queue-scorer"}]}],
+    }
+    scheduler = build_scheduler(parse_config(doc, "cfg.yaml"))
+    table = EndpointTable()
+    table.replace_all([EndpointInfo(address="127.10.0.1:8000")])
+    table.synced = True
+    return scheduler, table, Director(table, scheduler, clock=lambda: 0.0)
+
+
 async def test_the_director_passes_the_engine_tokens_to_the_scheduler() -> None:
     """The render call runs in the lifecycle before the pure scheduler; the token producer publishes the ids."""
     server = await _sim()
     try:
-        doc = {
-            **BASE,
-            "plugins": [
-                {
-                    "type": "token-producer",
-                    "parameters": {"modelName": DEFAULT_MODEL, "vllm": {"url": f"http://127.0.0.1:{server.port}"}},
-                },
-                {"type": "queue-scorer"},
-            ],
-            "schedulingProfiles": [{"name": "p", "plugins": [{"pluginRef": "queue-scorer"}]}],
-        }
-        scheduler = build_scheduler(parse_config(doc, "cfg.yaml"))
-        table = EndpointTable()
-        table.replace_all([EndpointInfo(address="127.10.0.1:8000")])
-        table.synced = True
-        director = Director(table, scheduler, clock=lambda: 0.0)
+        scheduler, table, director = _rendering_director(server.port)
         assert director.tokenizer is not None
         decision = await director.decide_async(_completion("one two three four"))
         assert decision.tokens == len(token_ids("one two three four"))
@@ -145,21 +151,7 @@ async def test_through_the_ext_proc_server_the_decision_uses_the_engines_tokens(
 
     server = await _sim()
     try:
-        doc = {
-            **BASE,
-            "plugins": [
-                {
-                    "type": "token-producer",
-                    "parameters": {"modelName": DEFAULT_MODEL, "vllm": {"url": f"http://127.0.0.1:{server.port}"}},
-                },
-                {"type": "queue-scorer"},
-            ],
-            "schedulingProfiles": [{"name": "p", "plugins": [{"pluginRef": "queue-scorer"}]}],
-        }
-        table = EndpointTable()
-        table.replace_all([EndpointInfo(address="127.10.0.1:8000")])
-        table.synced = True
-        director = Director(table, build_scheduler(parse_config(doc, "cfg.yaml")), clock=lambda: 0.0)
+        _, _, director = _rendering_director(server.port)
         decisions = []
 
         class Recording:
