@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 from epp.app.worker import METRICS_S
 from epp.gateway.binary import find_envoy
 from tests.support.envoy import envoy
-from tests.support.procs import free_port, http_ok, port_open, running, serve_argv, wait_until
+from tests.support.procs import echo_backends, free_port, http_ok, running, serve_argv, wait_until
 
 
 @dataclass(frozen=True)
@@ -45,12 +44,7 @@ def e2e_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def backends(e2e_tmp: Path) -> Iterator[Backends]:
-    ports = [free_port() for _ in range(3)]
-    addresses = [f"127.0.0.1:{p}" for p in ports]
-    argv = [sys.executable, "-m", "tests.support.echo_backend", ",".join(addresses)]
-    with running(argv, e2e_tmp / "backends.log") as proc:
-        for p in ports:
-            wait_until(lambda p=p: port_open(p), 15, f"backend {p}", proc)
+    with echo_backends(3, e2e_tmp / "backends.log") as addresses:
         yield Backends(pool=addresses[:2], decoy=addresses[2])
 
 

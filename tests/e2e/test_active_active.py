@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from epp.gateway.testbed import gateway_bootstrap
 from tests.e2e.conftest import Picker, start_picker
 from tests.e2e.test_workers import all_scraped
 from tests.support.envoy import run_envoy
-from tests.support.procs import ROOT, free_port, http_ok, port_open, running, wait_until
+from tests.support.procs import ROOT, echo_backends, free_port, http_ok, running, wait_until
 
 CHAT = "/v1/chat/completions"
 CONFIG = ROOT / "manifests" / "active-active" / "configmap.yaml"
@@ -41,12 +40,7 @@ def requests_served(picker: Picker) -> float:
 
 @pytest.fixture(scope="module")
 def two_replicas(envoy_available: None, e2e_tmp: Path) -> Iterator[tuple[list[Picker], str]]:
-    ports = [free_port() for _ in range(ENDPOINTS)]
-    addresses = [f"127.0.0.1:{p}" for p in ports]
-    backends = [sys.executable, "-m", "tests.support.echo_backend", ",".join(addresses)]
-    with running(backends, e2e_tmp / "aa-backends.log") as proc:
-        for p in ports:
-            wait_until(lambda p=p: port_open(p), 15, f"backend {p}", proc)
+    with echo_backends(ENDPOINTS, e2e_tmp / "aa-backends.log") as addresses:
         config_file = e2e_tmp / "active-active.yaml"  # the overlay's ConfigMap, as the pod mounts it
         config_file.write_text(yaml.safe_load(CONFIG.read_text())["data"]["active-active.yaml"])
         flags = (

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import pytest
 
 from tests.e2e.conftest import Picker
 from tests.support.envoy import envoy
-from tests.support.procs import free_port, http_ok, port_open, running, serve_argv, wait_until
+from tests.support.procs import echo_backends, free_port, http_ok, running, serve_argv, wait_until
 
 ROLES = ("decode", "prefill-decode", "both", "prefill")
 
@@ -43,12 +42,7 @@ dataLayer:
 @pytest.fixture(scope="module")
 def role_backends(e2e_tmp: Path) -> Iterator[dict[str, str]]:
     """One echo backend per role: address → role."""
-    ports = [free_port() for _ in ROLES]
-    addresses = [f"127.0.0.1:{p}" for p in ports]
-    argv = [sys.executable, "-m", "tests.support.echo_backend", ",".join(addresses)]
-    with running(argv, e2e_tmp / "role-backends.log") as proc:
-        for p in ports:
-            wait_until(lambda p=p: port_open(p), 15, f"backend {p}", proc)
+    with echo_backends(len(ROLES), e2e_tmp / "role-backends.log") as addresses:
         yield dict(zip(addresses, ROLES, strict=True))
 
 

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import Picker, start_picker
 from tests.support.envoy import envoy
-from tests.support.procs import free_port, http_ok, port_open, running, wait_until
+from tests.support.procs import echo_backends, http_ok, running, wait_until
 
 CHAT = "/v1/chat/completions"
 ENDPOINTS = 4
@@ -27,14 +27,7 @@ ENDPOINTS = 4
 
 @pytest.fixture(scope="module")
 def four_backends(e2e_tmp: Path) -> Iterator[list[str]]:
-    import sys
-
-    ports = [free_port() for _ in range(ENDPOINTS)]
-    addresses = [f"127.0.0.1:{p}" for p in ports]
-    argv = [sys.executable, "-m", "tests.support.echo_backend", ",".join(addresses)]
-    with running(argv, e2e_tmp / "workers-backends.log") as proc:
-        for p in ports:
-            wait_until(lambda p=p: port_open(p), 15, f"backend {p}", proc)
+    with echo_backends(ENDPOINTS, e2e_tmp / "workers-backends.log") as addresses:
         yield addresses
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -16,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 __all__ = [
     "ROOT",
+    "echo_backends",
     "epp_argv",
     "free_port",
     "http_ok",
@@ -47,3 +50,15 @@ def running(
 ) -> Iterator[subprocess.Popen[bytes]]:
     with _running(argv, log_path, env, cwd=ROOT) as proc:
         yield proc
+
+
+@contextlib.contextmanager
+def echo_backends(count: int, log_path: Path) -> Iterator[list[str]]:
+    """`count` OpenAI-shaped echo backends (tests/support/echo_backend.py) in one process on free loopback ports,
+    yielded as their addresses once every port accepts connections."""
+    ports = [free_port() for _ in range(count)]
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    with running([sys.executable, "-m", "tests.support.echo_backend", ",".join(addresses)], log_path) as proc:
+        for p in ports:
+            wait_until(functools.partial(port_open, p), 15, f"backend {p}", proc)
+        yield addresses
