@@ -259,29 +259,18 @@ def bench_lookup(seconds: float) -> dict[str, Any]:
     return out
 
 
-class _TableView:
-    """The serving process's view (`epp.app.kv_feeder.KvFeederProcess`): the shared table's counts by endpoint."""
-
-    def __init__(self, table: Any, names: list[str | None]) -> None:
-        self.table, self.names = table, names
-
-    def prefix_blocks(self, keys: Any) -> dict[str, int]:
-        counts = self.table.prefix_blocks(keys)
-        return {str(self.names[b]): int(counts[b]) for b in np.flatnonzero(counts[: len(self.names)]).tolist()}
-
-    def last_event_at(self, endpoint: str) -> float:
-        return 0.0
-
-
 def bench_pick(seconds: float) -> dict[str, Any]:
+    from epp.app.kv_feeder import KvFeederProcess
     from epp.datastore.table import EndpointInfo, EndpointTable
     from epp.director import tokens as render
+    from epp.kvevents.publish import SegmentAllocator, new_prefix
 
     rng = random.Random(6)
     out: dict[str, Any] = {}
     for tokens_n in (1024, 4096):
         index = KvBlockIndex()
-        writer = TableWriter(index, lambda _gen, nbytes: bytearray(nbytes))
+        segments = SegmentAllocator(new_prefix())  # real shared memory, as the feeder child publishes it
+        writer = TableWriter(index, segments, published=segments.published)
         table = EndpointTable()
         prompt = [rng.randrange(128_000) for _ in range(tokens_n)]
         half = tokens_n // 2 // BLOCK
@@ -291,7 +280,11 @@ def bench_pick(seconds: float) -> dict[str, Any]:
             ids = prompt[: half * BLOCK] if e < 8 else [rng.randrange(128_000) for _ in range(half * BLOCK)]
             index.apply(name, [BlockStored(list(range(e * 10**6, e * 10**6 + half)), None, ids, BLOCK)], 0.0)
         producer = PrecisePrefixCacheProducer(block_size=BLOCK)
-        producer.attach(_TableView(writer.table, index.slot_names()))
+        # the serving process's view (`epp serve`), told what the child's status line tells it
+        view = KvFeederProcess(table, producer)
+        view._prefix = segments.prefix
+        view._apply_status({"slots": index.slot_names(), "last": dict.fromkeys(index.endpoints(), 0.0)})
+        producer.attach(view)
         tokenizer = TokenProducer(backend="vllm", model_name="m")
         body = json.dumps({"token_ids": prompt, "features": None}).encode()
         raw = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
@@ -309,14 +302,24 @@ def bench_pick(seconds: float) -> dict[str, Any]:
             tokenizer.produce(state)
             producer.produce(state)
 
-        pick()
-        assert producer.fallbacks["no_tokens"] == 0 and producer.precise_picks == 1
+        state = CycleState(snapshot, snapshot.slots, request, 1.0)
+        tokenizer.produce(state)
+        producer.produce(state)
+        assert producer.fallbacks == {"absent": 0, "stale": 0, "no_tokens": 0} and producer.precise_picks == 1
+        matched = state.scratch[f"precise-prefix:{producer.name}"][1]
+        assert matched.tolist() == [half] * 8 + [0] * (ENDPOINTS - 8)
         cells = {"render_parse_us": lambda r=raw: render._token_ids(r), "pick_64_endpoints_us": pick}
         row: dict[str, Any] = {"blocks": tokens_n // BLOCK, "matched_blocks": half}
         for name, fn in cells.items():
             rounds = max(20, min(400, int(seconds / 45 / 5 / 50e-6)))
             row[name] = round(min(timeit.repeat(fn, number=5, repeat=rounds)) / 5 * 1e6, 1)
         out[f"{tokens_n}_tokens"] = row
+        if view._reader is not None:  # the serving side lets go of its mapping first
+            view._reader.close()
+            view._reader = None
+        index.mirror = None
+        del writer
+        segments.close()
     return out
 
 

@@ -29,10 +29,11 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from epp.datastore.table import EndpointTable
 from epp.kvevents.blockkeys import U64Array
@@ -78,6 +79,7 @@ class KvFeederProcess:
         self._generation = 0
         self._slots: list[str | None] = []
         self._last: dict[str, float] = {}
+        self._version = 0  # `KvIndexView.version`: bumped when the slots or the endpoints heard from change
         self.stats: dict[str, dict[str, int]] = {}
         self.counters: dict[str, Any] = {}
         self._sent: list[tuple[str, str, int]] | None = None
@@ -87,17 +89,21 @@ class KvFeederProcess:
 
     # -- KvIndexView --------------------------------------------------------------------------------------------
 
-    def prefix_blocks(self, keys: U64Array) -> Mapping[str, int]:
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def slot_names(self) -> Sequence[str | None]:
+        return self._slots
+
+    def prefix_blocks(self, keys: U64Array) -> npt.NDArray[np.unsignedinteger[Any]]:
         reader, slots = self._reader, self._slots
         if reader is None or not slots:
-            return {}
+            return np.zeros(len(slots), dtype=np.uint64)
         counts = reader.prefix_blocks(keys)
-        out = {}
-        for bit in np.flatnonzero(counts[: len(slots)]).tolist():
-            name = slots[bit]
-            if name is not None:
-                out[name] = int(counts[bit])
-        return out
+        if counts.size < len(slots):  # slots the table has no mask bits for yet: they hold nothing
+            counts = np.concatenate((counts, np.zeros(len(slots) - counts.size, dtype=counts.dtype)))
+        return counts
 
     def last_event_at(self, endpoint: str) -> float:
         return self._last.get(endpoint, NEVER)
@@ -191,8 +197,11 @@ class KvFeederProcess:
             with contextlib.suppress(FileNotFoundError):
                 self._reader = TableReader(self._prefix)
         self._generation = int(status.get("generation", 0))
-        self._slots = list(status.get("slots", []))
-        self._last = {k: float(v) for k, v in status.get("last", {}).items()}
+        slots = list(status.get("slots", []))
+        last = {k: float(v) for k, v in status.get("last", {}).items()}
+        if slots != self._slots or last.keys() != self._last.keys():
+            self._version += 1
+        self._slots, self._last = slots, last
         self.stats = status.get("streams", {})
         self.counters = status.get("index", {})
 
@@ -203,6 +212,7 @@ class KvFeederProcess:
                 self._reader.close()
         self._reader = None
         self._slots, self._last = [], {}
+        self._version += 1
         names = [self._prefix] + [
             f"{self._prefix}-{g}" for g in range(max(0, self._generation - 2), self._generation + 2)
         ]

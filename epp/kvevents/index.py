@@ -100,6 +100,9 @@ class KvBlockIndex:
         self._endpoints: dict[str, _Endpoint] = {}
         self._by_slot: list[str | None] = []
         self._free: list[int] = []
+        # changes whenever an endpoint takes or leaves a slot or is first heard from (a reader's mapping of slots
+        # to its own endpoints, and of who was never heard from, holds while it stands)
+        self.version = 0
 
     # -- membership ---------------------------------------------------------------------------------------------
 
@@ -113,6 +116,7 @@ class KvBlockIndex:
             slot = len(self._by_slot)
             self._by_slot.append(endpoint)
         self._endpoints[endpoint] = _Endpoint(slot, 1 << slot)
+        self.version += 1
 
     def remove_endpoint(self, endpoint: str) -> None:
         ep = self._endpoints.get(endpoint)
@@ -122,6 +126,7 @@ class KvBlockIndex:
         del self._endpoints[endpoint]
         self._by_slot[ep.slot] = None
         self._free.append(ep.slot)
+        self.version += 1
 
     def endpoints(self) -> list[str]:
         return list(self._endpoints)
@@ -156,6 +161,8 @@ class KvBlockIndex:
             ep = self._endpoints[endpoint]
         events = batch.events if isinstance(batch, Batch) else batch
         self.counters.batches += 1
+        if ep.last_event_at == float("-inf"):
+            self.version += 1  # first heard from
         ep.last_event_at = now
         values = self._stored_values(ep, events)
         for event in events:

@@ -19,10 +19,9 @@ import secrets
 from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
-import numpy.typing as npt
 
 from epp.kvevents.blockkeys import U64Array
-from epp.kvevents.shared import SharedBlockTable
+from epp.kvevents.shared import Counts, SharedBlockTable
 
 
 def new_prefix() -> str:
@@ -127,7 +126,7 @@ class TableReader:
                 keep.append(seg)
         self._stale = keep
 
-    def prefix_blocks(self, keys: U64Array) -> npt.NDArray[np.int64]:
+    def prefix_blocks(self, keys: U64Array) -> Counts:
         return self.table().prefix_blocks(keys)
 
     def close(self) -> None:

@@ -4,29 +4,37 @@ Layout of one buffer (a `multiprocessing.shared_memory` segment in production, a
 little-endian uint64:
 
     header[8]           magic, capacity C (a power of two), mask words W, generation, used slots, retired, 2 spare
-    keys[C]             a block key per slot; 0 = empty (keys 0 and 1 are stored as 2 and 3: a 2^-63 collision)
+    keys[C]             a block key per slot in its stored form `key | 1`; 0 = empty
     masks[C × W]        the endpoints holding that block, one bit per endpoint slot
 
-Open addressing, linear probing from `fmix(key) & (C − 1)`, at most `MAX_PROBE` slots. Nothing is ever deleted: a
-block no endpoint holds keeps its slot with mask 0, which reads as a miss. So a slot's key, once written, never
-changes, and the writer writes a new slot's mask before its key: a reader that sees the key sees a mask that was
-true at some moment. A mask word is one aligned 8-byte store, so each endpoint's bit is either the old or the new
-value, never torn; a pick that races a write sees the block one event early or late, as it would a scrape row. When
-the table runs out of room (half full, or a probe longer than `MAX_PROBE`), `set` returns False and the owner
+A key is stored as `key | 1`, so 0 can never be a stored key and stays the empty marker with no fix-up on either
+side; the price is that keys 2j and 2j + 1 read as one block, a 2^-63 collision per pair of keys (the keys are
+uniform 64-bit chain hashes: `epp.kvevents.blockkeys`). The home slot of a key is its top log2(C) bits
+(`key >> (64 − log2 C)`): the keys are already mixed, so their high bits are as uniform as any hash of them, and
+the slot costs one shift (`_home`: the one definition, used by the writer's `set` and by the reader). Open
+addressing, linear probing from the home slot, at most `MAX_PROBE` slots. Nothing is ever deleted: a block no
+endpoint holds keeps its slot with mask 0, which reads as a miss. So a slot's key, once written, never changes, and
+the writer writes a new slot's mask before its key: a reader that sees the key sees a mask that was true at some
+moment. A mask word is one aligned 8-byte store, so each endpoint's bit is either the old or the new value, never
+torn; a pick that races a write sees the block one event early or late, as it would a scrape row. When the table
+runs out of room (half full, or a probe longer than `MAX_PROBE`), `set` returns False and the owner
 (`TableWriter`) rebuilds a larger table from its index into a new buffer, generation + 1, and marks the old one
 retired, which readers check once per pick to move on to the next generation's segment.
 
-Reading is vectorised: all of a request's keys are probed at once (`MAX_PROBE` numpy rounds at most, usually one
-or two), the masks are ANDed cumulatively down the prompt, and each endpoint's longest prefix is the number of rows
-its bit survives: a handful of vector operations plus a step per endpoint whose prefix ends.
-`KvBlockIndex.match` walks Python dicts instead; both answer the same question with the same keys, and
-benchmarks/kv_events.py measures both side by side.
+Reading is vectorised, in a dozen numpy calls whatever the endpoint count: every key's home slot at once; in the
+common case each key is either in its home slot or the prefix ends at the first key whose home slot is empty (no
+endpoint holds it, and keys are never deleted), which one `argmin` finds; only a key whose home slot holds another
+key sends the lookup to the probing loop. The masks are ANDed cumulatively down the prompt, and since a bit that
+drops never comes back, each endpoint's prefix is the number of rows its bit is set in: the rows unpacked to one
+byte per bit and summed (`_row_counts`).
+`KvBlockIndex.match` walks Python dicts instead; both answer the same question with the same keys, tests hold them
+equal, and benchmarks/kv_events.py measures both side by side.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -34,30 +42,20 @@ import numpy.typing as npt
 from epp.kvevents.blockkeys import U64Array
 from epp.kvevents.index import KvBlockIndex
 
-MAGIC: Final = 0x4B56_424C_4B53_0001  # "KVBLKS" v1
+MAGIC: Final = 0x4B56_424C_4B53_0002  # "KVBLKS" v2: keys stored as key | 1, home slot from the top bits
 HEADER_WORDS: Final = 8
 MAX_PROBE: Final = 16
 _CAP, _WORDS, _GEN, _USED, _RETIRED = 1, 2, 3, 4, 5
-_C1, _C2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
-_S33 = np.uint64(33)
+_ONE = np.uint64(1)
+# rows summed at once in `_row_counts`: one byte per endpoint bit holds a count up to 255
+_LANE_ROWS: Final = 255
+_ONES = np.ones(_LANE_ROWS, dtype=np.uint64)
+Counts = npt.NDArray[np.unsignedinteger[Any]]
 
 
-def _fmix(x: U64Array) -> U64Array:
-    x = x ^ (x >> _S33)
-    x = x * _C1
-    x ^= x >> _S33
-    x *= _C2
-    x ^= x >> _S33
-    return x
-
-
-def _fmix1(x: int) -> int:
-    m = (1 << 64) - 1
-    x ^= x >> 33
-    x = (x * 0xFF51AFD7ED558CCD) & m
-    x ^= x >> 33
-    x = (x * 0xC4CEB9FE1A85EC53) & m
-    return x ^ (x >> 33)
+def _home(stored: int, shift: int) -> int:
+    """A stored key's home slot: its top log2(capacity) bits (the reader shifts a whole array the same way)."""
+    return stored >> shift
 
 
 def table_bytes(capacity: int, words: int) -> int:
@@ -89,7 +87,9 @@ class SharedBlockTable:
         self._header = whole[:HEADER_WORDS]
         self._keys = whole[HEADER_WORDS : HEADER_WORDS + c]
         self._masks = whole[HEADER_WORDS + c : HEADER_WORDS + c + c * w].reshape(c, w)
-        self._mask_c = np.uint64(c - 1)
+        self._mask_c = np.int64(c - 1)
+        self._shift = 64 - (c.bit_length() - 1)
+        self._shift_u = np.uint64(self._shift)
         self._used = int(whole[_USED])
 
     @property
@@ -108,9 +108,9 @@ class SharedBlockTable:
 
     def set(self, key: int, mask: int) -> bool:
         """Record who holds `key` now (`mask` over all W words); False when there is no room: rebuild larger."""
-        k = key if key > 1 else key + 2
+        k = key | 1
         c1 = self.capacity - 1
-        slot = _fmix1(k) & c1
+        slot = _home(k, self._shift)
         keys = self._keys
         for _ in range(MAX_PROBE):
             have = int(keys[slot])
@@ -137,23 +137,33 @@ class SharedBlockTable:
 
     # -- readers ------------------------------------------------------------------------------------------------
 
-    def prefix_blocks(self, keys: U64Array) -> npt.NDArray[np.int64]:
+    def prefix_blocks(self, keys: U64Array) -> Counts:
         """Per endpoint slot (W × 64 of them), how many of `keys`' leading blocks it holds."""
-        n = len(keys)
-        out_bits = 64 * self.words
-        if n == 0:
-            return np.zeros(out_bits, dtype=np.int64)
-        k = keys.astype(np.uint64, copy=True)
-        if k.min() < 2:  # keys 0 and 1 are stored as 2 and 3 (0 marks an empty slot); ~2^-63 of keys
-            k[k < 2] += np.uint64(2)
-        slot = _fmix(k) & self._mask_c
-        # the first probe for every key at once; only keys whose slot holds another key probe on
+        if len(keys) == 0:
+            return np.zeros(64 * self.words, dtype=np.uint64)
+        k = keys | _ONE
+        slot = (k >> self._shift_u).view(np.int64)
         seen = self._keys[slot]
+        hit = seen == k
+        first = int(hit.argmin())  # the first key not in its home slot (0 when every key is)
+        if hit[first]:
+            masks = self._masks[slot]
+        elif seen[first] == 0:  # an empty home slot: no endpoint holds that key, every prefix ends before it
+            if first == 0:
+                return np.zeros(64 * self.words, dtype=np.uint64)
+            masks = self._masks[slot[:first]]
+        else:  # another key in its home slot: probe on
+            masks = self._probed(k, slot, seen)
+            if not len(masks):
+                return np.zeros(64 * self.words, dtype=np.uint64)
+        return _row_counts(np.bitwise_and.accumulate(masks, axis=0))
+
+    def _probed(self, k: U64Array, slot: npt.NDArray[np.int64], seen: U64Array) -> U64Array:
+        """The masks of the leading keys, probing past home slots that hold other keys; the rows stop before the
+        first key whose probe ends in an empty slot (no endpoint holds it)."""
         absent = np.flatnonzero(seen == 0)
         if absent.size:  # keys are never deleted, so an empty first slot means no endpoint holds the key: every
             n = int(absent[0])  # prefix ends before it, and the rows after it need no probing
-            if n == 0:
-                return np.zeros(out_bits, dtype=np.int64)
             k, slot, seen = k[:n], slot[:n], seen[:n]
         miss = seen != k  # every slot left is occupied: a miss is another key there, probe on
         masks = self._masks[slot]
@@ -162,32 +172,29 @@ class SharedBlockTable:
         for _ in range(MAX_PROBE - 1):
             if not len(todo):
                 break
-            slot[todo] = (slot[todo] + np.uint64(1)) & self._mask_c
+            slot[todo] = (slot[todo] + 1) & self._mask_c
             seen = self._keys[slot[todo]]
             found = seen == k[todo]
             if found.any():
                 masks[todo[found]] = self._masks[slot[todo[found]]]
             todo = todo[~found & (seen != 0)]
-        held = np.bitwise_and.accumulate(masks, axis=0)
-        # each bit stays set for a leading run of rows: its count is the row where it drops (n if never). The
-        # column changes value at most once per endpoint, so walking its change points is cheap.
-        counts = np.zeros(out_bits, dtype=np.int64)
-        for w in range(self.words):
-            column = held[:, w]
-            alive = int(column[0])
-            for row in (np.flatnonzero(column[1:] != column[:-1]) + 1).tolist():
-                now = int(column[row])
-                _credit(counts, alive & ~now, 64 * w, row)
-                alive = now
-            _credit(counts, alive, 64 * w, n)
+        return masks
+
+
+def _row_counts(held: U64Array) -> Counts:
+    """Per bit of `held` (n rows × W words, each row's bits a subset of the row above), how many rows it is set in:
+    that is the row where it drops, so the endpoint's prefix length.
+
+    The rows unpack to one byte per bit, viewed as 8 byte lanes per uint64; a sum of up to 255 rows cannot carry
+    from one lane into the next, so one uint64 matmul with a row of ones counts every bit at once."""
+    n = held.shape[0]
+    lanes = np.unpackbits(held.view(np.uint8).reshape(-1), bitorder="little").view(np.uint64).reshape(n, -1)
+    if n <= _LANE_ROWS:
+        counts: Counts = (_ONES[:n] @ lanes).view(np.uint8)
         return counts
-
-
-def _credit(counts: npt.NDArray[np.int64], bits: int, base: int, rows: int) -> None:
-    while bits:
-        low = bits & -bits
-        bits ^= low
-        counts[base + low.bit_length() - 1] = rows
+    parts = np.add.reduceat(lanes, np.arange(0, n, _LANE_ROWS), axis=0)  # lanes of ≤ 255 rows each
+    total: Counts = parts.view(np.uint8).reshape(len(parts), -1).sum(axis=0, dtype=np.uint64)
+    return total
 
 
 class TableWriter:

@@ -26,10 +26,11 @@ feeder's shared-memory table; the virtual-time benchmark an in-process `KvBlockI
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
-from typing import ClassVar, Protocol
+from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from epp.kvevents.blockkeys import BlockKeys, U64Array
 from epp.kvevents.index import KvBlockIndex
@@ -42,10 +43,22 @@ NEVER = float("-inf")
 
 
 class KvIndexView(Protocol):
-    """What the producer reads of the KV-event index, by endpoint address (`ip:port`)."""
+    """What the producer reads of the KV-event index. Endpoints have slots in the index (its mask bits); the
+    producer maps them to snapshot slots once per `version`, so a lookup hands back plain counts by index slot."""
 
-    def prefix_blocks(self, keys: U64Array) -> Mapping[str, int]:
-        """Per endpoint holding the first key, how many leading keys it holds."""
+    @property
+    def version(self) -> int:
+        """Changes whenever `slot_names()` or the set of endpoints never heard from changes."""
+        ...
+
+    def slot_names(self) -> Sequence[str | None]:
+        """The endpoint address (`ip:port`) of each index slot; None: a free slot."""
+        ...
+
+    def prefix_blocks(
+        self, keys: U64Array
+    ) -> npt.NDArray[np.unsignedinteger[Any]] | npt.NDArray[np.signedinteger[Any]]:
+        """Per index slot (at least `len(slot_names())` of them), how many leading keys the endpoint holds."""
         ...
 
     def last_event_at(self, endpoint: str) -> float:
@@ -54,13 +67,29 @@ class KvIndexView(Protocol):
 
 
 class LocalIndexView:
-    """A `KvIndexView` over an index in the same process (tests, the virtual-time benchmark)."""
+    """A `KvIndexView` over an index in the same process (tests, the virtual-time benchmark): `KvBlockIndex.match`."""
 
     def __init__(self, index: KvBlockIndex) -> None:
         self.index = index
+        self._names_version = -1
+        self._slot_of: dict[str, int] = {}
 
-    def prefix_blocks(self, keys: U64Array) -> Mapping[str, int]:
-        return self.index.match(keys.tolist())
+    @property
+    def version(self) -> int:
+        return self.index.version
+
+    def slot_names(self) -> Sequence[str | None]:
+        return self.index.slot_names()
+
+    def prefix_blocks(self, keys: U64Array) -> npt.NDArray[np.int64]:
+        index = self.index
+        if index.version != self._names_version:
+            self._names_version = index.version
+            self._slot_of = {name: slot for slot, name in enumerate(index.slot_names()) if name is not None}
+        counts = np.zeros(index.slots(), dtype=np.int64)
+        for name, blocks in index.match(keys.tolist()).items():
+            counts[self._slot_of[name]] = blocks
+        return counts
 
     def last_event_at(self, endpoint: str) -> float:
         return self.index.last_event_at(endpoint)
@@ -69,11 +98,32 @@ class LocalIndexView:
 class _NoIndex:
     """Until the composition layer attaches the feeder's table: every endpoint is absent."""
 
-    def prefix_blocks(self, keys: U64Array) -> Mapping[str, int]:
-        return {}
+    version = 0
+
+    def slot_names(self) -> Sequence[str | None]:
+        return ()
+
+    def prefix_blocks(self, keys: U64Array) -> npt.NDArray[np.int64]:
+        return np.zeros(0, dtype=np.int64)
 
     def last_event_at(self, endpoint: str) -> float:
         return NEVER
+
+
+class _Membership:
+    """What a pick needs of the snapshot's membership against the index's, computed once per (membership tuple,
+    index version): snapshot slot by address, the pairs (snapshot slot, index slot) of the endpoints both know, and
+    the snapshot slots never heard from (the only endpoints besides those owing events that can be untrusted)."""
+
+    __slots__ = ("addresses", "index_slots", "never", "slot_of", "snapshot_slots", "version", "view")
+
+    def __init__(self, addresses: tuple[str, ...], view: KvIndexView) -> None:
+        self.addresses, self.view, self.version = addresses, view, view.version
+        self.slot_of = {a: i for i, a in enumerate(addresses) if a}
+        pairs = [(self.slot_of[name], bit) for bit, name in enumerate(view.slot_names()) if name in self.slot_of]
+        self.snapshot_slots = np.array([s for s, _ in pairs], dtype=np.intp)
+        self.index_slots = np.array([b for _, b in pairs], dtype=np.intp)
+        self.never = tuple(i for i, a in enumerate(addresses) if a and view.last_event_at(a) == NEVER)
 
 
 class PrecisePrefixCacheProducer:
@@ -120,8 +170,7 @@ class PrecisePrefixCacheProducer:
         # speculative entries: block key → {endpoint: expiry}, oldest insertions first
         self._spec: OrderedDict[int, dict[str, float]] = OrderedDict()
         self._key = f"precise-prefix:{name}"
-        self._addresses: tuple[str, ...] = ()
-        self._slot_of: dict[str, int] = {}
+        self._members: _Membership | None = None
 
     # -- per endpoint state ------------------------------------------------------------------------------------
 
@@ -161,52 +210,64 @@ class PrecisePrefixCacheProducer:
             state.scratch[self._key] = None
             publish(state, self.name, produced(state, self.approx.name))
             return
-        ids = np.frombuffer(tokens.data, dtype="<u4").astype(np.uint64)
-        keys = self.keys.request_keys(ids)
+        keys = self.keys.request_keys(np.frombuffer(tokens.data, dtype="<u4").astype(np.uint64))
         # the fallback learns and matches by the same block keys (its blocks are ours: block_size tokens)
         self.approx.produce_keyed(state, keys.tolist(), self.block_size)
         approx: PrefixMatch = produced(state, self.approx.name)
         snapshot = state.snapshot
         now = state.now
+        members = self._membership(snapshot.addresses)
         matched = np.zeros(snapshot.present.size)
-        held = self.view.prefix_blocks(keys) if keys.size else {}
-        spec = self._speculative(keys, now) if self.speculative and self._spec else {}
-        scale = approx.block_tokens / self.block_size if approx.block_tokens > 0 else 0.0
-        addresses = snapshot.addresses
-        # Untrusted candidates first (few: absent or owing events), their match from the approximate producer; then
-        # the trusted endpoints the index or the speculative entries name (few as well): no per-candidate work for
-        # the many trusted endpoints that hold nothing of the prompt.
-        last_event_at, unanswered = self.view.last_event_at, self._unanswered
+        if keys.size and members.index_slots.size:
+            matched[members.snapshot_slots] = self.view.prefix_blocks(keys)[members.index_slots]
+        # Only endpoints never heard from or owing events can be untrusted (few): their match comes from the
+        # approximate producer; no per-candidate work for the many trusted endpoints.
         untrusted: set[str] = set()
-        for slot in state.candidates.tolist():
-            address = addresses[slot]
-            if address not in unanswered and last_event_at(address) != NEVER:
-                continue
-            reason = self.trust(address, now)
-            if reason is None:
-                continue
-            self.fallbacks[reason] += 1
-            untrusted.add(address)
-            if approx.matched.size > slot:
-                matched[slot] = min(float(keys.size), float(approx.matched[slot]) * scale)
-        if held or spec:
-            slot_of = self._slots_of(addresses)
-            for source in (held, spec) if spec else (held,):
-                for address, blocks in source.items():
-                    slot = slot_of.get(address)
-                    if slot is not None and address not in untrusted and blocks > matched[slot]:
-                        matched[slot] = blocks
+        if members.never or self._unanswered:
+            scale = approx.block_tokens / self.block_size if approx.block_tokens > 0 else 0.0
+            for slot in self._suspects(state, members):
+                address = members.addresses[slot]
+                reason = self.trust(address, now)
+                if reason is None:
+                    continue
+                self.fallbacks[reason] += 1
+                untrusted.add(address)
+                matched[slot] = (
+                    min(float(keys.size), float(approx.matched[slot]) * scale) if approx.matched.size > slot else 0.0
+                )
+        if self.speculative and self._spec:
+            slot_of = members.slot_of
+            for address, blocks in self._speculative(keys, now).items():
+                at = slot_of.get(address)
+                if at is not None and address not in untrusted and blocks > matched[at]:
+                    matched[at] = blocks
         if not untrusted:
             self.precise_picks += 1
         state.scratch[self._key] = (keys, matched)
         publish(state, self.name, PrefixMatch(matched, int(keys.size), self.block_size))
 
-    def _slots_of(self, addresses: tuple[str, ...]) -> dict[str, int]:
-        """address → slot of the snapshot's addresses (kept while the membership tuple is the same object)."""
-        if addresses is not self._addresses:
-            self._addresses = addresses
-            self._slot_of = {a: i for i, a in enumerate(addresses) if a}
-        return self._slot_of
+    def _membership(self, addresses: tuple[str, ...]) -> _Membership:
+        """The snapshot ↔ index mapping (kept while the membership tuple is the same object and the index's
+        version holds)."""
+        members, view = self._members, self.view
+        if (
+            members is None
+            or members.addresses is not addresses
+            or members.view is not view
+            or members.version != view.version
+        ):
+            members = self._members = _Membership(addresses, view)
+        return members
+
+    def _suspects(self, state: CycleState, members: _Membership) -> list[int]:
+        """Candidate slots never heard from or owing events, ascending."""
+        slot_of = members.slot_of
+        suspects = set(members.never)
+        suspects.update(slot for slot in map(slot_of.get, self._unanswered) if slot is not None)
+        candidates = state.candidates
+        if candidates.size != state.snapshot.present.size:  # a subset: keep the suspects among the candidates
+            suspects.intersection_update(candidates.tolist())
+        return sorted(suspects)
 
     def picked(self, state: CycleState, slot: int) -> None:
         self.approx.picked(state, slot)

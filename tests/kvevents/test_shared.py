@@ -164,3 +164,61 @@ def test_another_process_reads_the_published_table_and_follows_its_rebuilds() ->
         segments.close()
     if os.path.isdir("/dev/shm"):
         assert not [n for n in os.listdir("/dev/shm") if n.startswith(segments.prefix)]  # nothing left behind
+
+
+def _table_and_index(holders: dict[int, int], endpoints: int, capacity: int = 8) -> tuple[KvBlockIndex, TableWriter]:
+    """An index whose holder masks are given outright (any keys, not only chain keys) and its table."""
+    index = KvBlockIndex()
+    for e in range(endpoints):
+        index.add_endpoint(f"127.10.2.{e}:8000")
+    writer = TableWriter(index, _buffers()[1], capacity=capacity)
+    for key, mask in holders.items():
+        index.holders[key] = mask
+        writer(key, mask)
+    return index, writer
+
+
+# keys whose home slots collide at every capacity up to 2^40 (equal top bits), keys next to 0 and 2^64, the rest
+# random: probe chains, wrapping chains and the stored form's edge (keys 0 and 1 share one stored form, key | 1,
+# so a table holds one of them: 0 here, 1 in its own test)
+_TOP = 0x5A_5A5A_5A5A  # the top 40 bits of six keys
+_KEYS = (
+    [(_TOP << 24) | (j << 1) for j in range(6)]
+    + [0, 2, 3 << 62, (1 << 64) - 2, (1 << 64) - 4]
+    + [random.Random(j).getrandbits(63) << 1 for j in range(20)]
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    masks=st.lists(st.integers(0, (1 << 130) - 1), min_size=len(_KEYS), max_size=len(_KEYS)),
+    endpoints=st.sampled_from([3, 64, 65, 130]),
+    prompt=st.lists(st.integers(0, len(_KEYS) + 3), min_size=0, max_size=40),
+    keep=st.integers(0, len(_KEYS)),
+)
+def test_the_table_matches_the_index_for_any_keys_masks_and_prompts(
+    masks: list[int], endpoints: int, prompt: list[int], keep: int
+) -> None:
+    """Probe chains, keys absent mid-prompt (indexes past the pool), masks over one to three words."""
+    full = (1 << endpoints) - 1
+    holders = {k: m & full for k, m in zip(_KEYS[:keep], masks, strict=False)}
+    index, writer = _table_and_index(holders, endpoints)
+    absent = [random.Random(99 + j).getrandbits(64) | 1 for j in range(4)]  # odd: no stored-form twin in the pool
+    keys = [_KEYS[i] if i < len(_KEYS) else absent[i - len(_KEYS)] for i in prompt]
+    assert _from_table(index, writer.table, keys) == index.match(keys)
+
+
+def test_key_one_is_found_like_any_other() -> None:
+    index, writer = _table_and_index({1: 0b101, 5: 0b100}, 3)
+    assert (
+        _from_table(index, writer.table, [1, 5]) == index.match([1, 5]) == {"127.10.2.0:8000": 1, "127.10.2.2:8000": 2}
+    )
+
+
+def test_a_prompt_longer_than_255_blocks_counts_past_one_byte() -> None:
+    keys = [random.Random(j).getrandbits(64) for j in range(700)]
+    holders = {k: 0b011 if i < 600 else 0b001 for i, k in enumerate(keys)}
+    index, writer = _table_and_index(holders, 2, capacity=1 << 12)
+    assert (
+        _from_table(index, writer.table, keys) == index.match(keys) == {"127.10.2.0:8000": 700, "127.10.2.1:8000": 600}
+    )

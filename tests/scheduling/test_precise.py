@@ -122,6 +122,32 @@ def test_without_engine_token_ids_every_endpoint_uses_the_approximate_match() ->
     assert produced(st, producer.name) is produced(st, producer.approx.name)
 
 
+def test_an_endpoint_first_heard_after_earlier_picks_is_trusted_from_the_next_pick() -> None:
+    snap, index, producer = _setup(2)
+    a, b = snap.addresses
+    index.apply(a, [_stored(TOKENS)], NOW)
+    _, match = _produce(producer, snap)
+    assert match.matched.tolist() == [4, 0] and producer.fallbacks["absent"] == 1  # b: never heard from
+    index.apply(b, [_stored(TOKENS[:16])], NOW + 1)  # b's first batch
+    _, match = _produce(producer, snap, NOW + 1)
+    assert match.matched.tolist() == [4, 1] and producer.fallbacks["absent"] == 1
+    index.remove_endpoint(a)  # a leaves the index: absent again, its slot free
+    _, match = _produce(producer, snap, NOW + 2)
+    assert match.matched.tolist() == [0, 1] and producer.fallbacks["absent"] == 2
+
+
+def test_only_candidates_are_judged_and_counted() -> None:
+    snap, index, producer = _setup(3)
+    a = snap.addresses[0]
+    index.apply(a, [_stored(TOKENS)], NOW)  # b and c never publish
+    st = state(snap, request("x" * 256, token_ids=TOKENS))
+    st.candidates = st.candidates[:1]  # only a may be picked
+    TokenProducer(backend="vllm", model_name="m").produce(st)
+    producer.produce(st)
+    assert producer.fallbacks["absent"] == 0 and producer.precise_picks == 1
+    assert produced(st, producer.name).matched.tolist() == [4, 0, 0]
+
+
 def test_speculative_entries_credit_the_pick_until_its_events_arrive() -> None:
     snap, index, producer = _setup(2)
     producer.speculative = True
