@@ -4,12 +4,12 @@ Layout of one buffer (a `multiprocessing.shared_memory` segment in production, a
 little-endian uint64:
 
     header[8]           magic, capacity C (a power of two), mask words W, generation, used slots, retired, 2 spare
-    keys[C]             a block key per slot in its stored form `key | 1`; 0 = empty
+    keys[C]             a block key per slot; 0 = empty
     masks[C × W]        the endpoints holding that block, one bit per endpoint slot
 
-A key is stored as `key | 1`, so 0 can never be a stored key and stays the empty marker with no fix-up on either
-side; the price is that keys 2j and 2j + 1 read as one block, a 2^-63 collision per pair of keys (the keys are
-uniform 64-bit chain hashes: `epp.kvevents.blockkeys`). The home slot of a key is its top log2(C) bits
+Block keys are odd by construction (`epp.kvevents.blockkeys`: their 2^-63 collision per pair of blocks is the
+price), so 0 is never a key and marks an empty slot with no fix-up on either side; `set` refuses an even key.
+The home slot of a key is its top log2(C) bits
 (`key >> (64 − log2 C)`): the keys are already mixed, so their high bits are as uniform as any hash of them, and
 the slot costs one shift (`_home`: the one definition, used by the writer's `set` and by the reader). Open
 addressing, linear probing from the home slot, at most `MAX_PROBE` slots. Nothing is ever deleted: a block no
@@ -42,20 +42,19 @@ import numpy.typing as npt
 from epp.kvevents.blockkeys import U64Array
 from epp.kvevents.index import KvBlockIndex
 
-MAGIC: Final = 0x4B56_424C_4B53_0002  # "KVBLKS" v2: keys stored as key | 1, home slot from the top bits
+MAGIC: Final = 0x4B56_424C_4B53_0002  # "KVBLKS" v2: odd keys stored as they are, home slot from the top bits
 HEADER_WORDS: Final = 8
 MAX_PROBE: Final = 16
 _CAP, _WORDS, _GEN, _USED, _RETIRED = 1, 2, 3, 4, 5
-_ONE = np.uint64(1)
 # rows summed at once in `_row_counts`: one byte per endpoint bit holds a count up to 255
 _LANE_ROWS: Final = 255
 _ONES = np.ones(_LANE_ROWS, dtype=np.uint64)
 Counts = npt.NDArray[np.unsignedinteger[Any]]
 
 
-def _home(stored: int, shift: int) -> int:
-    """A stored key's home slot: its top log2(capacity) bits (the reader shifts a whole array the same way)."""
-    return stored >> shift
+def _home(key: int, shift: int) -> int:
+    """A key's home slot: its top log2(capacity) bits (the reader shifts a whole array the same way)."""
+    return key >> shift
 
 
 def table_bytes(capacity: int, words: int) -> int:
@@ -108,7 +107,9 @@ class SharedBlockTable:
 
     def set(self, key: int, mask: int) -> bool:
         """Record who holds `key` now (`mask` over all W words); False when there is no room: rebuild larger."""
-        k = key | 1
+        if not key & 1:
+            raise ValueError(f"block keys are odd, got {key:#x}")
+        k = key
         c1 = self.capacity - 1
         slot = _home(k, self._shift)
         keys = self._keys
@@ -138,10 +139,11 @@ class SharedBlockTable:
     # -- readers ------------------------------------------------------------------------------------------------
 
     def prefix_blocks(self, keys: U64Array) -> Counts:
-        """Per endpoint slot (W × 64 of them), how many of `keys`' leading blocks it holds."""
+        """Per endpoint slot (W × 64 of them), how many of `keys`' leading blocks (odd, as every block key) it
+        holds."""
         if len(keys) == 0:
             return np.zeros(64 * self.words, dtype=np.uint64)
-        k = keys | _ONE
+        k = keys
         slot = (k >> self._shift_u).view(np.int64)
         seen = self._keys[slot]
         hit = seen == k

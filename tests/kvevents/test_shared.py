@@ -178,14 +178,13 @@ def _table_and_index(holders: dict[int, int], endpoints: int, capacity: int = 8)
     return index, writer
 
 
-# keys whose home slots collide at every capacity up to 2^40 (equal top bits), keys next to 0 and 2^64, the rest
-# random: probe chains, wrapping chains and the stored form's edge (keys 0 and 1 share one stored form, key | 1,
-# so a table holds one of them: 0 here, 1 in its own test)
+# keys whose home slots collide at every capacity up to 2^40 (equal top bits), keys next to 0 and 2^64 (1 is the
+# smallest key: every block key is odd), the rest random: probe chains, chains that wrap, both ends of the range
 _TOP = 0x5A_5A5A_5A5A  # the top 40 bits of six keys
 _KEYS = (
-    [(_TOP << 24) | (j << 1) for j in range(6)]
-    + [0, 2, 3 << 62, (1 << 64) - 2, (1 << 64) - 4]
-    + [random.Random(j).getrandbits(63) << 1 for j in range(20)]
+    [(_TOP << 24) | (j << 1) | 1 for j in range(6)]
+    + [1, 3, (3 << 62) | 1, (1 << 64) - 1, (1 << 64) - 3]
+    + [random.Random(j).getrandbits(64) | 1 for j in range(20)]
 )
 
 
@@ -203,9 +202,16 @@ def test_the_table_matches_the_index_for_any_keys_masks_and_prompts(
     full = (1 << endpoints) - 1
     holders = {k: m & full for k, m in zip(_KEYS[:keep], masks, strict=False)}
     index, writer = _table_and_index(holders, endpoints)
-    absent = [random.Random(99 + j).getrandbits(64) | 1 for j in range(4)]  # odd: no stored-form twin in the pool
+    absent = [random.Random(99 + j).getrandbits(64) | 1 for j in range(4)]
     keys = [_KEYS[i] if i < len(_KEYS) else absent[i - len(_KEYS)] for i in prompt]
     assert _from_table(index, writer.table, keys) == index.match(keys)
+
+
+def test_an_even_key_is_refused_and_real_keys_are_odd() -> None:
+    index, writer = _table_and_index({}, 1)
+    with pytest.raises(ValueError, match="odd"):
+        writer.table.set(2, 1)
+    assert all(k & 1 for k in index.request_keys(TOKENS))
 
 
 def test_key_one_is_found_like_any_other() -> None:
@@ -216,7 +222,7 @@ def test_key_one_is_found_like_any_other() -> None:
 
 
 def test_a_prompt_longer_than_255_blocks_counts_past_one_byte() -> None:
-    keys = [random.Random(j).getrandbits(64) for j in range(700)]
+    keys = [random.Random(j).getrandbits(64) | 1 for j in range(700)]
     holders = {k: 0b011 if i < 600 else 0b001 for i, k in enumerate(keys)}
     index, writer = _table_and_index(holders, 2, capacity=1 << 12)
     assert (
