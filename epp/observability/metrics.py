@@ -5,7 +5,11 @@ hot path calls a few cheap methods and knows nothing of Prometheus. Names, types
 upstream's (llm-d-router `pkg/epp/metrics`); docs/observability.md lists every series and what it means here.
 
 Per-request numbers are plain counters and histograms (`plain.py`) kept per label set, turned into metric families
-only when `/metrics` is scraped. The deprecated `inference_objective_*` / `inference_extension_*` series are
+only when `/metrics` is scraped. The request path resolves a request's labels when it is decided (one dict hit for a
+known route) and otherwise only keeps its raw numbers: the latencies, the record of a routed request at its end, a
+count per route. They are folded into the series every `FOLD_EVERY` requests and before anything reads the series
+(a scrape, a refusal, a report without a record), in the order they happened, so every value is the one an
+observation per request would give. The deprecated `inference_objective_*` / `inference_extension_*` series are
 computed from the same numbers at scrape time (one implementation, two spellings).
 
 Cardinality: model names and fairness ids come from clients, so they pass through `labels.BoundedLabel`; label
@@ -14,6 +18,7 @@ sets beyond `MAX_SERIES` collapse into one `other` series. `/metrics` stays boun
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
@@ -30,6 +35,7 @@ from epp.observability.plain import PlainHistogram
 
 DEFAULT_FAIRNESS_ID = "default-flow"  # upstream's flow when the request names none
 MAX_SERIES = 1000  # distinct (model, target, fairness, priority) label sets; more go to one `other` set
+FOLD_EVERY = 256  # routed requests (and decisions) held raw before their numbers are folded into the series
 _MAX_RAW_CACHE = 4096  # label resolutions remembered by the raw request values (short values only)
 _MAX_RAW_KEY_BYTES = 1024
 _MODEL = ("model_name", "target_model_name")
@@ -49,11 +55,13 @@ class LabelSource(Protocol):
 
 
 class RequestRecord:
-    """What one stream learns about its request, written by the stream as it goes; read once at the end."""
+    """What one stream learns about its request, written by the stream as it goes; read once, when the request's
+    numbers are folded into its series."""
 
     __slots__ = (
         "cached_tokens",
         "completion_tokens",
+        "done_at",
         "first_byte_at",
         "last_chunk_at",
         "prompt_tokens",
@@ -61,7 +69,7 @@ class RequestRecord:
         "request_bytes",
         "response_bytes",
         "response_started_at",
-        "series",
+        "route",
         "streaming",
     )
 
@@ -72,11 +80,25 @@ class RequestRecord:
         self.response_started_at = -1.0
         self.first_byte_at = -1.0
         self.last_chunk_at = -1.0
+        self.done_at = -1.0
         self.prompt_tokens = -1  # -1: no usage reported
         self.completion_tokens = -1
         self.cached_tokens = -1
         self.streaming = False
-        self.series: _Series | None = None
+        self.route: _Route | None = None  # set when the request is decided
+
+
+class _Route:
+    """The labels of one raw (model, target, fairness, objective, endpoint) resolved once: the series, the
+    scheduler-attempt key and the rewrite pair, and the decisions made on it since the last fold."""
+
+    __slots__ = ("attempt", "decided", "rewrite", "series")
+
+    def __init__(self, series: _Series, attempt: tuple[str, str, str], rewrite: tuple[str, str] | None) -> None:
+        self.series = series
+        self.attempt = attempt
+        self.rewrite = rewrite
+        self.decided = 0
 
 
 class _Series:
@@ -213,9 +235,11 @@ class PickerMetrics(FreezableCollector):
         registry: CollectorRegistry,
         labels: LabelSource | None = None,
         endpoint_name: Callable[[str], tuple[str, str, str]] | None = None,
+        fold_every: int = FOLD_EVERY,
     ) -> None:
         """`labels`: configured model names and objective priorities (none: no pinned names, priority 0);
-        `endpoint_name`: address → (pod name, namespace, port) for the scheduler-attempt labels."""
+        `endpoint_name`: address → (pod name, namespace, port) for the scheduler-attempt labels; `fold_every`:
+        requests held raw before they are folded into the series (1: at once)."""
         self.registry = registry
         self._labels = labels
         self._labels_version = -1
@@ -224,7 +248,12 @@ class PickerMetrics(FreezableCollector):
         self.model_label = BoundedLabel(MODEL_LIMIT)
         self.fairness_label = BoundedLabel(FAIRNESS_LIMIT)
         self._state = _State()
-        self._resolved: dict[tuple[str, str, str, str], _Series] = {}
+        self._resolved: dict[tuple[str, str, str | None, str | None, str], _Route] = {}
+        self._fold_every = fold_every
+        self._latencies: list[float] = []  # decision latencies, not yet in the scheduler histogram
+        self._processing: list[float] = []  # request processing times, likewise
+        self._touched: list[_Route] = []  # routes with decisions not yet folded
+        self._done: list[RequestRecord] = []  # routed requests that ended, not yet folded
         registry.register(self)
         self.degraded = Counter(
             "epp_degraded_decisions",
@@ -260,15 +289,15 @@ class PickerMetrics(FreezableCollector):
         self.model_label.pin(source.configured_models())
         self._resolved.clear()
 
-    def _series(self, model: str, target: str, fairness: str | None, objective: str | None) -> _Series:
-        """The series of a request's labels, through the bounds; resolved once per distinct short raw key."""
+    def _route(self, model: str, target: str, fairness: str | None, objective: str | None, address: str) -> _Route:
+        """The route of a request's labels, through the bounds; resolved once per distinct short raw key."""
         source = self._labels
         if source is not None and source.version != self._labels_version:
             self._refresh_labels()
-        raw = (model, target, fairness or "", objective or "")
-        series = self._resolved.get(raw)
-        if series is not None:
-            return series
+        raw = (model, target, fairness, objective, address)
+        route = self._resolved.get(raw)
+        if route is not None:
+            return route
         bound = self.model_label
         priority = str(self._priorities.get(objective, 0)) if objective else "0"
         key = (bound(model), bound(target), self.fairness_label(fairness or DEFAULT_FAIRNESS_ID), priority)
@@ -280,11 +309,13 @@ class PickerMetrics(FreezableCollector):
                 series = state.series.get(key)
             if series is None:
                 series = state.series[key] = _Series()
-        if len(model) + len(target) + len(raw[2]) + len(raw[3]) <= _MAX_RAW_KEY_BYTES:
+        rewrite = (bound(model), bound(target)) if target != model and model else None
+        route = _Route(series, ("success", bound(target), address), rewrite)
+        if len(model) + len(target) + len(fairness or "") + len(objective or "") <= _MAX_RAW_KEY_BYTES:
             if len(self._resolved) >= _MAX_RAW_CACHE:
                 self._resolved.clear()
-            self._resolved[raw] = series
-        return series
+            self._resolved[raw] = route
+        return route
 
     # -- StreamObserver ---------------------------------------------------------------------------------------
 
@@ -302,20 +333,25 @@ class PickerMetrics(FreezableCollector):
         address: str,
     ) -> None:
         """A decision was made: the request is running; request processing ends here."""
-        series = self._series(model, target, fairness_id, objective)
-        series.running += 1
-        state = self._state
-        key = ("success", self.model_label(target), address)
-        state.attempts[key] = state.attempts.get(key, 0) + 1
-        if target != model and model:
-            pair = (self.model_label(model), self.model_label(target))
-            state.rewrites[pair] = state.rewrites.get(pair, 0) + 1
+        route = self._resolved.get((model, target, fairness_id, objective, address))
+        source = self._labels
+        if route is None or (source is not None and source.version != self._labels_version):
+            route = self._route(model, target, fairness_id, objective, address)
+        if not route.decided:
+            self._touched.append(route)
+        route.decided += 1
         if record is not None:
-            record.series = series
-            state.request_processing.observe(now - record.received_at)
+            record.route = route
+            processing = self._processing
+            processing.append(now - record.received_at)
+            if len(processing) >= self._fold_every:
+                self._fold()
 
     def decision_latency(self, seconds: float) -> None:
-        self._state.scheduler.observe(seconds)
+        latencies = self._latencies
+        latencies.append(seconds)
+        if len(latencies) >= self._fold_every:
+            self._fold()
 
     def request_done(
         self,
@@ -328,48 +364,34 @@ class PickerMetrics(FreezableCollector):
         objective: str | None = None,
     ) -> None:
         """The request ended: routed and answered (`code` None) or refused with `code`."""
+        if code is None and record is not None and record.route is not None:  # routed: folded later
+            record.done_at = now
+            done = self._done
+            done.append(record)
+            if len(done) >= self._fold_every:
+                self._fold()
+            return
+        self._fold()  # what happened before this request lands first: every histogram keeps its order
         state = self._state
-        series = record.series if record is not None else None
-        if series is not None:
+        route = record.route if record is not None else None
+        if route is not None:
+            series = route.series
             series.running -= 1
         else:
-            series = self._series(model, target_model, fairness_id, objective)
+            series = self._route(model, target_model, fairness_id, objective, "").series
         series.total += 1
         if code is None:
-            outcome: tuple[str, str] = ("routed", "OK")
+            state.by_outcome[("routed", "OK")] += 1
         else:
             label = code.label
             outcome = ("refused", label)
+            state.by_outcome[outcome] = state.by_outcome.get(outcome, 0) + 1
             series.errors[label] = series.errors.get(label, 0) + 1
-            if code is ErrorCode.SERVICE_UNAVAILABLE and record is not None and record.series is None:
+            if code is ErrorCode.SERVICE_UNAVAILABLE and record is not None and route is None:
                 key = ("failure", self.model_label(target_model), "")
                 state.attempts[key] = state.attempts.get(key, 0) + 1
-        state.by_outcome[outcome] = state.by_outcome.get(outcome, 0) + 1
-        if record is None:
-            return
-        if record.request_bytes >= 0:
+        if record is not None and record.request_bytes >= 0:
             series.request_size.observe(record.request_bytes)
-        if code is not None or record.series is None:
-            return
-        duration = now - record.received_at
-        series.duration.observe(duration)
-        if record.response_bytes >= 0:
-            series.response_size.observe(record.response_bytes)
-        if record.response_started_at >= 0:
-            state.response_processing.observe(now - record.response_started_at)
-        first = record.first_byte_at
-        if first >= 0:
-            (series.ttft_streaming if record.streaming else series.ttft).observe(first - record.received_at)
-        output = record.completion_tokens
-        if record.prompt_tokens > 0:
-            series.input.observe(record.prompt_tokens)
-        if output > 0:
-            series.output.observe(output)
-            series.ntpot.observe(duration / output)
-            if record.streaming and first >= 0 and output > 1:
-                series.tpot.observe((now - first) / (output - 1))
-        if record.cached_tokens >= 0:
-            series.cached.observe(record.cached_tokens)
 
     def response_chunk(self, record: RequestRecord, now: float, size: int) -> None:
         """A response body chunk went by: first byte (TTFT), inter-chunk latency (ITL) for streams, size."""
@@ -378,8 +400,8 @@ class PickerMetrics(FreezableCollector):
             record.response_bytes = size
         else:
             record.response_bytes += size
-            if record.streaming and record.series is not None:
-                record.series.itl.observe(now - record.last_chunk_at)
+            if record.streaming and record.route is not None:
+                record.route.series.itl.observe(now - record.last_chunk_at)
         record.last_chunk_at = now
 
     def usage(
@@ -392,14 +414,8 @@ class PickerMetrics(FreezableCollector):
     ) -> None:
         """Token counts as the model server reported them in `usage`; recorded when the request ends."""
         if record is None:  # a caller without a record: count it now, under the model's default labels
-            record = RequestRecord(0.0)
-            record.series = self._series(model, model, None, None)
-            record.prompt_tokens, record.completion_tokens, record.cached_tokens = (
-                prompt_tokens,
-                completion_tokens,
-                cached_tokens,
-            )
-            series = record.series
+            self._fold()
+            series = self._route(model, model, None, None, "").series
             if prompt_tokens > 0:
                 series.input.observe(prompt_tokens)
             if completion_tokens > 0:
@@ -410,6 +426,31 @@ class PickerMetrics(FreezableCollector):
             completion_tokens,
             cached_tokens,
         )
+
+    # -- the fold ---------------------------------------------------------------------------------------------
+
+    def _fold(self) -> None:
+        """The raw numbers kept since the last fold into the series, each histogram's in the order observed."""
+        state = self._state
+        if self._latencies:
+            latencies, self._latencies = self._latencies, []
+            state.scheduler.observe_all(latencies)
+        if self._processing:
+            processing, self._processing = self._processing, []
+            state.request_processing.observe_all(processing)
+        if self._touched:
+            touched, self._touched = self._touched, []
+            attempts, rewrites = state.attempts, state.rewrites
+            for route in touched:
+                n, route.decided = route.decided, 0
+                route.series.running += n
+                attempts[route.attempt] = attempts.get(route.attempt, 0) + n
+                if route.rewrite is not None:
+                    rewrites[route.rewrite] = rewrites.get(route.rewrite, 0) + n
+        if self._done:
+            done, self._done = self._done, []
+            state.by_outcome[("routed", "OK")] += len(done)
+            _fold_routed(done, state.response_processing)
 
     def usage_invalid(self) -> None:
         self.usage_invalid_total.inc()
@@ -439,6 +480,7 @@ class PickerMetrics(FreezableCollector):
     # -- collection -------------------------------------------------------------------------------------------
 
     def snapshot(self) -> _State:
+        self._fold()
         return self._state.copy()
 
     def families(self, data: Any) -> Iterator[Metric]:
@@ -509,6 +551,67 @@ class PickerMetrics(FreezableCollector):
             (),
             [((), state.response_processing)],
         )
+
+
+def _fold_routed(done: list[RequestRecord], response_processing: PlainHistogram) -> None:
+    """Routed requests' numbers into their series, in the order the requests ended. Each `h.counts[...]` line is
+    `PlainHistogram.observe` written out: a Python call per value cost more than the rest of the fold."""
+    bucket = bisect.bisect_left
+    for record in done:
+        assert record.route is not None
+        series = record.route.series
+        series.running -= 1
+        series.total += 1
+        now = record.done_at
+        size = record.request_bytes
+        if size >= 0:
+            h = series.request_size
+            h.counts[bucket(h.bounds, size)] += 1
+            h.sum += size
+        duration = now - record.received_at
+        h = series.duration
+        h.counts[bucket(h.bounds, duration)] += 1
+        h.sum += duration
+        first = record.first_byte_at
+        if first >= 0:
+            size = record.response_bytes
+            h = series.response_size
+            h.counts[bucket(h.bounds, size)] += 1
+            h.sum += size
+        if record.response_started_at >= 0:
+            h = response_processing
+            value = now - record.response_started_at
+            h.counts[bucket(h.bounds, value)] += 1
+            h.sum += value
+        if first >= 0:
+            h = series.ttft_streaming if record.streaming else series.ttft
+            value = first - record.received_at
+            h.counts[bucket(h.bounds, value)] += 1
+            h.sum += value
+        tokens = record.prompt_tokens
+        if tokens > 0:
+            h = series.input
+            h.counts[bucket(h.bounds, tokens)] += 1
+            h.sum += tokens
+        output = record.completion_tokens
+        if output > 0:
+            h = series.output
+            h.counts[bucket(h.bounds, output)] += 1
+            h.sum += output
+            value = duration / output
+            h = series.ntpot
+            h.counts[bucket(h.bounds, value)] += 1
+            h.sum += value
+            if record.streaming and first >= 0 and output > 1:
+                value = (now - first) / (output - 1)
+                h = series.tpot
+                h.counts[bucket(h.bounds, value)] += 1
+                h.sum += value
+        tokens = record.cached_tokens
+        if tokens >= 0:
+            h = series.cached
+            h.counts[bucket(h.bounds, tokens)] += 1
+            h.sum += tokens
 
 
 _HIST_FAMILIES = (

@@ -11,7 +11,7 @@ text in a worker thread, so no lock is needed and a slow scrape never holds the 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 class PlainHistogram:
@@ -27,6 +27,14 @@ class PlainHistogram:
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le: a value on a bound is in that bucket
         self.sum += value
+
+    def observe_all(self, values: Iterable[float]) -> None:
+        """`observe` each value in turn (the same counts and the same sum, added in the same order)."""
+        counts, bounds, total = self.counts, self.bounds, self.sum
+        for value in values:
+            counts[bisect.bisect_left(bounds, value)] += 1
+            total += value
+        self.sum = total
 
     def add(self, other: PlainHistogram) -> None:
         for i, count in enumerate(other.counts):

@@ -14,7 +14,7 @@ import pytest
 
 from epp.errors import EppError, ErrorCode
 from epp.requests import parse_request
-from epp.requests.openai import MAX_MODEL_CHARS, MAX_NESTING
+from epp.requests.openai import MAX_MODEL_CHARS, MAX_NESTING, opening_brackets
 from tests.extproc.envoy import body_msg, headers_msg, immediate, make_stream
 
 DEEP = "[" * 1000 + "]" * 1000  # the probe's depth: ~2 KB of brackets
@@ -48,6 +48,44 @@ def test_nesting_up_to_the_limit_is_accepted() -> None:
     too_deep = {**body, "tools": [{"items": schema}]}
     with pytest.raises(EppError, match="nesting too deep"):
         parse_request("r1", "/v1/chat/completions", {}, json.dumps(too_deep).encode())
+
+
+def _nested(depth: int, kinds: str) -> str:
+    """A JSON value `depth` levels deep, its containers taken in turn from `kinds` ("[" arrays, "{" objects)."""
+    text = "1"
+    for level in range(depth):
+        text = f"[{text}]" if kinds[level % len(kinds)] == "[" else f'{{"k":{text}}}'
+    return text
+
+
+@pytest.mark.parametrize("kinds", ["[", "{", "[{", "{[", "[[{"])
+def test_the_limit_is_exact_for_arrays_objects_and_both(kinds: str) -> None:
+    """MAX_NESTING levels pass, one more is the 400, whichever containers make them (the body is one level)."""
+    for depth, refused in ((MAX_NESTING - 1, False), (MAX_NESTING, True)):
+        body = ('{"model":"m","prompt":"hi","extra":' + _nested(depth, kinds) + "}").encode()
+        assert opening_brackets(body) == depth + 1
+        if refused:
+            with pytest.raises(EppError, match="nesting too deep"):
+                parse_request("r1", "/v1/completions", {}, body)
+        else:
+            assert parse_request("r1", "/v1/completions", {}, body).model == "m"
+
+
+def test_brackets_inside_strings_count_for_the_pre_check_but_not_for_depth() -> None:
+    """A prompt of 1,000 `[` and `{` characters: past the byte count, so the body is walked, and found shallow."""
+    prompt = "[{" * 500
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": prompt}]}).encode()
+    assert opening_brackets(body) == 1_003
+    request = parse_request("r1", "/v1/chat/completions", {}, body)
+    assert request.prompt == "<user>" + prompt
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"{}", b"[", b"{", b"[[{{", b'{"a":"[{[{"}', bytes(range(256)) * 3, b"x" * 10_000 + b"[" * 300 + b"{"],
+)
+def test_opening_brackets_counts_every_bracket_byte(body: bytes) -> None:
+    assert opening_brackets(body) == body.count(b"[") + body.count(b"{")
 
 
 def test_many_brackets_without_depth_are_fine() -> None:
