@@ -10,14 +10,23 @@ seed need not match the engine's.
 
 Definition, all arithmetic mod 2^64 (numpy uint64 wraps):
 
-    v_i   = mix(Σ_t tokens[i·B + t] · K_t)      K_t: B fixed odd multipliers; mix: the splitmix64 finalizer
-    key_i = key_{i-1} · M + v_i                 key_{-1} = root(seed, LoRA name); M odd
+    y_i   = mix(Σ_t tokens[i·B + t] · K_t)      K_t: B fixed odd multipliers; mix: x ^= x >> 30; x ·= C1; x ^= x >> 27
+    v_i   = E · y_i                              E = 2 · C2: even
+    key_i = key_{i-1} · M + v_i                 key_{-1} = root(seed, LoRA name), odd; M odd
+
+`mix` is the first three steps of the splitmix64 finalizer; its last multiply is E, outside it, so that a request
+folds it into its per-position multipliers (below), and its last xorshift is left out: every key goes through
+multiplications by odd M powers, which carry each bit of y upwards anyway. E is even, so every v_i is even and,
+the root being odd, **every key is odd**: 0 is never a key (the shared-memory table uses 0 as its empty marker and
+stores keys as they are, `epp.kvevents.shared`). The price is one bit: y and y + 2^63 give the same v, a 2^-63
+collision per pair of blocks, as for any 63-bit key.
 
 One recurrence, two ways to evaluate it: an event walks it block by block (`chain`, a few Python operations per
 block, after one vectorised `block_values` call for the whole batch), a request evaluates it in closed form,
-key_i = M^(i+1) · (root + Σ_{j≤i} v_j · M^-(j+1)), with one cumulative sum (`request_keys`). Tests hold the two
-equal. Keys are 64-bit: two different prefixes share a key with probability about 2^-64 per pair, as for
-upstream's FNV-64a; they never leave the process except to the shared-memory reader, which uses the same code.
+key_i = M^(i+1) · (root + Σ_{j≤i} y_j · E · M^-(j+1)), with one cumulative sum (`request_keys`). Tests hold the two
+equal. Keys are 64-bit (63 bits of entropy): two different prefixes share a key with probability about 2^-63 per
+pair, as for upstream's FNV-64a; they never leave the process except to the shared-memory reader, which uses the
+same code.
 """
 
 from __future__ import annotations
@@ -35,17 +44,19 @@ U64Array = npt.NDArray[np.uint64]
 MASK = (1 << 64) - 1
 M = 0x9E3779B97F4A7C15  # odd: invertible mod 2^64
 _M_INV = pow(M, -1, 1 << 64)
-_C1, _C2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_C1 = np.uint64(0xBF58476D1CE4E5B9)
+_S30, _S27 = np.uint64(30), np.uint64(27)
+_E = np.uint64((2 * 0x94D049BB133111EB) & MASK)  # even: every v_i even, every key odd
 MAX_BLOCK_SIZE = 4096
 
 
 def _mix(x: U64Array) -> U64Array:
-    x = x ^ (x >> _S30)
+    """y from a block's sum, in place (x is a fresh array)."""
+    t = x >> _S30
+    x ^= t
     x *= _C1
-    x ^= x >> _S27
-    x *= _C2
-    x ^= x >> _S31
+    np.right_shift(x, _S27, out=t)
+    x ^= t
     return x
 
 
@@ -68,8 +79,9 @@ class BlockKeys:
         rng = np.random.default_rng(0x6B76_6576)  # fixed forever: keys must agree across processes and runs
         k = (rng.integers(0, 2**63, size=block_size, dtype=np.uint64) << np.uint64(1)) | np.uint64(1)
         self._kt = np.tile(k, max_blocks)  # K_t repeated per block: one multiply over the whole token run
+        self._k = k
         self._p = _powers(M, max_blocks)  # M^(i+1)
-        self._q = _powers(_M_INV, max_blocks)  # M^-(i+1)
+        self._eq = _powers(_M_INV, max_blocks) * _E  # E · M^-(i+1): v's factor E folded in
         self._roots: dict[str, int] = {}
 
     def root(self, lora_name: str | None = None) -> int:
@@ -80,7 +92,7 @@ class BlockKeys:
             if len(self._roots) > 4096:  # adapter names come from events and requests: bound the cache
                 self._roots.clear()
             digest = hashlib.blake2b(f"{self._seed}\0{name}".encode("utf-8", "surrogatepass"), digest_size=8)
-            r = int.from_bytes(digest.digest(), "little")
+            r = int.from_bytes(digest.digest(), "little") | 1  # odd: with every v_i even, every key is odd
             self._roots[name] = r
         return r
 
@@ -95,12 +107,18 @@ class BlockKeys:
             return token_ids.array().astype(np.uint64)
         return np.frombuffer(array.array("Q", token_ids), dtype=np.uint64)
 
-    def _values(self, tokens: U64Array, n: int) -> U64Array:
+    def _mixed(self, tokens: U64Array, n: int) -> U64Array:
+        """y_i of the first n blocks (a fresh array)."""
         b = self.block_size
         # Σ_t tokens[i·B + t]·K_t for every block at once: an integer matmul wraps mod 2^64 as the ufuncs do (the
         # same sums as a multiply and `reduceat`, ~1.6× faster at 4k tokens)
-        x: U64Array = tokens[: n * b].reshape(n, b) @ self._kt[:b]
+        x: U64Array = tokens[: n * b].reshape(n, b) @ self._k
         return _mix(x)
+
+    def _values(self, tokens: U64Array, n: int) -> U64Array:
+        v = self._mixed(tokens, n)
+        v *= _E
+        return v
 
     def block_values(self, tokens: U64Array) -> list[int]:
         """v_i for every whole block of `tokens`; a trailing partial block is ignored."""
@@ -132,7 +150,9 @@ class BlockKeys:
     @staticmethod
     def mix_sums(sums: Sequence[int]) -> list[int]:
         """v_i from whole blocks' pre-mix sums (what `unit_sums` adds up)."""
-        out: list[int] = _mix(np.array(sums, dtype=np.uint64)).tolist()
+        v = _mix(np.array(sums, dtype=np.uint64))
+        v *= _E
+        out: list[int] = v.tolist()
         return out
 
     @staticmethod
@@ -153,8 +173,10 @@ class BlockKeys:
             return np.zeros(0, dtype=np.uint64)
         if len(token_ids) >= (n + 1) * b:  # longer than the cap: convert only what is hashed
             token_ids = token_ids[: n * b]
-        x = self._values(self.tokens_array(token_ids), n)
-        acc = np.add.accumulate(x * self._q[:n])
-        acc += np.uint64(self.root(lora_name))
-        acc *= self._p[:n]
-        return acc
+        tokens = token_ids if isinstance(token_ids, np.ndarray) and token_ids.dtype == np.uint64 else None
+        y = self._mixed(self.tokens_array(token_ids) if tokens is None else tokens, n)
+        y *= self._eq[:n]
+        np.add.accumulate(y, out=y)
+        y += np.uint64(self.root(lora_name))
+        y *= self._p[:n]
+        return y

@@ -3,30 +3,33 @@
 Layout of one buffer (a `multiprocessing.shared_memory` segment in production, any writable buffer in tests), all
 little-endian uint64:
 
-    header[8]           magic, capacity C (a power of two), mask words W, generation, used slots, retired, 2 spare
-    keys[C]             a block key per slot in its stored form `key | 1`; 0 = empty
+    header[8]           magic, capacity C (a power of two, ≥ BUCKET), mask words W, generation, used slots, retired,
+                        2 spare
+    keys[C]             a block key per slot; 0 = empty; C / BUCKET buckets of BUCKET consecutive slots
     masks[C × W]        the endpoints holding that block, one bit per endpoint slot
 
-A key is stored as `key | 1`, so 0 can never be a stored key and stays the empty marker with no fix-up on either
-side; the price is that keys 2j and 2j + 1 read as one block, a 2^-63 collision per pair of keys (the keys are
-uniform 64-bit chain hashes: `epp.kvevents.blockkeys`). The home slot of a key is its top log2(C) bits
-(`key >> (64 − log2 C)`): the keys are already mixed, so their high bits are as uniform as any hash of them, and
-the slot costs one shift (`_home`: the one definition, used by the writer's `set` and by the reader). Open
-addressing, linear probing from the home slot, at most `MAX_PROBE` slots. Nothing is ever deleted: a block no
-endpoint holds keeps its slot with mask 0, which reads as a miss. So a slot's key, once written, never changes, and
-the writer writes a new slot's mask before its key: a reader that sees the key sees a mask that was true at some
-moment. A mask word is one aligned 8-byte store, so each endpoint's bit is either the old or the new value, never
-torn; a pick that races a write sees the block one event early or late, as it would a scrape row. When the table
-runs out of room (half full, or a probe longer than `MAX_PROBE`), `set` returns False and the owner
-(`TableWriter`) rebuilds a larger table from its index into a new buffer, generation + 1, and marks the old one
-retired, which readers check once per pick to move on to the next generation's segment.
+Block keys are odd by construction (`epp.kvevents.blockkeys`: their 2^-63 collision per pair of blocks is the
+price), so 0 is never a key and marks an empty slot with no fix-up on either side; `set` refuses an even key.
+A key's home bucket is its top log2(C / BUCKET) bits (`_home`: one shift, the one definition for the writer and
+the reader): the keys are already mixed, so their high bits are as uniform as any hash of them. The writer puts a
+key in the first empty slot of its home bucket; only when that bucket is full does it go on to the next buckets
+(at most `MAX_PROBE` of them). With the table at most half full, a bucket of 16 overflows for about 0.1 % of keys,
+so a reader finds nearly every key in its home bucket, and a key missing from a home bucket that is not full is
+in no endpoint's cache.
 
-Reading is vectorised, in a dozen numpy calls whatever the endpoint count: every key's home slot at once; in the
-common case each key is either in its home slot or the prefix ends at the first key whose home slot is empty (no
-endpoint holds it, and keys are never deleted), which one `argmin` finds; only a key whose home slot holds another
-key sends the lookup to the probing loop. The masks are ANDed cumulatively down the prompt, and since a bit that
-drops never comes back, each endpoint's prefix is the number of rows its bit is set in: the rows unpacked to one
-byte per bit and summed (`_row_counts`).
+Nothing is ever deleted: a block no endpoint holds keeps its slot with mask 0, which reads as a miss. So a slot's
+key, once written, never changes, and the writer writes a new slot's mask before its key: a reader that sees the
+key sees a mask that was true at some moment. A mask word is one aligned 8-byte store, so each endpoint's bit is
+either the old or the new value, never torn; a pick that races a write sees the block one event early or late, as
+it would a scrape row. When the table runs out of room (half full, or `MAX_PROBE` full buckets in a row), `set`
+returns False and the owner (`TableWriter`) rebuilds a larger table from its index into a new buffer, generation
++ 1, and marks the old one retired, which readers check once per pick to move on to the next generation's segment.
+
+Reading is vectorised, a dozen numpy calls whatever the endpoint count and however full the table: every key's
+home bucket gathered at once and compared with the key; the prompt's leading keys found there; the first key not
+found ends every prefix, unless its bucket is full (then that key alone is looked for further on, in Python: rare).
+The masks are ANDed cumulatively down the prompt, and since a bit that drops never comes back, each endpoint's
+prefix is the number of rows its bit is set in (`_row_counts`).
 `KvBlockIndex.match` walks Python dicts instead; both answer the same question with the same keys, tests hold them
 equal, and benchmarks/kv_events.py measures both side by side.
 """
@@ -42,20 +45,24 @@ import numpy.typing as npt
 from epp.kvevents.blockkeys import U64Array
 from epp.kvevents.index import KvBlockIndex
 
-MAGIC: Final = 0x4B56_424C_4B53_0002  # "KVBLKS" v2: keys stored as key | 1, home slot from the top bits
+MAGIC: Final = 0x4B56_424C_4B53_0003  # "KVBLKS" v3: odd keys as they are, buckets of 16 by their top bits
 HEADER_WORDS: Final = 8
-MAX_PROBE: Final = 16
+BUCKET: Final = 16  # slots per bucket: two cache lines of keys
+_LOG_BUCKET: Final = 4
+MAX_PROBE: Final = 4  # buckets a key may be from its home bucket
 _CAP, _WORDS, _GEN, _USED, _RETIRED = 1, 2, 3, 4, 5
-_ONE = np.uint64(1)
 # rows summed at once in `_row_counts`: one byte per endpoint bit holds a count up to 255
 _LANE_ROWS: Final = 255
 _ONES = np.ones(_LANE_ROWS, dtype=np.uint64)
+_ROWS = np.arange(1 << 13, dtype=np.int64)  # row numbers (a request has at most max_request_blocks keys)
+_LOG_B = np.int64(_LOG_BUCKET)
+_IN_BUCKET = np.int64(BUCKET - 1)
 Counts = npt.NDArray[np.unsignedinteger[Any]]
 
 
-def _home(stored: int, shift: int) -> int:
-    """A stored key's home slot: its top log2(capacity) bits (the reader shifts a whole array the same way)."""
-    return stored >> shift
+def _home(key: int, shift: int) -> int:
+    """A key's home bucket: its top log2(buckets) bits (the reader shifts a whole array the same way)."""
+    return key >> shift
 
 
 def table_bytes(capacity: int, words: int) -> int:
@@ -70,8 +77,8 @@ class SharedBlockTable:
     ) -> None:
         whole = np.frombuffer(buf, dtype="<u8")
         if create:
-            if capacity < 8 or capacity & (capacity - 1):
-                raise ValueError("capacity must be a power of two, at least 8")
+            if capacity < BUCKET or capacity & (capacity - 1):
+                raise ValueError(f"capacity must be a power of two, at least {BUCKET}")
             if words < 1:
                 raise ValueError("words must be positive")
             if len(whole) < HEADER_WORDS + capacity * (1 + words):
@@ -86,11 +93,20 @@ class SharedBlockTable:
         c, w = self.capacity, self.words
         self._header = whole[:HEADER_WORDS]
         self._keys = whole[HEADER_WORDS : HEADER_WORDS + c]
+        self._buckets = self._keys.reshape(c // BUCKET, BUCKET)
         self._masks = whole[HEADER_WORDS + c : HEADER_WORDS + c + c * w].reshape(c, w)
-        self._mask_c = np.int64(c - 1)
-        self._shift = 64 - (c.bit_length() - 1)
+        self._bucket_masks = self._masks.reshape(c // BUCKET, BUCKET, w)
+        self._shift = 64 - ((c // BUCKET).bit_length() - 1)
         self._shift_u = np.uint64(self._shift)
+        self._last_bucket = c // BUCKET - 1
         self._used = int(whole[_USED])
+        # the same words as Python ints for the writer's scalar reads and stores, several times cheaper than numpy
+        # scalar indexing (one writer process mirrors every block event: benchmarks/kv_events.py feeder_writer);
+        # native byte order, which is the layout's little-endian on every platform numpy's "<u8" view runs fast on
+        raw = memoryview(buf).cast("B")
+        self._header_words = raw[: 8 * HEADER_WORDS].cast("Q")
+        self._key_words = raw[8 * HEADER_WORDS : 8 * (HEADER_WORDS + c)].cast("Q")
+        self._mask_words = raw[8 * (HEADER_WORDS + c) : 8 * (HEADER_WORDS + c + c * w)].cast("Q")
 
     @property
     def generation(self) -> int:
@@ -108,86 +124,115 @@ class SharedBlockTable:
 
     def set(self, key: int, mask: int) -> bool:
         """Record who holds `key` now (`mask` over all W words); False when there is no room: rebuild larger."""
-        k = key | 1
-        c1 = self.capacity - 1
-        slot = _home(k, self._shift)
-        keys = self._keys
+        if not key & 1:
+            raise ValueError(f"block keys are odd, got {key:#x}")
+        slot = self._find(key, _home(key, self._shift), insert=True)
+        if slot < 0:
+            return False
+        keys = self._key_words
+        if keys[slot] == key:
+            self._write_mask(slot, mask)
+            return True
+        if mask == 0:
+            return True  # nobody holds a block we never stored: nothing to write
+        used = self._used + 1
+        if 2 * used > self.capacity:
+            return False
+        self._write_mask(slot, mask)
+        keys[slot] = key  # after the mask: a reader that sees the key sees its mask
+        self._used = self._header_words[_USED] = used
+        return True
+
+    def _find(self, key: int, bucket: int, insert: bool = False) -> int:
+        """The slot holding `key`, searching from `bucket` on; −1 when absent. With `insert`, an absent key's slot
+        is the first empty one (−1: none within `MAX_PROBE` buckets)."""
+        words, last = self._key_words, self._last_bucket
         for _ in range(MAX_PROBE):
-            have = int(keys[slot])
-            if have == k:
-                self._write_mask(slot, mask)
-                return True
-            if have == 0:
-                if mask == 0:
-                    return True  # nobody holds a block we never stored: nothing to write
-                if 2 * (self._used + 1) > self.capacity:
-                    return False
-                self._write_mask(slot, mask)
-                keys[slot] = k  # after the mask: a reader that sees the key sees its mask
-                self._used += 1
-                self._header[_USED] = self._used
-                return True
-            slot = (slot + 1) & c1
-        return False
+            base = bucket * BUCKET
+            row = words[base : base + BUCKET].tolist()
+            if key in row:
+                return base + row.index(key)
+            if 0 in row:  # a key is only ever put past a full bucket
+                return base + row.index(0) if insert else -1
+            bucket = bucket + 1 if bucket < last else 0
+        return -1
 
     def _write_mask(self, slot: int, mask: int) -> None:
-        row = self._masks[slot]
-        for w in range(self.words):
-            row[w] = (mask >> (64 * w)) & 0xFFFF_FFFF_FFFF_FFFF
+        words = self.words
+        if words == 1:
+            self._mask_words[slot] = mask
+            return
+        for w in range(words):
+            self._mask_words[slot * words + w] = (mask >> (64 * w)) & 0xFFFF_FFFF_FFFF_FFFF
 
     # -- readers ------------------------------------------------------------------------------------------------
 
     def prefix_blocks(self, keys: U64Array) -> Counts:
-        """Per endpoint slot (W × 64 of them), how many of `keys`' leading blocks it holds."""
-        if len(keys) == 0:
+        """Per endpoint slot (W × 64 of them), how many of `keys`' leading blocks (odd, as every block key) it
+        holds."""
+        n = len(keys)
+        home = (keys >> self._shift_u).view(np.int64)
+        buckets = self._buckets[home]
+        # row · BUCKET + position of every key found in its home bucket, ascending: at most one per row
+        at = (buckets == keys[:, None]).ravel().nonzero()[0]
+        found = len(at)
+        if found == n or (found and at[found - 1] < found * BUCKET):
+            lead = found  # the first `found` rows, and no other
+        elif found:
+            numbers = _ROWS[:found] if found <= _ROWS.size else np.arange(found, dtype=np.int64)
+            lead = int(((at >> _LOG_B) != numbers).argmax())
+        else:
+            lead = 0
+        if lead < n and buckets[lead, -1]:  # the first key not at home has a full home bucket: look further
+            slots = self._past_full_buckets(keys, home, buckets, at)
+            if not len(slots):
+                return np.zeros(64 * self.words, dtype=np.uint64)
+            masks = self._masks[slots]
+        elif lead:  # each leading row's mask from its home bucket's masks, at the key's position
+            masks = self._bucket_masks[home[:lead]].reshape(lead * BUCKET, self.words)[at[:lead]]
+        else:
             return np.zeros(64 * self.words, dtype=np.uint64)
-        k = keys | _ONE
-        slot = (k >> self._shift_u).view(np.int64)
-        seen = self._keys[slot]
-        hit = seen == k
-        first = int(hit.argmin())  # the first key not in its home slot (0 when every key is)
-        if hit[first]:
-            masks = self._masks[slot]
-        elif seen[first] == 0:  # an empty home slot: no endpoint holds that key, every prefix ends before it
-            if first == 0:
-                return np.zeros(64 * self.words, dtype=np.uint64)
-            masks = self._masks[slot[:first]]
-        else:  # another key in its home slot: probe on
-            masks = self._probed(k, slot, seen)
-            if not len(masks):
-                return np.zeros(64 * self.words, dtype=np.uint64)
         return _row_counts(np.bitwise_and.accumulate(masks, axis=0))
 
-    def _probed(self, k: U64Array, slot: npt.NDArray[np.int64], seen: U64Array) -> U64Array:
-        """The masks of the leading keys, probing past home slots that hold other keys; the rows stop before the
-        first key whose probe ends in an empty slot (no endpoint holds it)."""
-        absent = np.flatnonzero(seen == 0)
-        if absent.size:  # keys are never deleted, so an empty first slot means no endpoint holds the key: every
-            n = int(absent[0])  # prefix ends before it, and the rows after it need no probing
-            k, slot, seen = k[:n], slot[:n], seen[:n]
-        miss = seen != k  # every slot left is occupied: a miss is another key there, probe on
-        masks = self._masks[slot]
-        masks[miss] = 0
-        todo = np.flatnonzero(miss)
-        for _ in range(MAX_PROBE - 1):
-            if not len(todo):
-                break
-            slot[todo] = (slot[todo] + 1) & self._mask_c
-            seen = self._keys[slot[todo]]
-            found = seen == k[todo]
-            if found.any():
-                masks[todo[found]] = self._masks[slot[todo[found]]]
-            todo = todo[~found & (seen != 0)]
-        return masks
+    def _past_full_buckets(
+        self,
+        keys: U64Array,
+        home: npt.NDArray[np.int64],
+        buckets: U64Array,
+        at: npt.NDArray[np.int64],
+    ) -> npt.NDArray[np.int64]:
+        """The slots of the leading keys when some were put past their full home bucket: each key not at home is
+        looked for in the buckets after it, one by one, until one is in no slot."""
+        n = len(keys)
+        where = np.full(n, -1, dtype=np.int64)
+        rows = at >> _LOG_B
+        where[rows] = (home[rows] << _LOG_B) + (at & _IN_BUCKET)
+        last = self._last_bucket
+        for row in np.flatnonzero(where < 0).tolist():
+            if not int(buckets[row, -1]):  # not at home, and home has room: no endpoint holds it
+                return where[:row]
+            h = int(home[row])
+            slot = self._find(int(keys[row]), h + 1 if h < last else 0)
+            if slot < 0:
+                return where[:row]
+            where[row] = slot
+        return where
 
 
 def _row_counts(held: U64Array) -> Counts:
     """Per bit of `held` (n rows × W words, each row's bits a subset of the row above), how many rows it is set in:
     that is the row where it drops, so the endpoint's prefix length.
 
-    The rows unpack to one byte per bit, viewed as 8 byte lanes per uint64; a sum of up to 255 rows cannot carry
-    from one lane into the next, so one uint64 matmul with a row of ones counts every bit at once."""
+    When no bit drops (one holder, or all holders to the end: the common case), that is n for the first row's bits.
+    Otherwise the rows unpack to one byte per bit, viewed as 8 byte lanes per uint64; a sum of up to 255 rows cannot
+    carry from one lane into the next, so one uint64 matmul with a row of ones counts every bit at once."""
     n = held.shape[0]
+    if held[0].tolist() == held[-1].tolist():
+        bits = np.unpackbits(held[0].view(np.uint8), bitorder="little")
+        if n <= _LANE_ROWS:
+            bits *= np.uint8(n)
+            return bits
+        return bits * np.uint64(n)
     lanes = np.unpackbits(held.view(np.uint8).reshape(-1), bitorder="little").view(np.uint64).reshape(n, -1)
     if n <= _LANE_ROWS:
         counts: Counts = (_ONES[:n] @ lanes).view(np.uint8)
@@ -238,6 +283,6 @@ class TableWriter:
         if mask >> (64 * table.words) == 0 and table.set(key, mask):
             return
         live = len(self.index.holders)
-        capacity = max(table.capacity * 2, 1 << max(3, (4 * live).bit_length()))
+        capacity = max(table.capacity * 2, 1 << max(_LOG_BUCKET, (4 * live).bit_length()))
         self.table = self._build(capacity, max(table.words, self._words_needed()), table.generation + 1)
         table.retire()

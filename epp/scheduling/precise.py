@@ -112,17 +112,18 @@ class _NoIndex:
 
 class _Membership:
     """What a pick needs of the snapshot's membership against the index's, computed once per (membership tuple,
-    index version): snapshot slot by address, the pairs (snapshot slot, index slot) of the endpoints both know, and
-    the snapshot slots never heard from (the only endpoints besides those owing events that can be untrusted)."""
+    index version): snapshot slot by address, each snapshot slot's index slot, and the snapshot slots never heard
+    from (the only endpoints besides those owing events that can be untrusted)."""
 
-    __slots__ = ("addresses", "index_slots", "never", "slot_of", "snapshot_slots", "version", "view")
+    __slots__ = ("addresses", "index_slot", "mapped", "never", "slot_of", "version", "view")
 
     def __init__(self, addresses: tuple[str, ...], view: KvIndexView) -> None:
         self.addresses, self.view, self.version = addresses, view, view.version
         self.slot_of = {a: i for i, a in enumerate(addresses) if a}
-        pairs = [(self.slot_of[name], bit) for bit, name in enumerate(view.slot_names()) if name in self.slot_of]
-        self.snapshot_slots = np.array([s for s, _ in pairs], dtype=np.intp)
-        self.index_slots = np.array([b for _, b in pairs], dtype=np.intp)
+        # per snapshot slot, its endpoint's index slot; −1 (a count of 0 the producer appends) when the index has none
+        of_name = {name: bit for bit, name in enumerate(view.slot_names()) if name is not None}
+        self.index_slot = np.array([of_name.get(a, -1) if a else -1 for a in addresses], dtype=np.intp)
+        self.mapped = bool((self.index_slot >= 0).any())
         self.never = tuple(i for i, a in enumerate(addresses) if a and view.last_event_at(a) == NEVER)
 
 
@@ -217,9 +218,13 @@ class PrecisePrefixCacheProducer:
         snapshot = state.snapshot
         now = state.now
         members = self._membership(snapshot.addresses)
-        matched = np.zeros(snapshot.present.size)
-        if keys.size and members.index_slots.size:
-            matched[members.snapshot_slots] = self.view.prefix_blocks(keys)[members.index_slots]
+        if keys.size and members.mapped:
+            counts = self.view.prefix_blocks(keys)
+            held = np.zeros(counts.size + 1)  # + a 0 for the snapshot slots the index does not know
+            held[:-1] = counts
+            matched = held[members.index_slot]
+        else:
+            matched = np.zeros(snapshot.present.size)
         # Only endpoints never heard from or owing events can be untrusted (few): their match comes from the
         # approximate producer; no per-candidate work for the many trusted endpoints.
         untrusted: set[str] = set()

@@ -52,7 +52,7 @@ def _stored(first: int, n: int, parent: int | None) -> BlockStored:
 def test_the_table_matches_the_index_after_any_events(ops: list[tuple[int, str, int]]) -> None:
     index = KvBlockIndex()
     made, alloc = _buffers()
-    writer = TableWriter(index, alloc, capacity=8)  # tiny: rebuilds happen
+    writer = TableWriter(index, alloc, capacity=16)  # tiny: rebuilds happen
     for endpoint, op, n in ops:
         name = f"127.10.0.{endpoint}:8000"
         have = index.blocks(name)
@@ -74,7 +74,7 @@ def test_the_table_matches_the_index_after_any_events(ops: list[tuple[int, str, 
 def test_a_full_table_is_rebuilt_larger_and_the_old_one_retired() -> None:
     index = KvBlockIndex()
     _, alloc = _buffers()
-    writer = TableWriter(index, alloc, capacity=8)
+    writer = TableWriter(index, alloc, capacity=16)
     first = writer.table
     index.apply("127.10.0.1:8000", [_stored(0, 20, None)], 1.0)
     assert writer.table.generation > 0 and first.retired and not writer.table.retired
@@ -138,7 +138,7 @@ def test_another_process_reads_the_published_table_and_follows_its_rebuilds() ->
 
     index = KvBlockIndex()
     segments = SegmentAllocator(new_prefix())
-    writer = TableWriter(index, segments, capacity=8, published=segments.published)
+    writer = TableWriter(index, segments, capacity=16, published=segments.published)
     ctx = mp.get_context("spawn")
     reader = TableReader(segments.prefix)  # stays attached across the rebuild below
     try:
@@ -166,7 +166,7 @@ def test_another_process_reads_the_published_table_and_follows_its_rebuilds() ->
         assert not [n for n in os.listdir("/dev/shm") if n.startswith(segments.prefix)]  # nothing left behind
 
 
-def _table_and_index(holders: dict[int, int], endpoints: int, capacity: int = 8) -> tuple[KvBlockIndex, TableWriter]:
+def _table_and_index(holders: dict[int, int], endpoints: int, capacity: int = 16) -> tuple[KvBlockIndex, TableWriter]:
     """An index whose holder masks are given outright (any keys, not only chain keys) and its table."""
     index = KvBlockIndex()
     for e in range(endpoints):
@@ -178,14 +178,14 @@ def _table_and_index(holders: dict[int, int], endpoints: int, capacity: int = 8)
     return index, writer
 
 
-# keys whose home slots collide at every capacity up to 2^40 (equal top bits), keys next to 0 and 2^64, the rest
-# random: probe chains, wrapping chains and the stored form's edge (keys 0 and 1 share one stored form, key | 1,
-# so a table holds one of them: 0 here, 1 in its own test)
-_TOP = 0x5A_5A5A_5A5A  # the top 40 bits of six keys
+# 24 keys in the last bucket at every capacity up to 2^40 (top 40 bits all ones): more than a bucket holds, so some
+# go past it and wrap to the first; keys next to 0 and 2^64 (1 is the smallest: every block key is odd); the rest
+# random
+_TOP = 0xFF_FFFF_FFFF
 _KEYS = (
-    [(_TOP << 24) | (j << 1) for j in range(6)]
-    + [0, 2, 3 << 62, (1 << 64) - 2, (1 << 64) - 4]
-    + [random.Random(j).getrandbits(63) << 1 for j in range(20)]
+    [(_TOP << 24) | (j << 1) | 1 for j in range(24)]
+    + [1, 3, (3 << 62) | 1, (1 << 64) - 1, (1 << 64) - 3]
+    + [random.Random(j).getrandbits(64) | 1 for j in range(20)]
 )
 
 
@@ -203,9 +203,16 @@ def test_the_table_matches_the_index_for_any_keys_masks_and_prompts(
     full = (1 << endpoints) - 1
     holders = {k: m & full for k, m in zip(_KEYS[:keep], masks, strict=False)}
     index, writer = _table_and_index(holders, endpoints)
-    absent = [random.Random(99 + j).getrandbits(64) | 1 for j in range(4)]  # odd: no stored-form twin in the pool
+    absent = [random.Random(99 + j).getrandbits(64) | 1 for j in range(4)]
     keys = [_KEYS[i] if i < len(_KEYS) else absent[i - len(_KEYS)] for i in prompt]
     assert _from_table(index, writer.table, keys) == index.match(keys)
+
+
+def test_an_even_key_is_refused_and_real_keys_are_odd() -> None:
+    index, writer = _table_and_index({}, 1)
+    with pytest.raises(ValueError, match="odd"):
+        writer.table.set(2, 1)
+    assert all(k & 1 for k in index.request_keys(TOKENS))
 
 
 def test_key_one_is_found_like_any_other() -> None:
@@ -216,7 +223,9 @@ def test_key_one_is_found_like_any_other() -> None:
 
 
 def test_a_prompt_longer_than_255_blocks_counts_past_one_byte() -> None:
-    keys = [random.Random(j).getrandbits(64) for j in range(700)]
+    keys = [random.Random(j).getrandbits(64) | 1 for j in range(700)]
+    same, writer = _table_and_index(dict.fromkeys(keys, 0b011), 2, capacity=1 << 12)  # no bit drops
+    assert _from_table(same, writer.table, keys) == {"127.10.2.0:8000": 700, "127.10.2.1:8000": 700}
     holders = {k: 0b011 if i < 600 else 0b001 for i, k in enumerate(keys)}
     index, writer = _table_and_index(holders, 2, capacity=1 << 12)
     assert (
