@@ -286,8 +286,10 @@ def _pick_case(
         table.upsert(EndpointInfo(address=name))
         ids = prompt[: half * BLOCK] if e < 8 else [rng.randrange(128_000) for _ in range(half * BLOCK)]
         index.apply(name, [BlockStored(list(range(e * 10**6, e * 10**6 + half)), None, ids, BLOCK)], 0.0)
-    chain = 0
-    while writer.table._used < fill * writer.table.capacity:  # other prompts' blocks, 64 at a time
+    chain, first_capacity = 0, writer.table.capacity
+    # other prompts' blocks, 64 at a time, until the table is `fill` taken; bounded: a writer that rebuilds larger
+    # before reaching it (too long a probe) stops the filling at the load it keeps
+    while writer.table._used < fill * writer.table.capacity and writer.table.capacity == first_capacity:
         e, chain = chain % ENDPOINTS, chain + 1
         ids = [rng.randrange(128_000) for _ in range(64 * BLOCK)]
         first = e * 10**6 + 10**5 + chain * 64
