@@ -7,8 +7,9 @@ Sections (all side by side in one run; the machine is shared, so compare ratios)
   msgspec untyped + the Python walk (its fallback), and msgpack's `unpackb` + the same walk. Batches as vLLM sends
   them during a busy step: 16 `BlockStored` of 4 blocks (64 token ids) and 4 `BlockRemoved`, array-like, int hashes.
 - feeder: block events per second through decode + index, on one core, in this process (`decode_batch` +
-  `KvBlockIndex.apply` over 64 endpoints with chains that continue earlier events and with removals), and the same
-  over real ZMQ on loopback: a publisher child process sends pre-encoded batches and the `Feeder` polls them.
+  `KvBlockIndex.apply` over 64 endpoints with chains that continue earlier events and with removals); the same with
+  the shared-memory table's `TableWriter` mirroring the index, as the feeder child runs; and decode + index over
+  real ZMQ on loopback: a publisher child process sends pre-encoded batches and the `Feeder` polls them.
 - memory: tracemalloc bytes held by the index per block stored, at `--blocks` blocks over 64 endpoints.
 - lookup: µs per pick at 64 endpoints: `request_keys` (token ids → keys, once per request, from a Python list or
   from a uint64 array) and `match` (the longest prefix of all 64 endpoints) for 1k/4k/16k-token prompts whose first
@@ -125,8 +126,12 @@ def bench_decode(payloads: list[bytes], seconds: float) -> dict[str, Any]:
     }
 
 
-def bench_feeder_in_process(batches: dict[str, list[bytes]], blocks: int, seconds: float) -> dict[str, Any]:
+def bench_feeder_in_process(
+    batches: dict[str, list[bytes]], blocks: int, seconds: float, table: bool = False
+) -> dict[str, Any]:
     index = KvBlockIndex()
+    if table:  # the shared-memory table mirrored on every change, as the feeder child runs (in a bytearray here)
+        TableWriter(index, lambda _gen, nbytes: bytearray(nbytes))
     names = list(batches)
     n = len(next(iter(batches.values())))
     start_cpu, start = time.process_time(), time.perf_counter()
@@ -372,6 +377,8 @@ def main() -> None:
     for e in range(ENDPOINTS):
         batches[f"127.10.0.{e}:8000"], blocks = make_batches(60, e + 1)
     print("feeder_in_process:", json.dumps(bench_feeder_in_process(batches, blocks, args.seconds)))
+    with_table = bench_feeder_in_process(batches, blocks, args.seconds, table=True)
+    print("feeder_in_process_with_table:", json.dumps(with_table))
     zmq_batches, zmq_blocks = make_batches(5000, 99)
     print("feeder_zmq:", json.dumps(bench_feeder_zmq(zmq_batches, zmq_blocks / len(zmq_batches), args.seconds)))
     print("memory:", json.dumps(bench_memory(args.blocks)))
