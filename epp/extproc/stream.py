@@ -74,6 +74,7 @@ class StreamObserver(Protocol):
     def decided(
         self,
         record: RequestRecord | None,
+        started: float,
         now: float,
         model: str,
         target: str,
@@ -92,8 +93,6 @@ class StreamObserver(Protocol):
         fairness_id: str | None = None,
         objective: str | None = None,
     ) -> None: ...
-
-    def decision_latency(self, seconds: float) -> None: ...
 
     def response_chunk(self, record: RequestRecord, now: float, size: int) -> None: ...
 
@@ -503,10 +502,9 @@ class StreamProcessor:
         decision = self._decider.decide(request, self._subset)
         self._decision = decision
         now = self._clock()
-        observer = self._observer
-        observer.decision_latency(now - started)
-        observer.decided(
+        self._observer.decided(
             record,
+            started,
             now,
             decision.original_model,
             decision.target_model,
