@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from envoy.config.core.v3 import base_pb2
-
 import pytest
+from envoy.config.core.v3 import base_pb2
 
 from epp.extproc.messages import MAX_CHUNK, headers_to_dict, streamed_body_responses
 
