@@ -7,10 +7,11 @@ upstream's (llm-d-router `pkg/epp/metrics`); docs/observability.md lists every s
 Per-request numbers are plain counters and histograms (`plain.py`) kept per label set, turned into metric families
 only when `/metrics` is scraped. The request path resolves a request's labels when it is decided (one dict hit for a
 known route) and otherwise only keeps its raw numbers: the latencies, the record of a routed request at its end, a
-count per route. They are folded into the series every `FOLD_EVERY` requests and before anything reads the series
-(a scrape, a refusal, a report without a record), in the order they happened, so every value is the one an
-observation per request would give. The deprecated `inference_objective_*` / `inference_extension_*` series are
-computed from the same numbers at scrape time (one implementation, two spellings).
+count per route. They are folded into the series every `FOLD_EVERY` requests and whenever the series are read (a
+scrape, a worker's exposition), each histogram's values in the order they were observed, so every count and every
+sum is the one an observation per request would give. Refusals are counted at once: they add only ints, whose
+sums do not depend on the order of the adds. The deprecated `inference_objective_*` / `inference_extension_*`
+series are computed from the same numbers at scrape time (one implementation, two spellings).
 
 Cardinality: model names and fairness ids come from clients, so they pass through `labels.BoundedLabel`; label
 sets beyond `MAX_SERIES` collapse into one `other` series. `/metrics` stays bounded whatever clients send.
@@ -56,36 +57,32 @@ class LabelSource(Protocol):
 
 class RequestRecord:
     """What one stream learns about its request, written by the stream as it goes; read once, when the request's
-    numbers are folded into its series."""
+    numbers are folded into its series. Made by `PickerMetrics.request_started`, which sets every field (a class
+    without `__init__`: the constructor's Python call cost more than its ten writes)."""
 
     __slots__ = (
-        "cached_tokens",
-        "completion_tokens",
         "done_at",
         "first_byte_at",
         "last_chunk_at",
-        "prompt_tokens",
         "received_at",
         "request_bytes",
         "response_bytes",
         "response_started_at",
-        "route",
+        "series",
         "streaming",
+        "tokens",
     )
 
-    def __init__(self, received_at: float) -> None:
-        self.received_at = received_at
-        self.request_bytes = -1  # -1: no body seen
-        self.response_bytes = -1
-        self.response_started_at = -1.0
-        self.first_byte_at = -1.0
-        self.last_chunk_at = -1.0
-        self.done_at = -1.0
-        self.prompt_tokens = -1  # -1: no usage reported
-        self.completion_tokens = -1
-        self.cached_tokens = -1
-        self.streaming = False
-        self.route: _Route | None = None  # set when the request is decided
+    received_at: float
+    request_bytes: int  # -1: no body seen
+    response_bytes: int
+    response_started_at: float  # -1: not yet (and so for the other times)
+    first_byte_at: float
+    last_chunk_at: float
+    done_at: float
+    tokens: tuple[int, int, int] | None  # (prompt, completion, cached; -1: not reported), None: no usage
+    streaming: bool
+    series: _Series | None  # set when the request is decided
 
 
 class _Route:
@@ -320,11 +317,19 @@ class PickerMetrics(FreezableCollector):
     # -- StreamObserver ---------------------------------------------------------------------------------------
 
     def request_started(self, now: float) -> RequestRecord:
-        return RequestRecord(now)
+        record = RequestRecord()
+        record.received_at = now
+        record.request_bytes = record.response_bytes = -1
+        record.response_started_at = record.first_byte_at = record.last_chunk_at = record.done_at = -1.0
+        record.tokens = None
+        record.streaming = False
+        record.series = None
+        return record
 
     def decided(
         self,
         record: RequestRecord | None,
+        started: float,
         now: float,
         model: str,
         target: str,
@@ -332,24 +337,23 @@ class PickerMetrics(FreezableCollector):
         objective: str | None,
         address: str,
     ) -> None:
-        """A decision was made: the request is running; request processing ends here."""
-        route = self._resolved.get((model, target, fairness_id, objective, address))
+        """A decision was made at `now`, its scheduling having started at `started` (the scheduler latency): the
+        request is running; request processing ends here."""
+        try:
+            route = self._resolved[model, target, fairness_id, objective, address]
+        except KeyError:
+            route = self._route(model, target, fairness_id, objective, address)
         source = self._labels
-        if route is None or (source is not None and source.version != self._labels_version):
+        if source is not None and source.version != self._labels_version:
             route = self._route(model, target, fairness_id, objective, address)
         if not route.decided:
             self._touched.append(route)
         route.decided += 1
-        if record is not None:
-            record.route = route
-            processing = self._processing
-            processing.append(now - record.received_at)
-            if len(processing) >= self._fold_every:
-                self._fold()
-
-    def decision_latency(self, seconds: float) -> None:
         latencies = self._latencies
-        latencies.append(seconds)
+        latencies.append(now - started)
+        if record is not None:
+            record.series = route.series
+            self._processing.append(now - record.received_at)
         if len(latencies) >= self._fold_every:
             self._fold()
 
@@ -364,18 +368,19 @@ class PickerMetrics(FreezableCollector):
         objective: str | None = None,
     ) -> None:
         """The request ended: routed and answered (`code` None) or refused with `code`."""
-        if code is None and record is not None and record.route is not None:  # routed: folded later
+        if code is None and record is not None and record.series is not None:  # routed: folded later
             record.done_at = now
             done = self._done
             done.append(record)
             if len(done) >= self._fold_every:
                 self._fold()
             return
-        self._fold()  # what happened before this request lands first: every histogram keeps its order
+        # Refused, or reported without a record: counted now. What this adds to a histogram is an int (bytes), so its
+        # sum does not depend on the order of the adds, and nothing held for the fold needs to land first.
         state = self._state
-        route = record.route if record is not None else None
-        if route is not None:
-            series = route.series
+        decided = record.series if record is not None else None
+        if decided is not None:
+            series = decided
             series.running -= 1
         else:
             series = self._route(model, target_model, fairness_id, objective, "").series
@@ -387,7 +392,7 @@ class PickerMetrics(FreezableCollector):
             outcome = ("refused", label)
             state.by_outcome[outcome] = state.by_outcome.get(outcome, 0) + 1
             series.errors[label] = series.errors.get(label, 0) + 1
-            if code is ErrorCode.SERVICE_UNAVAILABLE and record is not None and route is None:
+            if code is ErrorCode.SERVICE_UNAVAILABLE and record is not None and decided is None:
                 key = ("failure", self.model_label(target_model), "")
                 state.attempts[key] = state.attempts.get(key, 0) + 1
         if record is not None and record.request_bytes >= 0:
@@ -400,8 +405,8 @@ class PickerMetrics(FreezableCollector):
             record.response_bytes = size
         else:
             record.response_bytes += size
-            if record.streaming and record.route is not None:
-                record.route.series.itl.observe(now - record.last_chunk_at)
+            if record.streaming and record.series is not None:
+                record.series.itl.observe(now - record.last_chunk_at)
         record.last_chunk_at = now
 
     def usage(
@@ -413,19 +418,14 @@ class PickerMetrics(FreezableCollector):
         cached_tokens: int = -1,
     ) -> None:
         """Token counts as the model server reported them in `usage`; recorded when the request ends."""
-        if record is None:  # a caller without a record: count it now, under the model's default labels
-            self._fold()
+        if record is None:  # a caller without a record: count it now, under the model's default labels (ints)
             series = self._route(model, model, None, None, "").series
             if prompt_tokens > 0:
                 series.input.observe(prompt_tokens)
             if completion_tokens > 0:
                 series.output.observe(completion_tokens)
             return
-        record.prompt_tokens, record.completion_tokens, record.cached_tokens = (
-            prompt_tokens,
-            completion_tokens,
-            cached_tokens,
-        )
+        record.tokens = (prompt_tokens, completion_tokens, cached_tokens)
 
     # -- the fold ---------------------------------------------------------------------------------------------
 
@@ -558,8 +558,8 @@ def _fold_routed(done: list[RequestRecord], response_processing: PlainHistogram)
     `PlainHistogram.observe` written out: a Python call per value cost more than the rest of the fold."""
     bucket = bisect.bisect_left
     for record in done:
-        assert record.route is not None
-        series = record.route.series
+        series = record.series
+        assert series is not None
         series.running -= 1
         series.total += 1
         now = record.done_at
@@ -588,12 +588,14 @@ def _fold_routed(done: list[RequestRecord], response_processing: PlainHistogram)
             value = first - record.received_at
             h.counts[bucket(h.bounds, value)] += 1
             h.sum += value
-        tokens = record.prompt_tokens
-        if tokens > 0:
+        tokens = record.tokens
+        if tokens is None:
+            continue
+        prompt, output, cached = tokens
+        if prompt > 0:
             h = series.input
-            h.counts[bucket(h.bounds, tokens)] += 1
-            h.sum += tokens
-        output = record.completion_tokens
+            h.counts[bucket(h.bounds, prompt)] += 1
+            h.sum += prompt
         if output > 0:
             h = series.output
             h.counts[bucket(h.bounds, output)] += 1
@@ -607,11 +609,10 @@ def _fold_routed(done: list[RequestRecord], response_processing: PlainHistogram)
                 h = series.tpot
                 h.counts[bucket(h.bounds, value)] += 1
                 h.sum += value
-        tokens = record.cached_tokens
-        if tokens >= 0:
+        if cached >= 0:
             h = series.cached
-            h.counts[bucket(h.bounds, tokens)] += 1
-            h.sum += tokens
+            h.counts[bucket(h.bounds, cached)] += 1
+            h.sum += cached
 
 
 _HIST_FAMILIES = (

@@ -11,7 +11,9 @@ text in a worker thread, so no lock is needed and a slow scrape never holds the 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+
+import numpy as np
 
 
 class PlainHistogram:
@@ -28,13 +30,17 @@ class PlainHistogram:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le: a value on a bound is in that bucket
         self.sum += value
 
-    def observe_all(self, values: Iterable[float]) -> None:
-        """`observe` each value in turn (the same counts and the same sum, added in the same order)."""
-        counts, bounds, total = self.counts, self.bounds, self.sum
-        for value in values:
-            counts[bisect.bisect_left(bounds, value)] += 1
-            total += value
-        self.sum = total
+    def observe_all(self, values: Sequence[float]) -> None:
+        """`observe` each value in turn: the same buckets (`side="left"` is bisect_left's rule) and the same sum, the
+        values added one after the other in their order (`accumulate` is sequential, unlike `sum`). For the batches
+        of the request path's fold: at 256 values numpy costs a third of a bisect per value (break-even near 40)."""
+        batch = np.fromiter(values, np.float64, len(values))
+        index = np.searchsorted(_as_array(self.bounds), batch, side="left")
+        index[np.isnan(batch)] = 0  # bisect_left puts NaN first: no bound is below it
+        for i, n in enumerate(np.bincount(index, minlength=len(self.counts)).tolist()):
+            if n:
+                self.counts[i] += n
+        self.sum = float(np.add.accumulate(np.concatenate(((self.sum,), batch)))[-1])
 
     def add(self, other: PlainHistogram) -> None:
         for i, count in enumerate(other.counts):
@@ -44,3 +50,14 @@ class PlainHistogram:
     @property
     def count(self) -> int:
         return sum(self.counts)
+
+
+_ARRAYS: dict[tuple[float, ...], np.ndarray] = {}  # bounds → the same as a float array (a few dozen bucket sets)
+
+
+def _as_array(bounds: Sequence[float]) -> np.ndarray:
+    key = tuple(bounds)
+    array = _ARRAYS.get(key)
+    if array is None:
+        array = _ARRAYS[key] = np.asarray(key, dtype=np.float64)
+    return array

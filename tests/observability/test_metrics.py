@@ -42,7 +42,7 @@ def test_a_request_record_feeds_durations_sizes_tokens_and_the_running_gauge() -
     metrics, registry = _metrics()
     record = metrics.request_started(10.0)
     record.request_bytes = 660
-    metrics.decided(record, 10.001, "m1", "m1", "tenant-a", None, "127.10.0.1:8000")
+    metrics.decided(record, 10.0005, 10.001, "m1", "m1", "tenant-a", None, "127.10.0.1:8000")
     labels = {"model_name": "m1", "target_model_name": "m1", "fairness_id": "tenant-a", "priority": "0"}
     assert registry.get_sample_value("llm_d_epp_request_running", labels) == 1
     record.streaming = True
@@ -81,7 +81,7 @@ def test_objective_priority_and_rewrite_targets_come_from_the_label_source() -> 
     registry = CollectorRegistry()
     metrics = PickerMetrics(registry, labels=Source())
     record = metrics.request_started(0.0)
-    metrics.decided(record, 0.0, "m1", "m1-v2", None, "batch", "127.10.0.1:8000")
+    metrics.decided(record, 0.0, 0.0, "m1", "m1-v2", None, "batch", "127.10.0.1:8000")
     metrics.request_done(None, "m1", "m1-v2", record, 1.0)
     labels = {"model_name": "m1", "target_model_name": "m1-v2", "fairness_id": "default-flow", "priority": "-1"}
     assert registry.get_sample_value("llm_d_epp_request_total", labels) == 1
@@ -101,7 +101,8 @@ def test_decision_latency_lands_in_the_first_bucket_whose_bound_it_does_not_exce
     seconds: float, first_bucket: str, name: str
 ) -> None:
     metrics, registry = _metrics()
-    metrics.decision_latency(seconds)
+    started, now = 0.0, seconds
+    metrics.decided(metrics.request_started(0.0), started, now, "m1", "m1", None, None, "127.10.0.1:8000")
     bounds = ["0.0001", "0.0002", "0.0005", "0.001", "0.002", "0.005", "0.01", "0.02", "0.05", "0.1", "+Inf"]
     counts = [registry.get_sample_value(f"{name}_bucket", {"le": le}) for le in bounds]
     first = bounds.index(first_bucket)

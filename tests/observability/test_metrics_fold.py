@@ -51,7 +51,8 @@ def drive(metrics: list[PickerMetrics], source: Objectives, seed: int, steps: in
             fairness = None if common else rng.choice([None, "tenant-a", "tenant-b", "f" * 300])
             objective = None if common else rng.choice([None, "batch", "gold", "unknown"])
             refused = rng.choice(REFUSALS) if rng.random() < 0.08 else None
-            latency, decided_at = rng.random() * 0.003, now + rng.random() * 0.002
+            started = now + rng.random() * 0.002
+            decided_at = started + rng.random() * 0.003
             address = f"127.10.0.{rng.randrange(1, 9)}:8000"
             for m, record in zip(metrics, records, strict=True):
                 if size >= 0:
@@ -59,8 +60,7 @@ def drive(metrics: list[PickerMetrics], source: Objectives, seed: int, steps: in
                 if refused is not None:
                     m.request_done(refused, model, model, record, now, fairness, objective)
                     continue
-                m.decision_latency(latency)
-                m.decided(record, decided_at, model, target, fairness, objective, address)
+                m.decided(record, started, decided_at, model, target, fairness, objective, address)
             if refused is None:
                 running.append((records, model, target))
         elif roll < 0.8:
@@ -116,8 +116,7 @@ def test_a_scrape_between_folds_shows_every_request_that_ended() -> None:
     metrics = PickerMetrics(CollectorRegistry())
     for i in range(3):  # far fewer than a batch
         record = metrics.request_started(10.0 + i)
-        metrics.decision_latency(0.0004)
-        metrics.decided(record, 10.001 + i, "m1", "m1", None, None, "127.10.0.1:8000")
+        metrics.decided(record, 10.0006 + i, 10.001 + i, "m1", "m1", None, None, "127.10.0.1:8000")
         metrics.request_done(None, "m1", "m1", record, 10.5 + i)
     value = metrics.registry.get_sample_value
     labels = {"model_name": "m1", "target_model_name": "m1", "fairness_id": "default-flow", "priority": "0"}
