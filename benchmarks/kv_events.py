@@ -7,8 +7,9 @@ Sections (all side by side in one run; the machine is shared, so compare ratios)
   msgspec untyped + the Python walk (its fallback), and msgpack's `unpackb` + the same walk. Batches as vLLM sends
   them during a busy step: 16 `BlockStored` of 4 blocks (64 token ids) and 4 `BlockRemoved`, array-like, int hashes.
 - feeder: block events per second through decode + index, on one core, in this process (`decode_batch` +
-  `KvBlockIndex.apply` over 64 endpoints with chains that continue earlier events and with removals), and the same
-  over real ZMQ on loopback: a publisher child process sends pre-encoded batches and the `Feeder` polls them.
+  `KvBlockIndex.apply` over 64 endpoints with chains that continue earlier events and with removals); the same with
+  the shared-memory table's `TableWriter` mirroring the index, as the feeder child runs; and decode + index over
+  real ZMQ on loopback: a publisher child process sends pre-encoded batches and the `Feeder` polls them.
 - memory: tracemalloc bytes held by the index per block stored, at `--blocks` blocks over 64 endpoints.
 - lookup: µs per pick at 64 endpoints: `request_keys` (token ids → keys, once per request, from a Python list or
   from a uint64 array) and `match` (the longest prefix of all 64 endpoints) for 1k/4k/16k-token prompts whose first
@@ -16,7 +17,10 @@ Sections (all side by side in one run; the machine is shared, so compare ratios)
   vectorised probes); the best of many 5-call rounds (a round must fit in one scheduler slice on a loaded box).
 - pick: the serving path's own cost per request at 64 endpoints, 1k and 4k tokens: the render response parsed into
   token ids (`epp.director.tokens`), and the pick's producers (`token-producer` vllm + `precise-prefix-cache-
-  producer`, its approximate fallback included) over the shared-memory table, as `epp serve` reads it.
+  producer`, its approximate fallback included) over the shared-memory table, as `epp serve` reads it
+  (`KvFeederProcess` over a real segment): once with the table nearly empty (`pick_64_endpoints_us`, only the
+  64 endpoints' halves of this prompt) and once 40 % full (`..._full_table_us`: other prompts' blocks of the same
+  endpoints), the load a table keeps once it holds more than 16k blocks (it is rebuilt at half full).
 Bounded: each timed loop runs at most `--seconds` (default 3); the ZMQ section sends at most 20,000 batches.
 """
 
@@ -122,8 +126,12 @@ def bench_decode(payloads: list[bytes], seconds: float) -> dict[str, Any]:
     }
 
 
-def bench_feeder_in_process(batches: dict[str, list[bytes]], blocks: int, seconds: float) -> dict[str, Any]:
+def bench_feeder_in_process(
+    batches: dict[str, list[bytes]], blocks: int, seconds: float, table: bool = False
+) -> dict[str, Any]:
     index = KvBlockIndex()
+    if table:  # the shared-memory table mirrored on every change, as the feeder child runs (in a bytearray here)
+        TableWriter(index, lambda _gen, nbytes: bytearray(nbytes))
     names = list(batches)
     n = len(next(iter(batches.values())))
     start_cpu, start = time.process_time(), time.perf_counter()
@@ -259,67 +267,93 @@ def bench_lookup(seconds: float) -> dict[str, Any]:
     return out
 
 
-def bench_pick(seconds: float) -> dict[str, Any]:
+FULL_TABLE = 0.4  # a table's load once it holds more than 16k blocks: rebuilt at half full, so 1/4 to 1/2
+
+
+def _pick_case(
+    rng: random.Random, tokens_n: int, fill: float
+) -> tuple[Callable[[], None], bytes, float, Callable[[], None]]:
+    """The serving path's pick over a real shared-memory table whose slots are at least `fill` taken (other
+    blocks of the same endpoints); returns (pick, render answer, the table's load, cleanup)."""
     from epp.app.kv_feeder import KvFeederProcess
     from epp.datastore.table import EndpointInfo, EndpointTable
     from epp.director import tokens as render
     from epp.kvevents.publish import SegmentAllocator, new_prefix
 
-    rng = random.Random(6)
-    out: dict[str, Any] = {}
-    for tokens_n in (1024, 4096):
-        index = KvBlockIndex()
-        segments = SegmentAllocator(new_prefix())  # real shared memory, as the feeder child publishes it
-        writer = TableWriter(index, segments, published=segments.published)
-        table = EndpointTable()
-        prompt = [rng.randrange(128_000) for _ in range(tokens_n)]
-        half = tokens_n // 2 // BLOCK
-        for e in range(ENDPOINTS):
-            name = f"127.10.0.{e}:8000"
-            table.upsert(EndpointInfo(address=name))
-            ids = prompt[: half * BLOCK] if e < 8 else [rng.randrange(128_000) for _ in range(half * BLOCK)]
-            index.apply(name, [BlockStored(list(range(e * 10**6, e * 10**6 + half)), None, ids, BLOCK)], 0.0)
-        producer = PrecisePrefixCacheProducer(block_size=BLOCK)
-        # the serving process's view (`epp serve`), told what the child's status line tells it
-        view = KvFeederProcess(table, producer)
-        view._prefix = segments.prefix
-        view._apply_status({"slots": index.slot_names(), "last": dict.fromkeys(index.endpoints(), 0.0)})
-        producer.attach(view)
-        tokenizer = TokenProducer(backend="vllm", model_name="m")
-        body = json.dumps({"token_ids": prompt, "features": None}).encode()
-        raw = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-        parsed = render._token_ids(raw)
-        snapshot = table.snapshot()
-        request = InferenceRequest(request_id="r", api=ApiKind.COMPLETIONS, model="m", prompt="", token_ids=parsed)
+    index = KvBlockIndex()
+    segments = SegmentAllocator(new_prefix())  # real shared memory, as the feeder child publishes it
+    writer = TableWriter(index, segments, published=segments.published)
+    table = EndpointTable()
+    prompt = [rng.randrange(128_000) for _ in range(tokens_n)]
+    half = tokens_n // 2 // BLOCK
+    for e in range(ENDPOINTS):
+        name = f"127.10.0.{e}:8000"
+        table.upsert(EndpointInfo(address=name))
+        ids = prompt[: half * BLOCK] if e < 8 else [rng.randrange(128_000) for _ in range(half * BLOCK)]
+        index.apply(name, [BlockStored(list(range(e * 10**6, e * 10**6 + half)), None, ids, BLOCK)], 0.0)
+    chain, first_capacity = 0, writer.table.capacity
+    # other prompts' blocks, 64 at a time, until the table is `fill` taken; bounded: a writer that rebuilds larger
+    # before reaching it (too long a probe) stops the filling at the load it keeps
+    while writer.table._used < fill * writer.table.capacity and writer.table.capacity == first_capacity:
+        e, chain = chain % ENDPOINTS, chain + 1
+        ids = [rng.randrange(128_000) for _ in range(64 * BLOCK)]
+        first = e * 10**6 + 10**5 + chain * 64
+        index.apply(f"127.10.0.{e}:8000", [BlockStored(list(range(first, first + 64)), None, ids, BLOCK)], 0.0)
+    load = writer.table._used / writer.table.capacity
+    producer = PrecisePrefixCacheProducer(block_size=BLOCK)
+    # the serving process's view (`epp serve`), told what the child's status line tells it
+    view = KvFeederProcess(table, producer)
+    view._prefix = segments.prefix
+    view._apply_status({"slots": index.slot_names(), "last": dict.fromkeys(index.endpoints(), 0.0)})
+    producer.attach(view)
+    tokenizer = TokenProducer(backend="vllm", model_name="m")
+    body = json.dumps({"token_ids": prompt, "features": None}).encode()
+    raw = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    request = InferenceRequest(
+        request_id="r", api=ApiKind.COMPLETIONS, model="m", prompt="", token_ids=render._token_ids(raw)
+    )
+    snapshot = table.snapshot()
 
-        def pick(
-            request: InferenceRequest = request,
-            snapshot: Any = snapshot,
-            tokenizer: TokenProducer = tokenizer,
-            producer: PrecisePrefixCacheProducer = producer,
-        ) -> None:
-            state = CycleState(snapshot, snapshot.slots, request, 1.0)
-            tokenizer.produce(state)
-            producer.produce(state)
-
+    def pick() -> None:
         state = CycleState(snapshot, snapshot.slots, request, 1.0)
         tokenizer.produce(state)
         producer.produce(state)
-        assert producer.fallbacks == {"absent": 0, "stale": 0, "no_tokens": 0} and producer.precise_picks == 1
-        matched = state.scratch[f"precise-prefix:{producer.name}"][1]
-        assert matched.tolist() == [half] * 8 + [0] * (ENDPOINTS - 8)
-        cells = {"render_parse_us": lambda r=raw: render._token_ids(r), "pick_64_endpoints_us": pick}
-        row: dict[str, Any] = {"blocks": tokens_n // BLOCK, "matched_blocks": half}
-        for name, fn in cells.items():
-            rounds = max(20, min(400, int(seconds / 45 / 5 / 50e-6)))
-            row[name] = round(min(timeit.repeat(fn, number=5, repeat=rounds)) / 5 * 1e6, 1)
-        out[f"{tokens_n}_tokens"] = row
+
+    state = CycleState(snapshot, snapshot.slots, request, 1.0)
+    tokenizer.produce(state)
+    producer.produce(state)
+    assert producer.fallbacks == {"absent": 0, "stale": 0, "no_tokens": 0} and producer.precise_picks == 1
+    assert state.scratch[f"precise-prefix:{producer.name}"][1].tolist() == [half] * 8 + [0] * (ENDPOINTS - 8)
+
+    def cleanup() -> None:
         if view._reader is not None:  # the serving side lets go of its mapping first
             view._reader.close()
             view._reader = None
         index.mirror = None
-        del writer
+        writer.table = None  # type: ignore[assignment]
         segments.close()
+
+    return pick, raw, load, cleanup
+
+
+def bench_pick(seconds: float) -> dict[str, Any]:
+    from epp.director import tokens as render
+
+    rng = random.Random(6)
+    out: dict[str, Any] = {}
+    rounds = max(20, min(400, int(seconds / 45 / 5 / 50e-6)))
+    for tokens_n in (1024, 4096):
+        row: dict[str, Any] = {"blocks": tokens_n // BLOCK, "matched_blocks": tokens_n // 2 // BLOCK}
+        for fill, cell in ((0.0, "pick_64_endpoints_us"), (FULL_TABLE, "pick_64_endpoints_full_table_us")):
+            pick, raw, load, cleanup = _pick_case(rng, tokens_n, fill)
+            if not fill:
+                row["render_parse_us"] = round(
+                    min(timeit.repeat(lambda r=raw: render._token_ids(r), number=5, repeat=rounds)) / 5 * 1e6, 1
+                )
+            row[cell] = round(min(timeit.repeat(pick, number=5, repeat=rounds)) / 5 * 1e6, 1)
+            row[cell.replace("_us", "_load")] = round(load, 3)
+            cleanup()
+        out[f"{tokens_n}_tokens"] = row
     return out
 
 
@@ -343,6 +377,8 @@ def main() -> None:
     for e in range(ENDPOINTS):
         batches[f"127.10.0.{e}:8000"], blocks = make_batches(60, e + 1)
     print("feeder_in_process:", json.dumps(bench_feeder_in_process(batches, blocks, args.seconds)))
+    with_table = bench_feeder_in_process(batches, blocks, args.seconds, table=True)
+    print("feeder_in_process_with_table:", json.dumps(with_table))
     zmq_batches, zmq_blocks = make_batches(5000, 99)
     print("feeder_zmq:", json.dumps(bench_feeder_zmq(zmq_batches, zmq_blocks / len(zmq_batches), args.seconds)))
     print("memory:", json.dumps(bench_memory(args.blocks)))

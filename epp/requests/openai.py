@@ -126,7 +126,8 @@ def _milliseconds(text: str | None) -> float | None:
 
 
 # Every header `control_headers` reads. A request that carries none of them (most do not) gets the one answer of
-# all None, from a C-speed set test instead of eleven lookups.
+# all None, from a C-speed set test instead of eleven lookups: the set's own `isdisjoint` over the header names (the
+# dict's keys view swaps the two and builds an iterator of its own, ~1k instructions more).
 _CONTROL_NAMES = frozenset(
     (
         *wire.OBJECTIVE_HEADERS,
@@ -141,7 +142,7 @@ _NO_CONTROL = ControlHeaders(None, None, None, None, None, None)
 
 
 def control_headers(headers: Mapping[str, str]) -> ControlHeaders:
-    if headers.keys().isdisjoint(_CONTROL_NAMES):
+    if _CONTROL_NAMES.isdisjoint(headers):
         return _NO_CONTROL
     get = headers.get
     return ControlHeaders(

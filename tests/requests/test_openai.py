@@ -106,6 +106,18 @@ def test_upstreams_current_header_names_are_read_first_and_the_old_ones_are_alia
     assert _control(parse({})) == (None,) * 5
 
 
+@pytest.mark.parametrize("name", [*UPSTREAM_NAMES, *OLD_NAMES, "x-session-token"])
+def test_each_control_header_is_read_when_it_is_the_only_one_among_ordinary_headers(name: str) -> None:
+    """The all-absent shortcut (a set test over the header names) misses none of the eleven names."""
+    value = {**UPSTREAM_NAMES, **OLD_NAMES, "x-session-token": "s9"}[name]
+    headers = {":path": "/v1/completions", "content-type": "application/json", "x-request-id": "r", name: value}
+    request = parse_request("r1", "/v1/completions", headers, json.dumps(BODY).encode())
+    read = {*_control(request), request.session_token} - {None}
+    assert read == {float(value) if name.endswith("-ms") else value}
+    ordinary = {k: v for k, v in headers.items() if k != name}
+    assert _control(parse_request("r1", "/v1/completions", ordinary, json.dumps(BODY).encode())) == (None,) * 5
+
+
 def test_an_slo_header_that_is_no_positive_number_counts_as_absent() -> None:
     for value in ("soon", "-5", "0", "inf", ""):
         assert _parse("/v1/completions", BODY, {"x-llm-d-slo-ttft-ms": value}).slo_ttft_ms is None
