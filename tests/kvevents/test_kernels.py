@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from epp.kvevents import kernels
 from epp.kvevents.blockkeys import BlockKeys
+from epp.kvevents.shared import BUCKET, SharedBlockTable, table_bytes
 from epp.kvevents.token_ids import TokenIds
 from tests.conftest import ROOT
 
@@ -101,3 +102,92 @@ def test_native_request_keys_refuse_what_numpy_refuses() -> None:
         for keys in (native, numpy_keys):
             with pytest.raises(error):
                 keys.request_keys(bad)  # type: ignore[arg-type]
+
+
+def _table(capacity: int, words: int, entries: list[tuple[int, int]]) -> SharedBlockTable:
+    table = SharedBlockTable(bytearray(table_bytes(capacity, words)), capacity, words, create=True)
+    for key, mask in entries:
+        table.set(key, mask)  # False past the table's room: that key is left out, as a writer before its rebuild
+    return table
+
+
+def _prefix_both(table: SharedBlockTable, keys: np.ndarray) -> tuple[list[int], list[int]]:
+    assert table._native is not None
+    got = table.prefix_blocks(keys).tolist()
+    native, table._native = table._native, None
+    try:
+        want = table.prefix_blocks(keys).tolist()
+    finally:
+        table._native = native
+    return got, want
+
+
+def _key(top: int, bits: int, low: int) -> int:
+    """An odd key whose top `bits` bits are `top` (so its home bucket is chosen)."""
+    return ((top << (64 - bits)) | (low << 1) | 1) & ((1 << 64) - 1)
+
+
+@needs_native
+@settings(max_examples=200)
+@given(
+    capacity=st.sampled_from([16, 32, 64, 64, 256]),
+    words=st.integers(1, 3),
+    data=st.data(),
+)
+def test_native_table_lookup_equals_the_numpy_reader(capacity: int, words: int, data: st.DataObject) -> None:
+    """Random keys and masks over 1–3 words; keys crowded into a few buckets (full buckets, keys past them and
+    wrapping to the first), keys next to 2^64, masks rewritten and cleared, absent keys mid-prompt."""
+    bits = (capacity // BUCKET).bit_length() - 1
+    last = (1 << bits) - 1
+    key = st.builds(_key, st.integers(0, last), st.just(bits), st.integers(0, 1 << 40)) | st.sampled_from(
+        [(1 << 64) - 1, (1 << 64) - 3, 1, 3]
+    )
+    # up to 24 keys with the same home bucket (the last one sometimes: keys past it wrap to the first)
+    crowd = data.draw(st.sampled_from([0, last]) | st.integers(0, last))
+    crowded = data.draw(st.sampled_from([17, 20, 24]) | st.integers(0, 24))
+    lows = data.draw(st.lists(st.integers(0, 1 << 20), min_size=crowded, max_size=crowded, unique=True))
+    stored = list(dict.fromkeys([_key(crowd, bits, low) for low in lows] + data.draw(st.lists(key, max_size=24))))
+    stored = data.draw(st.permutations(stored))
+    mask = st.integers(0, (1 << (64 * words)) - 1) | st.sampled_from([0, (1 << (64 * words)) - 1, 1 << 63])
+    entries = [(k, data.draw(mask)) for k in stored]
+    entries += (
+        [(k, data.draw(mask)) for k in data.draw(st.lists(st.sampled_from(stored), max_size=6))] if stored else []
+    )
+    table = _table(capacity, words, entries)
+    absent = data.draw(st.lists(key.filter(lambda k: k not in stored), max_size=2))
+    if data.draw(st.booleans()) or not stored:  # any keys in any order
+        prompt = data.draw(st.lists(st.sampled_from(stored + absent) if stored or absent else key, max_size=40))
+    else:  # the stored keys in order (runs through full buckets), an absent key somewhere or nowhere
+        prompt = stored[: data.draw(st.just(len(stored)) | st.integers(1, len(stored)))]
+        if absent:
+            prompt.insert(data.draw(st.integers(0, len(prompt))), absent[0])
+    got, want = _prefix_both(table, np.array(prompt, dtype=np.uint64))
+    assert len(got) == 64 * words
+    assert got == want
+
+
+@needs_native
+def test_native_table_lookup_of_a_long_prompt_whose_holders_drop_one_by_one() -> None:
+    """More rows than a byte counts (the numpy reader's lanes), every endpoint's prefix ending at its own row."""
+    rng = random.Random(8)
+    keys = [rng.getrandbits(64) | 1 for _ in range(1200)]
+    full = (1 << 130) - 1
+    entries = [(k, full >> (i // 10)) for i, k in enumerate(keys)]  # one endpoint fewer every 10 rows
+    table = _table(1 << 12, 3, entries)
+    got, want = _prefix_both(table, np.array(keys, dtype=np.uint64))
+    assert got == want and max(got) == 1200 and sorted(set(got))[:3] == [0, 10, 20]
+    got, want = _prefix_both(table, np.array(keys[:0], dtype=np.uint64))
+    assert got == want == [0] * 192
+
+
+@needs_native
+@pytest.mark.parametrize("home", [0, 3])
+def test_native_table_lookup_follows_keys_past_a_full_bucket_and_wraps(home: int) -> None:
+    """24 keys with one home bucket of a 4-bucket table: 8 go past it (from the last bucket: to the first)."""
+    keys = [_key(home, 2, low) for low in range(24)]
+    table = _table(64, 1, [(k, 0b11 if i < 20 else 0b01) for i, k in enumerate(keys)])
+    got, want = _prefix_both(table, np.array(keys, dtype=np.uint64))
+    assert got == want and got[:3] == [24, 20, 0]
+    absent = _key(home, 2, 99)
+    got, want = _prefix_both(table, np.array([*keys[:18], absent, *keys[18:]], dtype=np.uint64))
+    assert got == want and got[:2] == [18, 18]
