@@ -15,7 +15,13 @@ ARG PIP_CERT=
 ARG PIP_INDEX_URL=
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-COPY pyproject.toml constraints.txt README.md LICENSE ./
+# setup.py builds the optional C extension of epp.kvevents (block keys, the shared table's lookup). The slim base
+# has no compiler, so here it is skipped and the numpy code runs (the startup log and /debug/pool say which; the
+# precise pick costs about twice as much, benchmarks/RESULTS.md). To compile it, install gcc and libc6-dev in this
+# stage only (`apt-get install -y --no-install-recommends gcc libc6-dev`, and python3-dev on a base whose Python is
+# Debian's, before the pip install): the second stage
+# copies the environment alone, never the compiler.
+COPY pyproject.toml setup.py constraints.txt README.md LICENSE ./
 COPY epp ./epp
 RUN python3 -m venv /opt/epp \
  && /opt/epp/bin/pip install --no-compile -c constraints.txt . \

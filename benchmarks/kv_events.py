@@ -22,12 +22,17 @@ Sections (all side by side in one run; the machine is shared, so compare ratios)
   (`KvFeederProcess` over a real segment): once with the table nearly empty (`pick_64_endpoints_us`, only the
   64 endpoints' halves of this prompt) and once 40 % full (`..._full_table_us`: other prompts' blocks of the same
   endpoints), the load a table keeps once it holds more than 16k blocks (it is rebuilt at half full).
+The key function and the table lookup have two implementations (`epp.kvevents.kernels`): the compiled kernels,
+when built, and the numpy definition. Their cells are measured for both in the same run, the numpy ones named
+`..._numpy_us` (an object built while `kernels.NATIVE` is None uses numpy).
 Bounded: each timed loop runs at most `--seconds` (default 3); the ZMQ section sends at most 20,000 batches.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import json
 import multiprocessing as mp
 import os
@@ -37,7 +42,7 @@ import statistics
 import time
 import timeit
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgpack
@@ -45,6 +50,7 @@ import msgspec
 import numpy as np
 import zmq
 
+from epp.kvevents import kernels
 from epp.kvevents.decode import BlockRemoved, BlockStored, _walk_batch, decode_batch
 from epp.kvevents.feeder import Feeder, FeederSettings, KvSource
 from epp.kvevents.index import KvBlockIndex
@@ -250,6 +256,32 @@ def bench_memory(total_blocks: int) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def numpy_kernels() -> Iterator[None]:
+    """Objects built inside use the numpy code even where the compiled kernels are installed."""
+    saved = kernels.NATIVE
+    kernels.NATIVE = None
+    try:
+        yield
+    finally:
+        kernels.NATIVE = saved
+
+
+def _numpy_twin(obj: Any) -> Any:
+    """A shallow copy of a `BlockKeys` or `SharedBlockTable` (same arrays, same buffer) that runs the numpy code."""
+    twin = copy.copy(obj)
+    twin._native = None
+    return twin
+
+
+def _ways() -> list[tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]]:
+    """("", as installed) and, when the kernels run, ("_numpy", the numpy code) for side-by-side cells."""
+    ways: list[tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = [("", contextlib.nullcontext)]
+    if kernels.NATIVE is not None:
+        ways.append(("_numpy", numpy_kernels))
+    return ways
+
+
 def bench_lookup(seconds: float) -> dict[str, Any]:
     rng = random.Random(5)
     index = KvBlockIndex()
@@ -276,12 +308,20 @@ def bench_lookup(seconds: float) -> dict[str, Any]:
         names = index.slot_names()
         from_table = {names[i]: int(c) for i, c in enumerate(table.prefix_blocks(key_array)) if c}
         assert from_table == index.match(keys)
+        block_keys = index.keys
         cells = {
             "request_keys_from_list_us": lambda p=prompt: index.request_keys(p),
-            "request_keys_from_uint64_array_us": lambda a=as_array: index.request_keys(a),
+            "request_keys_from_uint64_array_us": lambda a=as_array, b=block_keys: b.request_keys(a),
             "match_64_endpoints_us": lambda k=keys: index.match(k),
             "shared_table_64_endpoints_us": lambda k=key_array, t=table: t.prefix_blocks(k),
         }
+        if kernels.NATIVE is not None:  # the same cells through the numpy code, side by side
+            numpy_keys, numpy_table = _numpy_twin(block_keys), _numpy_twin(table)
+            assert numpy_keys.request_keys(as_array).tolist() == keys
+            assert numpy_table.prefix_blocks(key_array).tolist() == table.prefix_blocks(key_array).tolist()
+            cells["request_keys_from_list_numpy_us"] = lambda p=prompt, b=numpy_keys: b.request_keys(p)
+            cells["request_keys_from_uint64_array_numpy_us"] = lambda a=as_array, b=numpy_keys: b.request_keys(a)
+            cells["shared_table_64_endpoints_numpy_us"] = lambda k=key_array, t=numpy_table: t.prefix_blocks(k)
         row: dict[str, Any] = {"blocks": len(keys), "matched_blocks": half}
         for name, fn in cells.items():
             # best of many 5-call rounds: a round short enough to fit in a scheduler slice on a loaded box
@@ -368,15 +408,17 @@ def bench_pick(seconds: float) -> dict[str, Any]:
     rounds = max(20, min(400, int(seconds / 45 / 5 / 50e-6)))
     for tokens_n in (1024, 4096):
         row: dict[str, Any] = {"blocks": tokens_n // BLOCK, "matched_blocks": tokens_n // 2 // BLOCK}
-        for fill, cell in ((0.0, "pick_64_endpoints_us"), (FULL_TABLE, "pick_64_endpoints_full_table_us")):
-            pick, raw, load, cleanup = _pick_case(rng, tokens_n, fill)
-            if not fill:
-                row["render_parse_us"] = round(
-                    min(timeit.repeat(lambda r=raw: render._token_ids(r), number=5, repeat=rounds)) / 5 * 1e6, 1
-                )
-            row[cell] = round(min(timeit.repeat(pick, number=5, repeat=rounds)) / 5 * 1e6, 1)
-            row[cell.replace("_us", "_load")] = round(load, 3)
-            cleanup()
+        for fill, cell in ((0.0, "pick_64_endpoints"), (FULL_TABLE, "pick_64_endpoints_full_table")):
+            for way, built in _ways():  # as installed, then the numpy code (when the kernels run)
+                with built():
+                    pick, raw, load, cleanup = _pick_case(rng, tokens_n, fill)
+                if not fill and not way:
+                    row["render_parse_us"] = round(
+                        min(timeit.repeat(lambda r=raw: render._token_ids(r), number=5, repeat=rounds)) / 5 * 1e6, 1
+                    )
+                row[f"{cell}{way}_us"] = round(min(timeit.repeat(pick, number=5, repeat=rounds)) / 5 * 1e6, 1)
+                row[f"{cell}{way}_load"] = round(load, 3)
+                cleanup()
         out[f"{tokens_n}_tokens"] = row
     return out
 
@@ -412,7 +454,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     load = os.getloadavg()[0]
-    print(f"# benchmarks/kv_events.py on {os.cpu_count()} CPUs, python {platform.python_version()}, load {load:.1f}")
+    print(
+        f"# benchmarks/kv_events.py on {os.cpu_count()} CPUs, python {platform.python_version()}, load {load:.1f}, "
+        f"kernels {kernels.name()}"
+    )
     only = [s.strip() for s in args.only.split(",") if s.strip()] or list(sections)
     for name in only:
         for row, result in sections[name](args).items():

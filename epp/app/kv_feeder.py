@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from epp.datastore.table import EndpointTable
+from epp.kvevents import kernels
 from epp.kvevents.blockkeys import U64Array
 from epp.kvevents.feeder import Feeder, FeederSettings, KvSource, vars_of
 from epp.kvevents.index import KvBlockIndex
@@ -116,6 +117,7 @@ class KvFeederProcess:
 
     async def start(self) -> None:
         self.producer.attach(self)
+        log.info("KV events: block keys and table lookups by the %s kernels", kernels.name())
         await self._spawn()
         self._task = asyncio.ensure_future(self._supervise())
 
@@ -251,6 +253,7 @@ class KvFeederProcess:
             "restarts": self.restarts,
             "lastExit": self.last_exit or None,
             "tableGeneration": self._generation,
+            "kernels": kernels.name(),  # compiled or numpy block keys and table lookups (epp.kvevents.kernels)
             "index": self.counters,
             "fallbacks": dict(self.producer.fallbacks),
             "endpoints": endpoints,

@@ -34,11 +34,16 @@ from __future__ import annotations
 import array
 import hashlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
+from epp.kvevents import kernels
 from epp.kvevents.token_ids import TokenIds
+
+if TYPE_CHECKING:
+    from epp.kvevents._native import Buf
 
 U64Array = npt.NDArray[np.uint64]
 MASK = (1 << 64) - 1
@@ -48,6 +53,8 @@ _C1 = np.uint64(0xBF58476D1CE4E5B9)
 _S30, _S27 = np.uint64(30), np.uint64(27)
 _E = np.uint64((2 * 0x94D049BB133111EB) & MASK)  # even: every v_i even, every key odd
 MAX_BLOCK_SIZE = 4096
+# the same constants as ints, for the compiled kernel (`kernels.NATIVE`): one definition
+_NATIVE_MIX = (int(_C1), int(_S30), int(_S27), int(_E), M)
 
 
 def _mix(x: U64Array) -> U64Array:
@@ -83,6 +90,7 @@ class BlockKeys:
         self._p = _powers(M, max_blocks)  # M^(i+1)
         self._eq = _powers(_M_INV, max_blocks) * _E  # E · M^-(i+1): v's factor E folded in
         self._roots: dict[str, int] = {}
+        self._native = kernels.NATIVE  # the compiled recurrence, or None: the numpy closed form below
 
     def root(self, lora_name: str | None = None) -> int:
         """The key before block 0: from the seed and the LoRA adapter (its blocks are not the base model's)."""
@@ -173,6 +181,8 @@ class BlockKeys:
             return np.zeros(0, dtype=np.uint64)
         if len(token_ids) >= (n + 1) * b:  # longer than the cap: convert only what is hashed
             token_ids = token_ids[: n * b]
+        if self._native is not None:
+            return self._native_keys(token_ids, n, lora_name)
         tokens = token_ids if isinstance(token_ids, np.ndarray) and token_ids.dtype == np.uint64 else None
         y = self._mixed(self.tokens_array(token_ids) if tokens is None else tokens, n)
         y *= self._eq[:n]
@@ -180,3 +190,23 @@ class BlockKeys:
         y += np.uint64(self.root(lora_name))
         y *= self._p[:n]
         return y
+
+    def _native_keys(self, token_ids: Sequence[int] | U64Array, n: int, lora_name: str | None) -> U64Array:
+        """`request_keys` by the compiled recurrence (one call, block by block, as `chain` walks it), straight from
+        uint32 or uint64 ids: the render client's buffer and native-order unsigned arrays are read as they are."""
+        assert self._native is not None
+        data: Buf
+        if isinstance(token_ids, TokenIds):
+            data, width = token_ids.data, 4
+        elif isinstance(token_ids, np.ndarray):
+            dtype = token_ids.dtype
+            if dtype.kind == "u" and dtype.itemsize in (4, 8) and dtype.isnative and token_ids.flags.c_contiguous:
+                data, width = token_ids, dtype.itemsize
+            else:
+                data, width = np.ascontiguousarray(self.tokens_array(token_ids)), 8
+        else:
+            data, width = array.array("Q", token_ids), 8  # OverflowError / TypeError as `tokens_array`
+        keys = np.empty(n, dtype=np.uint64)
+        c1, s1, s2, e, m = _NATIVE_MIX
+        self._native.request_keys(data, width, n, self._k, c1, s1, s2, e, m, self.root(lora_name), keys)
+        return keys

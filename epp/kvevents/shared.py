@@ -42,6 +42,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from epp.kvevents import kernels
 from epp.kvevents.blockkeys import U64Array
 from epp.kvevents.index import KvBlockIndex
 
@@ -106,6 +107,7 @@ class SharedBlockTable:
         self._last_bucket = c // BUCKET - 1
         self._used = int(whole[_USED])
         self._claim: npt.NDArray[np.int64] | None = None  # the writer's scratch: a bucket's new key in a round
+        self._native = kernels.NATIVE  # the compiled reader, or None: the numpy one in `prefix_blocks`
         # the same words as Python ints for the writer's scalar reads and stores, several times cheaper than numpy
         # scalar indexing (one writer process mirrors every block event: benchmarks/kv_events.py feeder_writer);
         # native byte order, which is the layout's little-endian on every platform numpy's "<u8" view runs fast on
@@ -276,6 +278,12 @@ class SharedBlockTable:
     def prefix_blocks(self, keys: U64Array) -> Counts:
         """Per endpoint slot (W × 64 of them), how many of `keys`' leading blocks (odd, as every block key) it
         holds."""
+        if self._native is not None:  # the same walk compiled, one call (`_native.c`; tests hold the two equal)
+            counts = np.empty(64 * self.words, dtype=np.uint64)
+            self._native.prefix_blocks(
+                keys, self._keys, self._masks, self.words, self._shift, BUCKET, MAX_PROBE, counts
+            )
+            return counts
         n = len(keys)
         home = (keys >> self._shift_u).view(np.int64)
         buckets = self._buckets[home]

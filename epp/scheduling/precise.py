@@ -211,7 +211,7 @@ class PrecisePrefixCacheProducer:
             state.scratch[self._key] = None
             publish(state, self.name, produced(state, self.approx.name))
             return
-        keys = self.keys.request_keys(np.frombuffer(tokens.data, dtype="<u4").astype(np.uint64))
+        keys = self.keys.request_keys(np.frombuffer(tokens.data, dtype="<u4"))  # uint32: widened as it is keyed
         # the fallback learns and matches by the same block keys (its blocks are ours: block_size tokens)
         self.approx.produce_keyed(state, keys.tolist(), self.block_size)
         approx: PrefixMatch = produced(state, self.approx.name)

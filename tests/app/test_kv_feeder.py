@@ -23,6 +23,7 @@ import pytest
 from epp.app.kv_feeder import KvFeederProcess, sources_of
 from epp.app.kv_metrics import KvEventsCollector
 from epp.datastore.table import EndpointInfo, EndpointTable
+from epp.kvevents import kernels
 from epp.scheduling.framework import CycleState, produced
 from epp.scheduling.precise import PrecisePrefixCacheProducer
 from epp.scheduling.producers import TokenProducer
@@ -182,6 +183,8 @@ def test_serve_with_upstreams_precise_sample_runs_the_feeder_and_shows_freshness
         wait_until(lambda: kv()["up"] and "127.10.0.9:8000" in kv()["endpoints"], 60, "feeder", proc)
         entry = kv()["endpoints"]["127.10.0.9:8000"]
         assert (entry["precise"], entry["fallbackReason"], entry["lastEventAgeSeconds"]) == (False, "absent", None)
+        assert kv()["kernels"] == kernels.name()  # said once in the log too
+        assert f"block keys and table lookups by the {kernels.name()} kernels" in (tmp_path / "serve.log").read_text()
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
             text = response.read().decode()
         assert "llm_d_epp_kv_cache_events_feeder_up 1.0" in text
