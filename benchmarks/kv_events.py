@@ -1,15 +1,16 @@
 """KV events: decoder choice, what one feeder process sustains, index memory, and the lookup cost at 64 endpoints.
 
-    .venv/bin/python -m benchmarks.kv_events [--seconds S] [--blocks N] [--only lookup,pick]
+    .venv/bin/python -m benchmarks.kv_events [--seconds S] [--blocks N] [--only decode,feeder,memory,lookup,pick]
 
 Sections (all side by side in one run; the machine is shared, so compare ratios):
 - decode: µs per batch for the same payloads through msgspec's typed decode (what `epp.kvevents.decode` does),
   msgspec untyped + the Python walk (its fallback), and msgpack's `unpackb` + the same walk. Batches as vLLM sends
   them during a busy step: 16 `BlockStored` of 4 blocks (64 token ids) and 4 `BlockRemoved`, array-like, int hashes.
 - feeder: block events per second through decode + index, on one core, in this process (`decode_batch` +
-  `KvBlockIndex.apply` over 64 endpoints with chains that continue earlier events and with removals); the same with
-  the shared-memory table's `TableWriter` mirroring the index, as the feeder child runs; and decode + index over
-  real ZMQ on loopback: a publisher child process sends pre-encoded batches and the `Feeder` polls them.
+  `KvBlockIndex.apply` over 64 endpoints with chains that continue earlier events and with removals); and decode +
+  index over real ZMQ on loopback: a publisher child process sends pre-encoded batches and the `Feeder` polls them.
+  Each twice: without and `_with_table`, the shared-memory table's `TableWriter` mirroring the index into real
+  segments, as the feeder child (`epp.app.kv_feeder`) runs: the `_with_table` rows are the child's rate.
 - memory: tracemalloc bytes held by the index per block stored, at `--blocks` blocks over 64 endpoints.
 - lookup: µs per pick at 64 endpoints: `request_keys` (token ids → keys, once per request, from a Python list or
   from a uint64 array) and `match` (the longest prefix of all 64 endpoints) for 1k/4k/16k-token prompts whose first
@@ -132,12 +133,28 @@ def bench_decode(payloads: list[bytes], seconds: float) -> dict[str, Any]:
     }
 
 
+def _with_table(index: KvBlockIndex) -> Callable[[], None]:
+    """The shared-memory table mirrored from `index` into real segments, as the feeder child runs
+    (`epp.app.kv_feeder`); returns the cleanup."""
+    from epp.kvevents.publish import SegmentAllocator, new_prefix
+
+    segments = SegmentAllocator(new_prefix())
+    writer = TableWriter(index, segments, published=segments.published)
+
+    def cleanup() -> None:
+        nonlocal writer
+        index.mirror = None
+        del writer  # its table views the segments: free it before they close
+        segments.close()
+
+    return cleanup
+
+
 def bench_feeder_in_process(
     batches: dict[str, list[bytes]], blocks: int, seconds: float, table: bool = False
 ) -> dict[str, Any]:
     index = KvBlockIndex()
-    if table:  # the shared-memory table mirrored on every change, as the feeder child runs (in a bytearray here)
-        TableWriter(index, lambda _gen, nbytes: bytearray(nbytes))
+    cleanup = _with_table(index) if table else None
     names = list(batches)
     n = len(next(iter(batches.values())))
     start_cpu, start = time.process_time(), time.perf_counter()
@@ -150,6 +167,8 @@ def bench_feeder_in_process(
             break
     cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start
     events = blocks / n * done_batches  # `blocks`: block events in one endpoint's n batches
+    if cleanup is not None:
+        cleanup()
     return {
         "batches": done_batches,
         "block_events": int(events),
@@ -175,13 +194,16 @@ def _publisher(port_q: Any, payloads: list[bytes], go: Any) -> None:
     ctx.term()
 
 
-def bench_feeder_zmq(payloads: list[bytes], blocks_per_batch: float, seconds: float) -> dict[str, Any]:
+def bench_feeder_zmq(
+    payloads: list[bytes], blocks_per_batch: float, seconds: float, table: bool = False
+) -> dict[str, Any]:
     port_q: Any = mp.Queue()
     go = mp.Event()
     child = mp.Process(target=_publisher, args=(port_q, payloads, go), daemon=True)
     child.start()
     port = port_q.get(timeout=30)
     index = KvBlockIndex()
+    cleanup = _with_table(index) if table else None
     feeder = Feeder(index, FeederSettings(max_messages_per_poll=4096))
     feeder.update([KvSource("127.0.0.1:8000", "127.0.0.1", port=port)])
     for _ in range(20):
@@ -195,6 +217,8 @@ def bench_feeder_zmq(payloads: list[bytes], blocks_per_batch: float, seconds: fl
     st = feeder.stats()["127.0.0.1:8000"]
     feeder.close()
     child.join(10)
+    if cleanup is not None:
+        cleanup()
     events = st.batches * blocks_per_batch
     return {
         "batches": st.batches,
@@ -399,36 +423,45 @@ def bench_pick(seconds: float) -> dict[str, Any]:
     return out
 
 
+def bench_feeder(seconds: float) -> dict[str, dict[str, Any]]:
+    """The feeder rows: in process and over real ZMQ, each without and with the shared-memory table."""
+    batches: dict[str, list[bytes]] = {}
+    for e in range(ENDPOINTS):
+        batches[f"127.10.0.{e}:8000"], blocks = make_batches(60, e + 1)
+    zmq_batches, zmq_blocks = make_batches(5000, 99)
+    per_batch = zmq_blocks / len(zmq_batches)
+    return {
+        "feeder_in_process": bench_feeder_in_process(batches, blocks, seconds),
+        "feeder_in_process_with_table": bench_feeder_in_process(batches, blocks, seconds, table=True),
+        "feeder_zmq": bench_feeder_zmq(zmq_batches, per_batch, seconds),
+        "feeder_zmq_with_table": bench_feeder_zmq(zmq_batches, per_batch, seconds, table=True),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--blocks", type=int, default=1_000_000)
-    parser.add_argument("--only", default="", help="comma list of sections to run: lookup, pick (default: all)")
+    sections: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+        "decode": lambda a: {"decode": bench_decode(make_batches(200, 1)[0], a.seconds)},
+        "feeder": lambda a: bench_feeder(a.seconds),
+        "memory": lambda a: {"memory": bench_memory(a.blocks)},
+        "lookup": lambda a: {"lookup": bench_lookup(a.seconds)},
+        "pick": lambda a: {"pick": bench_pick(a.seconds)},
+    }
+    parser.add_argument(
+        "--only", default="", help=f"comma list of sections to run: {', '.join(sections)} (default: all)"
+    )
     args = parser.parse_args()
     load = os.getloadavg()[0]
     print(
         f"# benchmarks/kv_events.py on {os.cpu_count()} CPUs, python {platform.python_version()}, load {load:.1f}, "
         f"kernels {kernels.name()}"
     )
-    only = [s.strip() for s in args.only.split(",") if s.strip()]
-    if only:
-        sections = {"lookup": bench_lookup, "pick": bench_pick}
-        for name in only:
-            print(f"{name}:", json.dumps(sections[name](args.seconds)))
-        return
-    sample, blocks = make_batches(200, 1)
-    print("decode:", json.dumps(bench_decode(sample, args.seconds)))
-    batches: dict[str, list[bytes]] = {}
-    for e in range(ENDPOINTS):
-        batches[f"127.10.0.{e}:8000"], blocks = make_batches(60, e + 1)
-    print("feeder_in_process:", json.dumps(bench_feeder_in_process(batches, blocks, args.seconds)))
-    with_table = bench_feeder_in_process(batches, blocks, args.seconds, table=True)
-    print("feeder_in_process_with_table:", json.dumps(with_table))
-    zmq_batches, zmq_blocks = make_batches(5000, 99)
-    print("feeder_zmq:", json.dumps(bench_feeder_zmq(zmq_batches, zmq_blocks / len(zmq_batches), args.seconds)))
-    print("memory:", json.dumps(bench_memory(args.blocks)))
-    print("lookup:", json.dumps(bench_lookup(args.seconds)))
-    print("pick:", json.dumps(bench_pick(args.seconds)))
+    only = [s.strip() for s in args.only.split(",") if s.strip()] or list(sections)
+    for name in only:
+        for row, result in sections[name](args).items():
+            print(f"{row}:", json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ on the engine's next request.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -86,7 +86,7 @@ class KvBlockIndex:
         hash_seed: str = "",
         max_blocks_per_endpoint: int = DEFAULT_MAX_BLOCKS_PER_ENDPOINT,
         max_request_blocks: int = 8192,
-        mirror: Callable[[int, int], None] | None = None,
+        mirror: Callable[[Mapping[int, int]], None] | None = None,
     ) -> None:
         if max_blocks_per_endpoint < 1:
             raise ValueError("max_blocks_per_endpoint must be positive")
@@ -94,8 +94,10 @@ class KvBlockIndex:
         self.block_size = block_size
         self.max_blocks_per_endpoint = max_blocks_per_endpoint
         self.holders: dict[int, int] = {}
-        # told (key, new holder mask) on every change: the shared-memory table (epp.kvevents.shared) follows it
+        # told {key: new holder mask} once per write (a batch, a clear, an endpoint's removal), each changed key
+        # once with its last mask: the shared-memory table (epp.kvevents.shared) follows it
         self.mirror = mirror
+        self._changed: dict[int, int] = {}
         self.counters = IndexCounters()
         self._endpoints: dict[str, _Endpoint] = {}
         self._by_slot: list[str | None] = []
@@ -141,6 +143,12 @@ class KvBlockIndex:
 
     def clear(self, endpoint: str) -> int:
         """Forget every block of one endpoint (a clear event, a sequence gap, a restart); returns how many."""
+        try:
+            return self._clear(endpoint)
+        finally:
+            self._flush()
+
+    def _clear(self, endpoint: str) -> int:
         ep = self._endpoints.get(endpoint)
         if ep is None:
             return 0
@@ -164,20 +172,31 @@ class KvBlockIndex:
         if ep.last_event_at == float("-inf"):
             self.version += 1  # first heard from
         ep.last_event_at = now
-        values = self._stored_values(ep, events)
-        for event in events:
-            if isinstance(event, BlockStored):
-                vals = values.get(id(event))
-                if vals is not None:
-                    self._store(ep, event, vals, now)
-            elif isinstance(event, BlockRemoved):
-                self._remove(ep, event)
-            elif isinstance(event, AllBlocksCleared):
-                self.counters.cleared += 1
-                self.clear(endpoint)
-        over = len(ep.engine) - self.max_blocks_per_endpoint
-        if over > 0:
-            self._evict(ep, over)
+        try:
+            values = self._stored_values(ep, events)
+            for event in events:
+                if isinstance(event, BlockStored):
+                    vals = values.get(id(event))
+                    if vals is not None:
+                        self._store(ep, event, vals, now)
+                elif isinstance(event, BlockRemoved):
+                    self._remove(ep, event)
+                elif isinstance(event, AllBlocksCleared):
+                    self.counters.cleared += 1
+                    self._clear(endpoint)
+            over = len(ep.engine) - self.max_blocks_per_endpoint
+            if over > 0:
+                self._evict(ep, over)
+        finally:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Tell the mirror what this write changed, once: a key changed several times is told its last mask."""
+        changed = self._changed
+        if changed:
+            self._changed = {}
+            if self.mirror is not None:
+                self.mirror(changed)
 
     def _skip(self, reason: str) -> None:
         self.counters.skipped[reason] += 1
@@ -252,26 +271,21 @@ class KvBlockIndex:
             return
         keys = self.keys.chain(start if isinstance(start, int) else start[-1], values)
         per = ev.block_size // self.block_size
-        engine, holders, bit = ep.engine, self.holders, ep.bit
+        engine, holders, bit, changed = ep.engine, self.holders, ep.bit, self._changed
         for i, h in enumerate(ev.block_hashes):
             ek = engine_key(h)
             old = engine.pop(ek, None)
             if old is not None:
                 self._unhold(old, bit)
-            mirror = self.mirror
             if per == 1:
                 key = keys[i]
                 engine[ek] = key
-                m = holders[key] = holders.get(key, 0) | bit
-                if mirror is not None:
-                    mirror(key, m)
+                changed[key] = holders[key] = holders.get(key, 0) | bit
             else:
                 span = tuple(keys[i * per : (i + 1) * per])
                 engine[ek] = span
                 for key in span:
-                    m = holders[key] = holders.get(key, 0) | bit
-                    if mirror is not None:
-                        mirror(key, m)
+                    changed[key] = holders[key] = holders.get(key, 0) | bit
         self.counters.stored_blocks += len(ev.block_hashes)
         ep.last_store_at = now
 
@@ -302,7 +316,7 @@ class KvBlockIndex:
             else:
                 states.append((offset, acc))
         keys = self.keys.chain(prev, self.keys.mix_sums(whole)) if whole else []
-        engine, holders, bit, mirror = ep.engine, self.holders, ep.bit, self.mirror
+        engine, holders, bit, changed = ep.engine, self.holders, ep.bit, self._changed
         done = 0
         for h, state in zip(ev.block_hashes, states, strict=True):
             ek = engine_key(h)
@@ -313,9 +327,7 @@ class KvBlockIndex:
                 key = prev = keys[done]
                 done += 1
                 engine[ek] = key
-                m = holders[key] = holders.get(key, 0) | bit
-                if mirror is not None:
-                    mirror(key, m)
+                changed[key] = holders[key] = holders.get(key, 0) | bit
             else:
                 engine[ek] = _Open(prev, state[0], state[1])
         self.counters.stored_blocks += len(ev.block_hashes)
@@ -333,24 +345,27 @@ class KvBlockIndex:
                 self.counters.removed_blocks += 1
 
     def _unhold(self, keys: Keys, bit: int) -> None:
-        holders = self.holders
-        mirror = self.mirror
+        holders, changed = self.holders, self._changed
+        if type(keys) is int:  # one key per engine block: the common case, and evictions call this per block
+            m = changed[keys] = holders.get(keys, 0) & ~bit
+            if m:
+                holders[keys] = m
+            else:
+                holders.pop(keys, None)
+            return
         if isinstance(keys, _Open):
             return
-        for k in (keys,) if isinstance(keys, int) else keys:
-            m = holders.get(k, 0) & ~bit
+        for k in keys if isinstance(keys, tuple) else (keys,):
+            m = changed[k] = holders.get(k, 0) & ~bit
             if m:
                 holders[k] = m
             else:
                 holders.pop(k, None)
-            if mirror is not None:
-                mirror(k, m)
 
     def _evict(self, ep: _Endpoint, n: int) -> None:
-        engine = ep.engine
+        popitem, unhold, bit = ep.engine.popitem, self._unhold, ep.bit
         for _ in range(n):
-            _, keys = engine.popitem(last=False)
-            self._unhold(keys, ep.bit)
+            unhold(popitem(last=False)[1], bit)
         self.counters.evicted_blocks += n
 
     # -- reads --------------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ equal, and benchmarks/kv_events.py measures both side by side.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -60,6 +60,11 @@ _ONES = np.ones(_LANE_ROWS, dtype=np.uint64)
 _ROWS = np.arange(1 << 13, dtype=np.int64)  # row numbers (a request has at most max_request_blocks keys)
 _LOG_B = np.int64(_LOG_BUCKET)
 _IN_BUCKET = np.int64(BUCKET - 1)
+# `set_many`: below this many keys the scalar `set` per key is cheaper than its dozen numpy calls; above the chunk,
+# the keys go in chunks (the gathered buckets of a chunk are 128 bytes a key)
+_FEW: Final = 8
+_CHUNK: Final = 1 << 16
+_WORD = (1 << 64) - 1
 Counts = npt.NDArray[np.unsignedinteger[Any]]
 
 
@@ -103,6 +108,7 @@ class SharedBlockTable:
         self._shift_u = np.uint64(self._shift)
         self._last_bucket = c // BUCKET - 1
         self._used = int(whole[_USED])
+        self._claim: npt.NDArray[np.int64] | None = None  # the writer's scratch: a bucket's new key in a round
         self._native = kernels.NATIVE  # the compiled reader, or None: the numpy one in `prefix_blocks`
         # the same words as Python ints for the writer's scalar reads and stores, several times cheaper than numpy
         # scalar indexing (one writer process mirrors every block event: benchmarks/kv_events.py feeder_writer);
@@ -168,6 +174,106 @@ class SharedBlockTable:
             return
         for w in range(words):
             self._mask_words[slot * words + w] = (mask >> (64 * w)) & 0xFFFF_FFFF_FFFF_FFFF
+
+    def set_many(self, keys: Sequence[int], masks: Sequence[int]) -> bool:
+        """`set` for many keys at once (each at most once; the masks over all W words): what one write of the index
+        changed, or a whole index on a rebuild. False when there is no room (some may be written: rebuild larger)."""
+        n = len(keys)
+        if n <= _FEW:
+            return all(self.set(k, m) for k, m in zip(keys, masks, strict=True))
+        for start in range(0, n, _CHUNK):
+            k = np.array(keys[start : start + _CHUNK], dtype=np.uint64)
+            if not int(np.bitwise_and.reduce(k)) & 1:  # the AND of odd keys is odd
+                raise ValueError(f"block keys are odd, got {int(k[(k & np.uint64(1)) == 0][0]):#x}")
+            m = self._mask_rows(masks[start : start + _CHUNK])
+            further = self._place(k, m)
+            if further is None:
+                return False
+            if not all(self.set(int(keys[start + i]), int(masks[start + i])) for i in further):
+                return False
+        return True
+
+    def _place(self, k: U64Array, m: U64Array) -> list[int] | None:
+        """Write what the keys in their home buckets need, in rounds of a dozen numpy calls: a key already there
+        gets its masks (one store for all); a new one held by somebody takes its bucket's first empty slot, one new
+        key per bucket a round (the others wait for the next), every new slot's masks stored before any new slot's
+        key, as `set` does for one. Returns the positions (in `k`) of the keys whose home bucket is full, for `set`
+        to look further; None when the table has no room."""
+        if not self._used:  # an empty table (a rebuild): every key is new, its place its rank in its home bucket
+            held = np.logical_or.reduce(m, axis=1)
+            return self._place_new(k[held], m[held], np.flatnonzero(held))
+        if self._claim is None:
+            self._claim = np.empty(self.capacity // BUCKET, dtype=np.int64)
+        claim, further = self._claim, list[int]()
+        which: npt.NDArray[np.int64] | None = None  # positions in the caller's keys of this round's (None: all)
+        while True:
+            home = (k >> self._shift_u).view(np.int64)
+            rows = self._buckets[home]
+            # each key's own slot in its home bucket if there, else the first empty one (a bucket fills from its
+            # first slot: nothing is deleted): the first 0 of min(slot ^ key, slot); none: the bucket is full
+            slots = np.minimum(rows ^ k[:, None], rows).argmin(axis=1)
+            slots += home << _LOG_B
+            at = self._keys[slots]
+            present = at == k
+            found = np.count_nonzero(present)
+            if found == len(k):
+                self._masks[slots] = m
+                return further
+            if found:
+                self._masks[slots[present]] = m[present]
+            empty = at == 0
+            if found + np.count_nonzero(empty) < len(k):  # some home buckets full: those keys may be further on
+                full = np.flatnonzero(~(present | empty))
+                further.extend((full if which is None else which[full]).tolist())
+            empty &= np.logical_or.reduce(m, axis=1)  # absent and held by nobody: nothing to write
+            new = np.flatnonzero(empty)
+            if not len(new):
+                return further
+            s = slots[new]
+            b = home[new]
+            claim[b] = new
+            win = claim[b] == new  # one new key per bucket: whichever the store kept
+            wait = None if win.all() else new[~win]
+            if wait is not None:
+                new, s = new[win], s[win]
+            used = self._used + len(new)
+            if 2 * used > self.capacity:
+                return None
+            self._masks[s] = m[new]
+            self._keys[s] = k[new]  # after every mask: a reader that sees a key sees its mask
+            self._used = self._header_words[_USED] = used
+            if wait is None:
+                return further
+            k, m = k[wait], m[wait]
+            which = wait if which is None else which[wait]
+
+    def _place_new(self, k: U64Array, m: U64Array, which: npt.NDArray[np.int64]) -> list[int] | None:
+        """`_place` into an empty table: keys sorted by home bucket, each bucket's first BUCKET in its slots at
+        once; the positions of the rest (their home bucket full) are returned for `set`."""
+        used = len(k)
+        if 2 * used > self.capacity:
+            return None
+        home = (k >> self._shift_u).view(np.int64)
+        order = np.argsort(home, kind="stable")
+        h = home[order]
+        starts = np.flatnonzero(np.concatenate(([True], h[1:] != h[:-1])))  # each bucket's first key, in order
+        rank = np.arange(used) - np.repeat(starts, np.diff(np.append(starts, used)))
+        fits = rank < BUCKET
+        further: list[int] = which[order[~fits]].tolist()
+        if further:
+            order, h, rank = order[fits], h[fits], rank[fits]
+        slots = (h << _LOG_B) + rank
+        self._masks[slots] = m[order]
+        self._keys[slots] = k[order]
+        self._used = self._header_words[_USED] = len(slots)
+        return further
+
+    def _mask_rows(self, masks: Sequence[int]) -> U64Array:
+        """Masks (Python ints, < 2^(64·W)) as an n × W array of words."""
+        words = self.words
+        if words == 1:
+            return np.array(masks, dtype=np.uint64).reshape(-1, 1)
+        return np.array([[(mask >> (64 * w)) & _WORD for w in range(words)] for mask in masks], dtype=np.uint64)
 
     # -- readers ------------------------------------------------------------------------------------------------
 
@@ -282,15 +388,20 @@ class TableWriter:
             table = SharedBlockTable(
                 self._alloc(generation, table_bytes(capacity, words)), capacity, words, True, generation
             )
-            if all(table.set(k, m) for k, m in self.index.holders.items()):
+            holders = self.index.holders
+            if table.set_many(list(holders), list(holders.values())):
                 if self._published is not None:
                     self._published(generation)  # complete: readers may be pointed at it
                 return table
             capacity *= 2
 
-    def __call__(self, key: int, mask: int) -> None:
+    def __call__(self, changes: Mapping[int, int]) -> None:
+        """The index's holder changes of one write ({key: new mask}), into the table; a rebuild when it is full."""
+        if not changes:
+            return
         table = self.table
-        if mask >> (64 * table.words) == 0 and table.set(key, mask):
+        masks = list(changes.values())
+        if max(masks) >> (64 * table.words) == 0 and table.set_many(list(changes), masks):
             return
         live = len(self.index.holders)
         capacity = max(table.capacity * 2, 1 << max(_LOG_BUCKET, (4 * live).bit_length()))

@@ -147,3 +147,22 @@ def test_engine_blocks_smaller_than_ours_are_summed_into_ours_across_events(ours
     assert index.match(keys) == {A: 128 // ours - 1}
     index.apply(A, [AllBlocksCleared()], 3.0)
     assert index.match(keys) == {} and index.holders == {}
+
+
+def test_the_mirror_is_told_each_write_once_with_every_changed_keys_last_mask() -> None:
+    told: list[dict[int, int]] = []
+    index = KvBlockIndex(max_blocks_per_endpoint=4, mirror=lambda changes: told.append(dict(changes)))
+    index.apply(A, [_stored([1, 2, 3], None, TOKENS[:48]), BlockRemoved([3], "GPU"), _stored([4], 2, TOKENS[:16])], 1.0)
+    k = index.request_keys(TOKENS)
+    assert len(told) == 1 and told[0][k[0]] == told[0][k[1]] == 1 and told[0][k[2]] == 0
+    assert {key: m for key, m in told[0].items() if m} == index.holders
+    index.apply(B, [_stored([1, 2], None, TOKENS[:32])], 1.0)
+    assert told[-1] == {k[0]: 0b11, k[1]: 0b11}
+    index.apply(A, [_stored([5, 6], 4, TOKENS[16:48])], 2.0)  # over the bound: the oldest, block 1, evicted
+    assert told[-1][k[0]] == 0b10 and index.blocks(A) == 4
+    index.clear(B)  # a gap: its own write
+    assert told[-1] == {k[0]: 0, k[1]: 0b01}
+    index.remove_endpoint(A)
+    assert all(m == 0 for m in told[-1].values()) and index.holders == {}
+    index.apply(A, [], 3.0)  # nothing changed: nothing told
+    assert len(told) == 5

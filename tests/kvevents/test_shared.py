@@ -174,7 +174,7 @@ def _table_and_index(holders: dict[int, int], endpoints: int, capacity: int = 16
     writer = TableWriter(index, _buffers()[1], capacity=capacity)
     for key, mask in holders.items():
         index.holders[key] = mask
-        writer(key, mask)
+        writer({key: mask})
     return index, writer
 
 
@@ -231,3 +231,143 @@ def test_a_prompt_longer_than_255_blocks_counts_past_one_byte() -> None:
     assert (
         _from_table(index, writer.table, keys) == index.match(keys) == {"127.10.2.0:8000": 700, "127.10.2.1:8000": 600}
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batches=st.lists(
+        st.lists(
+            st.tuples(st.integers(0, 70), st.sampled_from(["store", "extend", "remove", "clear"]), st.integers(1, 6)),
+            min_size=1,
+            max_size=8,
+        ),
+        max_size=10,
+    )
+)
+def test_the_table_matches_the_index_after_every_batch_of_mixed_events(
+    batches: list[list[tuple[int, str, int]]],
+) -> None:
+    """The writer is told each batch's changes once: stores, extensions, removals and clears of several endpoints
+    mixed in one batch (an endpoint's events in one `apply`), rebuilds in the middle of it."""
+    index = KvBlockIndex()
+    made, alloc = _buffers()
+    writer = TableWriter(index, alloc, capacity=16)
+    keys = index.request_keys(TOKENS)
+    for batch in batches:
+        by_endpoint: dict[str, list[Any]] = {}
+        have: dict[str, int] = {}
+        for endpoint, op, n in batch:
+            name = f"127.10.0.{endpoint}:8000"
+            events = by_endpoint.setdefault(name, [])
+            held = have.setdefault(name, index.blocks(name))
+            if op == "store":
+                events.append(_stored(0, n, None))
+                have[name] = max(held, n) if held else n
+            elif op == "extend" and held:
+                events.append(_stored(held, n, held - 1))
+                have[name] = held + n
+            elif op == "remove" and held:
+                events.append(BlockRemoved([held - 1], "GPU"))
+                have[name] = held - 1
+            elif op == "clear":
+                events.append(AllBlocksCleared())
+                have[name] = 0
+        for name, events in by_endpoint.items():
+            index.apply(name, events, 1.0)
+            assert _from_table(index, writer.table, keys) == index.match(keys)
+    assert _from_table(index, SharedBlockTable(made[writer.table.generation]), keys) == index.match(keys)
+
+
+def _recording(index: KvBlockIndex, writer: TableWriter) -> list[dict[int, int]]:
+    told: list[dict[int, int]] = []
+
+    def mirror(changes: Any) -> None:
+        told.append(dict(changes))
+        writer(changes)
+
+    index.mirror = mirror
+    return told
+
+
+def test_a_block_stored_and_removed_in_one_batch_is_told_once_and_never_written() -> None:
+    index = KvBlockIndex()
+    _, alloc = _buffers()
+    writer = TableWriter(index, alloc)
+    told = _recording(index, writer)
+    a = "127.10.0.1:8000"
+    # 12 blocks, the last removed, a different block 11 after block 10: 13 keys changed, more than `set` takes alone
+    index.apply(a, [_stored(0, 12, None), BlockRemoved([11], "GPU"), _stored(12, 1, 10)], 1.0)
+    keys = index.request_keys(TOKENS)
+    assert len(told) == 1 and sorted(told[0].values()) == [0] + [1] * 12  # block 11's key: once, with nobody
+    assert _from_table(index, writer.table, keys) == index.match(keys) == {a: 11}
+    assert writer.table._used == 12  # the key nobody holds took no slot
+    index.apply(a, [_stored(0, 2, None), BlockRemoved([0, 1], "GPU"), _stored(0, 1, None)], 2.0)
+    assert _from_table(index, writer.table, keys) == index.match(keys) == {a: 1}
+
+
+def test_all_blocks_cleared_in_the_middle_of_a_batch() -> None:
+    index = KvBlockIndex()
+    _, alloc = _buffers()
+    writer = TableWriter(index, alloc)
+    told = _recording(index, writer)
+    a, b = "127.10.0.1:8000", "127.10.0.2:8000"
+    index.apply(b, [_stored(0, 4, None)], 1.0)
+    index.apply(a, [_stored(0, 5, None), AllBlocksCleared(), _stored(0, 2, None)], 1.0)
+    keys = index.request_keys(TOKENS)
+    assert _from_table(index, writer.table, keys) == index.match(keys) == {a: 2, b: 4}
+    assert len(told) == 2 and len(told[1]) == 5  # each of a's keys once, with its mask after the batch
+    index.apply(a, [_stored(2, 3, 1), AllBlocksCleared()], 2.0)
+    assert _from_table(index, writer.table, keys) == index.match(keys) == {b: 4}
+
+
+def test_a_rebuild_in_the_middle_of_a_batch_keeps_every_change() -> None:
+    index = KvBlockIndex()
+    _, alloc = _buffers()
+    writer = TableWriter(index, alloc, capacity=16)
+    a, b = "127.10.0.1:8000", "127.10.0.2:8000"
+    index.apply(a, [_stored(0, 6, None)], 1.0)
+    assert writer.table.generation == 0
+    # 18 more keys than a 16-slot table takes, with removals and a second endpoint's blocks around them
+    index.apply(a, [_stored(6, 12, 5), BlockRemoved([0], "GPU"), _stored(18, 6, 17), BlockRemoved([23], "GPU")], 2.0)
+    index.apply(b, [_stored(0, 20, None), BlockRemoved([19], "GPU")], 2.0)
+    assert writer.table.generation > 0
+    keys = index.request_keys(TOKENS)
+    assert _from_table(index, writer.table, keys) == index.match(keys) == {b: 19}
+    assert _from_table(index, writer.table, keys[1:]) == index.match(keys[1:]) == {a: 22, b: 18}  # a lost block 0
+    index.apply(a, [_stored(0, 1, None)], 3.0)
+    assert _from_table(index, writer.table, keys) == index.match(keys) == {a: 23, b: 19}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    first=st.lists(st.integers(0, (1 << 130) - 1), min_size=len(_KEYS), max_size=len(_KEYS)),
+    second=st.dictionaries(st.integers(0, len(_KEYS) - 1), st.integers(0, (1 << 130) - 1)),
+    endpoints=st.sampled_from([3, 64, 65, 130]),
+    prompt=st.lists(st.integers(0, len(_KEYS) + 3), min_size=0, max_size=40),
+    keep=st.integers(0, len(_KEYS)),
+)
+def test_many_keys_written_at_once_read_as_written_one_by_one(
+    first: list[int], second: dict[int, int], endpoints: int, prompt: list[int], keep: int
+) -> None:
+    """`set_many` (one write's changes at once): full home buckets, a bucket's keys placed past it and wrapping,
+    masks over one to three words, then some of them changed, dropped to nobody, or new, in a second call."""
+    full = (1 << endpoints) - 1
+    index = KvBlockIndex()
+    for e in range(endpoints):
+        index.add_endpoint(f"127.10.2.{e}:8000")
+    writer = TableWriter(index, _buffers()[1], capacity=16)
+    for changes in (
+        {k: m & full for k, m in zip(_KEYS[:keep], first, strict=False)},
+        {_KEYS[i]: m & full for i, m in second.items()},
+    ):
+        for key, mask in changes.items():
+            if mask:
+                index.holders[key] = mask
+            else:
+                index.holders.pop(key, None)
+        writer(changes)
+    absent = [random.Random(99 + j).getrandbits(64) | 1 for j in range(4)]
+    keys = [_KEYS[i] if i < len(_KEYS) else absent[i - len(_KEYS)] for i in prompt]
+    assert _from_table(index, writer.table, keys) == index.match(keys)
+    one_by_one, single = _table_and_index(dict(index.holders), endpoints)
+    assert _from_table(one_by_one, single.table, keys) == _from_table(index, writer.table, keys)
