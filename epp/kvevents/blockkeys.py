@@ -24,9 +24,10 @@ collision per pair of blocks, as for any 63-bit key.
 One recurrence, two ways to evaluate it: an event walks it block by block (`chain`, a few Python operations per
 block, after one vectorised `block_values` call for the whole batch), a request evaluates it in closed form,
 key_i = M^(i+1) · (root + Σ_{j≤i} y_j · E · M^-(j+1)), with one cumulative sum (`request_keys`). Tests hold the two
-equal. Keys are 64-bit (63 bits of entropy): two different prefixes share a key with probability about 2^-63 per
-pair, as for upstream's FNV-64a; they never leave the process except to the shared-memory reader, which uses the
-same code.
+equal. Where the compiled kernels are built (`epp.kvevents.kernels`), `request_keys` walks the recurrence in C
+instead, in one call, these constants passed in. Keys are 64-bit (63 bits of entropy): two different prefixes share
+a key with probability about 2^-63 per pair, as for upstream's FNV-64a; they never leave the process except to the
+shared-memory reader, which uses the same code.
 """
 
 from __future__ import annotations

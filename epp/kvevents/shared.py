@@ -30,6 +30,8 @@ home bucket gathered at once and compared with the key; the prompt's leading key
 found ends every prefix, unless its bucket is full (then that key alone is looked for further on, in Python: rare).
 The masks are ANDed cumulatively down the prompt, and since a bit that drops never comes back, each endpoint's
 prefix is the number of rows its bit is set in (`_row_counts`).
+Where the compiled kernels are built (`epp.kvevents.kernels`), the same walk runs in C in one call, a slot's key
+loaded before its mask; this numpy reader is its definition and its fallback, and tests hold the two equal.
 `KvBlockIndex.match` walks Python dicts instead; both answer the same question with the same keys, tests hold them
 equal, and benchmarks/kv_events.py measures both side by side.
 """
