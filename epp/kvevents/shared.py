@@ -38,10 +38,9 @@ equal, and benchmarks/kv_events.py measures both side by side.
 
 from __future__ import annotations
 
+import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
-
-import array
 
 import numpy as np
 import numpy.typing as npt
