@@ -23,7 +23,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.sim.server import DEFAULT_MODEL, ServerConfig, SimServer
 from tests.extproc.envoy import body_msg, destination, headers_msg
-from tests.support.precise import precise_sample
+from tests.support.precise import precise_sample, until_every_publisher_heard
 from tests.support.procs import free_port, http_ok, http_text, metric_value, running, serve_argv
 from tests.support.tls import SELF_SIGNED_NAME, presented_certificate
 
@@ -104,18 +104,7 @@ async def test_completions_and_chat_are_rendered_and_matched_against_the_engines
     with running(argv, tmp_path / "serve.log") as proc:
         await _until(lambda: proc.poll() is None and http_ok(f"{base}/readyz"), "epp serve never became ready")
         async with aiohttp.ClientSession() as http:
-            # ZMQ's slow joiner: reset the (empty) caches until every server's AllBlocksCleared has been heard
-            deadline = time.monotonic() + 30
-            while True:
-                kv = json.loads(http_text(f"{base}/debug/pool"))["kvEvents"]
-                heard = [kv["endpoints"].get(s.address, {}).get("lastEventAgeSeconds") for s in sims]
-                if kv["up"] and None not in heard:
-                    break
-                assert time.monotonic() < deadline, f"the feeder never heard every publisher: {kv}"
-                for server in sims:
-                    async with http.post(f"http://{server.address}/reset_prefix_cache") as r:
-                        assert r.status == 200
-                await asyncio.sleep(0.2)
+            await until_every_publisher_heard(http, base, sims)
 
             # each prompt cached on one server by a request straight to it: the picker never saw these prompts
             cases = [

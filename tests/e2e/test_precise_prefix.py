@@ -31,7 +31,7 @@ import yaml
 from epp import wire
 from epp.sim.server import DEFAULT_MODEL, SERVER_HEADER, ServerConfig, SimServer
 from tests.support.envoy import envoy
-from tests.support.precise import precise_sample
+from tests.support.precise import precise_sample, until_every_publisher_heard
 from tests.support.procs import free_port, http_ok, http_text, metric_value, running, serve_argv
 
 pytestmark = [
@@ -133,17 +133,7 @@ async def world(envoy_available: None, e2e_tmp: Path) -> AsyncIterator[World]:
                 metrics.append(f"http://127.0.0.1:{metrics_port}")
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
                 w = World(*sims, precise=gateways[0], approximate=gateways[1], precise_metrics=metrics[0], http=http)
-                # ZMQ's slow joiner: reset the (empty) caches until the feeder has heard every publisher
-                deadline = time.monotonic() + 30
-                while True:
-                    heard = [w.kv_endpoints().get(s.address, {}).get("lastEventAgeSeconds") for s in sims]
-                    if None not in heard:
-                        break
-                    assert time.monotonic() < deadline, f"the feeder never heard every publisher: {w.kv_endpoints()}"
-                    for server in sims:
-                        async with http.post(f"http://{server.address}/reset_prefix_cache") as r:
-                            assert r.status == 200
-                    await asyncio.sleep(0.2)
+                await until_every_publisher_heard(http, metrics[0], sims)
                 yield w
         finally:
             for server in sims:
