@@ -4,8 +4,9 @@ The same objects the Kubernetes watches read (either API group: `inference.netwo
 version v1alpha2, as the CRDs), feeding the same ObjectiveStore, so priorities (shedding) and model rewrites work
 in a cluster-free picker exactly as in a cluster. Every object in the file counts (a cluster-free picker serves one
 pool; `spec.poolRef` is not compared). When two objects of a kind share a name, the llm-d.ai one wins over the
-older group's (the group upstream prefers, as the watch does), and within one group the first in the file. A document of another kind, or a file that cannot be parsed, fails the start with
-its reason; a malformed rewrite rule is skipped with a warning, as the watch skips it.
+older group's (the group upstream prefers, as the watch does), and within one group the first in the file. A
+document of another kind, or a file that cannot be parsed, fails the start with its reason; a malformed rewrite
+rule is skipped with a warning, as the watch skips it.
 """
 
 from __future__ import annotations

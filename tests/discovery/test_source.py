@@ -13,7 +13,7 @@ from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore, RewriteTarget
 from epp.datastore.pool import FailureMode
 from epp.discovery.kubernetes.rest import KubeRest, load_api_client
-from epp.discovery.kubernetes.settings import KubernetesSettings
+from epp.discovery.kubernetes.settings import KubernetesSettings, parse_endpoint_selector
 from epp.discovery.kubernetes.source import KubernetesSource
 from epp.discovery.kubernetes.watch import WatchOptions
 from tests.discovery.k8s_objects import objective, pod, pool, rewrite
@@ -128,9 +128,13 @@ async def test_llm_d_ai_takes_over_once_its_crd_is_installed(legacy_only) -> Non
 async def test_standalone_mode_selects_pods_without_a_pool_object(apiserver: FakeApiServer, start) -> None:
     apiserver.apply(pod("a", ip="127.10.0.1", labels={"role": "llm"}))
     apiserver.apply(pod("b", ip="127.10.0.2", labels={"role": "other"}))
-    source = await start(endpoint_selector={"role": "llm"}, endpoint_target_ports=(8000, 8002))
+    apiserver.apply(pod("c", ip="127.10.0.3", labels={"role": "llm", "canary": "true"}))
+    apiserver.apply(pod("d", ip="127.10.0.4", labels={"role": "embed"}))
+    source = await start(
+        endpoint_selector=parse_endpoint_selector("role in (llm, embed),!canary"), endpoint_target_ports=(8000, 8002)
+    )
     assert await source.wait_ready(5)
-    assert set(source.table.addresses()) == {"127.10.0.1:8000", "127.10.0.1:8002"}
+    assert set(source.table.addresses()) == {"127.10.0.1:8000", "127.10.0.1:8002", "127.10.0.4:8000", "127.10.0.4:8002"}
     assert not any(c.path.endswith("inferencepools") for c in apiserver.calls)
 
 
@@ -144,6 +148,18 @@ async def test_not_ready_until_the_pool_exists_then_failure_mode_follows_it(apis
     await until(lambda: source.ready)
     assert source.pool_spec().failure_mode is FailureMode.FAIL_OPEN
     assert flips[-1] is True
+
+
+async def test_a_pool_without_endpoint_picker_ref_is_served_fail_close(apiserver: FakeApiServer, start) -> None:
+    """InferencePool v1 made `endpointPickerRef` optional: such a pool loads and its pods are endpoints."""
+    bare = pool()
+    del bare["spec"]["endpointPickerRef"]
+    apiserver.apply(bare)
+    apiserver.apply(pod("a", ip="127.10.0.1"))
+    source = await start(pool_name="pool")
+    await until(lambda: source.ready)
+    assert source.pool_spec().failure_mode is FailureMode.FAIL_CLOSE
+    assert set(source.table.addresses()) == {"127.10.0.1:8000"}
 
 
 async def test_an_invalid_pool_update_keeps_the_previous_spec(apiserver: FakeApiServer, start) -> None:

@@ -115,6 +115,7 @@ class KubernetesSource:
             "namespace": self.settings.namespace,
             "pool": pool.name if pool is not None else None,
             "selector": dict(pool.selector) if pool is not None else None,
+            "selectorExpressions": [str(r) for r in pool.expressions] if pool is not None else None,
             "target_ports": list(pool.target_ports) if pool is not None else None,
             "failure_mode": pool.failure_mode.value if pool is not None else None,
             "synced": self.table.synced,
