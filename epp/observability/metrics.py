@@ -7,11 +7,12 @@ upstream's (llm-d-router `pkg/epp/metrics`); docs/observability.md lists every s
 Per-request numbers are plain counters and histograms (`plain.py`) kept per label set (`request_series.py`), turned
 into metric families (`request_families.py`) only when `/metrics` is scraped. The request path resolves a request's
 labels when it is decided (one dict hit for a known route) and otherwise only keeps its raw numbers: the latencies,
-the record of a routed request at its end, a count per route. They are folded into the series every `FOLD_EVERY` requests and whenever the series are read (a
-scrape, a worker's exposition), each histogram's values in the order they were observed, so every count and every
-sum is the one an observation per request would give. Refusals are counted at once: they add only ints, whose
-sums do not depend on the order of the adds. The deprecated `inference_objective_*` / `inference_extension_*`
-series are computed from the same numbers at scrape time (one implementation, two spellings).
+the record of a routed request at its end, a count per route. They are folded into the series every `FOLD_EVERY`
+requests and whenever the series are read (a scrape, a worker's exposition), each histogram's values in the order
+they were observed, so every count and every sum is the one an observation per request would give. Refusals are
+counted at once: they add only ints, whose sums do not depend on the order of the adds. The deprecated
+`inference_objective_*` / `inference_extension_*` series are computed from the same numbers at scrape time (one
+implementation, two spellings).
 
 Cardinality: model names and fairness ids come from clients, so they pass through `labels.BoundedLabel`; label
 sets beyond `MAX_SERIES` collapse into one `other` series. `/metrics` stays bounded whatever clients send.
