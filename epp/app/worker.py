@@ -31,13 +31,13 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
-from epp.app.pick_log import PickLog, prefix_scorers, ring_words
+from epp.app.pick_log import PickLog, ring_words
 from epp.app.pool_metrics import PrefixCollector
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.observability.relay import RelayHandler
@@ -195,7 +195,7 @@ async def _worker(conn: Connection, args: argparse.Namespace, index: int, arrays
     scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness, allow_experimental=allow_experimental)
     table = MirrorTable(rows, matrix, index)
     pick_log = PickLog(picks, matrix.shape[0], index)
-    scorers = prefix_scorers(scheduler)
+    scorers = scheduler.prefix_scorers  # every profile's, in configuration order: a record names one by position
     for position, scorer in enumerate(scorers):
         scorer.on_pick = _sharing(pick_log, table, position)
     objectives = ObjectiveStore()
@@ -292,7 +292,7 @@ def _sharing(pick_log: PickLog, table: MirrorTable, position: int) -> Callable[[
     return share
 
 
-def _learn(pick_log: PickLog, table: MirrorTable, scorers: list[PrefixCacheScorer], stats: np.ndarray) -> None:
+def _learn(pick_log: PickLog, table: MirrorTable, scorers: Sequence[PrefixCacheScorer], stats: np.ndarray) -> None:
     """The other workers' picks since the last call, into our prefix scorers (their counts into our stats row)."""
     if not scorers:
         return
