@@ -28,7 +28,7 @@ from epp.federation.policy import Route
 from epp.flowcontrol import QueuedRequest
 from epp.flowcontrol.admission import Admitter
 from epp.requests import InferenceRequest
-from epp.scheduling import test_selection
+from epp.scheduling import conformance_selection
 from epp.scheduling.producers import estimate_tokens
 from epp.scheduling.scheduler import Routing, Scheduler
 
@@ -172,12 +172,14 @@ class Director:
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "the gateway's endpoint subset is empty", _NO_ENDPOINTS)
         candidates = snapshot.slots if subset is None else self.candidates(snapshot, subset)
         if self._test_selection:
-            named = request.headers.get(test_selection.HEADER, "").strip()
+            named = request.headers.get(conformance_selection.HEADER, "").strip()
             if named:
-                candidates = test_selection.selected(snapshot, candidates, named)
+                candidates = conformance_selection.selected(snapshot, candidates, named)
                 if candidates.size == 0:
                     raise EppError(
-                        ErrorCode.SERVICE_UNAVAILABLE, f"{test_selection.HEADER} names no pool endpoint", _NO_ENDPOINTS
+                        ErrorCode.SERVICE_UNAVAILABLE,
+                        f"{conformance_selection.HEADER} names no pool endpoint",
+                        _NO_ENDPOINTS,
                     )
         now = self._clock()
         original_model = request.model
