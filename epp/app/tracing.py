@@ -201,6 +201,7 @@ class TracingScheduler:
             scorers=tuple(WeightedScorer(_TracedScorer(s.scorer, tracer), s.weight) for s in profile.scorers),
             picker=_TracedPicker(profile.picker, tracer, "picker"),
             observers=profile.observers,
+            producers=profile.producers,  # run untraced, as before the filters: the scorers read what they publish
         )
         self._inner = ProfileScheduler(traced, scheduler.saturation)
         self.profile = profile
