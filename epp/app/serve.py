@@ -359,6 +359,9 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
             args.grace_period,
         )
         state.stopping = True
+        for child in (state.workers, scraper if isinstance(scraper, ScrapeProcess) else None, kv_feeder):
+            if child is not None:
+                child.begin_shutdown()  # a child that ends from now on is not restarted (epp.supervision.child)
         await state.health.set_ready(False)
         if state.kubernetes is not None:
             await state.kubernetes.stop()  # releases the Lease now, so a standby takes over during our grace period
