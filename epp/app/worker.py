@@ -26,12 +26,10 @@ signal).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +38,9 @@ import numpy as np
 
 from epp.app.pick_log import PickLog, prefix_scorers, ring_words
 from epp.app.pool_metrics import PrefixCollector
+from epp.app.runtime import run_loop
+from epp.app.settings import ServeSettings
+from epp.app.tls import tls_policy
 from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, read_rows
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.scheduling.prefix import PrefixCacheScorer
@@ -62,7 +63,7 @@ class WorkerStart:
     """The kit's `Start` payload of a worker: the settings it builds its server from (opaque here), which worker
     it is, and the shared blocks' sizes."""
 
-    settings: argparse.Namespace
+    settings: ServeSettings
     index: int
     rows: int
     workers: int
@@ -192,32 +193,21 @@ class _CountingObserver:
         return getattr(self._inner, name)
 
 
-async def _worker(end: ChildEnd, args: argparse.Namespace, index: int, arrays: tuple[np.ndarray, ...]) -> int:
-    import grpc
+async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tuple[np.ndarray, ...]) -> int:
+    # Imported here, not at the top: gRPC reads its TLS cipher list at its first import, which `child_main` sets
+    # first.
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from epp.app.config_file import load_config, parser_chain_of
-    from epp.app.serve import extproc_server, server_limits, settle_garbage_collector
-    from epp.cli.scrape_flags import scrape_settings_from_args
+    from epp.app.build import build_decisions, build_director, build_processor, extproc_server, load_picker_config
+    from epp.app.runtime import settle_garbage_collector
     from epp.datastore.objectives import ObjectiveStore
     from epp.datastore.pool import FailureMode
-    from epp.director import Director
-    from epp.extproc.server import ExternalProcessor
-    from epp.extproc.stream import StreamSettings
     from epp.observability.metrics import PickerMetrics
-    from epp.scheduling import build_scheduler
 
     rows, matrix, stats, picks = arrays
     stats[index, 1] = os.getpid()
-    allow_experimental = bool(getattr(args, "allow_experimental_plugins", False))
-    config_text = getattr(args, "config_text", None)
-    config = None
-    if config_text is not None:
-        config = load_config(None, text=config_text, allow_experimental=allow_experimental, warn=False)
-    elif args.config_file:
-        config = load_config(args.config_file, allow_experimental=allow_experimental, warn=False)
-    scrape = scrape_settings_from_args(args)
-    scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness, allow_experimental=allow_experimental)
+    config = load_picker_config(settings.config)
+    scheduler = build_decisions(settings, config).scheduler
     table = MirrorTable(rows, matrix, index)
     pick_log = PickLog(picks, matrix.shape[0], index)
     scorers = prefix_scorers(scheduler)
@@ -236,25 +226,9 @@ async def _worker(end: ChildEnd, args: argparse.Namespace, index: int, arrays: t
 
     namespace = [""]
     metrics = PickerMetrics(registry, labels=objectives, endpoint_name=endpoint_name)
-    director = Director(
-        table,
-        scheduler,
-        clock=time.monotonic,
-        failure_mode=lambda: failure[0],
-        observer=metrics,
-        objectives=objectives,
-        saturation=scheduler.saturation,
-        federation=None,
-        honour_subset=not getattr(args, "disable_endpoint_subset_filter", False),
-        test_selection=bool(getattr(args, "enable_test_endpoint_selection", False)),
-    )
-    processor = ExternalProcessor(
-        director,
-        _CountingObserver(metrics, stats[index]),
-        StreamSettings(max_body_bytes=args.max_body_bytes, parsers=parser_chain_of(config)),
-        limits=server_limits(args),
-    )
-    server: grpc.aio.Server = extproc_server(args, processor, reuse_port=True)
+    director = build_director(settings, scheduler, table, objectives, failure_mode=lambda: failure[0], observer=metrics)
+    processor = build_processor(settings, config, director, _CountingObserver(metrics, stats[index]))
+    server = extproc_server(settings, processor, reuse_port=True)
     stop = asyncio.Event()
 
     conn = end.conn
@@ -304,7 +278,7 @@ async def _worker(end: ChildEnd, args: argparse.Namespace, index: int, arrays: t
     finally:
         beating.cancel()
         loop.remove_reader(conn.fileno())
-        await server.stop(args.grace_period)
+        await server.stop(settings.grace_period_s)
         matrix[index] = 0  # nothing of ours is in flight any more
     return 0
 
@@ -348,13 +322,9 @@ def child_main(end: ChildEnd) -> int:
     )
     for fd in end.fds:  # the mappings stay
         os.close(fd)
-    args = start.settings
-    if args.tls.enabled:  # before gRPC's first import, as `epp serve` does: it reads its cipher list then
-        from epp.app.tls import tls_policy
-
-        tls_policy(args.tls)
-    from epp.app.serve import run_loop
-
+    settings: ServeSettings = start.settings
+    if settings.tls.enabled:  # before gRPC's first import, as `epp serve` does: it reads its cipher list then
+        tls_policy(settings.tls)
     with contextlib.suppress(KeyboardInterrupt):
-        return run_loop(_worker(end, args, index, arrays))
+        return run_loop(_worker(end, settings, index, arrays))
     return 0

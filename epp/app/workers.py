@@ -21,7 +21,6 @@ gets `Stop` and drains its open streams for `--grace-period`.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -35,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.app.pick_log import ring_words
+from epp.app.settings import ServeSettings
 from epp.app.worker import MATRIX_COLUMNS, STATS_COLUMNS, Members, Metrics, WorkerStart
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
@@ -58,7 +58,7 @@ class _Worker:
         self.child = Child(
             "epp.app.worker",
             f"worker {index} (pid {{pid}})",
-            payload=lambda: WorkerStart(pool._args, index, pool.rows, pool.count),
+            payload=lambda: WorkerStart(pool._settings, index, pool.rows, pool.count),
             fds=lambda: tuple(pool._fds),
             on_start=lambda: pool._started(self),
             on_ready=lambda: pool._ready(self),
@@ -78,7 +78,7 @@ class WorkerPool:
     def __init__(
         self,
         count: int,
-        args: argparse.Namespace,
+        settings: ServeSettings,
         table: EndpointTable,
         objectives: ObjectiveStore,
         failure_mode: Callable[[], FailureMode],
@@ -88,7 +88,7 @@ class WorkerPool:
         max_endpoints: int = MAX_ENDPOINTS,
     ) -> None:
         self.count = count
-        self._args = args
+        self._settings = settings
         self._table = table
         self._objectives = objectives
         self._failure_mode = failure_mode
