@@ -230,6 +230,7 @@ async def _serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         federation=federation.router if federation is not None else None,
         honour_subset=not getattr(args, "disable_endpoint_subset_filter", False),
         test_selection=bool(getattr(args, "enable_test_endpoint_selection", False)),
+        emit_scores=bool(getattr(args, "emit_endpoint_scores", False)),
         flow=flow,
     )
     decider: Any = director

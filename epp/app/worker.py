@@ -222,6 +222,7 @@ async def _worker(conn: Connection, args: argparse.Namespace, index: int, arrays
         federation=None,
         honour_subset=not getattr(args, "disable_endpoint_subset_filter", False),
         test_selection=bool(getattr(args, "enable_test_endpoint_selection", False)),
+        emit_scores=bool(getattr(args, "emit_endpoint_scores", False)),
     )
     processor = ExternalProcessor(
         director,
