@@ -76,9 +76,13 @@ def test_every_upstream_flag_is_accepted_without_a_subcommand(flag: str) -> None
 
 
 def test_emit_endpoint_scores_is_off_by_default_and_on_when_given() -> None:
-    assert parse([]).emit_endpoint_scores is False
-    assert parse(["--emit-endpoint-scores"]).emit_endpoint_scores is True
-    assert parse(["--emit-endpoint-scores=false"]).emit_endpoint_scores is False
+    from epp.cli.serve_settings import serve_settings
+
+    def emit(argv: list[str]) -> bool:
+        args = parse(argv)
+        return serve_settings(args, resolve_upstream_flags(args)).emit_scores
+
+    assert (emit([]), emit(["--emit-endpoint-scores"]), emit(["--emit-endpoint-scores=false"])) == (False, True, False)
 
 
 def test_the_charts_args_start_serve_with_their_meaning() -> None:
