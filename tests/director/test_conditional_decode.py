@@ -21,6 +21,7 @@ from epp.errors import EppError, ErrorCode
 from epp.extproc.messages import immediate_response
 from epp.requests import parse_request
 from epp.scheduling import build_scheduler
+from epp.scheduling.scheduler import Scheduler
 from epp.wire import DROPPED_REASON_HEADER, prefers_if_available
 from tests.scheduling.tables import request as disagg_request
 from tests.scheduling.tables import table_with
@@ -86,7 +87,7 @@ def test_a_prompt_the_picked_endpoint_has_cached_is_forwarded_there() -> None:
 
 def test_without_a_prefix_producer_every_conditional_request_is_412() -> None:
     """Upstream: no prefix-cache match attribute on the endpoint (no scorer attached) means 412."""
-    director = Director(_table(), RandomScheduler(), clock=lambda: NOW)
+    director = Director(_table(), Scheduler(RandomScheduler()), clock=lambda: NOW)
     assert director.decide(_request()).addresses
     with pytest.raises(EppError) as err:
         director.decide(_request(prefer="if-available"))
