@@ -146,9 +146,7 @@ class Director:
         self._emit_scores = emit_scores
         # The handler's pick with its PickDetail (scores, the picked endpoint's cached prefix), asked for only when
         # scores are emitted or a request says `Prefer: if-available`; a handler without it has no detail.
-        self._detailed: Callable[..., tuple[Sequence[int], PickDetail]] | None = getattr(
-            scheduler.handler, "pick_detailed", None
-        )
+        self._detailed = scheduler.detailed
         render = scheduler.tokenizer  # the vllm token-producer's render endpoint: the engine's token ids
         self.tokenizer = (
             RenderTokenizer(render.url, render.model_name, render.timeout_s, render.chat_timeout_s, render.cache_size)
