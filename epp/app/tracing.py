@@ -43,6 +43,7 @@ from epp.director import Decision, Director
 from epp.errors import EppError
 from epp.requests import InferenceRequest
 from epp.scheduling.framework import CycleState, SchedulingRequest
+from epp.scheduling.pick_detail import PickDetail
 from epp.scheduling.profile import ProfileScheduler, SchedulingProfile, WeightedScorer
 from epp.scheduling.scheduler import Scheduler
 
@@ -187,7 +188,8 @@ def traced_scheduler(scheduler: Scheduler, tracer: Tracer) -> Scheduler:
     parallelism) is traced by the director's span alone. Everything else (flow control, admitters) is kept."""
     if scheduler.routing is not None or len(scheduler.profiles) != 1:
         return scheduler
-    return replace(scheduler, handler=TracingScheduler(scheduler.profiles[0], tracer))
+    traced = TracingScheduler(scheduler.profiles[0], tracer)
+    return replace(scheduler, handler=traced, detailed=traced.pick_detailed)
 
 
 class TracingScheduler:
@@ -201,6 +203,7 @@ class TracingScheduler:
             scorers=tuple(WeightedScorer(_TracedScorer(s.scorer, tracer), s.weight) for s in profile.scorers),
             picker=_TracedPicker(profile.picker, tracer, "picker"),
             observers=profile.observers,
+            producers=profile.producers,  # run untraced, as before the filters: the scorers read what they publish
         )
         self._inner = ProfileScheduler(traced, scheduler.saturation)
         self.profile = profile
@@ -212,3 +215,11 @@ class TracingScheduler:
         with self._tracer.start_as_current_span("epp.scheduling", attributes=self._attributes) as span:
             span.set_attribute("epp.candidates", int(candidates.size))
             return self._inner.pick(snapshot, candidates, request, now)
+
+    def pick_detailed(
+        self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
+    ) -> tuple[Sequence[int], PickDetail]:
+        """`pick` with its PickDetail (--emit-endpoint-scores, `Prefer: if-available`), in the same span."""
+        with self._tracer.start_as_current_span("epp.scheduling", attributes=self._attributes) as span:
+            span.set_attribute("epp.candidates", int(candidates.size))
+            return self._inner.pick_detailed(snapshot, candidates, request, now)

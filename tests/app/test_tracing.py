@@ -13,10 +13,13 @@ from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
 
 from epp.app.tracing import TracingDirector, traced_scheduler
+from epp.config.decode import parse_config
 from epp.datastore import EndpointInfo, EndpointTable
 from epp.director import Director
+from epp.errors import EppError, ErrorCode
 from epp.extproc.stream import StreamProcessor, StreamSettings
 from epp.observability.metrics import PickerMetrics
+from epp.requests import parse_request
 from epp.scheduling import build_scheduler
 from tests.extproc.envoy import BODY, POOL, body_msg, destination, headers_msg, immediate
 
@@ -119,3 +122,48 @@ def test_the_exporter_and_service_name_come_from_the_otel_variables(monkeypatch:
     provider, tracer = _tracing(True)
     assert provider is not None and tracer is not None
     provider.shutdown()
+
+
+def test_the_traced_scheduler_keeps_the_producers_flow_control_and_admitters() -> None:
+    """Tracing wraps the plugins only: the config's producers still run, flow control and admission stay on."""
+    doc = {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "featureGates": ["flowControl"],
+        "plugins": [
+            {"type": "approx-prefix-cache-producer"},
+            {"type": "prefix-cache-scorer"},
+            {"type": "probabilistic-admitter"},
+        ],
+        "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "prefix-cache-scorer"}]}],
+    }
+    scheduler = build_scheduler(parse_config(doc, "traced.yaml"), seed=1)
+    tracer = TracerProvider().get_tracer("test")
+    traced = traced_scheduler(scheduler, tracer)
+    assert traced.handler is not scheduler.handler
+    assert traced.flow is scheduler.flow is not None and traced.admitters == scheduler.admitters != ()
+    (producer,) = scheduler.handler.profile.producers
+    assert traced.handler._inner.profile.producers == (producer,)
+
+
+def test_a_traced_scheduler_still_gives_scores_and_the_conditional_decode_answer() -> None:
+    """The traced handler offers the pick's detail too: --emit-endpoint-scores and `Prefer: if-available` work."""
+    tracer = TracerProvider().get_tracer("test")
+    table = EndpointTable()
+    table.replace_all(EndpointInfo(address=a) for a in POOL)
+    table.synced = True
+    director = Director(
+        table, traced_scheduler(build_scheduler(None, seed=1), tracer), clock=lambda: 0.0, emit_scores=True
+    )
+    prompt = "a long prompt the prefix scorer splits into many whole blocks. " * 40
+    body = json.dumps({"model": "m", "prompt": prompt}).encode()
+    decision = director.decide(parse_request("r", "/v1/completions", {}, body))
+    assert {a for a, _ in decision.scores} == set(POOL)
+    director.complete(decision)
+    again = director.decide(parse_request("r", "/v1/completions", {"prefer": "if-available"}, body))
+    assert again.addresses == decision.addresses
+    with pytest.raises(EppError) as err:
+        director.decide(
+            parse_request("r", "/v1/completions", {"prefer": "if-available"}, b'{"model":"m","prompt":"x"}')
+        )
+    assert err.value.code is ErrorCode.PRECONDITION_FAILED
