@@ -57,8 +57,13 @@ from epp.scheduling.upstream_types import describe_unimplemented
 DEFAULT_SCORER_WEIGHT = 1.0
 
 
+# The built-in profiles' prefix scorer: the self-contained form they were measured with (benchmarks/RESULTS.md),
+# named by its block size; a file's `prefix-cache-scorer` without parameters reads a producer, as upstream's does.
+_BUILT_IN_PARAMETERS = {"prefix-cache-scorer": {"blockSize": 64}}
+
+
 def _config(source: str, profile: tuple[tuple[str, float | None], ...]) -> EndpointPickerConfig:
-    plugins = tuple(PluginSpec(name=t, type=t) for t, _ in profile)
+    plugins = tuple(PluginSpec(name=t, type=t, parameters=_BUILT_IN_PARAMETERS.get(t, {})) for t, _ in profile)
     refs = tuple(ProfilePlugin(t, w) for t, w in profile)
     return EndpointPickerConfig(plugins=plugins, profiles=(ProfileSpec("default", refs),), source=source)
 
@@ -128,20 +133,31 @@ def _instantiate(
             )
         params = Params(spec.parameters, f"{config.source}: plugin '{spec.name}' ({spec.type})")
         plugin = plugin_type.factory(spec.name, params, ctx)
+        if plugin_type.limitation:
+            ctx.warn(f"plugin '{spec.name}' ({spec.type})", plugin_type.limitation)
         ctx.built[spec.name] = plugin
         built[spec.name] = (plugin_type.kind, plugin, spec, params)
     return {spec.name: built[spec.name] for spec in config.plugins}  # file order, as check-config prints it
 
 
 def deprecations(config: EndpointPickerConfig, registry: Registry | None = None) -> list[str]:
-    """Upstream's deprecation warnings for this file: its own (`config.warnings`) and each deprecated plugin type."""
+    """Upstream's deprecation warnings for this file: its own (`config.warnings`) and each deprecated plugin type;
+    then one line per plugin that loads but cannot do (all of) its job here (`BuildContext.warn`: a stand-in type,
+    a setting that is not honoured, a stage whose decider is missing), for a config that builds."""
     registry = registry or builtin_registry()
     out = list(config.warnings)
     for spec in config.plugins:
         plugin_type = registry.get(spec.type)
         if plugin_type is not None and plugin_type.replaced_by:
             out.append(f"plugin '{spec.name}': type '{spec.type}' is deprecated, use '{plugin_type.replaced_by}'")
+    try:
+        out.extend(_build(config, 0, registry, allow_experimental=True)[2].warnings)
+    except ConfigError:
+        pass  # the caller reports the refusal itself
     return out
+
+
+_EXTRACTING_PRODUCERS = ("precise-prefix-cache-producer", "mm-embeddings-cache-producer")
 
 
 def _check_references(config: EndpointPickerConfig, built: Built) -> None:
@@ -154,8 +170,9 @@ def _check_references(config: EndpointPickerConfig, built: Built) -> None:
             )
     for ref in config.data_source_refs:
         kind, _, spec, _ = built[ref]
-        # upstream lists the precise producer as the extractor of endpoint notifications (its feeder's membership)
-        if kind is not Kind.DATA_LAYER and spec.type != "precise-prefix-cache-producer":
+        # upstream lists the precise producer as the extractor of endpoint notifications (its feeder's membership),
+        # and the multimodal producer as an extractor too
+        if kind is not Kind.DATA_LAYER and spec.type not in _EXTRACTING_PRODUCERS:
             raise ConfigError(f"{source}: data layer, plugin '{ref}' ({spec.type}): is not a data source here")
     if config.discovery_ref is not None and built[config.discovery_ref][0] is not Kind.DISCOVERY:
         spec = built[config.discovery_ref][2]
@@ -236,33 +253,47 @@ def _producers(config: EndpointPickerConfig, built: Built, ctx: BuildContext, pl
                 if auto is None:
                     auto = ctx.built[_AUTO_KEY + wanted] = factory()
                 out[wanted] = cast(Producer, auto)
-    _check_precise(config, out)
+    _auto_token_producer(out, ctx)
+    _check_precise(out, ctx)
     return sorted(out.values(), key=lambda p: getattr(p, "ORDER", 50))
 
 
-def _check_precise(config: EndpointPickerConfig, producers: dict[str, Producer]) -> None:
-    """Precise prefix matching needs the engine's own token ids: a token producer with the vllm backend."""
+def _auto_token_producer(producers: dict[str, Producer], ctx: BuildContext) -> None:
+    """A prefix producer consumes the prompt's tokens: with no token-producer in the config, upstream auto-creates
+    one (the estimate backend), and so does this builder (one per config; the estimate is what a prefix producer
+    computes without one, so this changes no decision)."""
+    from epp.scheduling.producers import TokenProducer
+
+    if any(isinstance(p, TokenProducer) for p in producers.values()):
+        return
+    if not any(getattr(p, "type_name", "") in _PRODUCER_OF["prefix-cache-scorer"] for p in producers.values()):
+        return
+    auto = ctx.built.get(_AUTO_KEY + "token-producer")
+    if auto is None:
+        auto = ctx.built[_AUTO_KEY + "token-producer"] = TokenProducer()
+    producers["token-producer"] = cast(Producer, auto)
+
+
+def _check_precise(producers: dict[str, Producer], ctx: BuildContext) -> None:
+    """Precise prefix matching needs the engine's own token ids: a token producer with the vllm backend. Without
+    one (upstream then estimates tokens too) the config loads and the producer matches on its approximate fallback."""
     from epp.scheduling.precise import PrecisePrefixCacheProducer
     from epp.scheduling.producers import TokenProducer
 
     for plugin in producers.values():
         if not isinstance(plugin, PrecisePrefixCacheProducer):
             continue
-        where = f"{config.source}: plugin '{plugin.name}' (precise-prefix-cache-producer)"
         tokens = [p for p in producers.values() if isinstance(p, TokenProducer)]
-        if not tokens:
-            raise ConfigError(
-                f"{where}: needs a token-producer with the vllm backend (modelName, vllm.url): block keys are "
-                "computed from the engine's token ids, and the config defines no token-producer"
+        vllm = [p for p in tokens if p.backend == "vllm"]
+        if not vllm:
+            named = f"token-producer '{tokens[0].name}' uses the estimate backend" if tokens else "no token-producer"
+            ctx.warn(
+                f"plugin '{plugin.name}' (precise-prefix-cache-producer)",
+                f"{named}, whose token ids are not the engine's, so no block key matches an engine's KV events: "
+                "every request uses the approximate fallback (set a token-producer's modelName and vllm.url, the "
+                "model server's render endpoints)",
             )
-        estimate = [p.name for p in tokens if p.backend != "vllm"]
-        if estimate:
-            raise ConfigError(
-                f"{where}: token-producer '{estimate[0]}' uses the estimate backend, whose token ids are not the "
-                "engine's, so no block key would ever match an engine's KV events; set its backend to vllm "
-                "(modelName and vllm.url, the model server's render endpoints)"
-            )
-        plugin.token_producer = tokens[0].name
+        plugin.token_producer = (vllm or tokens)[0].name if tokens else "token-producer"
 
 
 def _auto_approx_prefix() -> Producer:
@@ -300,8 +331,10 @@ def _profile(
                 filters.append(plugin)  # type: ignore[arg-type]
         elif kind is Kind.PICKER:
             pickers.append(plugin)  # type: ignore[arg-type]
-        elif kind is Kind.PRODUCER:
-            continue  # producers run for every pick whether a profile lists them or not, as upstream
+        elif kind in (Kind.PRODUCER, Kind.PARSER, Kind.REQUEST_HOOK):
+            # producers run for every pick whether a profile lists them or not; parsers and request hooks run
+            # around the pick: upstream's profile keeps only its filters, scorers and picker, and so does this one
+            continue
         else:
             raise ConfigError(f"{where}: a {kind.value} cannot be part of a profile")
     if len(pickers) > 1:
@@ -321,7 +354,7 @@ def _build(
     registry: Registry,
     allow_experimental: bool,
     freshness: Freshness | None = None,
-) -> tuple[ProfileScheduler | DisaggScheduler, Built]:
+) -> tuple[ProfileScheduler | DisaggScheduler, Built, BuildContext]:
     seeds = np.random.SeedSequence(seed)
     freshness = pool_freshness(config, freshness or Freshness())
     ctx = BuildContext(seed_sequence=seeds, saturation=config.saturation, freshness=freshness)
@@ -361,7 +394,7 @@ def _build(
         policies = {n: p for n, (kind, p, _, _) in built.items() if kind is Kind.FLOW_CONTROL}
         flow = config.flow_control or FlowControlSpec()
         scheduler.flow_control = flow_settings(config.source, flow, policies)  # type: ignore[arg-type]
-    return scheduler, built
+    return scheduler, built, ctx
 
 
 def _disagg(
@@ -399,10 +432,12 @@ def _disagg(
         encode = Stage(profile(handler.encode, "profiles.encode", []), encode_decider)
         used.add(handler.encode)
     unused = [p.name for p in config.profiles if p.name not in used]
-    if unused:
-        raise ConfigError(
-            f"{where}: scheduling profile(s) {', '.join(unused)} would never run (the handler runs "
-            f"{', '.join(sorted(used))}; a stage runs only with its decider in deciders.prefill / deciders.encode)"
+    if unused:  # upstream: "No deciders.prefill configured, P/D disaggregation disabled", and it runs decode only
+        ctx.warn(
+            f"plugin '{handler.name}' ({handler.type_name})",
+            f"scheduling profile(s) {', '.join(unused)} never run: the handler runs {', '.join(sorted(used))} (a "
+            "stage runs only with its decider in deciders.prefill / deciders.encode; without one that "
+            "disaggregation is disabled, as upstream)",
         )
     return DisaggScheduler(decode, prefill, encode, handler.primary_port, handler.name)
 
@@ -454,9 +489,14 @@ def effective_plugins(
     """Every plugin the picker runs for this config with its parameters after defaults, those it adds as upstream
     does (parsers, picker, profile handler, detector, metrics source and extractor) marked implicit."""
     registry = registry or builtin_registry()
-    scheduler, built = _build(config, 0, registry, allow_experimental)
+    scheduler, built, _ = _build(config, 0, registry, allow_experimental)
+
+    def reported(type_name: str) -> str:  # the type upstream's instance reports (decode-filter: by-label)
+        plugin_type = registry.get(type_name)
+        return (plugin_type.reported_type if plugin_type is not None else None) or type_name
+
     out = [
-        EffectivePlugin(name, spec.type, kind, dict(params.effective))
+        EffectivePlugin(name, reported(spec.type), kind, dict(params.effective))
         for name, (kind, _, spec, params) in built.items()
     ]
     types = {spec.type for _, _, spec, _ in built.values()}
@@ -466,9 +506,12 @@ def effective_plugins(
             types.add(type_name)
             out.append(EffectivePlugin(type_name, type_name, kind, parameters or {}, implicit=True))
 
-    for producer in scheduler.profile.producers:  # created for a consumer that names none, as upstream
-        if producer.name not in built:
-            implicit(producer.type_name, Kind.PRODUCER)
+    listed = set(built)
+    profiles = scheduler.profiles if isinstance(scheduler, DisaggScheduler) else (scheduler,)
+    for producer in (p for stage in profiles for p in stage.profile.producers):  # auto-created, as upstream
+        if producer.name not in listed:  # by name: a second producer of a type (tiered prefix caches) is a line
+            listed.add(producer.name)
+            out.append(EffectivePlugin(producer.name, producer.type_name, Kind.PRODUCER, {}, implicit=True))
     if not any(kind is Kind.PROFILE_HANDLER for kind, *_ in built.values()):
         implicit("single-profile-handler", Kind.PROFILE_HANDLER)
     if not any(kind is Kind.PICKER for kind, *_ in built.values()):

@@ -27,6 +27,7 @@ from epp.scheduling import (
     rendezvous,
     saturation,
     scorers,
+    stand_ins,
     test_selection,
 )
 from epp.scheduling.params import Params
@@ -49,6 +50,9 @@ class Kind(enum.Enum):
     # scorer's `prefixMatchInfoProducerName`). Built before every other plugin, so such a factory finds its
     # producer with `BuildContext.plugin`.
     PRODUCER = "data producer"
+    # Upstream's pre-request and response plugins (disagg-headers-handler, request-attribute-reporter): listed in a
+    # profile, they are skipped there, as upstream's profile keeps only its filters, scorers and picker.
+    REQUEST_HOOK = "request hook"
 
 
 class Stability(enum.Enum):
@@ -68,6 +72,13 @@ class BuildContext:
     freshness: Freshness = field(default_factory=Freshness)
     built: dict[str, object] = field(default_factory=dict)  # the plugins built so far, by name (producers first)
     plugin_types: dict[str, str] = field(default_factory=dict)  # every plugin of the config: name → type
+    warnings: list[str] = field(default_factory=list)  # what loads but is not done here, one line per plugin
+
+    def warn(self, where: str, why: str) -> None:
+        """A plugin that loads but cannot do (all of) its job here: logged once at start-up, printed by check-config."""
+        line = f"{where}: {why}"
+        if line not in self.warnings:
+            self.warnings.append(line)
 
     def has_type(self, *types: str) -> bool:
         return any(t in types for t in self.plugin_types.values())
@@ -91,6 +102,8 @@ class PluginType:
     summary: str
     stability: Stability = Stability.BETA
     replaced_by: str | None = None  # deprecated upstream in favour of this type: loading it logs a warning
+    limitation: str | None = None  # loads, but cannot do its job here: this is logged once per plugin (stand_ins)
+    reported_type: str | None = None  # the type upstream's instance reports when it differs (decode-filter: by-label)
 
 
 class Registry:
@@ -106,10 +119,14 @@ class Registry:
         *,
         stability: Stability = Stability.BETA,
         replaced_by: str | None = None,
+        limitation: str | None = None,
+        reported_type: str | None = None,
     ) -> None:
         if type_name in self._types:
             raise ValueError(f"plugin type {type_name!r} registered twice")
-        self._types[type_name] = PluginType(type_name, kind, factory, summary, stability, replaced_by)
+        self._types[type_name] = PluginType(
+            type_name, kind, factory, summary, stability, replaced_by, limitation, reported_type
+        )
 
     def get(self, type_name: str) -> PluginType | None:
         return self._types.get(type_name)
@@ -136,16 +153,16 @@ PREFIX_PRODUCER_TYPES = ("approx-prefix-cache-producer", "burst-prefix-cache-pro
 
 def _prefix(name: str, params: Params, ctx: BuildContext) -> object:
     """Two forms, as upstream's history: the current one reads a producer's match (`prefixMatchInfoProducerName`,
-    `matchLengthWeight`, `matchLengthScaleTokens`; also chosen when the file configures a prefix producer and gives
-    the scorer no parameters); the older one (blockSize, maxPrefixBlocksToMatch, lruCapacityPerServer, autoTune, or
-    no parameters and no producer) computes its own match, exactly as before."""
+    `matchLengthWeight`, `matchLengthScaleTokens`, or no parameters: then upstream's auto-created
+    approx-prefix-cache-producer); the older one (blockSize, maxPrefixBlocksToMatch, lruCapacityPerServer, autoTune)
+    computes its own match, exactly as before (the built-in profiles name it: `build.default_config`)."""
     new = [f for f in _PREFIX_NEW if params.present(f)]
     old = [f for f in _PREFIX_OLD if params.present(f)]
     if new and old:
         raise params.error(
             old[0], f"the producer form ({', '.join(new)}) and the self-contained form ({', '.join(old)}) do not mix"
         )
-    if new or (not old and ctx.has_type(*PREFIX_PRODUCER_TYPES)):
+    if new or not old:
         producer = params.text("prefixMatchInfoProducerName", "") or "approx-prefix-cache-producer"
         weight = params.number("matchLengthWeight", 0.0, minimum=0.0, maximum=1.0)
         scale = params.integer("matchLengthScaleTokens", 0, minimum=0)
@@ -220,8 +237,14 @@ def _precise_prefix_producer(name: str, params: Params, ctx: BuildContext) -> ob
     events = Params(params.section("kvEventsConfig"), f"{params.where}: kvEventsConfig")
     topic = events.text("topicFilter", "kv@")
     events.ignore("concurrency", "discoverPods")  # one feeder process; endpoints always come from discovery
-    if events.present("zmqEndpoint"):
-        raise events.error("zmqEndpoint", "a central ZMQ endpoint is not supported: one SUB per endpoint only")
+    central = events.text("zmqEndpoint", "")
+    if central:
+        ctx.warn(
+            f"plugin '{name}' (precise-prefix-cache-producer)",
+            f"kvEventsConfig.zmqEndpoint {central}: a central endpoint the engines publish to is not bound here; "
+            "each endpoint is subscribed to at podDiscoveryConfig.socketPort instead, so engines that publish only "
+            "to the central endpoint are not heard and their requests use the approximate fallback",
+        )
     discovery = Params(events.section("podDiscoveryConfig"), f"{params.where}: kvEventsConfig.podDiscoveryConfig")
     port = discovery.integer("socketPort", 5557, minimum=1)
     replay = discovery.integer("replaySocketPort", 0, minimum=0)
@@ -654,9 +677,130 @@ def _register_flow_control(r: Callable[..., None]) -> None:
     r("latency-slo-admitter", Kind.ADMITTER, _named(flow_plugins.latency_slo_admitter), "refuses unmeetable SLOs")
 
 
+def _register_stand_ins(r: Callable[..., None]) -> None:
+    """Upstream types that load but cannot do their job here (`epp.scheduling.stand_ins`): one warning each."""
+    alpha = Stability.ALPHA
+    gpu = "GPU utilisation (DCGM) is not collected here: this plugin collects nothing"
+    topology = "topology labels are not collected here: "
+    latency = "latency prediction (upstream's trained-model sidecar) is not implemented here: "
+    mm = "multimodal requests are not recognised here: "
+    for t, kind, factory, summary, stability, limitation in (
+        (
+            "endpoint-attribute-filter",
+            Kind.FILTER,
+            stand_ins.attribute_filter,
+            "endpoints by a collected attribute",
+            alpha,
+            "endpoint attributes are not collected here: every endpoint lacks the attribute, so onMissing decides "
+            "for all (Pass keeps every candidate)",
+        ),
+        (
+            "endpoint-attribute-scorer",
+            Kind.SCORER,
+            stand_ins.attribute_scorer,
+            "endpoints by a collected attribute",
+            alpha,
+            "endpoint attributes are not collected here: scores 0 for every endpoint",
+        ),
+        (
+            "topology-affinity-filter",
+            Kind.FILTER,
+            stand_ins.topology_filter,
+            "near the peer stage's pick",
+            alpha,
+            topology + "keeps every candidate",
+        ),
+        (
+            "topology-affinity-scorer",
+            Kind.SCORER,
+            stand_ins.topology_scorer,
+            "near the peer stage's pick",
+            alpha,
+            topology + "scores 0 for every endpoint",
+        ),
+        (
+            "topology-extractor",
+            Kind.DATA_LAYER,
+            stand_ins.topology_extractor,
+            "topology labels",
+            alpha,
+            topology + "this plugin collects nothing",
+        ),
+        ("dcgm-data-source", Kind.DATA_LAYER, stand_ins.dcgm_source, "DCGM exporter scrape", alpha, gpu),
+        ("dcgm-extractor", Kind.DATA_LAYER, stand_ins.dcgm_extractor, "GPU utilisation", alpha, gpu),
+        (
+            "slo-headroom-tier-filter",
+            Kind.FILTER,
+            stand_ins.headroom_filter,
+            "endpoints with SLO headroom first",
+            Stability.BETA,
+            latency + "keeps every candidate",
+        ),
+        (
+            "latency-scorer",
+            Kind.SCORER,
+            stand_ins.latency_scorer,
+            "predicted TTFT/TPOT headroom",
+            Stability.BETA,
+            latency + "scores 0 for every endpoint (the other scorers decide; alone, every endpoint ties)",
+        ),
+        (
+            "predicted-latency-producer",
+            Kind.PRODUCER,
+            stand_ins.latency_producer,
+            "per-endpoint TTFT/TPOT predictions",
+            Stability.BETA,
+            latency + "publishes no prediction",
+        ),
+        (
+            "mm-embeddings-cache-producer",
+            Kind.PRODUCER,
+            stand_ins.mm_producer,
+            "encoder-cache hits per endpoint",
+            Stability.BETA,
+            mm + "publishes no encoder-cache match",
+        ),
+        (
+            "mm-embeddings-cache-scorer",
+            Kind.SCORER,
+            stand_ins.mm_scorer,
+            "encoder-cache affinity",
+            Stability.BETA,
+            mm + "scores 0 for every endpoint",
+        ),
+        (
+            "always-disagg-multimodal-decider",
+            Kind.DECIDER,
+            stand_ins.multimodal_decider,
+            "encode stage for multimodal requests",
+            Stability.BETA,
+            mm + "the encode stage never runs",
+        ),
+        (
+            "request-attribute-reporter",
+            Kind.REQUEST_HOOK,
+            stand_ins.attribute_reporter,
+            "CEL over usage into dynamic metadata",
+            Stability.BETA,
+            "CEL expressions are not evaluated here: no attribute is reported",
+        ),
+    ):
+        r(t, kind, _named(factory), summary, stability=stability, limitation=limitation)
+    for t in ("disagg-headers-handler", "prefill-header-handler"):
+        r(
+            t,
+            Kind.REQUEST_HOOK,
+            _named(stand_ins.headers_handler),
+            "P/D headers (set by the profile handler here)",
+            replaced_by="disagg-profile-handler",
+            reported_type="disagg-headers-handler",
+        )
+
+
 def register_builtins(registry: Registry) -> Registry:
     r = registry.register
     _register_flow_control(r)
+    _register_stand_ins(r)
     r("queue-scorer", Kind.SCORER, _no_params(scorers.QueueScorer), "min-max of waiting requests")
     r("kv-cache-utilization-scorer", Kind.SCORER, _no_params(scorers.KvCacheUtilizationScorer), "1 - KV usage")
     r("running-requests-size-scorer", Kind.SCORER, _no_params(scorers.RunningRequestsScorer), "min-max of running")
@@ -699,9 +843,12 @@ def register_builtins(registry: Registry) -> Registry:
     r("saturation-filter", Kind.FILTER, _saturation_filter, "alias of utilization-detector")
     r("label-filter", Kind.FILTER, _label_filter, "alias of label-selector-filter (ours)")
     r("by-label", Kind.FILTER, _by_label, "label value in validValues", replaced_by="label-selector-filter")
-    r("decode-filter", Kind.FILTER, _role_filter(filters.decode_filter), "roles that decode; unlabelled kept")
-    r("prefill-filter", Kind.FILTER, _role_filter(filters.prefill_filter), "roles that prefill")
-    r("encode-filter", Kind.FILTER, _role_filter(filters.encode_filter), "roles that encode")
+    for t, make, summary in (  # upstream builds each as a by-label filter, and reports that type
+        ("decode-filter", filters.decode_filter, "roles that decode; unlabelled kept"),
+        ("prefill-filter", filters.prefill_filter, "roles that prefill"),
+        ("encode-filter", filters.encode_filter, "roles that encode"),
+    ):
+        r(t, Kind.FILTER, _role_filter(make), summary, reported_type="by-label")
     r(
         "header-based-testing-filter",
         Kind.FILTER,
