@@ -46,7 +46,11 @@ def _register_kubernetes(p: argparse.ArgumentParser) -> None:
         help="API group of the InferencePool (default inference.networking.k8s.io)",
     )
     k.add_argument("--kubeconfig", default="", help="kubeconfig file (default: in-cluster config, else $KUBECONFIG)")
-    k.add_argument("--endpoint-selector", default="", help="standalone mode, no pool object: pod labels k=v,k2=v2")
+    k.add_argument(
+        "--endpoint-selector",
+        default="",
+        help="standalone mode, no pool object: a label selector, e.g. 'app=vllm,env in (a,b),tier!=x,gpu,!canary'",
+    )
     k.add_argument("--endpoint-target-ports", default="", help="standalone mode: model-server ports, e.g. 8000,8001")
     k.add_argument(
         "--ha-enable-leader-election",

@@ -16,7 +16,9 @@ from epp.app.config_file import load_config
 from epp.cli import check_config
 from epp.config.files import read_config_text
 from epp.scheduling.build import deprecations, effective_plugins
-from epp.scheduling.registry import Kind, Registry, _data_layer, builtin_registry
+from epp.scheduling.config_plugins import data_layer
+from epp.scheduling.plugin_type import Kind
+from epp.scheduling.registry import Registry, builtin_registry
 
 CONFIGS = Path(__file__).parent.parent / "data" / "upstream-configs"
 
@@ -41,7 +43,7 @@ def _all_configs() -> list[Path]:
 def _registry() -> Registry:
     """Ours plus the data source upstream's integration harness registers for its test configs."""
     registry = builtin_registry()
-    registry.register("mock-metrics-source", Kind.DATA_LAYER, _data_layer("mock-metrics-source"), "test only")
+    registry.register("mock-metrics-source", Kind.DATA_LAYER, data_layer("mock-metrics-source"), "test only")
     return registry
 
 

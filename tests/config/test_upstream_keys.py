@@ -223,7 +223,8 @@ def test_saturation_detector_plugin_sets_the_pool_thresholds() -> None:
 def test_producers_are_built_first_so_a_scorer_can_name_one() -> None:
     """Upstream builds plugins in dependency order (`pkg/epp/config/loader/configloader.go` `buildPluginDAG`): a
     scorer's `prefixMatchInfoProducerName` may name a producer listed after it."""
-    from epp.scheduling.registry import Kind, builtin_registry
+    from epp.scheduling.plugin_type import Kind
+    from epp.scheduling.registry import builtin_registry
     from epp.scheduling.scorers import QueueScorer
 
     registry = builtin_registry()

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from epp.config.decode import parse_config
 from epp.scheduling import build_scheduler
 from epp.scheduling.framework import CycleState
-from epp.scheduling.registry import Kind, builtin_registry
+from epp.scheduling.plugin_type import Kind
+from epp.scheduling.registry import builtin_registry
 from tests.scheduling.tables import NOW, request, table_with
 
 BASE = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
