@@ -22,7 +22,6 @@ If the control process dies, the socket closes and the worker drains and exits.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -30,7 +29,6 @@ import mmap
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -39,6 +37,9 @@ import numpy as np
 
 from epp.app.pick_log import PickLog, prefix_scorers, ring_words
 from epp.app.pool_metrics import PrefixCollector
+from epp.app.runtime import run_loop
+from epp.app.settings import ServeSettings
+from epp.app.tls import tls_policy
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.observability.relay import RelayHandler
 from epp.scheduling.prefix import PrefixCacheScorer
@@ -167,32 +168,20 @@ class _CountingObserver:
         return getattr(self._inner, name)
 
 
-async def _worker(conn: Connection, args: argparse.Namespace, index: int, arrays: tuple[np.ndarray, ...]) -> int:
-    import grpc
+async def _worker(conn: Connection, settings: ServeSettings, index: int, arrays: tuple[np.ndarray, ...]) -> int:
+    # Imported here, not at the top: gRPC reads its TLS cipher list at its first import, which `_main` sets first.
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from epp.app.config_file import load_config, parser_chain_of
-    from epp.app.serve import extproc_server, server_limits, settle_garbage_collector
-    from epp.cli.scrape_flags import scrape_settings_from_args
+    from epp.app.build import build_decisions, build_director, build_processor, extproc_server, load_picker_config
+    from epp.app.runtime import settle_garbage_collector
     from epp.datastore.objectives import ObjectiveStore
     from epp.datastore.pool import FailureMode
-    from epp.director import Director
-    from epp.extproc.server import ExternalProcessor
-    from epp.extproc.stream import StreamSettings
     from epp.observability.metrics import PickerMetrics
-    from epp.scheduling import build_scheduler
 
     rows, matrix, stats, picks = arrays
     stats[index, 1] = os.getpid()
-    allow_experimental = bool(getattr(args, "allow_experimental_plugins", False))
-    config_text = getattr(args, "config_text", None)
-    config = None
-    if config_text is not None:
-        config = load_config(None, text=config_text, allow_experimental=allow_experimental, warn=False)
-    elif args.config_file:
-        config = load_config(args.config_file, allow_experimental=allow_experimental, warn=False)
-    scrape = scrape_settings_from_args(args)
-    scheduler = build_scheduler(config, seed=None, freshness=scrape.freshness, allow_experimental=allow_experimental)
+    config = load_picker_config(settings.config)
+    scheduler = build_decisions(settings, config).scheduler
     table = MirrorTable(rows, matrix, index)
     pick_log = PickLog(picks, matrix.shape[0], index)
     scorers = prefix_scorers(scheduler)
@@ -211,25 +200,9 @@ async def _worker(conn: Connection, args: argparse.Namespace, index: int, arrays
 
     namespace = [""]
     metrics = PickerMetrics(registry, labels=objectives, endpoint_name=endpoint_name)
-    director = Director(
-        table,
-        scheduler,
-        clock=time.monotonic,
-        failure_mode=lambda: failure[0],
-        observer=metrics,
-        objectives=objectives,
-        saturation=scheduler.saturation,
-        federation=None,
-        honour_subset=not getattr(args, "disable_endpoint_subset_filter", False),
-        test_selection=bool(getattr(args, "enable_test_endpoint_selection", False)),
-    )
-    processor = ExternalProcessor(
-        director,
-        _CountingObserver(metrics, stats[index]),
-        StreamSettings(max_body_bytes=args.max_body_bytes, parsers=parser_chain_of(config)),
-        limits=server_limits(args),
-    )
-    server: grpc.aio.Server = extproc_server(args, processor, reuse_port=True)
+    director = build_director(settings, scheduler, table, objectives, failure_mode=lambda: failure[0], observer=metrics)
+    processor = build_processor(settings, config, director, _CountingObserver(metrics, stats[index]))
+    server = extproc_server(settings, processor, reuse_port=True)
     stop = asyncio.Event()
 
     def on_message() -> None:
@@ -276,7 +249,7 @@ async def _worker(conn: Connection, args: argparse.Namespace, index: int, arrays
                     conn.send(("metrics", generate_latest(registry)))
     finally:
         loop.remove_reader(conn.fileno())
-        await server.stop(args.grace_period)
+        await server.stop(settings.grace_period_s)
         matrix[index] = 0  # nothing of ours is in flight any more
     return 0
 
@@ -319,16 +292,12 @@ def _main(argv: list[str]) -> int:
     root = logging.getLogger()
     root.handlers[:] = [RelayHandler(lambda data: conn.send(("log", data)))]
     first = conn.recv()
-    args: argparse.Namespace = first[1]
+    settings: ServeSettings = first[1]
     root.setLevel(first[2])
-    if args.tls.enabled:  # before gRPC's first import, as `epp serve` does: it reads its cipher list then
-        from epp.app.tls import tls_policy
-
-        tls_policy(args.tls)
-    from epp.app.serve import run_loop
-
+    if settings.tls.enabled:  # before gRPC's first import, as `epp serve` does: it reads its cipher list then
+        tls_policy(settings.tls)
     with contextlib.suppress(KeyboardInterrupt):
-        return run_loop(_worker(conn, args, index, arrays))
+        return run_loop(_worker(conn, settings, index, arrays))
     return 0
 
 

@@ -20,7 +20,6 @@ and started again after the backoff. Readiness is on while any worker is serving
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -39,6 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.app.pick_log import ring_words
+from epp.app.settings import ServeSettings
 from epp.app.worker import MATRIX_COLUMNS, STATS_COLUMNS, shared_array
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
@@ -74,7 +74,7 @@ class WorkerPool:
     def __init__(
         self,
         count: int,
-        args: argparse.Namespace,
+        settings: ServeSettings,
         table: EndpointTable,
         objectives: ObjectiveStore,
         failure_mode: Callable[[], FailureMode],
@@ -84,7 +84,7 @@ class WorkerPool:
         max_endpoints: int = MAX_ENDPOINTS,
     ) -> None:
         self.count = count
-        self._args = args
+        self._settings = settings
         self._table = table
         self._objectives = objectives
         self._failure_mode = failure_mode
@@ -166,7 +166,7 @@ class WorkerPool:
             theirs.close()
         ours.setblocking(True)
         worker.conn = Connection(ours.detach())
-        worker.conn.send(("init", self._args, logging.getLogger("epp").getEffectiveLevel()))
+        worker.conn.send(("init", self._settings, logging.getLogger("epp").getEffectiveLevel()))
         worker.conn.send(self._members_msg)
         worker.started_at = time.monotonic()
         worker.ready = False

@@ -108,8 +108,6 @@ def test_a_refusal_by_the_director_is_an_error_span(traced) -> None:
 
 
 def test_the_exporter_and_service_name_come_from_the_otel_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    from argparse import Namespace
-
     from epp.app.serve import _tracing
     from epp.app.tracing import provider_from_env
 
@@ -117,7 +115,7 @@ def test_the_exporter_and_service_name_come_from_the_otel_variables(monkeypatch:
     monkeypatch.setenv("OTEL_SERVICE_NAME", "picker-a")
     provider = provider_from_env()
     assert provider.resource.attributes["service.name"] == "picker-a"
-    assert _tracing(Namespace(tracing=None)) == (None, None)  # off unless asked for
-    provider, tracer = _tracing(Namespace(tracing=True))
+    assert _tracing(False) == (None, None)  # off unless asked for
+    provider, tracer = _tracing(True)
     assert provider is not None and tracer is not None
     provider.shutdown()
