@@ -28,7 +28,7 @@ from epp.director.flow import FlowGate
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.federation.policy.router import FederationRouter
-from epp.scheduling import build_scheduler
+from epp.scheduling import Scheduler, build_scheduler
 from epp.scrape.scraper import ScrapeSettings
 
 _WORKER_CONNECTION_AGE_MS = 30_000  # with workers: GOAWAY after this, open streams finish, the next connects anew
@@ -50,7 +50,7 @@ class Decisions:
     """The config and the scheduler built from it, with the scrape settings every judge of endpoint data shares."""
 
     config: EndpointPickerConfig | None
-    scheduler: Any  # ProfileScheduler | DisaggScheduler (build_scheduler's result)
+    scheduler: Scheduler
     scrape: ScrapeSettings  # the flags', with the config's saturationDetector.metricsStalenessThreshold if given
 
 
@@ -66,7 +66,7 @@ def build_decisions(settings: ServeSettings, config: EndpointPickerConfig | None
 
 def build_director(
     settings: ServeSettings,
-    scheduler: Any,
+    scheduler: Scheduler,
     table: EndpointTable,
     objectives: ObjectiveStore,
     *,

@@ -47,7 +47,6 @@ from epp.app.settings import ServeSettings
 from epp.app.state import PickerState, follow_readiness, start_kubernetes
 from epp.app.tls import self_signed_pair
 from epp.app.workers import WorkerCollector, WorkerPool
-from epp.datastore import EndpointTable
 from epp.director.flow import FlowGate
 from epp.errors import ConfigError
 from epp.extproc.server import ExternalProcessor
@@ -58,10 +57,9 @@ from epp.observability.flow import FlowControlMetrics
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import FreezableCollector, LoopCollector, PickerMetrics
 from epp.observability.plugins import PluginTimer
-from epp.scheduling import ProfileScheduler
 from epp.scheduling.build import deprecations
-from epp.scheduling.precise import PrecisePrefixCacheProducer
 from epp.scheduling.saturation import ConcurrencyDetector
+from epp.scheduling.scheduler import Scheduler
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
 from epp.scrape.scraper import ScrapeService
@@ -102,7 +100,7 @@ async def build(settings: ServeSettings) -> Picker:
     state.registry.register(plugin_timer)
     scheduler.instrument(plugin_timer)
     # precise-prefix-cache-producer: the KV-events feeder in its own supervised process, membership from discovery
-    kv_feeder = _kv_feeder(scheduler, state.table)
+    kv_feeder = KvFeederProcess(state.table, scheduler.kv_events) if scheduler.kv_events is not None else None
     if kv_feeder is not None:
         state.registry.register(KvEventsCollector(kv_feeder))
     prefix = PrefixCollector.of(scheduler)
@@ -110,10 +108,10 @@ async def build(settings: ServeSettings) -> Picker:
     for warning in settings.startup_warnings:  # after the checks that refuse to start: errors stand alone
         log.warning("%s", warning)
     tracer_provider, tracer = _tracing(settings.tracing)
-    if tracer is not None and isinstance(scheduler, ProfileScheduler):  # a P/D handler is traced by the director span
-        from epp.app.tracing import TracingScheduler
+    if tracer is not None:
+        from epp.app.tracing import traced_scheduler
 
-        scheduler = TracingScheduler(scheduler, tracer)
+        scheduler = traced_scheduler(scheduler, tracer)
     federation = build_federation(settings.federation, state.failure_mode(), config, scheduler.saturation.saturated)
     for warning in deprecations(config) if config is not None else ():  # after every check that refuses to start
         log.warning("%s: %s", config.source if config is not None else "", warning)
@@ -322,11 +320,11 @@ async def _metrics_site(settings: ServeSettings, app: web.Application) -> tuple[
     return runner, site
 
 
-def _flow_gate(scheduler: Any, state: PickerState, scrape_interval_s: float) -> FlowGate | None:
+def _flow_gate(scheduler: Scheduler, state: PickerState, scrape_interval_s: float) -> FlowGate | None:
     """Flow control, when the config's `flowControl` feature gate is on: the queues, the dispatch saturation
     (the pool's detector, counting our own picks since the scrape, with the all-stale fallback), the admitters
     and, with `enableEviction`, in-flight eviction paced by the detector's lag."""
-    settings = getattr(scheduler, "flow_control", None)
+    settings = scheduler.flow
     if settings is None:
         return None
     gauge = PoolGauge(scheduler.saturation, scheduler.freshness)
@@ -360,22 +358,6 @@ def serving_workers(requested: int | None, one_process: list[str]) -> int:
         log.info("--workers auto: one serving process, since %s needs it", ", ".join(one_process))
         return 1
     return workers
-
-
-def _kv_feeder(scheduler: Any, table: EndpointTable) -> KvFeederProcess | None:
-    """The feeder for the config's precise-prefix-cache-producer (one per picker; none without the plugin)."""
-    profiles = getattr(scheduler, "profiles", None) or (scheduler,)
-    found = {
-        id(p): p
-        for profile in profiles
-        for p in getattr(getattr(profile, "profile", None), "producers", ())
-        if isinstance(p, PrecisePrefixCacheProducer)
-    }
-    if not found:
-        return None
-    if len(found) > 1:
-        raise ConfigError("one precise-prefix-cache-producer per config: its feeder follows every endpoint")
-    return KvFeederProcess(table, next(iter(found.values())))
 
 
 def _poll_errors(scraper: ScrapeService | ScrapeProcess) -> Callable[[], dict[str, int]]:

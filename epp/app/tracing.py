@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from opentelemetry import trace
@@ -43,6 +44,7 @@ from epp.errors import EppError
 from epp.requests import InferenceRequest
 from epp.scheduling.framework import CycleState, SchedulingRequest
 from epp.scheduling.profile import ProfileScheduler, SchedulingProfile, WeightedScorer
+from epp.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +180,14 @@ class _TracedPicker(_Traced):
         with self._span():
             out: Sequence[int] = self._plugin.pick(state, candidates, scores)
             return out
+
+
+def traced_scheduler(scheduler: Scheduler, tracer: Tracer) -> Scheduler:
+    """The scheduler with its single profile traced plugin by plugin; a handler that routes (prefill/decode, data
+    parallelism) is traced by the director's span alone. Everything else (flow control, admitters) is kept."""
+    if scheduler.routing is not None or len(scheduler.profiles) != 1:
+        return scheduler
+    return replace(scheduler, handler=TracingScheduler(scheduler.profiles[0], tracer))
 
 
 class TracingScheduler:

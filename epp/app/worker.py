@@ -29,13 +29,13 @@ import mmap
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
-from epp.app.pick_log import PickLog, prefix_scorers, ring_words
+from epp.app.pick_log import PickLog, ring_words
 from epp.app.pool_metrics import PrefixCollector
 from epp.app.runtime import run_loop
 from epp.app.settings import ServeSettings
@@ -184,7 +184,7 @@ async def _worker(conn: Connection, settings: ServeSettings, index: int, arrays:
     scheduler = build_decisions(settings, config).scheduler
     table = MirrorTable(rows, matrix, index)
     pick_log = PickLog(picks, matrix.shape[0], index)
-    scorers = prefix_scorers(scheduler)
+    scorers = scheduler.prefix_scorers  # every profile's, in configuration order: a record names one by position
     for position, scorer in enumerate(scorers):
         scorer.on_pick = _sharing(pick_log, table, position)
     objectives = ObjectiveStore()
@@ -265,7 +265,7 @@ def _sharing(pick_log: PickLog, table: MirrorTable, position: int) -> Callable[[
     return share
 
 
-def _learn(pick_log: PickLog, table: MirrorTable, scorers: list[PrefixCacheScorer], stats: np.ndarray) -> None:
+def _learn(pick_log: PickLog, table: MirrorTable, scorers: Sequence[PrefixCacheScorer], stats: np.ndarray) -> None:
     """The other workers' picks since the last call, into our prefix scorers (their counts into our stats row)."""
     if not scorers:
         return

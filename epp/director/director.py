@@ -29,20 +29,11 @@ from epp.flowcontrol import QueuedRequest
 from epp.flowcontrol.admission import Admitter
 from epp.requests import InferenceRequest
 from epp.scheduling import test_selection
-from epp.scheduling.disagg import StagedPick, stage_headers, with_port
-from epp.scheduling.producers import TokenProducer, estimate_tokens
+from epp.scheduling.producers import estimate_tokens
+from epp.scheduling.scheduler import Routing, Scheduler
 
 log = logging.getLogger(__name__)
 _NO_ENDPOINTS = wire.REJECTED_NO_ENDPOINTS  # upstream's reason when no candidate endpoint exists at all
-
-
-class Scheduler(Protocol):
-    """The decision seam: pure, given a snapshot, candidate slots, the request and `now`; returns slots to try,
-    best first (the rest are fallbacks). An empty result means no candidate fits."""
-
-    def pick(
-        self, snapshot: Snapshot, candidates: IntArray, request: InferenceRequest, now: float
-    ) -> Sequence[int]: ...
 
 
 class Federation(Protocol):
@@ -97,17 +88,6 @@ class Decision(NamedTuple):
         return ",".join(self.addresses)
 
 
-def render_tokenizer(scheduler: object) -> RenderTokenizer | None:
-    """The render client of the scheduler's vllm token-producer, if its profile has one."""
-    profile = getattr(scheduler, "profile", None)
-    for producer in getattr(profile, "producers", ()):
-        if isinstance(producer, TokenProducer) and producer.backend == "vllm":
-            return RenderTokenizer(
-                producer.url, producer.model_name, producer.timeout_s, producer.chat_timeout_s, producer.cache_size
-            )
-    return None
-
-
 class _NullObserver:
     def degraded_decision(self, reason: str) -> None:
         pass
@@ -130,33 +110,36 @@ class Director:
         flow: FlowGate | None = None,
     ) -> None:
         """`objectives` gives priorities and model rewrites (none: every request priority 0, no rewrite);
-        `saturation` decides shedding (none: the scheduler's own `.saturation` if it has one, else no shedding);
+        `saturation` decides shedding (none: the scheduler's own `.saturation`);
         `seed` makes weighted rewrite choices reproducible; `honour_subset` False ignores the gateway's subset hint
         (upstream's --disable-endpoint-subset-filter); `test_selection` honours conformance's
         `test-epp-endpoint-selection` header (--enable-test-endpoint-selection; tests only); `flow` is flow
         control (the `flowControl` gate): requests wait in its queues before they get here, and the legacy shedding
         step is off."""
         self._table = table
-        self._scheduler = scheduler
+        self._scheduler = scheduler.handler
         self._clock = clock
         self._failure_mode = failure_mode
         self._observer = observer or _NullObserver()
         self._fallback = RandomScheduler()
         self._objectives = objectives
-        if saturation is None:
-            saturation = getattr(scheduler, "saturation", None)
-        self._saturation = saturation
+        self._saturation = saturation if saturation is not None else scheduler.saturation
         self._rewriter = ModelRewriter(objectives, seed)
         self._federation = federation  # None: no federation, every candidate is local
         self._honour_subset = honour_subset
         self._test_selection = test_selection
         self.flow = flow
-        self._admitters: tuple[Admitter, ...] = tuple(getattr(scheduler, "admitters", ()))
+        self._admitters: tuple[Admitter, ...] = scheduler.admitters
         self._draw = random.Random(seed)
         # Asked per request only when a plugin writes a response header (session affinity); most profiles have none.
-        responds = getattr(scheduler, "writes_response_headers", True)
-        self._response_headers = getattr(scheduler, "response_headers", None) if responds else None
-        self.tokenizer = render_tokenizer(scheduler)
+        self._response_headers = scheduler.response_headers
+        self._routing = scheduler.routing  # None: every pick goes to its slots' addresses (one profile)
+        render = scheduler.tokenizer  # the vllm token-producer's render endpoint: the engine's token ids
+        self.tokenizer = (
+            RenderTokenizer(render.url, render.model_name, render.timeout_s, render.chat_timeout_s, render.cache_size)
+            if render is not None
+            else None
+        )
 
     @property
     def table(self) -> EndpointTable:
@@ -242,8 +225,9 @@ class Director:
         tokens = len(request.token_ids) if request.token_ids else estimate_tokens(request.prompt)
         self._table.book_pick(primary, tokens)
         addresses = snapshot.addresses
-        if isinstance(slots, StagedPick):
-            decision = self._staged(slots, addresses, degraded, body, original_model, request.model, tokens)
+        routing = self._routing(slots, addresses) if self._routing is not None else None
+        if routing is not None:
+            decision = self._routed(routing, primary, degraded, body, original_model, request.model, tokens)
             if self._response_headers:
                 decision = decision._replace(response_headers=self._response_headers(snapshot, primary))
             return decision
@@ -258,38 +242,32 @@ class Director:
             response_headers=self._response_headers(snapshot, primary) if self._response_headers else (),
         )
 
-    def _staged(
+    def _routed(
         self,
-        pick: StagedPick,
-        addresses: Sequence[str],
+        routing: Routing,
+        primary: int,
         degraded: bool,
         body: bytes | None,
         original_model: str,
         target_model: str,
         tokens: int,
     ) -> Decision:
-        """A disaggregated decision: the gateway forwards to the decode endpoint; the prefill (and encode) endpoints
-        travel in the headers its sidecar reads, and are booked in flight with it, released together."""
-        primary = int(pick[0])
-        stages = tuple((slot, addresses[slot]) for slot in pick.booked[1:])
-        for slot, _ in stages:
+        """A decision the handler routes (prefill/decode, data parallelism): the gateway forwards to its destination;
+        the other endpoints travel in the headers the decode pod's sidecar reads, and are booked in flight with it,
+        released together."""
+        for slot, _ in routing.stages:
             self._table.book_pick(slot, tokens)
-        destination = tuple(addresses[int(s)] for s in pick)
-        booked = ""
-        if pick.primary_port:
-            booked = destination[0]
-            destination = tuple(with_port(a, pick.primary_port) for a in destination)
         return Decision(
-            addresses=destination,
+            addresses=routing.destination,
             slot=primary,
             degraded=degraded,
             body=body,
             original_model=original_model,
             target_model=target_model,
-            headers=stage_headers(addresses, pick),
+            headers=routing.headers,
             tokens=tokens,
-            stages=stages,
-            booked=booked,
+            stages=routing.stages,
+            booked=routing.booked,
         )
 
     def _admit(self, request: InferenceRequest, snapshot: Snapshot, candidates: IntArray, now: float) -> None:

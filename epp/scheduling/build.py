@@ -41,12 +41,15 @@ from epp.datastore import Freshness
 from epp.errors import ConfigError
 from epp.scheduling.disagg import Decider, DisaggScheduler, Stage
 from epp.scheduling.flow_plugins import flow_settings
-from epp.scheduling.framework import Filter, Picker, PickObserver
+from epp.scheduling.framework import Filter, Picker, PickObserver, Producer
 from epp.scheduling.handler_factories import HandlerSpec
 from epp.scheduling.params import Params
 from epp.scheduling.pickers import MaxScorePicker
 from epp.scheduling.plugin_type import BuildContext, Built, Kind, Stability
+from epp.scheduling.precise import PrecisePrefixCacheProducer
+from epp.scheduling.prefix import PrefixCacheScorer
 from epp.scheduling.producer_wiring import resolve_producers
+from epp.scheduling.producers import TokenProducer
 from epp.scheduling.profile import ProfileScheduler, SchedulingProfile, WeightedScorer
 from epp.scheduling.registry import Registry, builtin_registry
 from epp.scheduling.saturation import (
@@ -55,6 +58,7 @@ from epp.scheduling.saturation import (
     SaturationDetector,
     SaturationFilter,
 )
+from epp.scheduling.scheduler import RenderSettings, Router, Scheduler
 from epp.scheduling.upstream_types import describe_unimplemented
 
 DEFAULT_SCORER_WEIGHT = 1.0
@@ -244,7 +248,7 @@ def _build(
     registry: Registry,
     allow_experimental: bool,
     freshness: Freshness | None = None,
-) -> tuple[ProfileScheduler | DisaggScheduler, Built, BuildContext]:
+) -> tuple[Scheduler, Built, BuildContext]:
     seeds = np.random.SeedSequence(seed)
     freshness = pool_freshness(config, freshness or Freshness())
     ctx = BuildContext(seed_sequence=seeds, saturation=config.saturation, freshness=freshness)
@@ -264,27 +268,70 @@ def _build(
         if detector is not None and isinstance(detector[1], SaturationFilter):
             thresholds = detector[1].thresholds  # flowControl.saturationDetector names the pool's detector plugin
         pool_detector = SaturationDetector(thresholds, freshness)
-    scheduler: ProfileScheduler | DisaggScheduler
     if isinstance(handler, HandlerSpec) and handler.decode is not None:
-        scheduler = _disagg(config, handler, built, ctx, pool_detector)  # type: ignore[arg-type]
-    else:
-        if len(config.profiles) > 1:
-            names = ", ".join(p.name for p in config.profiles)
-            what = f"profile handler '{handler.name}'" if isinstance(handler, HandlerSpec) else "single-profile-handler"
-            raise ConfigError(
-                f"{config.source}: {len(config.profiles)} scheduling profiles ({names}): {what} runs exactly one; "
-                "use disagg-profile-handler for prefill/decode profiles"
-            )
-        profile = _profile(config, config.profiles[0], built, ctx.next_seed(), ctx)
-        scheduler = ProfileScheduler(profile, pool_detector)  # type: ignore[arg-type]
-        if isinstance(handler, HandlerSpec) and handler.primary_port:  # data-parallel-profile-handler
-            scheduler = DisaggScheduler(scheduler, primary_port=handler.primary_port, name=handler.name)
-    scheduler.admitters = tuple(plugin for kind, plugin, _, _ in built.values() if kind is Kind.ADMITTER)  # type: ignore[misc]
+        staged = _disagg(config, handler, built, ctx, pool_detector)  # type: ignore[arg-type]
+        return _scheduler(config, built, staged, staged.profiles, staged.describe(), staged.route), built, ctx
+    if len(config.profiles) > 1:
+        names = ", ".join(p.name for p in config.profiles)
+        what = f"profile handler '{handler.name}'" if isinstance(handler, HandlerSpec) else "single-profile-handler"
+        raise ConfigError(
+            f"{config.source}: {len(config.profiles)} scheduling profiles ({names}): {what} runs exactly one; "
+            "use disagg-profile-handler for prefill/decode profiles"
+        )
+    profile = _profile(config, config.profiles[0], built, ctx.next_seed(), ctx)
+    single = ProfileScheduler(profile, pool_detector)  # type: ignore[arg-type]
+    if isinstance(handler, HandlerSpec) and handler.primary_port:  # data-parallel-profile-handler
+        ranks = DisaggScheduler(single, primary_port=handler.primary_port, name=handler.name)
+        return _scheduler(config, built, ranks, ranks.profiles, ranks.describe(), ranks.route), built, ctx
+    return _scheduler(config, built, single, (single,), profile.describe(), None), built, ctx
+
+
+def _scheduler(
+    config: EndpointPickerConfig,
+    built: Built,
+    handler: ProfileScheduler | DisaggScheduler,
+    profiles: tuple[ProfileScheduler, ...],
+    description: str,
+    routing: Router | None,
+) -> Scheduler:
+    """The one result for every handler: what the callers read, decided here once."""
+    flow = None
     if config.gate(FLOW_CONTROL_GATE):
         policies = {n: p for n, (kind, p, _, _) in built.items() if kind is Kind.FLOW_CONTROL}
-        flow = config.flow_control or FlowControlSpec()
-        scheduler.flow_control = flow_settings(config.source, flow, policies)  # type: ignore[arg-type]
-    return scheduler, built, ctx
+        flow = flow_settings(config.source, config.flow_control or FlowControlSpec(), policies)  # type: ignore[arg-type]
+    decode = profiles[0].profile
+    precise = {id(p): p for r in profiles for p in r.profile.producers if isinstance(p, PrecisePrefixCacheProducer)}
+    if len(precise) > 1:
+        raise ConfigError(
+            f"{config.source}: one precise-prefix-cache-producer per config: its feeder follows every endpoint"
+        )
+    prefix = {
+        id(s.scorer): s.scorer for r in profiles for s in r.profile.scorers if isinstance(s.scorer, PrefixCacheScorer)
+    }
+    return Scheduler(
+        handler=handler,
+        saturation=handler.saturation,
+        freshness=handler.freshness,
+        admitters=tuple(plugin for kind, plugin, _, _ in built.values() if kind is Kind.ADMITTER),  # type: ignore[misc]
+        flow=flow,
+        tokenizer=_render_settings(decode.producers),
+        prefix_scorers=tuple(prefix.values()),
+        response_headers=handler.response_headers if handler.writes_response_headers else None,
+        routing=routing,
+        description=description,
+        profiles=profiles,
+        kv_events=next(iter(precise.values()), None),
+    )
+
+
+def _render_settings(producers: tuple[Producer, ...]) -> RenderSettings | None:
+    """The render endpoint of the profile's vllm token-producer, if it has one: the director's token ids."""
+    for producer in producers:
+        if isinstance(producer, TokenProducer) and producer.backend == "vllm":
+            return RenderSettings(
+                producer.url, producer.model_name, producer.timeout_s, producer.chat_timeout_s, producer.cache_size
+            )
+    return None
 
 
 def _disagg(
@@ -338,14 +385,14 @@ def build_scheduler(
     registry: Registry | None = None,
     freshness: Freshness | None = None,
     allow_experimental: bool = False,
-) -> ProfileScheduler | DisaggScheduler:
+) -> Scheduler:
     """Phase two: plugin objects from a decoded config (None → `default_config()`); raises ConfigError.
 
-    The result satisfies the director's `Scheduler` protocol; `.saturation` is the pool's saturation detector
-    built from the config's saturation detector (its plugin's thresholds, or the older top-level fields), for the
-    director's shedding step. `freshness` is the pool's rule for usable data (`epp serve`: from
-    --metrics-staleness-threshold and --metrics-max-failures); `pool_freshness` says how the config can change it.
-    Alpha plugin types need `allow_experimental` (`--allow-experimental-plugins`).
+    The result is one `Scheduler` whatever the profile handler (`epp.scheduling.scheduler`); its `.saturation` is
+    the pool's saturation detector built from the config's saturation detector (its plugin's thresholds, or the
+    older top-level fields), for the director's shedding step and flow control. `freshness` is the pool's rule for
+    usable data (`epp serve`: from --metrics-staleness-threshold and --metrics-max-failures); `pool_freshness`
+    says how the config can change it. Alpha plugin types need `allow_experimental` (`--allow-experimental-plugins`).
     """
     config = config or default_config()
     return _build(config, seed, registry or builtin_registry(), allow_experimental, freshness)[0]
@@ -397,8 +444,7 @@ def effective_plugins(
             out.append(EffectivePlugin(type_name, type_name, kind, parameters or {}, implicit=True))
 
     listed = set(built)
-    profiles = scheduler.profiles if isinstance(scheduler, DisaggScheduler) else (scheduler,)
-    for producer in (p for stage in profiles for p in stage.profile.producers):  # auto-created, as upstream
+    for producer in (p for stage in scheduler.profiles for p in stage.profile.producers):  # auto-created, as upstream
         if producer.name not in listed:  # by name: a second producer of a type (tiered prefix caches) is a line
             listed.add(producer.name)
             out.append(EffectivePlugin(producer.name, producer.type_name, Kind.PRODUCER, {}, implicit=True))
@@ -409,7 +455,7 @@ def effective_plugins(
     for parser in () if config.parser_refs else DEFAULT_PARSERS:
         implicit(parser, Kind.PARSER)
     if config.saturation_detector_ref is None:
-        t = scheduler.saturation.thresholds
+        t = config.saturation  # no detector plugin: the pool's detector has the config's thresholds
         implicit(
             "utilization-detector",
             Kind.FILTER,

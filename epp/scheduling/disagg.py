@@ -26,6 +26,7 @@ from epp.scheduling.filters import LabelFilter
 from epp.scheduling.framework import CycleState, PrefixMatch, SchedulingRequest, produced
 from epp.scheduling.producers import tokenized
 from epp.scheduling.profile import PluginWrapper, ProfileScheduler
+from epp.scheduling.scheduler import Routing
 
 PREFILLER_HEADER = "x-prefiller-host-port"
 ENCODERS_HEADER = "x-encoder-hosts-ports"
@@ -169,7 +170,8 @@ class Stage:
 class DisaggScheduler:
     """`disagg-profile-handler`: decode always, then encode and prefill where their deciders approve.
 
-    Satisfies the director's Scheduler protocol; the result is a `StagedPick`. A stage whose profile finds no
+    A pick handler (`epp.scheduling.scheduler.PickHandler`) whose result is a `StagedPick`; `route` turns one into
+    the decision's destination, stage bookings and sidecar headers. A stage whose profile finds no
     endpoint is skipped (the decode endpoint then does that work itself), never a failure of the request."""
 
     def __init__(
@@ -185,10 +187,8 @@ class DisaggScheduler:
         self.prefill = prefill
         self.encode = encode
         self.primary_port = primary_port
-        self.profile = decode.profile  # what single-profile callers read (check-config, the prefix metrics)
+        self.profile = decode.profile  # the decode profile: its producers are the config's
         self.freshness = decode.freshness
-        self.flow_control = decode.flow_control  # set by the builder, as on a single profile
-        self.admitters = decode.admitters
         partitions = [_label_filters(p) for p in self.profiles] if prefill or encode else []
         self.saturation = StagedSaturation(decode.saturation, partitions) if partitions else decode.saturation
 
@@ -228,6 +228,20 @@ class DisaggScheduler:
             chosen = self.prefill.profile.run(snapshot, others, request, now)[0]
             prefill = int(chosen[0]) if chosen else -1
         return StagedPick(slots, prefill, encode, self.primary_port)
+
+    def route(self, pick: Sequence[int], addresses: Sequence[str]) -> Routing | None:
+        """Where a pick of this handler goes: the decode endpoint (at the primary port, for data parallelism), the
+        prefill and encode endpoints booked with it and named in the sidecar's headers. None for a pick that is not
+        this handler's (the FailOpen fallback's): it goes where its slots are."""
+        if not isinstance(pick, StagedPick) or not pick:
+            return None
+        destination = tuple(addresses[int(s)] for s in pick)
+        booked = ""
+        if pick.primary_port:
+            booked = destination[0]
+            destination = tuple(with_port(a, pick.primary_port) for a in destination)
+        stages = tuple((slot, addresses[slot]) for slot in pick.booked[1:])
+        return Routing(destination, stages, stage_headers(addresses, pick), booked)
 
     def describe(self) -> str:
         parts = [f"decode {self.decode.profile.describe()}"]

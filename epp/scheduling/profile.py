@@ -1,8 +1,8 @@
 """The profile runner: filters → weighted scorers → picker, then the plugins that learn from the pick.
 
-`ProfileScheduler.pick` satisfies the director's `Scheduler` protocol. It is pure apart from the plugins' own
-learned state (prefix index, session table, picker RNGs), takes `now` as an argument and reads no clock, so the
-virtual-time benchmark drives exactly this code.
+`ProfileScheduler.pick` is the single-profile pick handler (`epp.scheduling.scheduler.PickHandler`). It is pure
+apart from the plugins' own learned state (prefix index, session table, picker RNGs), takes `now` as an argument and
+reads no clock, so the virtual-time benchmark drives exactly this code.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import numpy as np
 
 from epp.datastore import Snapshot
 from epp.datastore.table import FloatArray, IntArray
-from epp.flowcontrol import FlowSettings
-from epp.flowcontrol.admission import Admitter
 from epp.scheduling.framework import (
     CycleState,
     Filter,
@@ -72,8 +70,6 @@ class ProfileScheduler:
         self.profile = profile
         self.saturation = saturation or SaturationDetector()
         self.freshness = self.saturation.freshness  # the pool's one rule for usable data, shared with the detector
-        self.flow_control: FlowSettings | None = None  # the flowControl gate on: the queues' settings
-        self.admitters: tuple[Admitter, ...] = ()  # admission plugins, run before a request is queued or scheduled
         self._filters = profile.filters
         self._scorers = tuple(
             (
@@ -116,6 +112,13 @@ class ProfileScheduler:
             wrapper.timed("Picker", self._picker, self._picker.pick),
         )
         self._every = max(1, wrapper.every)
+
+    @property
+    def profiles(self) -> tuple[ProfileScheduler, ...]:
+        return (self,)
+
+    def describe(self) -> str:
+        return self.profile.describe()
 
     @property
     def writes_response_headers(self) -> bool:

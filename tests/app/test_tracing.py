@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
 
-from epp.app.tracing import TracingDirector, TracingScheduler
+from epp.app.tracing import TracingDirector, traced_scheduler
 from epp.datastore import EndpointInfo, EndpointTable
 from epp.director import Director
 from epp.extproc.stream import StreamProcessor, StreamSettings
@@ -34,7 +34,7 @@ def traced() -> tuple[StreamProcessor, InMemorySpanExporter]:
     table = EndpointTable()
     table.replace_all(EndpointInfo(address=a) for a in POOL)
     table.synced = True
-    scheduler = TracingScheduler(build_scheduler(None, seed=1), tracer)
+    scheduler = traced_scheduler(build_scheduler(None, seed=1), tracer)
     director = TracingDirector(Director(table, scheduler, clock=lambda: 0.0), tracer)  # type: ignore[arg-type]
     metrics = PickerMetrics(CollectorRegistry())
     return StreamProcessor(director, metrics, lambda: 0.0, StreamSettings()), exporter

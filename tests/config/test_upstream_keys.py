@@ -157,9 +157,9 @@ def test_flow_control_with_the_gate_off_warns_and_loads() -> None:
 
 def test_flow_control_with_the_gate_on_builds_the_queues_from_the_section() -> None:
     config = parse_config(_doc(flowControl={"maxRequests": 7}, featureGates=["flowControl"]), "f.yaml")
-    settings = build_scheduler(config).flow_control
+    settings = build_scheduler(config).flow
     assert settings is not None and settings.spec.max_requests == 7
-    assert build_scheduler(parse_config(_doc(flowControl={"maxRequests": 7}), "f.yaml")).flow_control is None
+    assert build_scheduler(parse_config(_doc(flowControl={"maxRequests": 7}), "f.yaml")).flow is None
 
 
 @pytest.mark.parametrize(

@@ -131,7 +131,7 @@ async def test_the_director_passes_the_engine_tokens_to_the_scheduler() -> None:
         snap = table.snapshot()
         request = await director.tokenizer.tokenize(_completion("one two three four"))
         state = CycleState(snap, snap.slots, request, 0.0)
-        for producer in scheduler.profile.producers:
+        for producer in scheduler.handler.profile.producers:
             producer.produce(state)
         tokens = produced(state, "token-producer")
         assert tokens.exact

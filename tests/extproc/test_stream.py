@@ -18,6 +18,7 @@ from epp.extproc.server import ExternalProcessor
 from epp.extproc.stream import StreamProcessor, StreamSettings
 from epp.observability.metrics import PickerMetrics
 from epp.requests import InferenceRequest
+from epp.scheduling import Scheduler
 from tests.extproc.envoy import (
     BODY,
     POOL,
@@ -285,7 +286,7 @@ def _one_endpoint_server() -> ExternalProcessor:
     table = EndpointTable()
     table.replace_all([EndpointInfo(address=POOL[0])])
     table.synced = True
-    director = Director(table, RandomScheduler(seed=1), clock=lambda: 0.0)
+    director = Director(table, Scheduler(RandomScheduler(seed=1)), clock=lambda: 0.0)
     return ExternalProcessor(director, PickerMetrics(CollectorRegistry()), StreamSettings())
 
 

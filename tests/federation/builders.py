@@ -11,6 +11,7 @@ from epp.datastore.sites import Site, SiteRegistry
 from epp.director import Director, RandomScheduler
 from epp.federation.policy import FederationRouter
 from epp.requests import ApiKind, InferenceRequest
+from epp.scheduling import Scheduler
 
 NOW = 1_000.0
 
@@ -59,7 +60,7 @@ def director(
 ) -> Director:
     return Director(
         table,
-        scheduler or RandomScheduler(seed=1),
+        Scheduler(scheduler or RandomScheduler(seed=1)),
         clock=lambda: NOW,
         failure_mode=lambda: mode,
         federation=fed,

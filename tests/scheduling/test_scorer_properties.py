@@ -84,7 +84,7 @@ def test_every_scorer_stays_in_the_unit_interval_and_picks_a_candidate(endpoints
     candidates = np.array(chosen, dtype=np.int64)
     for type_name, params, with_producers in SCORERS:
         scheduler = _scheduler(type_name, params, with_producers)
-        profile = scheduler.profile
+        profile = scheduler.handler.profile
         for i, prompt in enumerate(requests):
             headers = {"x-session-id": f"s{i % 2}"} if session else {}
             req = request(prompt, session=f"tok{i % 2}" if session else None, headers=headers)
@@ -96,5 +96,5 @@ def test_every_scorer_stays_in_the_unit_interval_and_picks_a_candidate(endpoints
                 assert scores.shape == candidates.shape, type_name
                 assert np.isfinite(scores).all(), (type_name, scores)
                 assert ((scores >= 0.0) & (scores <= 1.0)).all(), (type_name, scores)
-            picked = scheduler.pick(snap, candidates, req, NOW + i)
+            picked = scheduler.handler.pick(snap, candidates, req, NOW + i)
             assert set(picked) <= set(chosen), type_name

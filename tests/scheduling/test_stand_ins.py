@@ -115,5 +115,5 @@ def test_a_profile_of_stand_ins_alone_still_picks_an_endpoint() -> None:
     }
     scheduler = build_scheduler(parse_config(doc, "cfg.yaml"), seed=1)
     snap = table_with([{}] * 4).snapshot()
-    picks = {int(scheduler.pick(snap, snap.slots, request(f"p{i}"), 1000.0)[0]) for i in range(40)}
+    picks = {int(scheduler.handler.pick(snap, snap.slots, request(f"p{i}"), 1000.0)[0]) for i in range(40)}
     assert picks <= set(np.asarray(snap.slots).tolist()) and len(picks) > 1
