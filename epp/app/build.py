@@ -88,6 +88,7 @@ def build_director(
         federation=federation,
         honour_subset=settings.honour_subset,
         test_selection=settings.test_selection,
+        emit_scores=settings.emit_scores,
         flow=flow,
     )
 

@@ -15,8 +15,8 @@ from prometheus_client.core import Metric
 
 from epp.datastore import EndpointTable
 from epp.observability import buckets as b
+from epp.observability.collector import FreezableCollector
 from epp.observability.families import counter_family, gauge_family, histogram_family
-from epp.observability.metrics import FreezableCollector
 from epp.observability.plain import PlainHistogram
 from epp.scheduling.scheduler import Scheduler
 

@@ -53,9 +53,10 @@ from epp.extproc.server import ExternalProcessor
 from epp.flowcontrol import FlowController
 from epp.flowcontrol.eviction import EVICTION_FILTER, EVICTION_ORDER, Reclaimer, confirmation_grace
 from epp.flowcontrol.gauge import PoolGauge
+from epp.observability.collector import FreezableCollector, LoopCollector
 from epp.observability.flow import FlowControlMetrics
 from epp.observability.logs import configure_logging
-from epp.observability.metrics import FreezableCollector, LoopCollector, PickerMetrics
+from epp.observability.metrics import PickerMetrics
 from epp.observability.plugins import PluginTimer
 from epp.scheduling.build import deprecations
 from epp.scheduling.saturation import ConcurrencyDetector

@@ -96,4 +96,5 @@ class ServeSettings:
     enable_pprof: bool = False  # /debug/stacks
     honour_subset: bool = True  # not --disable-endpoint-subset-filter
     test_selection: bool = False  # --enable-test-endpoint-selection
+    emit_scores: bool = False  # --emit-endpoint-scores
     startup_warnings: tuple[str, ...] = ()  # logged once the checks that refuse to start have passed

@@ -43,6 +43,7 @@ from epp.director import Decision, Director
 from epp.errors import EppError
 from epp.requests import InferenceRequest
 from epp.scheduling.framework import CycleState, SchedulingRequest
+from epp.scheduling.pick_detail import PickDetail
 from epp.scheduling.profile import ProfileScheduler, SchedulingProfile, WeightedScorer
 from epp.scheduling.scheduler import Scheduler
 
@@ -212,3 +213,11 @@ class TracingScheduler:
         with self._tracer.start_as_current_span("epp.scheduling", attributes=self._attributes) as span:
             span.set_attribute("epp.candidates", int(candidates.size))
             return self._inner.pick(snapshot, candidates, request, now)
+
+    def pick_detailed(
+        self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
+    ) -> tuple[Sequence[int], PickDetail]:
+        """`pick` with its PickDetail (--emit-endpoint-scores, `Prefer: if-available`), in the same span."""
+        with self._tracer.start_as_current_span("epp.scheduling", attributes=self._attributes) as span:
+            span.set_attribute("epp.candidates", int(candidates.size))
+            return self._inner.pick_detailed(snapshot, candidates, request, now)

@@ -75,5 +75,6 @@ def serve_settings(args: argparse.Namespace, startup_warnings: list[str]) -> Ser
         enable_pprof=bool(args.enable_pprof),
         honour_subset=not args.disable_endpoint_subset_filter,
         test_selection=bool(args.enable_test_endpoint_selection),
+        emit_scores=bool(args.emit_endpoint_scores),
         startup_warnings=tuple(startup_warnings),
     )

@@ -29,6 +29,7 @@ from epp.flowcontrol import QueuedRequest
 from epp.flowcontrol.admission import Admitter
 from epp.requests import InferenceRequest
 from epp.scheduling import test_selection
+from epp.scheduling.pick_detail import PickDetail
 from epp.scheduling.producers import estimate_tokens
 from epp.scheduling.scheduler import Routing, Scheduler
 
@@ -82,10 +83,16 @@ class Decision(NamedTuple):
     stages: tuple[tuple[int, str], ...] = ()  # the other endpoints booked for it (P/D prefill, E/P/D encode)
     booked: str = ""  # the address booked on `slot` when the destination differs (data parallelism's port)
     response_headers: tuple[tuple[str, str], ...] = ()  # headers the response carries back (session tokens)
+    scores: tuple[tuple[str, float], ...] = ()  # --emit-endpoint-scores: (address, weighted score), each scored one
 
     @property
     def header_value(self) -> str:
         return ",".join(self.addresses)
+
+
+def _scores(addresses: Sequence[str], detail: PickDetail) -> tuple[tuple[str, float], ...]:
+    """(address, weighted score) of every endpoint the primary profile scored."""
+    return tuple((addresses[int(slot)], float(score)) for slot, score in zip(detail.scored, detail.scores, strict=True))
 
 
 class _NullObserver:
@@ -108,6 +115,7 @@ class Director:
         honour_subset: bool = True,
         test_selection: bool = False,
         flow: FlowGate | None = None,
+        emit_scores: bool = False,
     ) -> None:
         """`objectives` gives priorities and model rewrites (none: every request priority 0, no rewrite);
         `saturation` decides shedding (none: the scheduler's own `.saturation`);
@@ -115,7 +123,8 @@ class Director:
         (upstream's --disable-endpoint-subset-filter); `test_selection` honours conformance's
         `test-epp-endpoint-selection` header (--enable-test-endpoint-selection; tests only); `flow` is flow
         control (the `flowControl` gate): requests wait in its queues before they get here, and the legacy shedding
-        step is off."""
+        step is off; `emit_scores` puts the primary profile's per-endpoint scores on the decision
+        (--emit-endpoint-scores)."""
         self._table = table
         self._scheduler = scheduler.handler
         self._clock = clock
@@ -134,6 +143,12 @@ class Director:
         # Asked per request only when a plugin writes a response header (session affinity); most profiles have none.
         self._response_headers = scheduler.response_headers
         self._routing = scheduler.routing  # None: every pick goes to its slots' addresses (one profile)
+        self._emit_scores = emit_scores
+        # The handler's pick with its PickDetail (scores, the picked endpoint's cached prefix), asked for only when
+        # scores are emitted or a request says `Prefer: if-available`; a handler without it has no detail.
+        self._detailed: Callable[..., tuple[Sequence[int], PickDetail]] | None = getattr(
+            scheduler.handler, "pick_detailed", None
+        )
         render = scheduler.tokenizer  # the vllm token-producer's render endpoint: the engine's token ids
         self.tokenizer = (
             RenderTokenizer(render.url, render.model_name, render.timeout_s, render.chat_timeout_s, render.cache_size)
@@ -207,8 +222,14 @@ class Director:
         if self.flow is None and (self._admitters or request.objective):  # else `_admit` has nothing to do
             self._admit(request, snapshot, candidates, now)
         degraded = False
+        headers = request.headers
+        conditional = wire.PREFER_HEADER in headers and wire.prefers_if_available(headers)
+        detail: PickDetail | None = None
         try:
-            slots = self._scheduler.pick(snapshot, candidates, request, now)
+            if self._detailed is not None and (conditional or self._emit_scores):
+                slots, detail = self._detailed(snapshot, candidates, request, now)
+            else:
+                slots = self._scheduler.pick(snapshot, candidates, request, now)
         except EppError:
             raise
         except Exception as exc:  # the scheduler is ours; a bug there must not become a broken stream
@@ -221,16 +242,20 @@ class Director:
             degraded = True
         if not slots:
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no candidate endpoint fits the request")
+        if conditional and (detail is None or detail.cached_blocks <= 0):
+            # Upstream's conditional-decode gate: after the pick, before anything is booked; no reason header.
+            raise EppError(ErrorCode.PRECONDITION_FAILED, "no decode worker has the requested KV cache")
         primary = int(slots[0])
         tokens = len(request.token_ids) if request.token_ids else estimate_tokens(request.prompt)
         self._table.book_pick(primary, tokens)
         addresses = snapshot.addresses
+        scores = _scores(addresses, detail) if self._emit_scores and detail is not None else ()
         routing = self._routing(slots, addresses) if self._routing is not None else None
         if routing is not None:
             decision = self._routed(routing, primary, degraded, body, original_model, request.model, tokens)
             if self._response_headers:
                 decision = decision._replace(response_headers=self._response_headers(snapshot, primary))
-            return decision
+            return decision._replace(scores=scores) if scores else decision
         return Decision(
             addresses=(addresses[primary],) if len(slots) == 1 else tuple(addresses[s] for s in slots),
             slot=primary,
@@ -240,6 +265,7 @@ class Director:
             target_model=request.model,
             tokens=tokens,
             response_headers=self._response_headers(snapshot, primary) if self._response_headers else (),
+            scores=scores,
         )
 
     def _routed(

@@ -522,7 +522,7 @@ class StreamProcessor:
             self._rewrite = model_restorer(decision.target_model, decision.original_model)
         replaced = decision.body if phase == "body" else None
         cacheable = not generated and decision.body is None  # a fresh request id or body length is one request's
-        return self._answers.decision(phase, set_headers, destination, replaced, cacheable)
+        return self._answers.decision(phase, set_headers, destination, replaced, cacheable, decision.scores)
 
     # -- response phase ---------------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from epp.datastore import Snapshot, usable
 from epp.datastore.table import IntArray
 from epp.scheduling.filters import LabelFilter
 from epp.scheduling.framework import CycleState, PrefixMatch, SchedulingRequest, produced
+from epp.scheduling.pick_detail import EMPTY, PickDetail
 from epp.scheduling.producers import tokenized
 from epp.scheduling.profile import PluginWrapper, ProfileScheduler
 from epp.scheduling.scheduler import Routing
@@ -210,9 +211,21 @@ class DisaggScheduler:
             profile.instrument(wrapper)
 
     def pick(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> StagedPick:
+        return self._staged(snapshot, candidates, request, now)[0]
+
+    def pick_detailed(
+        self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
+    ) -> tuple[StagedPick, PickDetail]:
+        """`pick`, with the decode (primary) profile's scores and its endpoint's cached prefix."""
+        pick, state = self._staged(snapshot, candidates, request, now)
+        return pick, (self.decode.detail(state, int(pick[0])) if pick else EMPTY)
+
+    def _staged(
+        self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
+    ) -> tuple[StagedPick, CycleState]:
         slots, state = self.decode.run(snapshot, candidates, request, now)
         if not slots:
-            return StagedPick(())
+            return StagedPick(()), state
         decode_slot = int(slots[0])
         encode: tuple[int, ...] = ()
         prefill = -1
@@ -227,7 +240,7 @@ class DisaggScheduler:
         if self.prefill is not None and state is not None and self.prefill.decider.disaggregate(state, decode_slot):
             chosen = self.prefill.profile.run(snapshot, others, request, now)[0]
             prefill = int(chosen[0]) if chosen else -1
-        return StagedPick(slots, prefill, encode, self.primary_port)
+        return StagedPick(slots, prefill, encode, self.primary_port), state
 
     def route(self, pick: Sequence[int], addresses: Sequence[str]) -> Routing | None:
         """Where a pick of this handler goes: the decode endpoint (at the primary port, for data parallelism), the

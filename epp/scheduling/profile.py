@@ -26,6 +26,7 @@ from epp.scheduling.framework import (
     Scorer,
     sanitize,
 )
+from epp.scheduling.pick_detail import EMPTY, PickDetail, detail_of, record_scores
 from epp.scheduling.saturation import SaturationDetector
 
 
@@ -83,6 +84,9 @@ class ProfileScheduler:
             if s.weight > 0
         )
         self._picker = profile.picker
+        self._cached_blocks = tuple(
+            s.scorer.cached_blocks for s in profile.scorers if hasattr(s.scorer, "cached_blocks")
+        )
         self._observers = profile.observers
         self._producers = tuple(p.produce for p in profile.producers)
         # Upstream's ResponseHeaderProcessor: plugins that write a header on the response (session tokens).
@@ -144,6 +148,17 @@ class ProfileScheduler:
         ascending order, as the director builds them (`CycleState.take` relies on it to skip gathers)."""
         return self.run(snapshot, candidates, request, now)[0]
 
+    def pick_detailed(
+        self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
+    ) -> tuple[Sequence[int], PickDetail]:
+        """`pick`, with the scores and the picked endpoint's cached prefix (`PickDetail`), for the director."""
+        slots, state = self.run(snapshot, candidates, request, now)
+        return slots, (self.detail(state, int(slots[0])) if slots else EMPTY)
+
+    def detail(self, state: CycleState, primary: int) -> PickDetail:
+        """The PickDetail of a run of this profile whose primary slot is `primary`."""
+        return detail_of(state, primary, self._cached_blocks)
+
     def run(
         self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
     ) -> tuple[Sequence[int], CycleState]:
@@ -188,6 +203,7 @@ class ProfileScheduler:
             if offset:
                 total += offset
             np.fmax(total, 0.0, out=total)  # a NaN that slipped through counts as 0, not as "best"
+        record_scores(state, candidates, total)
         slots = pick(state, candidates, total)
         if slots:
             primary = int(slots[0])

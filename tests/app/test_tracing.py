@@ -15,8 +15,10 @@ from prometheus_client import CollectorRegistry
 from epp.app.tracing import TracingDirector, traced_scheduler
 from epp.datastore import EndpointInfo, EndpointTable
 from epp.director import Director
+from epp.errors import EppError, ErrorCode
 from epp.extproc.stream import StreamProcessor, StreamSettings
 from epp.observability.metrics import PickerMetrics
+from epp.requests import parse_request
 from epp.scheduling import build_scheduler
 from tests.extproc.envoy import BODY, POOL, body_msg, destination, headers_msg, immediate
 
@@ -119,3 +121,26 @@ def test_the_exporter_and_service_name_come_from_the_otel_variables(monkeypatch:
     provider, tracer = _tracing(True)
     assert provider is not None and tracer is not None
     provider.shutdown()
+
+
+def test_a_traced_scheduler_still_gives_scores_and_the_conditional_decode_answer() -> None:
+    """The traced handler offers the pick's detail too: --emit-endpoint-scores and `Prefer: if-available` work."""
+    tracer = TracerProvider().get_tracer("test")
+    table = EndpointTable()
+    table.replace_all(EndpointInfo(address=a) for a in POOL)
+    table.synced = True
+    director = Director(
+        table, traced_scheduler(build_scheduler(None, seed=1), tracer), clock=lambda: 0.0, emit_scores=True
+    )
+    prompt = "a long prompt the prefix scorer splits into many whole blocks. " * 40
+    body = json.dumps({"model": "m", "prompt": prompt}).encode()
+    decision = director.decide(parse_request("r", "/v1/completions", {}, body))
+    assert {a for a, _ in decision.scores} == set(POOL)
+    director.complete(decision)
+    again = director.decide(parse_request("r", "/v1/completions", {"prefer": "if-available"}, body))
+    assert again.addresses == decision.addresses
+    with pytest.raises(EppError) as err:
+        director.decide(
+            parse_request("r", "/v1/completions", {"prefer": "if-available"}, b'{"model":"m","prompt":"x"}')
+        )
+    assert err.value.code is ErrorCode.PRECONDITION_FAILED

@@ -15,7 +15,8 @@ from epp.director.tokens import RenderTokenizer
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import build_scheduler
 from epp.scheduling.framework import CycleState, produced
-from epp.sim.server import DEFAULT_MODEL, ServerConfig, SimServer
+from epp.sim.config import DEFAULT_MODEL, ServerConfig
+from epp.sim.server import SimServer
 from epp.sim.tokens import token_ids
 
 BASE = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}

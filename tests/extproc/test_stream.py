@@ -279,7 +279,7 @@ def test_model_rewrite_resends_the_new_body_with_its_length_and_restores_the_nam
 
 
 def test_refusal_codes_map_to_http_statuses() -> None:
-    assert {c.http_status for c in ErrorCode} == {400, 413, 429, 500, 503}
+    assert {c.http_status for c in ErrorCode} == {400, 412, 413, 429, 500, 503}
 
 
 def _one_endpoint_server() -> ExternalProcessor:
