@@ -248,6 +248,10 @@ async def stop(picker: Picker) -> None:
         grace_s,
     )
     state.stopping = True
+    scrape_child = picker.scraper if isinstance(picker.scraper, ScrapeProcess) else None
+    for child in (state.workers, scrape_child, picker.kv_feeder):
+        if child is not None:
+            child.begin_shutdown()  # a child that ends from now on is not restarted (epp.supervision.child)
     await state.health.set_ready(False)
     if state.kubernetes is not None:
         await state.kubernetes.stop()  # releases the Lease now, so a standby takes over during our grace period
