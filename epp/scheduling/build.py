@@ -318,6 +318,7 @@ def _scheduler(
         prefix_scorers=tuple(prefix.values()),
         response_headers=handler.response_headers if handler.writes_response_headers else None,
         routing=routing,
+        detailed=handler.pick_detailed,
         description=description,
         profiles=profiles,
         kv_events=next(iter(precise.values()), None),

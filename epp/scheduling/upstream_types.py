@@ -126,7 +126,7 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
         "scorer",
         False,
         _R,
-        "deprecated upstream; KV-event routing not wired into scheduling yet",
+        "deprecated upstream: precise-prefix-cache-producer + prefix-cache-scorer replace it (the KV-events path)",
     ),
     UpstreamType("header-label-affinity-scorer", "scorer", True, _R, "not implemented"),
     UpstreamType("endpoint-attribute-scorer", "scorer", True, _W, "attributes are not collected: scores 0"),
