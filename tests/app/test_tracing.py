@@ -142,8 +142,9 @@ def test_the_traced_scheduler_keeps_the_producers_flow_control_and_admitters() -
     traced = traced_scheduler(scheduler, tracer)
     assert traced.handler is not scheduler.handler
     assert traced.flow is scheduler.flow is not None and traced.admitters == scheduler.admitters != ()
-    (producer,) = scheduler.handler.profile.producers
-    assert traced.handler._inner.profile.producers == (producer,)
+    producers = scheduler.handler.profile.producers  # the file's, and the token-producer it consumes (auto-created)
+    assert [p.type_name for p in producers] == ["token-producer", "approx-prefix-cache-producer"]
+    assert traced.handler._inner.profile.producers == producers
 
 
 def test_a_traced_scheduler_still_gives_scores_and_the_conditional_decode_answer() -> None:
