@@ -17,9 +17,10 @@ import time
 from epp.config.federation import parse_federation
 from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
 from epp.datastore.sites import Site, SiteRegistry
-from epp.director import Director, RandomScheduler
+from epp.director import Director
 from epp.federation.policy import FederationRouter
 from epp.requests import ApiKind, InferenceRequest
+from tests.support.schedulers import RandomScheduler
 
 NOW = 1_000.0
 RULES = {

@@ -2,7 +2,9 @@
 
 It owns the order of the steps (candidates → scheduler → book the pick in flight) and the failure policy of the
 pool: an internal failure of the scheduler never hangs or crashes a stream — under FailOpen the request still goes
-to a random healthy candidate (counted as degraded), under FailClose it is refused with a 503.
+to a random usable candidate (fresh metrics; any candidate when none has them yet), counted as degraded; under
+FailClose it is refused with a 503. What runs before `decide` and after `complete` on the serving path (render
+call, flow-control hold, eviction tracking) is the director's pipeline, `epp.director.pipeline`.
 """
 
 from __future__ import annotations
@@ -10,17 +12,18 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from epp import wire
-from epp.datastore import EndpointTable, Snapshot
+from epp.datastore import EndpointTable, Freshness, Snapshot, usable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.datastore.table import IntArray
+from epp.director.decision import Decision
 from epp.director.flow import FlowGate
-from epp.director.random_scheduler import RandomScheduler
+from epp.director.pipeline import DecisionPipeline
 from epp.director.rewrite import ModelRewriter
 from epp.director.tokens import RenderTokenizer
 from epp.errors import EppError, ErrorCode
@@ -34,6 +37,7 @@ from epp.scheduling.producers import TokenProducer, estimate_tokens
 
 log = logging.getLogger(__name__)
 _NO_ENDPOINTS = wire.REJECTED_NO_ENDPOINTS  # upstream's reason when no candidate endpoint exists at all
+_FRESH = Freshness()  # what FailOpen's fallback counts as a usable candidate
 
 
 class Scheduler(Protocol):
@@ -73,28 +77,6 @@ class DecisionObserver(Protocol):
     """What the director reports; the observability layer implements it (a no-op in unit tests)."""
 
     def degraded_decision(self, reason: str) -> None: ...
-
-
-class Decision(NamedTuple):
-    """Where a request goes: addresses best first, and the slots booked in flight for it. Immutable; a NamedTuple
-    because one is built per request (a frozen dataclass's `__init__` costs about 1 µs more)."""
-
-    addresses: tuple[str, ...]
-    slot: int
-    degraded: bool = False
-    body: bytes | None = None  # a rewritten body, when the decision changed it (model rewrite)
-    original_model: str = ""  # the model the client asked for
-    target_model: str = ""  # the model the endpoint is asked for (differs after a rewrite)
-    site: str | None = None  # a remote federated site took the request (slot is then -1)
-    headers: tuple[tuple[str, str], ...] = ()  # request headers the gateway adds before forwarding
-    tokens: int = 0  # prompt tokens booked in flight on `slot` (inflight-load-producer), released with it
-    stages: tuple[tuple[int, str], ...] = ()  # the other endpoints booked for it (P/D prefill, E/P/D encode)
-    booked: str = ""  # the address booked on `slot` when the destination differs (data parallelism's port)
-    response_headers: tuple[tuple[str, str], ...] = ()  # headers the response carries back (session tokens)
-
-    @property
-    def header_value(self) -> str:
-        return ",".join(self.addresses)
 
 
 def render_tokenizer(scheduler: object) -> RenderTokenizer | None:
@@ -141,7 +123,6 @@ class Director:
         self._clock = clock
         self._failure_mode = failure_mode
         self._observer = observer or _NullObserver()
-        self._fallback = RandomScheduler()
         self._objectives = objectives
         if saturation is None:
             saturation = getattr(scheduler, "saturation", None)
@@ -156,7 +137,9 @@ class Director:
         # Asked per request only when a plugin writes a response header (session affinity); most profiles have none.
         responds = getattr(scheduler, "writes_response_headers", True)
         self._response_headers = getattr(scheduler, "response_headers", None) if responds else None
-        self.tokenizer = render_tokenizer(scheduler)
+        # The stages before `decide` (a vllm token-producer's render call, flow control's hold) and after
+        # `complete`, which the ext_proc adapter runs for every stream (epp.director.pipeline).
+        self.pipeline = DecisionPipeline(self.decide, self.complete, clock, render_tokenizer(scheduler), flow)
 
     @property
     def table(self) -> EndpointTable:
@@ -171,17 +154,8 @@ class Director:
         by_address = snapshot.addresses
         return np.fromiter((s for s in slots if by_address[s] in wanted), dtype=np.int64)
 
-    async def decide_async(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
-        """`decide`, after the I/O the scheduler's producers need (a vllm token-producer's render call: the
-        engine's token ids, or the estimate when it fails); without such a producer, exactly `decide`."""
-        if self.tokenizer is not None:
-            request = await self.tokenizer.tokenize(request)
-        return self.decide(request, subset)
-
     def decide(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
         """Choose endpoints for a request; raises EppError with the client-facing reason when it cannot."""
-        if self.tokenizer is not None:  # ids the server fetched before this call (ExternalProcessor), if any
-            request = self.tokenizer.cached(request)
         snapshot = self._table.view()  # read-only live views: this method does not await
         if not self._honour_subset:
             subset = None
@@ -220,6 +194,8 @@ class Director:
                 raise EppError(
                     ErrorCode.SERVICE_UNAVAILABLE, "no pool endpoint matches the gateway's subset hint", _NO_ENDPOINTS
                 )
+            if request.no_body:  # upstream's answer to a request without a body when the pool is empty
+                raise EppError(ErrorCode.INTERNAL, "no pods available in datastore")
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no ready endpoint in the pool", _NO_ENDPOINTS)
         if self.flow is None and (self._admitters or request.objective):  # else `_admit` has nothing to do
             self._admit(request, snapshot, candidates, now)
@@ -234,7 +210,7 @@ class Director:
                 raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "scheduling failed") from exc
             log.exception("scheduling failed; routing to a random candidate (FailOpen)")
             self._observer.degraded_decision("scheduler-error")
-            slots = self._fallback.pick(snapshot, candidates, request, now)
+            slots = (self._fallback(snapshot, candidates, now),)
             degraded = True
         if not slots:
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no candidate endpoint fits the request")
@@ -257,6 +233,13 @@ class Director:
             tokens=tokens,
             response_headers=self._response_headers(snapshot, primary) if self._response_headers else (),
         )
+
+    def _fallback(self, snapshot: Snapshot, candidates: IntArray, now: float) -> int:
+        """FailOpen's pick when the scheduler broke: a random candidate among those with fresh metrics (the
+        usable ones), or among all of them when none is usable (never scraped yet: the pool still serves)."""
+        fresh = candidates[usable(snapshot.scraped_at[candidates], snapshot.scrape_failures[candidates], now, _FRESH)]
+        chosen = fresh if fresh.size else candidates
+        return int(chosen[self._draw.randrange(chosen.size)])
 
     def _staged(
         self,
