@@ -20,6 +20,7 @@ from epp.datastore.sites import Site, SiteRegistry
 from epp.director import Director
 from epp.federation.policy import FederationRouter
 from epp.requests import ApiKind, InferenceRequest
+from epp.scheduling import Scheduler
 from tests.support.schedulers import RandomScheduler
 
 NOW = 1_000.0
@@ -77,7 +78,9 @@ def main() -> None:
 
     def director(waiting: float, fed: bool, sites: int = 8) -> Director:
         router = FederationRouter(config, _sites(sites), local_tier="eu") if fed else None
-        return Director(_table(args.endpoints, waiting), RandomScheduler(seed=1), clock=lambda: NOW, federation=router)
+        return Director(
+            _table(args.endpoints, waiting), Scheduler(RandomScheduler(seed=1)), clock=lambda: NOW, federation=router
+        )
 
     free = InferenceRequest(request_id="r", api=ApiKind.COMPLETIONS, model="llama", prompt="x")
     restricted = InferenceRequest(request_id="r", api=ApiKind.COMPLETIONS, model="m9/llama", prompt="x")

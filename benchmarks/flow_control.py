@@ -72,7 +72,7 @@ class Setup:
     def build(self, seed: int, ttl_s: float) -> tuple[object, FlowSettings, SaturationDetector]:
         """The scheduler, the queues' settings (the workload's TTL) and the pool's detector, as `epp serve`."""
         scheduler = build_scheduler(self.config, seed=seed, allow_experimental=True)
-        settings = getattr(scheduler, "flow_control", None) or FlowSettings()
+        settings = scheduler.flow or FlowSettings()
         settings = replace(settings, spec=replace(settings.spec, default_request_ttl_s=ttl_s))
         detector = scheduler.saturation
         if not isinstance(detector, SaturationDetector):

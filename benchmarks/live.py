@@ -40,8 +40,8 @@ from epp.demo.load import Outcome, Shot, run_phase
 from epp.demo.processes import free_port, http_ok, running, wait_until
 from epp.demo.report import PhaseSummary, prefix_counters, summarise
 from epp.demo.stack import READY_TIMEOUT_S, gateway, picker, simulated_pool, wait_idle
+from epp.sim.config import DEFAULT_MODEL
 from epp.sim.profiles import profile_named
-from epp.sim.server import DEFAULT_MODEL
 
 POLICIES = ("epp", "rr", "sglang-cache-aware", "sglang-rr")
 SGLANG_POLICY = {"sglang-cache-aware": "cache_aware", "sglang-rr": "round_robin"}

@@ -68,7 +68,9 @@ def bench_cell(n: int, kb: int, picks: int, profile: str) -> tuple[float, float]
     if profile == "random":
         scheduler = RandomScheduler(seed=1)
     else:
-        scheduler = build_scheduler(default_config() if profile == "ours" else upstream_default_config(), seed=1)
+        scheduler = build_scheduler(
+            default_config() if profile == "ours" else upstream_default_config(), seed=1
+        ).handler
     prompts = make_prompts(kb, 64, rng)
     requests = [
         InferenceRequest(request_id=str(i), api=ApiKind.COMPLETIONS, model="m", prompt=prompts[i % len(prompts)])

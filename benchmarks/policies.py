@@ -26,16 +26,15 @@ from epp.director import Director
 from epp.kvevents.decode import Event
 from epp.kvevents.index import KvBlockIndex
 from epp.requests import ApiKind, InferenceRequest
-from epp.scheduling import ProfileScheduler, build_scheduler, upstream_default_config
-from epp.scheduling.precise import LocalIndexView, PrecisePrefixCacheProducer
-from epp.scheduling.prefix import PrefixCacheScorer
+from epp.scheduling import Scheduler, build_scheduler, upstream_default_config
+from epp.scheduling.precise import LocalIndexView
 from epp.sim.engine import Engine, KvRecord, SimRequest
 from epp.sim.kvevents import records_to_events
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-def picker_scheduler(config: Path | None, seed: int, upstream: bool = False) -> ProfileScheduler:
+def picker_scheduler(config: Path | None, seed: int, upstream: bool = False) -> Scheduler:
     """The scheduler `epp serve` builds: from a config file, else the built-in profile (or upstream's, to compare)."""
     if config is not None:
         return build_scheduler(load_config(config), seed=seed)
@@ -132,7 +131,7 @@ class Picker(Policy):
 
     reads_scrapes = True
 
-    def __init__(self, name: str, n: int, scheduler: ProfileScheduler, clock: Callable[[], float]) -> None:
+    def __init__(self, name: str, n: int, scheduler: Scheduler, clock: Callable[[], float]) -> None:
         self.name = name
         self.table = EndpointTable()
         self.slots = [
@@ -191,7 +190,7 @@ class Split(Policy):
         self,
         name: str,
         n: int,
-        scheduler: Callable[[int], ProfileScheduler],
+        scheduler: Callable[[int], Scheduler],
         replicas: int,
         workers: int,
         clock: Callable[[], float],
@@ -240,16 +239,14 @@ class PickLog:
     def __init__(
         self,
         table: EndpointTable,
-        schedulers: Sequence[ProfileScheduler],
+        schedulers: Sequence[Scheduler],
         delay: float,
         clock: Callable[[], float],
     ) -> None:
         self.table = table
         self.delay = delay
         self._clock = clock
-        self._scorers = [
-            [s.scorer for s in sched.profile.scorers if isinstance(s.scorer, PrefixCacheScorer)] for sched in schedulers
-        ]
+        self._scorers = [list(sched.prefix_scorers) for sched in schedulers]
         self._pending: deque[tuple[float, int, int, int, list[int]]] = deque()
         for worker, scorers in enumerate(self._scorers):
             for position, scorer in enumerate(scorers):
@@ -323,7 +320,8 @@ class PrecisePicker(Picker):
         self.addresses = self.table.addresses()
         for address in self.addresses:
             self.index.add_endpoint(address)
-        (producer,) = [p for p in scheduler.profile.producers if isinstance(p, PrecisePrefixCacheProducer)]
+        producer = scheduler.kv_events
+        assert producer is not None
         producer.attach(LocalIndexView(self.index))
         self.producer = producer
         self._pending: deque[tuple[float, str, list[Event]]] = deque()

@@ -171,8 +171,7 @@ def inprocess_driver() -> tuple[Callable[[int], None], Callable[[], dict[str, An
 
 
 def _scorers(scheduler: Any) -> list[Any]:
-    profile = getattr(scheduler, "profile", None)
-    return [s.scorer for s in getattr(profile, "scorers", ())]
+    return [s.scorer for profile in scheduler.profiles for s in profile.profile.scorers]
 
 
 def fit(points: list[tuple[int, int]]) -> float:

@@ -153,7 +153,7 @@ def build(config_path: str | None) -> Callable[[], None]:
 
 
 def _settle_gc() -> None:
-    """The collector as `epp serve` leaves it after start-up (epp.app.serve.settle_garbage_collector, the same
+    """The collector as `epp serve` leaves it after start-up (epp.app.runtime.settle_garbage_collector, the same
     numbers in 3d82d65): start-up objects frozen, the young generation collected every 50,000 allocations. With the
     default thresholds a full collection re-walks every module's objects at a point that differs between the runs
     a count subtracts, and moved one checkout's figure by up to ±25k instructions per request."""

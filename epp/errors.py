@@ -14,6 +14,7 @@ class ErrorCode(enum.Enum):
 
     BAD_REQUEST = ("BadRequest", 400)
     BODY_TOO_LARGE = ("RequestTooLarge", 413)
+    PRECONDITION_FAILED = ("PreconditionFailed", 412)  # `Prefer: if-available` and no cached prefix (wire.py)
     SERVICE_UNAVAILABLE = ("ServiceUnavailable", 503)
     RESOURCE_EXHAUSTED = ("ResourceExhausted", 429)
     INTERNAL = ("Internal", 500)

@@ -1,10 +1,15 @@
 """Names on the wire shared by the protocol, the gateway config and the tests (upstream's exact spellings)."""
 
+from collections.abc import Mapping
+
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 DESTINATION_SERVED_HEADER = "x-gateway-destination-endpoint-served"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 LB_NAMESPACE = "envoy.lb"
+# With --emit-endpoint-scores: a struct in `envoy.lb` metadata, every endpoint the primary profile scored → its
+# weighted score (upstream's metadata.DestinationEndpointScoresKey; metadata only, never a header).
+DESTINATION_SCORES_KEY = "x-gateway-destination-endpoint-scores"
 EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
 ACTIVE_PORTS_ANNOTATION = "inference.networking.k8s.io/active-ports"
@@ -22,6 +27,22 @@ FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairne
 MODEL_REWRITE_HEADERS = ("x-llm-d-model-name-rewrite", "x-gateway-model-name-rewrite")
 SLO_TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
 SLO_TPOT_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
+
+# Conditional decode (RFC 7240): a coordinator's speculative decode attempt. The picker forwards it only when the
+# endpoint it picks already holds part of the prompt in its KV cache, else answers 412 so the coordinator runs the
+# whole encode/prefill/decode pipeline (upstream's routing.IsConditionalDecode and director gate).
+PREFER_HEADER = "prefer"
+PREFER_IF_AVAILABLE = "if-available"
+
+
+def prefers_if_available(headers: Mapping[str, str]) -> bool:
+    """The `Prefer` header lists the bare `if-available` token: comma-separated preferences, each with optional
+    `;` parameters, the token matched case-insensitively, white space ignored (as upstream matches it)."""
+    value = headers.get(PREFER_HEADER)
+    if not value:
+        return False
+    return any(p.partition(";")[0].strip().lower() == PREFER_IF_AVAILABLE for p in value.split(","))
+
 
 # On a refusal, why the request was dropped (upstream's header and values, pkg/common/error).
 DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"

@@ -16,7 +16,8 @@ from epp.config.model import EndpointPickerConfig
 from epp.requests import DEFAULT_PARSERS, ParserChain
 from epp.scheduling import build_scheduler
 from epp.scheduling.build import deprecations, plugin_object
-from epp.scheduling.registry import FileDiscoveryPlugin, Registry
+from epp.scheduling.config_plugins import FileDiscoveryPlugin
+from epp.scheduling.registry import Registry
 
 log = logging.getLogger("epp.config")
 

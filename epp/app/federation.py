@@ -8,12 +8,12 @@ model is refused (or, with `--federation-allow-fail-open`, started with a loud w
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
 
+from epp.app.settings import FederationFlags
 from epp.config.federation import FederationConfig, parse_federation
 from epp.config.model import EndpointPickerConfig
 from epp.datastore.pool import FailureMode
@@ -89,7 +89,7 @@ def _log_crash(task: asyncio.Task[None]) -> None:
 
 
 def build_federation(
-    args: argparse.Namespace,
+    flags: FederationFlags,
     failure_mode: FailureMode,
     picker_config: EndpointPickerConfig | None = None,
     saturated: SaturationCheck | None = None,
@@ -100,14 +100,11 @@ def build_federation(
     leak restricted traffic through the gateway's fallback."""
     raw = picker_config.federation if picker_config is not None else None
     source = picker_config.source if picker_config is not None else "--config-file"
-    tier = str(getattr(args, "tier", "") or "")
-    watch = bool(getattr(args, "federation_watch", False))
+    tier, watch = flags.tier, flags.watch
     if raw is None and not tier and not watch:
         return None
     config = parse_federation(raw, source)
-    warning = check_fail_open(
-        config, tier, failure_mode, bool(getattr(args, "federation_allow_fail_open", False)), source
-    )
+    warning = check_fail_open(config, tier, failure_mode, flags.allow_fail_open, source)
     if warning:
         log.warning("RESIDENCY NOT ENFORCED ON THE FALLBACK PATH: %s", warning)
     sites = SiteRegistry()

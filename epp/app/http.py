@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from epp.app.metrics_auth import MetricsAuth
 from epp.datastore import EndpointTable, Freshness, usable_slots
 from epp.datastore.pool import PoolSpec
-from epp.observability.metrics import FreezableCollector
+from epp.observability.collector import FreezableCollector
 from epp.observability.stacks import dump_heap, dump_stacks
 
 

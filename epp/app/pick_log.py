@@ -20,11 +20,8 @@ that has since left, or whose slot was reused, is dropped, not learned for its s
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
-
-from epp.scheduling.prefix import PrefixCacheScorer
 
 CAPACITY = 1024  # records per worker's ring: seconds of picks at thousands per second per worker, read every 10 ms
 MAX_HASHES = 256  # block hashes kept per record (the prefix scorer's default depth); deeper ones are not shared
@@ -36,18 +33,6 @@ _STAMP, _SLOT, _TOKEN, _SHAPE = range(_HEADER)
 def ring_words(workers: int) -> int:
     """int64 words of the shared block for `workers` rings: a head per worker, then the rings."""
     return workers + workers * CAPACITY * RECORD_WORDS
-
-
-def prefix_scorers(scheduler: Any) -> list[PrefixCacheScorer]:
-    """The prefix scorers of a scheduler, every profile's (P/D has several), each once, in configuration order:
-    workers built from one configuration list them alike, which is how a record names its scorer."""
-    seen: dict[int, PrefixCacheScorer] = {}
-    for profile in getattr(scheduler, "profiles", (scheduler,)):
-        for weighted in profile.profile.scorers:
-            scorer = weighted.scorer
-            if isinstance(scorer, PrefixCacheScorer):
-                seen.setdefault(id(scorer), scorer)
-    return list(seen.values())
 
 
 class PickLog:

@@ -15,9 +15,10 @@ from prometheus_client.core import Metric
 
 from epp.datastore import EndpointTable
 from epp.observability import buckets as b
+from epp.observability.collector import FreezableCollector
 from epp.observability.families import counter_family, gauge_family, histogram_family
-from epp.observability.metrics import FreezableCollector
 from epp.observability.plain import PlainHistogram
+from epp.scheduling.scheduler import Scheduler
 
 SOURCE_TYPE = "metrics-data-source"  # upstream's data source type name for the /metrics poller
 
@@ -129,11 +130,11 @@ class PrefixCollector(FreezableCollector):
         self._plugins = plugins  # objects with name, type_name, index (len), hit_ratio (PlainHistogram)
 
     @classmethod
-    def of(cls, scheduler: Any) -> PrefixCollector:
+    def of(cls, scheduler: Scheduler) -> PrefixCollector:
         """For the scheduler's prefix scorers (those that count their hits). With serving workers each worker
         registers its own, and the control process's /metrics sums them: hit counts add up, and the size is the
         blocks held by all the workers' indexes together (each learns the others' picks through the pick log)."""
-        return cls([s.scorer for s in scheduler.profile.scorers if hasattr(s.scorer, "hit_ratio")])
+        return cls(list(scheduler.prefix_scorers))
 
     def snapshot(self) -> list[tuple[str, str, float, PlainHistogram, PlainHistogram]]:
         out = []

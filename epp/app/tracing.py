@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from opentelemetry import trace
@@ -42,7 +43,9 @@ from epp.director import Decision, Director
 from epp.errors import EppError
 from epp.requests import InferenceRequest
 from epp.scheduling.framework import CycleState, SchedulingRequest
+from epp.scheduling.pick_detail import PickDetail
 from epp.scheduling.profile import ProfileScheduler, SchedulingProfile, WeightedScorer
+from epp.scheduling.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +184,14 @@ class _TracedPicker(_Traced):
             return out
 
 
+def traced_scheduler(scheduler: Scheduler, tracer: Tracer) -> Scheduler:
+    """The scheduler with its single profile traced plugin by plugin; a handler that routes (prefill/decode, data
+    parallelism) is traced by the director's span alone. Everything else (flow control, admitters) is kept."""
+    if scheduler.routing is not None or len(scheduler.profiles) != 1:
+        return scheduler
+    return replace(scheduler, handler=TracingScheduler(scheduler.profiles[0], tracer))
+
+
 class TracingScheduler:
     """A `ProfileScheduler` whose profile's plugins each get a span, inside one span for the profile's run."""
 
@@ -203,3 +214,11 @@ class TracingScheduler:
         with self._tracer.start_as_current_span("epp.scheduling", attributes=self._attributes) as span:
             span.set_attribute("epp.candidates", int(candidates.size))
             return self._inner.pick(snapshot, candidates, request, now)
+
+    def pick_detailed(
+        self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
+    ) -> tuple[Sequence[int], PickDetail]:
+        """`pick` with its PickDetail (--emit-endpoint-scores, `Prefer: if-available`), in the same span."""
+        with self._tracer.start_as_current_span("epp.scheduling", attributes=self._attributes) as span:
+            span.set_attribute("epp.candidates", int(candidates.size))
+            return self._inner.pick_detailed(snapshot, candidates, request, now)

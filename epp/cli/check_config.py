@@ -32,7 +32,6 @@ def run(args: argparse.Namespace) -> int:
     from epp.config.files import read_config
     from epp.scheduling import build_scheduler
     from epp.scheduling.build import deprecations, effective_plugins
-    from epp.scheduling.disagg import DisaggScheduler
     from epp.scrape.engines import engines_of_config
 
     allow = bool(getattr(args, "allow_experimental_plugins", False))
@@ -48,8 +47,7 @@ def run(args: argparse.Namespace) -> int:
             refused += 1
             print(f"refused: {exc}", file=sys.stdout)
             continue
-        described = scheduler.describe() if isinstance(scheduler, DisaggScheduler) else scheduler.profile.describe()
-        print(f"ok: {path}: {described}")
+        print(f"ok: {path}: {scheduler.description}")
         t, fresh = config.saturation, scheduler.freshness
         staleness = f"{fresh.staleness_s * 1000:g}ms" + (
             "" if t.staleness_s is not None else " (--metrics-staleness-threshold)"

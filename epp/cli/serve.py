@@ -10,6 +10,7 @@ from epp.app.cores import MAX_DEFAULT_WORKERS
 from epp.app.tls import tls_policy
 from epp.cli.flag_types import duration, positive_duration
 from epp.cli.scrape_flags import add_scrape_flags
+from epp.cli.serve_settings import serve_settings
 from epp.cli.upstream_flags import add_upstream_flags, go_bool, resolve_upstream_flags
 
 
@@ -46,7 +47,11 @@ def _register_kubernetes(p: argparse.ArgumentParser) -> None:
         help="API group of the InferencePool (default inference.networking.k8s.io)",
     )
     k.add_argument("--kubeconfig", default="", help="kubeconfig file (default: in-cluster config, else $KUBECONFIG)")
-    k.add_argument("--endpoint-selector", default="", help="standalone mode, no pool object: pod labels k=v,k2=v2")
+    k.add_argument(
+        "--endpoint-selector",
+        default="",
+        help="standalone mode, no pool object: a label selector, e.g. 'app=vllm,env in (a,b),tier!=x,gpu,!canary'",
+    )
     k.add_argument("--endpoint-target-ports", default="", help="standalone mode: model-server ports, e.g. 8000,8001")
     k.add_argument(
         "--ha-enable-leader-election",
@@ -164,13 +169,14 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    args.startup_warnings = resolve_upstream_flags(args)
+    warnings = resolve_upstream_flags(args)
     # gRPC core's own lines (e.g. one per refused plaintext handshake at INFO) bypass Python logging and would break
     # JSON lines; errors only, unless the operator asks for more.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     if args.tls.enabled:
         # Before gRPC's first import: it reads its TLS cipher list then (epp.app.serve imports it).
-        args.startup_warnings += tls_policy(args.tls)
-    from epp.app.serve import serve_from_args
+        warnings += tls_policy(args.tls)
+    settings = serve_settings(args, warnings)
+    from epp.app.serve import serve_from_settings
 
-    return serve_from_args(args)
+    return serve_from_settings(settings)

@@ -11,10 +11,10 @@ from typing import Any
 
 from epp.cli.flag_types import duration
 from epp.errors import ConfigError
+from epp.sim.config import DEFAULT_MODEL, ROLE_LABEL
 from epp.sim.metrics import ENGINES
 from epp.sim.pool import SimulatedPool
 from epp.sim.profiles import PROFILES, profile_named
-from epp.sim.server import DEFAULT_MODEL, ROLE_LABEL
 
 
 def register(sub: Any) -> None:

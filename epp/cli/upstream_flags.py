@@ -118,7 +118,10 @@ def add_upstream_flags(p: argparse.ArgumentParser) -> None:
     srv.add_argument("--config-text", default=None, help="an EndpointPickerConfig given inline (YAML)")
     _bool_flag(srv, "--disable-endpoint-subset-filter", False, "ignore the gateway's endpoint subset hint")
     _bool_flag(srv, "--allow-experimental-plugins", False, "accept plugin types upstream marks Alpha in the config")
-    _bool_flag(srv, "--emit-endpoint-scores", None, "accepted; per-endpoint scores are not emitted")
+    _bool_flag(
+        srv, "--emit-endpoint-scores", False,
+        "write every scored endpoint's weighted score into envoy.lb metadata (x-gateway-destination-endpoint-scores)",
+    )  # fmt: skip
     _bool_flag(
         srv, "--enable-test-endpoint-selection", False,
         "honour the conformance header test-epp-endpoint-selection (tests only; never in production)",
@@ -205,8 +208,6 @@ def resolve_upstream_flags(args: argparse.Namespace) -> list[str]:
     for attr, flag in _IGNORED.items():
         if getattr(args, attr, None) is not None:
             warnings.append(f"{flag}: accepted and ignored ({_WHY.get(flag, _ENGINE_WHY)})")
-    if args.emit_endpoint_scores:
-        warnings.append("--emit-endpoint-scores=true: accepted and ignored (scores are not written to metadata)")
     if args.health_checking is False:
         warnings.append("--health-checking=false: accepted and ignored (the gRPC health service is always on)")
     if args.enable_grpc_stream_metrics is False:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from epp.datastore.selector import Requirement, selector_matches
 from epp.errors import ConfigError
 
 POOL_GROUP = "inference.networking.k8s.io"
@@ -28,10 +29,16 @@ class PoolSpec:
     failure_mode: FailureMode = FailureMode.FAIL_CLOSE
     epp_service: str = ""
     epp_port: int = 9002
+    # Set-based requirements beyond `selector` (matchLabels): standalone mode's `--endpoint-selector` only, since
+    # an InferencePool v1 selector has matchLabels alone.
+    expressions: tuple[Requirement, ...] = ()
 
     def selects(self, labels: Mapping[str, str]) -> bool:
-        """matchLabels semantics: every selector pair present in the labels (an empty selector selects nothing)."""
-        return bool(self.selector) and all(labels.get(k) == v for k, v in self.selector.items())
+        """Every matchLabels pair present in the labels, and every expression holds; an empty selector (no pair,
+        no expression) selects nothing."""
+        if not self.selector and not self.expressions:
+            return False
+        return all(labels.get(k) == v for k, v in self.selector.items()) and selector_matches(self.expressions, labels)
 
 
 def parse_pool(obj: Mapping[str, Any], source: str = "pool") -> PoolSpec:

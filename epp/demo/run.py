@@ -20,7 +20,7 @@ from epp.demo.load import run_phase
 from epp.demo.report import PhaseSummary, prefix_counters, side_by_side, summarise
 from epp.demo.stack import Stack, stack, wait_idle
 from epp.demo.traffic import shared_prefix_chat
-from epp.sim.server import DEFAULT_MODEL
+from epp.sim.config import DEFAULT_MODEL
 
 
 class _Stopped(KeyboardInterrupt):

@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from epp import wire
-from epp.datastore import EndpointTable, Freshness, Snapshot, usable
+from epp.datastore import EndpointTable, Snapshot, usable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.datastore.table import IntArray
@@ -32,21 +32,12 @@ from epp.flowcontrol import QueuedRequest
 from epp.flowcontrol.admission import Admitter
 from epp.requests import InferenceRequest
 from epp.scheduling import test_selection
-from epp.scheduling.disagg import StagedPick, stage_headers, with_port
-from epp.scheduling.producers import TokenProducer, estimate_tokens
+from epp.scheduling.pick_detail import PickDetail
+from epp.scheduling.producers import estimate_tokens
+from epp.scheduling.scheduler import Routing, Scheduler
 
 log = logging.getLogger(__name__)
 _NO_ENDPOINTS = wire.REJECTED_NO_ENDPOINTS  # upstream's reason when no candidate endpoint exists at all
-_FRESH = Freshness()  # what FailOpen's fallback counts as a usable candidate
-
-
-class Scheduler(Protocol):
-    """The decision seam: pure, given a snapshot, candidate slots, the request and `now`; returns slots to try,
-    best first (the rest are fallbacks). An empty result means no candidate fits."""
-
-    def pick(
-        self, snapshot: Snapshot, candidates: IntArray, request: InferenceRequest, now: float
-    ) -> Sequence[int]: ...
 
 
 class Federation(Protocol):
@@ -79,15 +70,9 @@ class DecisionObserver(Protocol):
     def degraded_decision(self, reason: str) -> None: ...
 
 
-def render_tokenizer(scheduler: object) -> RenderTokenizer | None:
-    """The render client of the scheduler's vllm token-producer, if its profile has one."""
-    profile = getattr(scheduler, "profile", None)
-    for producer in getattr(profile, "producers", ()):
-        if isinstance(producer, TokenProducer) and producer.backend == "vllm":
-            return RenderTokenizer(
-                producer.url, producer.model_name, producer.timeout_s, producer.chat_timeout_s, producer.cache_size
-            )
-    return None
+def _scores(addresses: Sequence[str], detail: PickDetail) -> tuple[tuple[str, float], ...]:
+    """(address, weighted score) of every endpoint the primary profile scored."""
+    return tuple((addresses[int(slot)], float(score)) for slot, score in zip(detail.scored, detail.scores, strict=True))
 
 
 class _NullObserver:
@@ -110,36 +95,49 @@ class Director:
         honour_subset: bool = True,
         test_selection: bool = False,
         flow: FlowGate | None = None,
+        emit_scores: bool = False,
     ) -> None:
         """`objectives` gives priorities and model rewrites (none: every request priority 0, no rewrite);
-        `saturation` decides shedding (none: the scheduler's own `.saturation` if it has one, else no shedding);
+        `saturation` decides shedding (none: the scheduler's own `.saturation`);
         `seed` makes weighted rewrite choices reproducible; `honour_subset` False ignores the gateway's subset hint
         (upstream's --disable-endpoint-subset-filter); `test_selection` honours conformance's
         `test-epp-endpoint-selection` header (--enable-test-endpoint-selection; tests only); `flow` is flow
         control (the `flowControl` gate): requests wait in its queues before they get here, and the legacy shedding
-        step is off."""
+        step is off; `emit_scores` puts the primary profile's per-endpoint scores on the decision
+        (--emit-endpoint-scores)."""
         self._table = table
-        self._scheduler = scheduler
+        self._scheduler = scheduler.handler
         self._clock = clock
         self._failure_mode = failure_mode
         self._observer = observer or _NullObserver()
         self._objectives = objectives
-        if saturation is None:
-            saturation = getattr(scheduler, "saturation", None)
-        self._saturation = saturation
+        self._saturation = saturation if saturation is not None else scheduler.saturation
         self._rewriter = ModelRewriter(objectives, seed)
         self._federation = federation  # None: no federation, every candidate is local
         self._honour_subset = honour_subset
         self._test_selection = test_selection
         self.flow = flow
-        self._admitters: tuple[Admitter, ...] = tuple(getattr(scheduler, "admitters", ()))
+        self._admitters: tuple[Admitter, ...] = scheduler.admitters
         self._draw = random.Random(seed)
         # Asked per request only when a plugin writes a response header (session affinity); most profiles have none.
-        responds = getattr(scheduler, "writes_response_headers", True)
-        self._response_headers = getattr(scheduler, "response_headers", None) if responds else None
-        # The stages before `decide` (a vllm token-producer's render call, flow control's hold) and after
-        # `complete`, which the ext_proc adapter runs for every stream (epp.director.pipeline).
-        self.pipeline = DecisionPipeline(self.decide, self.complete, clock, render_tokenizer(scheduler), flow)
+        self._response_headers = scheduler.response_headers
+        self._routing = scheduler.routing  # None: every pick goes to its slots' addresses (one profile)
+        self._emit_scores = emit_scores
+        # The handler's pick with its PickDetail (scores, the picked endpoint's cached prefix), asked for only when
+        # scores are emitted or a request says `Prefer: if-available`; a handler without it has no detail.
+        self._detailed: Callable[..., tuple[Sequence[int], PickDetail]] | None = getattr(
+            scheduler.handler, "pick_detailed", None
+        )
+        render = scheduler.tokenizer  # the vllm token-producer's render endpoint: the engine's token ids
+        tokenizer = (
+            RenderTokenizer(render.url, render.model_name, render.timeout_s, render.chat_timeout_s, render.cache_size)
+            if render is not None
+            else None
+        )
+        self._freshness = scheduler.freshness  # what FailOpen's fallback counts as a usable candidate
+        # The stages before `decide` (the render call, flow control's hold) and after `complete`, which the
+        # ext_proc adapter runs for every stream (epp.director.pipeline).
+        self.pipeline = DecisionPipeline(self.decide, self.complete, clock, tokenizer, flow)
 
     @property
     def table(self) -> EndpointTable:
@@ -200,8 +198,14 @@ class Director:
         if self.flow is None and (self._admitters or request.objective):  # else `_admit` has nothing to do
             self._admit(request, snapshot, candidates, now)
         degraded = False
+        headers = request.headers
+        conditional = wire.PREFER_HEADER in headers and wire.prefers_if_available(headers)
+        detail: PickDetail | None = None
         try:
-            slots = self._scheduler.pick(snapshot, candidates, request, now)
+            if self._detailed is not None and (conditional or self._emit_scores):
+                slots, detail = self._detailed(snapshot, candidates, request, now)
+            else:
+                slots = self._scheduler.pick(snapshot, candidates, request, now)
         except EppError:
             raise
         except Exception as exc:  # the scheduler is ours; a bug there must not become a broken stream
@@ -214,15 +218,20 @@ class Director:
             degraded = True
         if not slots:
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no candidate endpoint fits the request")
+        if conditional and (detail is None or detail.cached_blocks <= 0):
+            # Upstream's conditional-decode gate: after the pick, before anything is booked; no reason header.
+            raise EppError(ErrorCode.PRECONDITION_FAILED, "no decode worker has the requested KV cache")
         primary = int(slots[0])
         tokens = len(request.token_ids) if request.token_ids else estimate_tokens(request.prompt)
         self._table.book_pick(primary, tokens)
         addresses = snapshot.addresses
-        if isinstance(slots, StagedPick):
-            decision = self._staged(slots, addresses, degraded, body, original_model, request.model, tokens)
+        scores = _scores(addresses, detail) if self._emit_scores and detail is not None else ()
+        routing = self._routing(slots, addresses) if self._routing is not None else None
+        if routing is not None:
+            decision = self._routed(routing, primary, degraded, body, original_model, request.model, tokens)
             if self._response_headers:
                 decision = decision._replace(response_headers=self._response_headers(snapshot, primary))
-            return decision
+            return decision._replace(scores=scores) if scores else decision
         return Decision(
             addresses=(addresses[primary],) if len(slots) == 1 else tuple(addresses[s] for s in slots),
             slot=primary,
@@ -232,47 +241,44 @@ class Director:
             target_model=request.model,
             tokens=tokens,
             response_headers=self._response_headers(snapshot, primary) if self._response_headers else (),
+            scores=scores,
         )
 
     def _fallback(self, snapshot: Snapshot, candidates: IntArray, now: float) -> int:
         """FailOpen's pick when the scheduler broke: a random candidate among those with fresh metrics (the
         usable ones), or among all of them when none is usable (never scraped yet: the pool still serves)."""
-        fresh = candidates[usable(snapshot.scraped_at[candidates], snapshot.scrape_failures[candidates], now, _FRESH)]
+        fresh = candidates[
+            usable(snapshot.scraped_at[candidates], snapshot.scrape_failures[candidates], now, self._freshness)
+        ]
         chosen = fresh if fresh.size else candidates
         return int(chosen[self._draw.randrange(chosen.size)])
 
-    def _staged(
+    def _routed(
         self,
-        pick: StagedPick,
-        addresses: Sequence[str],
+        routing: Routing,
+        primary: int,
         degraded: bool,
         body: bytes | None,
         original_model: str,
         target_model: str,
         tokens: int,
     ) -> Decision:
-        """A disaggregated decision: the gateway forwards to the decode endpoint; the prefill (and encode) endpoints
-        travel in the headers its sidecar reads, and are booked in flight with it, released together."""
-        primary = int(pick[0])
-        stages = tuple((slot, addresses[slot]) for slot in pick.booked[1:])
-        for slot, _ in stages:
+        """A decision the handler routes (prefill/decode, data parallelism): the gateway forwards to its destination;
+        the other endpoints travel in the headers the decode pod's sidecar reads, and are booked in flight with it,
+        released together."""
+        for slot, _ in routing.stages:
             self._table.book_pick(slot, tokens)
-        destination = tuple(addresses[int(s)] for s in pick)
-        booked = ""
-        if pick.primary_port:
-            booked = destination[0]
-            destination = tuple(with_port(a, pick.primary_port) for a in destination)
         return Decision(
-            addresses=destination,
+            addresses=routing.destination,
             slot=primary,
             degraded=degraded,
             body=body,
             original_model=original_model,
             target_model=target_model,
-            headers=stage_headers(addresses, pick),
+            headers=routing.headers,
             tokens=tokens,
-            stages=stages,
-            booked=booked,
+            stages=routing.stages,
+            booked=routing.booked,
         )
 
     def _admit(self, request: InferenceRequest, snapshot: Snapshot, candidates: IntArray, now: float) -> None:

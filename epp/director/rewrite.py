@@ -1,7 +1,9 @@
 """Model rewrite: the name the client asked for → the model the endpoint is asked to serve.
 
-Two sources, in this order: the `x-gateway-model-name-rewrite` header (an explicit instruction from the gateway
-route, so it wins) and InferenceModelRewrite rules (exact match on the requested model → one of weighted targets).
+Two sources, as upstream's director applies them: the `x-llm-d-model-name-rewrite` header (`x-gateway-…`) sets
+the target first, then an InferenceModelRewrite rule for the model the client asked for (exact match → one of
+weighted targets) overrides it. So the rule wins when both apply, and the header counts only for a model no rule
+covers: the cluster's rewrite objects are the operator's word, the header a route's default.
 A rewrite changes `body.model`; the director hands the re-serialised body to the protocol layer (which re-sends it
 and fixes Content-Length) and keeps the client's name on the Decision so the response can be put back.
 """
@@ -21,12 +23,11 @@ class ModelRewriter:
         self._rng = random.Random(seed)
 
     def target_of(self, request: InferenceRequest) -> str:
-        if request.model_rewrite:
-            return request.model_rewrite
-        if self._objectives is None or not request.model:
-            return request.model
-        rule = self._objectives.rewrite_rule_for(request.model)
-        return self._choose(rule) if rule is not None else request.model
+        """The rule for the client's model if there is one, else the header's model, else the client's."""
+        rule = self._objectives.rewrite_rule_for(request.model) if self._objectives and request.model else None
+        if rule is not None:
+            return self._choose(rule)
+        return request.model_rewrite or request.model
 
     def _choose(self, rule: RewriteRule) -> str:
         targets = rule.targets

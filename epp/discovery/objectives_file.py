@@ -3,9 +3,10 @@
 The same objects the Kubernetes watches read (either API group: `inference.networking.x-k8s.io` or `llm-d.ai`,
 version v1alpha2, as the CRDs), feeding the same ObjectiveStore, so priorities (shedding) and model rewrites work
 in a cluster-free picker exactly as in a cluster. Every object in the file counts (a cluster-free picker serves one
-pool; `spec.poolRef` is not compared). When two objectives share a name the first in the file wins, as the watch's
-rule prefers the first group. A document of another kind, or a file that cannot be parsed, fails the start with
-its reason; a malformed rewrite rule is skipped with a warning, as the watch skips it.
+pool; `spec.poolRef` is not compared). When two objects of a kind share a name, the llm-d.ai one wins over the
+older group's (the group upstream prefers, as the watch does), and within one group the first in the file. A
+document of another kind, or a file that cannot be parsed, fails the start with its reason; a malformed rewrite
+rule is skipped with a warning, as the watch skips it.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ def load_objectives(path: str, store: ObjectiveStore) -> tuple[int, int]:
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         raise ConfigError(f"--objectives-file {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    priorities: dict[str, int] = {}
-    rewrites: dict[str, tuple[RewriteRule, ...]] = {}
+    # one dict per group, in OBJECTIVE_GROUPS' precedence order: merged so the preferred group's names win
+    priorities_of: dict[str, dict[str, int]] = {g: {} for g in OBJECTIVE_GROUPS}
+    rewrites_of: dict[str, dict[str, tuple[RewriteRule, ...]]] = {g: {} for g in OBJECTIVE_GROUPS}
     for i, doc in enumerate(documents):
         where = f"--objectives-file {path}: document {i + 1}"
         if not isinstance(doc, Mapping):
@@ -64,11 +66,18 @@ def load_objectives(path: str, store: ObjectiveStore) -> tuple[int, int]:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{where}: metadata.name is required")
         if kind == "InferenceObjective":
-            priorities.setdefault(name, _priority(doc, f"{where} ({name})"))
+            priorities_of[group].setdefault(name, _priority(doc, f"{where} ({name})"))
         else:
             rules = rewrite_rules(doc)
             if rules:
-                rewrites.setdefault(f"{meta.get('namespace') or 'default'}/{name}", rules)
+                rewrites_of[group].setdefault(f"{meta.get('namespace') or 'default'}/{name}", rules)
+    priorities: dict[str, int] = {}
+    rewrites: dict[str, tuple[RewriteRule, ...]] = {}
+    for group in OBJECTIVE_GROUPS:
+        for key, priority in priorities_of[group].items():
+            priorities.setdefault(key, priority)
+        for key, rules in rewrites_of[group].items():
+            rewrites.setdefault(key, rules)
     store.replace_objectives(priorities)
     store.replace_rewrites(rewrites)
     log.info("--objectives-file %s: %d objectives, %d model rewrites", path, len(priorities), len(rewrites))

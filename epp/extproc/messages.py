@@ -85,11 +85,17 @@ def header_mutation(set_headers: Iterable[tuple[str, str]], remove: Sequence[str
     return mutation
 
 
-def decision_metadata(response: pb.ProcessingResponse, destination: str) -> None:
-    """Write the decision into dynamic metadata `envoy.lb` (Envoy drops it unless the filter lists the namespace)."""
-    response.dynamic_metadata.fields[wire.LB_NAMESPACE].struct_value.fields[
-        wire.DESTINATION_HEADER
-    ].string_value = destination
+def decision_metadata(
+    response: pb.ProcessingResponse, destination: str, scores: tuple[tuple[str, float], ...] = ()
+) -> None:
+    """Write the decision into dynamic metadata `envoy.lb` (Envoy drops it unless the filter lists the namespace);
+    with scores (--emit-endpoint-scores), also the struct address → score under DESTINATION_SCORES_KEY."""
+    fields = response.dynamic_metadata.fields[wire.LB_NAMESPACE].struct_value.fields
+    fields[wire.DESTINATION_HEADER].string_value = destination
+    if scores:
+        by_address = fields[wire.DESTINATION_SCORES_KEY].struct_value.fields
+        for address, score in scores:
+            by_address[address].number_value = score
 
 
 # Builders fill messages through attribute paths: with the upb backend that writes in place, where nested
@@ -188,9 +194,11 @@ class DecisionAnswers:
         destination: str,
         body: bytes | None = None,
         cacheable: bool = True,
+        scores: tuple[tuple[str, float], ...] = (),
     ) -> pb.ProcessingResponse:
-        """The answer on the request headers (`phase` "headers") or, BUFFERED, on the body."""
-        cacheable = cacheable and body is None
+        """The answer on the request headers (`phase` "headers") or, BUFFERED, on the body; `scores` go into the
+        `envoy.lb` metadata (a request's own: such an answer is not memoized)."""
+        cacheable = cacheable and body is None and not scores
         if cacheable:
             cached = self._answers.get((phase, set_headers, destination))
             if cached is not None:
@@ -200,7 +208,7 @@ class DecisionAnswers:
             response = request_headers_response(mutation, clear_route_cache=True)
         else:
             response = request_body_response(mutation, body, clear_route_cache=True)
-        decision_metadata(response, destination)
+        decision_metadata(response, destination, scores)
         if cacheable:
             if len(self._answers) >= self._limit:
                 self._answers.clear()

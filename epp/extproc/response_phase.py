@@ -69,7 +69,8 @@ class ResponsePhases:
             self._rewrite = model_restorer(decision.target_model, decision.original_model)
         replaced = decision.body if on_body else None
         cacheable = not generated and decision.body is None  # a fresh request id or body length is one request's
-        return self._answers.decision("body" if on_body else "headers", set_headers, destination, replaced, cacheable)
+        phase = "body" if on_body else "headers"
+        return self._answers.decision(phase, set_headers, destination, replaced, cacheable, decision.scores)
 
     def _on_response_headers(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
         response_headers = msg.response_headers

@@ -16,9 +16,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
+from epp.observability.collector import FreezableCollector
 from epp.observability.families import counter_family, gauge_family, histogram_family
 from epp.observability.labels import FAIRNESS_LIMIT, BoundedLabel
-from epp.observability.metrics import FreezableCollector
 from epp.observability.plain import PlainHistogram
 
 QUEUE_DURATION = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

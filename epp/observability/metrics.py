@@ -4,14 +4,15 @@
 hot path calls a few cheap methods and knows nothing of Prometheus. Names, types, buckets and labels are
 upstream's (llm-d-router `pkg/epp/metrics`); docs/observability.md lists every series and what it means here.
 
-Per-request numbers are plain counters and histograms (`plain.py`) kept per label set, turned into metric families
-only when `/metrics` is scraped. The request path resolves a request's labels when it is decided (one dict hit for a
-known route) and otherwise only keeps its raw numbers: the latencies, the record of a routed request at its end, a
-count per route. They are folded into the series every `FOLD_EVERY` requests and whenever the series are read (a
-scrape, a worker's exposition), each histogram's values in the order they were observed, so every count and every
-sum is the one an observation per request would give. Refusals are counted at once: they add only ints, whose
-sums do not depend on the order of the adds. The deprecated `inference_objective_*` / `inference_extension_*`
-series are computed from the same numbers at scrape time (one implementation, two spellings).
+Per-request numbers are plain counters and histograms (`plain.py`) kept per label set (`request_series.py`), turned
+into metric families (`request_families.py`) only when `/metrics` is scraped. The request path resolves a request's
+labels when it is decided (one dict hit for a known route) and otherwise only keeps its raw numbers: the latencies,
+the record of a routed request at its end, a count per route. They are folded into the series every `FOLD_EVERY`
+requests and whenever the series are read (a scrape, a worker's exposition), each histogram's values in the order
+they were observed, so every count and every sum is the one an observation per request would give. Refusals are
+counted at once: they add only ints, whose sums do not depend on the order of the adds. The deprecated
+`inference_objective_*` / `inference_extension_*` series are computed from the same numbers at scrape time (one
+implementation, two spellings).
 
 Cardinality: model names and fairness ids come from clients, so they pass through `labels.BoundedLabel`; label
 sets beyond `MAX_SERIES` collapse into one `other` series. `/metrics` stays bounded whatever clients send.
@@ -19,28 +20,27 @@ sets beyond `MAX_SERIES` collapse into one `other` series. `/metrics` stays boun
 
 from __future__ import annotations
 
-import bisect
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
 from epp.errors import ErrorCode
-from epp.observability import buckets as b
+from epp.observability.collector import FreezableCollector
 from epp.observability.families import counter_family, gauge_family, histogram_family
 from epp.observability.labels import FAIRNESS_LIMIT, MODEL_LIMIT, OVERFLOW, BoundedLabel
-from epp.observability.plain import PlainHistogram
+from epp.observability.request_families import legacy_request_families, request_families
+from epp.observability.request_series import MetricsState, RequestRecord, Route, Series, fold_routed
+
+# RequestRecord is named here too: the stream gets its record from PickerMetrics and imports its type from here.
+__all__ = ["DEFAULT_FAIRNESS_ID", "FOLD_EVERY", "MAX_SERIES", "LabelSource", "PickerMetrics", "RequestRecord"]
 
 DEFAULT_FAIRNESS_ID = "default-flow"  # upstream's flow when the request names none
 MAX_SERIES = 1000  # distinct (model, target, fairness, priority) label sets; more go to one `other` set
 FOLD_EVERY = 256  # routed requests (and decisions) held raw before their numbers are folded into the series
 _MAX_RAW_CACHE = 4096  # label resolutions remembered by the raw request values (short values only)
 _MAX_RAW_KEY_BYTES = 1024
-_MODEL = ("model_name", "target_model_name")
-_REQUEST = (*_MODEL, "fairness_id", "priority")
 
 
 class LabelSource(Protocol):
@@ -53,175 +53,6 @@ class LabelSource(Protocol):
     def objectives(self) -> dict[str, int]: ...
 
     def configured_models(self) -> set[str]: ...
-
-
-class RequestRecord:
-    """What one stream learns about its request, written by the stream as it goes; read once, when the request's
-    numbers are folded into its series. Made by `PickerMetrics.request_started`, which sets every field (a class
-    without `__init__`: the constructor's Python call cost more than its ten writes)."""
-
-    __slots__ = (
-        "done_at",
-        "first_byte_at",
-        "last_chunk_at",
-        "received_at",
-        "request_bytes",
-        "response_bytes",
-        "response_started_at",
-        "series",
-        "streaming",
-        "tokens",
-    )
-
-    received_at: float
-    request_bytes: int  # -1: no body seen
-    response_bytes: int
-    response_started_at: float  # -1: not yet (and so for the other times)
-    first_byte_at: float
-    last_chunk_at: float
-    done_at: float
-    tokens: tuple[int, int, int] | None  # (prompt, completion, cached; -1: not reported), None: no usage
-    streaming: bool
-    series: _Series | None  # set when the request is decided
-
-
-class _Route:
-    """The labels of one raw (model, target, fairness, objective, endpoint) resolved once: the series, the
-    scheduler-attempt key and the rewrite pair, and the decisions made on it since the last fold."""
-
-    __slots__ = ("attempt", "decided", "rewrite", "series")
-
-    def __init__(self, series: _Series, attempt: tuple[str, str, str], rewrite: tuple[str, str] | None) -> None:
-        self.series = series
-        self.attempt = attempt
-        self.rewrite = rewrite
-        self.decided = 0
-
-
-class _Series:
-    """One label set's per-request numbers."""
-
-    __slots__ = (
-        "cached",
-        "duration",
-        "errors",
-        "input",
-        "itl",
-        "ntpot",
-        "output",
-        "request_size",
-        "response_size",
-        "running",
-        "total",
-        "tpot",
-        "ttft",
-        "ttft_streaming",
-    )
-
-    def __init__(self) -> None:
-        self.total = 0
-        self.running = 0
-        self.errors: dict[str, int] = {}
-        self.duration = PlainHistogram(b.GENERAL_LATENCY)
-        self.request_size = PlainHistogram(b.REQUEST_SIZE)
-        self.response_size = PlainHistogram(b.RESPONSE_SIZE)
-        self.input = PlainHistogram(b.INPUT_TOKENS)
-        self.output = PlainHistogram(b.OUTPUT_TOKENS)
-        self.cached = PlainHistogram(b.INPUT_TOKENS)
-        self.ntpot = PlainHistogram(b.NTPOT)
-        self.ttft = PlainHistogram(b.TTFT)
-        self.ttft_streaming = PlainHistogram(b.TTFT)
-        self.tpot = PlainHistogram(b.TPOT)
-        self.itl = PlainHistogram(b.ITL)
-
-    _HISTS = (
-        "duration",
-        "request_size",
-        "response_size",
-        "input",
-        "output",
-        "cached",
-        "ntpot",
-        "ttft",
-        "ttft_streaming",
-        "tpot",
-        "itl",
-    )
-
-    def copy(self) -> _Series:
-        new = _Series.__new__(_Series)
-        new.total, new.running, new.errors = self.total, self.running, dict(self.errors)
-        for name in self._HISTS:
-            old: PlainHistogram = getattr(self, name)
-            h = PlainHistogram.__new__(PlainHistogram)
-            h.bounds, h.counts, h.sum = old.bounds, list(old.counts), old.sum
-            setattr(new, name, h)
-        return new
-
-
-class _State:
-    """Everything the per-request methods write; copied whole for an off-loop scrape (`PickerMetrics.freeze`)."""
-
-    def __init__(self) -> None:
-        self.series: dict[tuple[str, str, str, str], _Series] = {}
-        self.by_outcome: dict[tuple[str, str], int] = {("routed", "OK"): 0}  # (outcome, code) → requests
-        self.scheduler = PlainHistogram(b.SCHEDULER)
-        self.request_processing = PlainHistogram(b.REQUEST_PROCESSING)
-        self.response_processing = PlainHistogram(b.RESPONSE_PROCESSING)
-        self.attempts: dict[tuple[str, str, str], int] = {}  # (status, target model, endpoint address) → count
-        self.rewrites: dict[tuple[str, str], int] = {}  # (model, target) → rewrite decisions
-        self.streams_inflight = 0
-        self.stream_duration = PlainHistogram(b.STREAM_DURATION)
-        self.streams: dict[str, int] = {}  # gRPC status code → completed streams
-
-    def copy(self) -> _State:
-        new = _State()
-        new.series = {k: s.copy() for k, s in self.series.items()}
-        new.by_outcome = dict(self.by_outcome)
-        for name in ("scheduler", "request_processing", "response_processing", "stream_duration"):
-            getattr(new, name).add(getattr(self, name))
-        new.attempts = dict(self.attempts)
-        new.rewrites = dict(self.rewrites)
-        new.streams_inflight = self.streams_inflight
-        new.streams = dict(self.streams)
-        return new
-
-
-class FreezableCollector(Collector):
-    """A collector whose numbers live on the serving loop: `freeze()` (on the loop) copies them, and a `collect()`
-    from any other thread reads that copy, so `/metrics` can render in a worker thread without a lock."""
-
-    _frozen: Any = None
-    _owner: int | None = None
-
-    def freeze(self) -> None:
-        self._frozen = self.snapshot()
-        self._owner = threading.get_ident()
-
-    def snapshot(self) -> Any:
-        raise NotImplementedError
-
-    def families(self, data: Any) -> Iterator[Metric]:
-        raise NotImplementedError
-
-    def collect(self) -> Iterator[Metric]:
-        frozen = self._frozen
-        if frozen is not None and threading.get_ident() != self._owner:
-            return self.families(frozen)
-        return self.families(self.snapshot())
-
-
-class LoopCollector(FreezableCollector):
-    """Any collector that reads loop-owned state, made freezable: `freeze()` collects its families on the loop."""
-
-    def __init__(self, inner: Collector) -> None:
-        self._inner = inner
-
-    def snapshot(self) -> list[Metric]:
-        return list(self._inner.collect())
-
-    def families(self, data: Any) -> Iterator[Metric]:
-        return iter(data)
 
 
 class PickerMetrics(FreezableCollector):
@@ -244,12 +75,12 @@ class PickerMetrics(FreezableCollector):
         self._endpoint_name = endpoint_name or (lambda address: (address, "", address.rpartition(":")[2]))
         self.model_label = BoundedLabel(MODEL_LIMIT)
         self.fairness_label = BoundedLabel(FAIRNESS_LIMIT)
-        self._state = _State()
-        self._resolved: dict[tuple[str, str, str | None, str | None, str], _Route] = {}
+        self._state = MetricsState()
+        self._resolved: dict[tuple[str, str, str | None, str | None, str], Route] = {}
         self._fold_every = fold_every
         self._latencies: list[float] = []  # decision latencies, not yet in the scheduler histogram
         self._processing: list[float] = []  # request processing times, likewise
-        self._touched: list[_Route] = []  # routes with decisions not yet folded
+        self._touched: list[Route] = []  # routes with decisions not yet folded
         self._done: list[RequestRecord] = []  # routed requests that ended, not yet folded
         registry.register(self)
         self.degraded = Counter(
@@ -286,7 +117,7 @@ class PickerMetrics(FreezableCollector):
         self.model_label.pin(source.configured_models())
         self._resolved.clear()
 
-    def _route(self, model: str, target: str, fairness: str | None, objective: str | None, address: str) -> _Route:
+    def _route(self, model: str, target: str, fairness: str | None, objective: str | None, address: str) -> Route:
         """The route of a request's labels, through the bounds; resolved once per distinct short raw key."""
         source = self._labels
         if source is not None and source.version != self._labels_version:
@@ -305,9 +136,9 @@ class PickerMetrics(FreezableCollector):
                 key = (OVERFLOW, OVERFLOW, OVERFLOW, priority if len(priority) <= 11 else OVERFLOW)
                 series = state.series.get(key)
             if series is None:
-                series = state.series[key] = _Series()
+                series = state.series[key] = Series()
         rewrite = (bound(model), bound(target)) if target != model and model else None
-        route = _Route(series, ("success", bound(target), address), rewrite)
+        route = Route(series, ("success", bound(target), address), rewrite)
         if len(model) + len(target) + len(fairness or "") + len(objective or "") <= _MAX_RAW_KEY_BYTES:
             if len(self._resolved) >= _MAX_RAW_CACHE:
                 self._resolved.clear()
@@ -450,7 +281,7 @@ class PickerMetrics(FreezableCollector):
         if self._done:
             done, self._done = self._done, []
             state.by_outcome[("routed", "OK")] += len(done)
-            _fold_routed(done, state.response_processing)
+            fold_routed(done, state.response_processing)
 
     def usage_invalid(self) -> None:
         self.usage_invalid_total.inc()
@@ -479,14 +310,14 @@ class PickerMetrics(FreezableCollector):
 
     # -- collection -------------------------------------------------------------------------------------------
 
-    def snapshot(self) -> _State:
+    def snapshot(self) -> MetricsState:
         self._fold()
         return self._state.copy()
 
     def families(self, data: Any) -> Iterator[Metric]:
-        state: _State = data
-        yield from _request_families(state)
-        yield from _legacy_request_families(state)
+        state: MetricsState = data
+        yield from request_families(state)
+        yield from legacy_request_families(state)
         yield from self._decision_families(state)
         yield counter_family(
             "epp_requests",
@@ -514,7 +345,7 @@ class PickerMetrics(FreezableCollector):
             sorted(((code,), n) for code, n in state.streams.items()),
         )
 
-    def _decision_families(self, state: _State) -> Iterator[Metric]:
+    def _decision_families(self, state: MetricsState) -> Iterator[Metric]:
         for prefix, deprecated in (("llm_d_epp", ""), ("inference_extension", "[Deprecated: use llm_d_epp_*] ")):
             yield histogram_family(
                 f"{prefix}_scheduler_e2e_duration_seconds",
@@ -551,191 +382,3 @@ class PickerMetrics(FreezableCollector):
             (),
             [((), state.response_processing)],
         )
-
-
-def _fold_routed(done: list[RequestRecord], response_processing: PlainHistogram) -> None:
-    """Routed requests' numbers into their series, in the order the requests ended. Each `h.counts[...]` line is
-    `PlainHistogram.observe` written out: a Python call per value cost more than the rest of the fold."""
-    bucket = bisect.bisect_left
-    for record in done:
-        series = record.series
-        assert series is not None
-        series.running -= 1
-        series.total += 1
-        now = record.done_at
-        size = record.request_bytes
-        if size >= 0:
-            h = series.request_size
-            h.counts[bucket(h.bounds, size)] += 1
-            h.sum += size
-        duration = now - record.received_at
-        h = series.duration
-        h.counts[bucket(h.bounds, duration)] += 1
-        h.sum += duration
-        first = record.first_byte_at
-        if first >= 0:
-            size = record.response_bytes
-            h = series.response_size
-            h.counts[bucket(h.bounds, size)] += 1
-            h.sum += size
-        if record.response_started_at >= 0:
-            h = response_processing
-            value = now - record.response_started_at
-            h.counts[bucket(h.bounds, value)] += 1
-            h.sum += value
-        if first >= 0:
-            h = series.ttft_streaming if record.streaming else series.ttft
-            value = first - record.received_at
-            h.counts[bucket(h.bounds, value)] += 1
-            h.sum += value
-        tokens = record.tokens
-        if tokens is None:
-            continue
-        prompt, output, cached = tokens
-        if prompt > 0:
-            h = series.input
-            h.counts[bucket(h.bounds, prompt)] += 1
-            h.sum += prompt
-        if output > 0:
-            h = series.output
-            h.counts[bucket(h.bounds, output)] += 1
-            h.sum += output
-            value = duration / output
-            h = series.ntpot
-            h.counts[bucket(h.bounds, value)] += 1
-            h.sum += value
-            if record.streaming and first >= 0 and output > 1:
-                value = (now - first) / (output - 1)
-                h = series.tpot
-                h.counts[bucket(h.bounds, value)] += 1
-                h.sum += value
-        if cached >= 0:
-            h = series.cached
-            h.counts[bucket(h.bounds, cached)] += 1
-            h.sum += cached
-
-
-_HIST_FAMILIES = (
-    ("request_duration_seconds", "duration", "End-to-end request latency distribution in seconds."),
-    ("request_size_bytes", "request_size", "Incoming request body size distribution in bytes."),
-    ("response_size_bytes", "response_size", "Outgoing response body size distribution in bytes."),
-    ("request_input_tokens", "input", "Input token count distribution per request."),
-    ("request_output_tokens", "output", "Output token count distribution per request."),
-    (
-        "request_cached_tokens",
-        "cached",
-        "Distribution of prompt tokens read from cache per request, as reported by the model server.",
-    ),
-    (
-        "request_ntpot_seconds",
-        "ntpot",
-        "Normalized time per output token in seconds (end-to-end latency divided by output token count).",
-    ),
-    (
-        "request_streaming_tpot_seconds",
-        "tpot",
-        "Average time per output token in seconds for streaming requests: (e2e - TTFT) / (output_tokens - 1).",
-    ),
-    (
-        "request_streaming_itl_seconds",
-        "itl",
-        "Inter-token latency in seconds for streaming requests: time between consecutive response body chunks.",
-    ),
-)
-
-# Deprecated upstream names: family → (attribute, help); labels model_name, target_model_name.
-_LEGACY_HISTS = (
-    ("inference_objective_request_duration_seconds", "duration", "Request latency in seconds."),
-    ("inference_objective_request_sizes", "request_size", "Request body size in bytes."),
-    ("inference_objective_response_sizes", "response_size", "Response body size in bytes."),
-    ("inference_objective_input_tokens", "input", "Prompt tokens per request, as the model server reported."),
-    ("inference_objective_output_tokens", "output", "Completion tokens per request, as the model server reported."),
-    ("inference_objective_prompt_cached_tokens", "cached", "Cached prompt tokens per request."),
-    ("inference_objective_normalized_time_per_output_token_seconds", "ntpot", "Latency per output token."),
-)
-
-
-def _request_families(state: _State) -> Iterator[Metric]:
-    items = sorted(state.series.items())
-    yield counter_family(
-        "llm_d_epp_request",
-        "Total number of processed requests.",
-        _REQUEST,
-        [(k, float(s.total)) for k, s in items],
-    )
-    yield counter_family(
-        "llm_d_epp_request_error",
-        "Total number of request errors.",
-        (*_REQUEST, "error_code"),
-        [((*k, code), float(n)) for k, s in items for code, n in sorted(s.errors.items())],
-    )
-    yield gauge_family(
-        "llm_d_epp_request_running",
-        "Current number of active running requests.",
-        _REQUEST,
-        [(k, float(s.running)) for k, s in items],
-    )
-    for name, attr, help_text in _HIST_FAMILIES:
-        yield histogram_family(
-            f"llm_d_epp_{name}",
-            help_text,
-            _REQUEST,
-            [(k, getattr(s, attr)) for k, s in items if getattr(s, attr).count],
-        )
-    ttft = [((*k, "false"), s.ttft) for k, s in items if s.ttft.count]
-    ttft += [((*k, "true"), s.ttft_streaming) for k, s in items if s.ttft_streaming.count]
-    yield histogram_family(
-        "llm_d_epp_request_ttft_seconds",
-        "Time to first token in seconds, from request received to first response byte.",
-        (*_REQUEST, "streaming"),
-        sorted(ttft, key=lambda kv: kv[0]),
-    )
-
-
-def _by_model(series: Iterable[tuple[tuple[str, str, str, str], _Series]]) -> dict[tuple[str, str], list[_Series]]:
-    grouped: dict[tuple[str, str], list[_Series]] = {}
-    for (model, target, _, _), s in series:
-        grouped.setdefault((model, target), []).append(s)
-    return grouped
-
-
-def _legacy_request_families(state: _State) -> Iterator[Metric]:
-    deprecated = "[Deprecated: use llm_d_epp_*] "
-    items = sorted(state.series.items())
-    totals: dict[tuple[str, str, str], float] = {}
-    errors: dict[tuple[str, str, str], float] = {}
-    running: dict[tuple[str], float] = {}
-    for (model, target, _, priority), s in items:
-        totals[(model, target, priority)] = totals.get((model, target, priority), 0.0) + s.total
-        for code, n in s.errors.items():
-            errors[(model, target, code)] = errors.get((model, target, code), 0.0) + n
-        if model:
-            running[(model,)] = running.get((model,), 0.0) + s.running
-    yield counter_family(
-        "inference_objective_request",
-        deprecated + "Requests, by the model the client asked for and the model the endpoint served.",
-        (*_MODEL, "priority"),
-        sorted(totals.items()),
-    )
-    yield counter_family(
-        "inference_objective_request_error",
-        deprecated + "Requests refused, by model and error code.",
-        (*_MODEL, "error_code"),
-        sorted(errors.items()),
-    )
-    yield gauge_family(
-        "inference_objective_running_requests",
-        deprecated + "Running requests per model.",
-        ("model_name",),
-        sorted(running.items()),
-    )
-    grouped = _by_model(items)
-    for name, attr, help_text in _LEGACY_HISTS:
-        merged = []
-        for pair, group in sorted(grouped.items()):
-            total = PlainHistogram(getattr(group[0], attr).bounds)
-            for s in group:
-                total.add(getattr(s, attr))
-            if total.count:
-                merged.append((pair, total))
-        yield histogram_family(name, deprecated + help_text, _MODEL, merged)

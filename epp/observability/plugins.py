@@ -14,8 +14,8 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from epp.observability import buckets as b
+from epp.observability.collector import FreezableCollector
 from epp.observability.families import counter_family, histogram_family
-from epp.observability.metrics import FreezableCollector
 from epp.observability.plain import PlainHistogram
 
 SAMPLE_EVERY = 64

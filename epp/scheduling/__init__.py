@@ -10,12 +10,14 @@ from epp.scheduling.build import build_scheduler, default_config, upstream_defau
 from epp.scheduling.profile import ProfileScheduler, SchedulingProfile
 from epp.scheduling.registry import Registry, builtin_registry, register_builtins
 from epp.scheduling.saturation import SaturationDetector
+from epp.scheduling.scheduler import Scheduler
 
 __all__ = [
     "ProfileScheduler",
     "Registry",
     "SaturationDetector",
     "SaturationThresholds",
+    "Scheduler",
     "SchedulingProfile",
     "build_scheduler",
     "builtin_registry",

@@ -42,16 +42,23 @@ from epp.errors import ConfigError
 from epp.scheduling.disagg import Decider, DisaggScheduler, Stage
 from epp.scheduling.flow_plugins import flow_settings
 from epp.scheduling.framework import Filter, Picker, PickObserver, Producer
+from epp.scheduling.handler_factories import HandlerSpec
 from epp.scheduling.params import Params
 from epp.scheduling.pickers import MaxScorePicker
+from epp.scheduling.plugin_type import BuildContext, Built, Kind, Stability
+from epp.scheduling.precise import PrecisePrefixCacheProducer
+from epp.scheduling.prefix import PrefixCacheScorer
+from epp.scheduling.producer_wiring import resolve_producers
+from epp.scheduling.producers import TokenProducer
 from epp.scheduling.profile import ProfileScheduler, SchedulingProfile, WeightedScorer
-from epp.scheduling.registry import BuildContext, HandlerSpec, Kind, Registry, Stability, builtin_registry
+from epp.scheduling.registry import Registry, builtin_registry
 from epp.scheduling.saturation import (
     SATURATION_FILTER_TYPES,
     ConcurrencyDetector,
     SaturationDetector,
     SaturationFilter,
 )
+from epp.scheduling.scheduler import RenderSettings, Router, Scheduler
 from epp.scheduling.upstream_types import describe_unimplemented
 
 DEFAULT_SCORER_WEIGHT = 1.0
@@ -100,9 +107,6 @@ class EffectivePlugin:
     kind: Kind
     parameters: dict[str, Any]
     implicit: bool = False
-
-
-Built = dict[str, tuple[Kind, object, PluginSpec, Params]]
 
 
 def _instantiate(
@@ -179,102 +183,6 @@ def _check_references(config: EndpointPickerConfig, built: Built) -> None:
         )
 
 
-# What a consumer's producer reference must name: attribute → producer types that publish that data; the first
-# type is the one upstream auto-creates (with defaults) when the file names none.
-_CONSUMES: dict[str, tuple[str, ...] | None] = {
-    "producer": None,  # by plugin type, below
-    "prefix_producer": ("approx-prefix-cache-producer", "burst-prefix-cache-producer", "precise-prefix-cache-producer"),
-    "load_producer": ("inflight-load-producer",),
-}
-_PRODUCER_OF: dict[str, tuple[str, ...]] = {
-    "prefix-cache-scorer": (
-        "approx-prefix-cache-producer",
-        "burst-prefix-cache-producer",
-        "precise-prefix-cache-producer",
-    ),
-    "no-hit-lru-scorer": (
-        "approx-prefix-cache-producer",
-        "burst-prefix-cache-producer",
-        "precise-prefix-cache-producer",
-    ),
-    "active-request-scorer": ("inflight-load-producer",),
-    "token-load-scorer": ("inflight-load-producer",),
-}
-# Producers whose absence a consumer can live with (its fallback equals the default producer's output).
-_FALLBACK_OK = ("inflight-load-producer",)
-
-
-def _producers(config: EndpointPickerConfig, built: Built, ctx: BuildContext, plugins: list[object]) -> list[Producer]:
-    """The config's producers plus those upstream auto-creates for a consumer that names none, in run order;
-    a consumer naming a plugin that is not a producer of its data is refused."""
-    out: dict[str, Producer] = {
-        name: plugin  # type: ignore[misc]
-        for name, (kind, plugin, _, _) in built.items()
-        if kind is Kind.PRODUCER and hasattr(plugin, "produce")
-    }
-    for plugin in plugins:
-        for attribute, types in _CONSUMES.items():
-            wanted = getattr(plugin, attribute, None)
-            if not isinstance(wanted, str) or not wanted:
-                continue
-            types = types or _PRODUCER_OF.get(getattr(plugin, "type_name", ""))
-            if types is None:
-                continue
-            where = f"{config.source}: plugin '{getattr(plugin, 'name', '?')}' ({getattr(plugin, 'type_name', '?')})"
-            if wanted in built:
-                kind, _, spec, _ = built[wanted]
-                if kind is not Kind.PRODUCER or spec.type not in types:
-                    raise ConfigError(f"{where}: '{wanted}' ({spec.type}) is not a producer of {' or '.join(types)}")
-                continue
-            if wanted in out or wanted in _FALLBACK_OK:
-                continue
-            if wanted != types[0]:
-                raise ConfigError(f"{where}: names producer '{wanted}', which the config does not define")
-            factory = _AUTO_PRODUCERS.get(wanted)
-            if factory is not None:  # one instance per config: every profile's picks credit the same index
-                auto = ctx.built.get(_AUTO_KEY + wanted)
-                if auto is None:
-                    auto = ctx.built[_AUTO_KEY + wanted] = factory()
-                out[wanted] = cast(Producer, auto)
-    _check_precise(config, out)
-    return sorted(out.values(), key=lambda p: getattr(p, "ORDER", 50))
-
-
-def _check_precise(config: EndpointPickerConfig, producers: dict[str, Producer]) -> None:
-    """Precise prefix matching needs the engine's own token ids: a token producer with the vllm backend."""
-    from epp.scheduling.precise import PrecisePrefixCacheProducer
-    from epp.scheduling.producers import TokenProducer
-
-    for plugin in producers.values():
-        if not isinstance(plugin, PrecisePrefixCacheProducer):
-            continue
-        where = f"{config.source}: plugin '{plugin.name}' (precise-prefix-cache-producer)"
-        tokens = [p for p in producers.values() if isinstance(p, TokenProducer)]
-        if not tokens:
-            raise ConfigError(
-                f"{where}: needs a token-producer with the vllm backend (modelName, vllm.url): block keys are "
-                "computed from the engine's token ids, and the config defines no token-producer"
-            )
-        estimate = [p.name for p in tokens if p.backend != "vllm"]
-        if estimate:
-            raise ConfigError(
-                f"{where}: token-producer '{estimate[0]}' uses the estimate backend, whose token ids are not the "
-                "engine's, so no block key would ever match an engine's KV events; set its backend to vllm "
-                "(modelName and vllm.url, the model server's render endpoints)"
-            )
-        plugin.token_producer = tokens[0].name
-
-
-def _auto_approx_prefix() -> Producer:
-    from epp.scheduling.producers import ApproxPrefixCacheProducer
-
-    return ApproxPrefixCacheProducer()
-
-
-_AUTO_PRODUCERS = {"approx-prefix-cache-producer": _auto_approx_prefix}
-_AUTO_KEY = " auto:"  # ctx.built key of an auto-created producer (no plugin name has a space)
-
-
 def _profile(
     config: EndpointPickerConfig,
     spec: ProfileSpec,
@@ -309,7 +217,7 @@ def _profile(
         raise ConfigError(f"{config.source}: profile '{spec.name}': more than one picker ({names})")
     picker = pickers[0] if pickers else MaxScorePicker(seed=seed)
     used: list[object] = [*filters, *(s.scorer for s in scorers), *(consumers or ())]
-    producers = _producers(config, built, ctx, used) if ctx is not None else []
+    producers = resolve_producers(config, built, ctx, used) if ctx is not None else []
     learners: list[object] = [*producers, *(s.scorer for s in scorers)]
     observers = tuple(cast(PickObserver, p) for p in learners if hasattr(p, "picked"))
     return SchedulingProfile(spec.name, tuple(filters), tuple(scorers), picker, observers, tuple(producers))
@@ -321,7 +229,7 @@ def _build(
     registry: Registry,
     allow_experimental: bool,
     freshness: Freshness | None = None,
-) -> tuple[ProfileScheduler | DisaggScheduler, Built]:
+) -> tuple[Scheduler, Built]:
     seeds = np.random.SeedSequence(seed)
     freshness = pool_freshness(config, freshness or Freshness())
     ctx = BuildContext(seed_sequence=seeds, saturation=config.saturation, freshness=freshness)
@@ -341,27 +249,70 @@ def _build(
         if detector is not None and isinstance(detector[1], SaturationFilter):
             thresholds = detector[1].thresholds  # flowControl.saturationDetector names the pool's detector plugin
         pool_detector = SaturationDetector(thresholds, freshness)
-    scheduler: ProfileScheduler | DisaggScheduler
     if isinstance(handler, HandlerSpec) and handler.decode is not None:
-        scheduler = _disagg(config, handler, built, ctx, pool_detector)  # type: ignore[arg-type]
-    else:
-        if len(config.profiles) > 1:
-            names = ", ".join(p.name for p in config.profiles)
-            what = f"profile handler '{handler.name}'" if isinstance(handler, HandlerSpec) else "single-profile-handler"
-            raise ConfigError(
-                f"{config.source}: {len(config.profiles)} scheduling profiles ({names}): {what} runs exactly one; "
-                "use disagg-profile-handler for prefill/decode profiles"
-            )
-        profile = _profile(config, config.profiles[0], built, ctx.next_seed(), ctx)
-        scheduler = ProfileScheduler(profile, pool_detector)  # type: ignore[arg-type]
-        if isinstance(handler, HandlerSpec) and handler.primary_port:  # data-parallel-profile-handler
-            scheduler = DisaggScheduler(scheduler, primary_port=handler.primary_port, name=handler.name)
-    scheduler.admitters = tuple(plugin for kind, plugin, _, _ in built.values() if kind is Kind.ADMITTER)  # type: ignore[misc]
+        staged = _disagg(config, handler, built, ctx, pool_detector)  # type: ignore[arg-type]
+        return _scheduler(config, built, staged, staged.profiles, staged.describe(), staged.route), built
+    if len(config.profiles) > 1:
+        names = ", ".join(p.name for p in config.profiles)
+        what = f"profile handler '{handler.name}'" if isinstance(handler, HandlerSpec) else "single-profile-handler"
+        raise ConfigError(
+            f"{config.source}: {len(config.profiles)} scheduling profiles ({names}): {what} runs exactly one; "
+            "use disagg-profile-handler for prefill/decode profiles"
+        )
+    profile = _profile(config, config.profiles[0], built, ctx.next_seed(), ctx)
+    single = ProfileScheduler(profile, pool_detector)  # type: ignore[arg-type]
+    if isinstance(handler, HandlerSpec) and handler.primary_port:  # data-parallel-profile-handler
+        ranks = DisaggScheduler(single, primary_port=handler.primary_port, name=handler.name)
+        return _scheduler(config, built, ranks, ranks.profiles, ranks.describe(), ranks.route), built
+    return _scheduler(config, built, single, (single,), profile.describe(), None), built
+
+
+def _scheduler(
+    config: EndpointPickerConfig,
+    built: Built,
+    handler: ProfileScheduler | DisaggScheduler,
+    profiles: tuple[ProfileScheduler, ...],
+    description: str,
+    routing: Router | None,
+) -> Scheduler:
+    """The one result for every handler: what the callers read, decided here once."""
+    flow = None
     if config.gate(FLOW_CONTROL_GATE):
         policies = {n: p for n, (kind, p, _, _) in built.items() if kind is Kind.FLOW_CONTROL}
-        flow = config.flow_control or FlowControlSpec()
-        scheduler.flow_control = flow_settings(config.source, flow, policies)  # type: ignore[arg-type]
-    return scheduler, built
+        flow = flow_settings(config.source, config.flow_control or FlowControlSpec(), policies)  # type: ignore[arg-type]
+    decode = profiles[0].profile
+    precise = {id(p): p for r in profiles for p in r.profile.producers if isinstance(p, PrecisePrefixCacheProducer)}
+    if len(precise) > 1:
+        raise ConfigError(
+            f"{config.source}: one precise-prefix-cache-producer per config: its feeder follows every endpoint"
+        )
+    prefix = {
+        id(s.scorer): s.scorer for r in profiles for s in r.profile.scorers if isinstance(s.scorer, PrefixCacheScorer)
+    }
+    return Scheduler(
+        handler=handler,
+        saturation=handler.saturation,
+        freshness=handler.freshness,
+        admitters=tuple(plugin for kind, plugin, _, _ in built.values() if kind is Kind.ADMITTER),  # type: ignore[misc]
+        flow=flow,
+        tokenizer=_render_settings(decode.producers),
+        prefix_scorers=tuple(prefix.values()),
+        response_headers=handler.response_headers if handler.writes_response_headers else None,
+        routing=routing,
+        description=description,
+        profiles=profiles,
+        kv_events=next(iter(precise.values()), None),
+    )
+
+
+def _render_settings(producers: tuple[Producer, ...]) -> RenderSettings | None:
+    """The render endpoint of the profile's vllm token-producer, if it has one: the director's token ids."""
+    for producer in producers:
+        if isinstance(producer, TokenProducer) and producer.backend == "vllm":
+            return RenderSettings(
+                producer.url, producer.model_name, producer.timeout_s, producer.chat_timeout_s, producer.cache_size
+            )
+    return None
 
 
 def _disagg(
@@ -413,14 +364,14 @@ def build_scheduler(
     registry: Registry | None = None,
     freshness: Freshness | None = None,
     allow_experimental: bool = False,
-) -> ProfileScheduler | DisaggScheduler:
+) -> Scheduler:
     """Phase two: plugin objects from a decoded config (None → `default_config()`); raises ConfigError.
 
-    The result satisfies the director's `Scheduler` protocol; `.saturation` is the pool's saturation detector
-    built from the config's saturation detector (its plugin's thresholds, or the older top-level fields), for the
-    director's shedding step. `freshness` is the pool's rule for usable data (`epp serve`: from
-    --metrics-staleness-threshold and --metrics-max-failures); `pool_freshness` says how the config can change it.
-    Alpha plugin types need `allow_experimental` (`--allow-experimental-plugins`).
+    The result is one `Scheduler` whatever the profile handler (`epp.scheduling.scheduler`); its `.saturation` is
+    the pool's saturation detector built from the config's saturation detector (its plugin's thresholds, or the
+    older top-level fields), for the director's shedding step and flow control. `freshness` is the pool's rule for
+    usable data (`epp serve`: from --metrics-staleness-threshold and --metrics-max-failures); `pool_freshness`
+    says how the config can change it. Alpha plugin types need `allow_experimental` (`--allow-experimental-plugins`).
     """
     config = config or default_config()
     return _build(config, seed, registry or builtin_registry(), allow_experimental, freshness)[0]
@@ -466,7 +417,7 @@ def effective_plugins(
             types.add(type_name)
             out.append(EffectivePlugin(type_name, type_name, kind, parameters or {}, implicit=True))
 
-    for producer in scheduler.profile.producers:  # created for a consumer that names none, as upstream
+    for producer in scheduler.profiles[0].profile.producers:  # created for a consumer that names none, as upstream
         if producer.name not in built:
             implicit(producer.type_name, Kind.PRODUCER)
     if not any(kind is Kind.PROFILE_HANDLER for kind, *_ in built.values()):
@@ -476,7 +427,7 @@ def effective_plugins(
     for parser in () if config.parser_refs else DEFAULT_PARSERS:
         implicit(parser, Kind.PARSER)
     if config.saturation_detector_ref is None:
-        t = scheduler.saturation.thresholds
+        t = config.saturation  # no detector plugin: the pool's detector has the config's thresholds
         implicit(
             "utilization-detector",
             Kind.FILTER,

@@ -24,8 +24,10 @@ from epp.datastore import Snapshot, usable
 from epp.datastore.table import IntArray
 from epp.scheduling.filters import LabelFilter
 from epp.scheduling.framework import CycleState, PrefixMatch, SchedulingRequest, produced
+from epp.scheduling.pick_detail import EMPTY, PickDetail
 from epp.scheduling.producers import tokenized
 from epp.scheduling.profile import PluginWrapper, ProfileScheduler
+from epp.scheduling.scheduler import Routing
 
 PREFILLER_HEADER = "x-prefiller-host-port"
 ENCODERS_HEADER = "x-encoder-hosts-ports"
@@ -169,7 +171,8 @@ class Stage:
 class DisaggScheduler:
     """`disagg-profile-handler`: decode always, then encode and prefill where their deciders approve.
 
-    Satisfies the director's Scheduler protocol; the result is a `StagedPick`. A stage whose profile finds no
+    A pick handler (`epp.scheduling.scheduler.PickHandler`) whose result is a `StagedPick`; `route` turns one into
+    the decision's destination, stage bookings and sidecar headers. A stage whose profile finds no
     endpoint is skipped (the decode endpoint then does that work itself), never a failure of the request."""
 
     def __init__(
@@ -185,10 +188,8 @@ class DisaggScheduler:
         self.prefill = prefill
         self.encode = encode
         self.primary_port = primary_port
-        self.profile = decode.profile  # what single-profile callers read (check-config, the prefix metrics)
+        self.profile = decode.profile  # the decode profile: its producers are the config's
         self.freshness = decode.freshness
-        self.flow_control = decode.flow_control  # set by the builder, as on a single profile
-        self.admitters = decode.admitters
         partitions = [_label_filters(p) for p in self.profiles] if prefill or encode else []
         self.saturation = StagedSaturation(decode.saturation, partitions) if partitions else decode.saturation
 
@@ -210,9 +211,21 @@ class DisaggScheduler:
             profile.instrument(wrapper)
 
     def pick(self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float) -> StagedPick:
+        return self._staged(snapshot, candidates, request, now)[0]
+
+    def pick_detailed(
+        self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
+    ) -> tuple[StagedPick, PickDetail]:
+        """`pick`, with the decode (primary) profile's scores and its endpoint's cached prefix."""
+        pick, state = self._staged(snapshot, candidates, request, now)
+        return pick, (self.decode.detail(state, int(pick[0])) if pick else EMPTY)
+
+    def _staged(
+        self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
+    ) -> tuple[StagedPick, CycleState]:
         slots, state = self.decode.run(snapshot, candidates, request, now)
         if not slots:
-            return StagedPick(())
+            return StagedPick(()), state
         decode_slot = int(slots[0])
         encode: tuple[int, ...] = ()
         prefill = -1
@@ -227,7 +240,21 @@ class DisaggScheduler:
         if self.prefill is not None and state is not None and self.prefill.decider.disaggregate(state, decode_slot):
             chosen = self.prefill.profile.run(snapshot, others, request, now)[0]
             prefill = int(chosen[0]) if chosen else -1
-        return StagedPick(slots, prefill, encode, self.primary_port)
+        return StagedPick(slots, prefill, encode, self.primary_port), state
+
+    def route(self, pick: Sequence[int], addresses: Sequence[str]) -> Routing | None:
+        """Where a pick of this handler goes: the decode endpoint (at the primary port, for data parallelism), the
+        prefill and encode endpoints booked with it and named in the sidecar's headers. None for a pick that is not
+        this handler's (the FailOpen fallback's): it goes where its slots are."""
+        if not isinstance(pick, StagedPick) or not pick:
+            return None
+        destination = tuple(addresses[int(s)] for s in pick)
+        booked = ""
+        if pick.primary_port:
+            booked = destination[0]
+            destination = tuple(with_port(a, pick.primary_port) for a in destination)
+        stages = tuple((slot, addresses[slot]) for slot in pick.booked[1:])
+        return Routing(destination, stages, stage_headers(addresses, pick), booked)
 
     def describe(self) -> str:
         parts = [f"decode {self.decode.profile.describe()}"]

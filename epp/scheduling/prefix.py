@@ -214,6 +214,13 @@ class PrefixCacheScorer(LinearScorer):
             return Linear(None, 0.0, 0.0)
         return Linear(state.take(matched, candidates), 1.0 / len(hashes), 0.0)
 
+    def cached_blocks(self, state: CycleState, slot: int) -> int:
+        """Leading prompt blocks `slot` is believed to hold, as this pick scored them (0 when it did not score)."""
+        cached: tuple[list[int], FloatArray, int] | None = state.scratch.get(self._key)
+        if cached is None or not cached[0] or not 0 <= slot < cached[1].size:
+            return 0
+        return int(cached[1][slot])
+
     def picked(self, state: CycleState, slot: int) -> None:
         hashes, matched, reach = self._state(state, state.candidates)
         if not hashes:

@@ -1,8 +1,8 @@
 """The profile runner: filters → weighted scorers → picker, then the plugins that learn from the pick.
 
-`ProfileScheduler.pick` satisfies the director's `Scheduler` protocol. It is pure apart from the plugins' own
-learned state (prefix index, session table, picker RNGs), takes `now` as an argument and reads no clock, so the
-virtual-time benchmark drives exactly this code.
+`ProfileScheduler.pick` is the single-profile pick handler (`epp.scheduling.scheduler.PickHandler`). It is pure
+apart from the plugins' own learned state (prefix index, session table, picker RNGs), takes `now` as an argument and
+reads no clock, so the virtual-time benchmark drives exactly this code.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import numpy as np
 
 from epp.datastore import Snapshot
 from epp.datastore.table import FloatArray, IntArray
-from epp.flowcontrol import FlowSettings
-from epp.flowcontrol.admission import Admitter
 from epp.scheduling.framework import (
     CycleState,
     Filter,
@@ -28,6 +26,7 @@ from epp.scheduling.framework import (
     Scorer,
     sanitize,
 )
+from epp.scheduling.pick_detail import EMPTY, PickDetail, detail_of, record_scores
 from epp.scheduling.saturation import SaturationDetector
 
 
@@ -72,8 +71,6 @@ class ProfileScheduler:
         self.profile = profile
         self.saturation = saturation or SaturationDetector()
         self.freshness = self.saturation.freshness  # the pool's one rule for usable data, shared with the detector
-        self.flow_control: FlowSettings | None = None  # the flowControl gate on: the queues' settings
-        self.admitters: tuple[Admitter, ...] = ()  # admission plugins, run before a request is queued or scheduled
         self._filters = profile.filters
         self._scorers = tuple(
             (
@@ -87,6 +84,9 @@ class ProfileScheduler:
             if s.weight > 0
         )
         self._picker = profile.picker
+        self._cached_blocks = tuple(
+            s.scorer.cached_blocks for s in profile.scorers if hasattr(s.scorer, "cached_blocks")
+        )
         self._observers = profile.observers
         self._producers = tuple(p.produce for p in profile.producers)
         # Upstream's ResponseHeaderProcessor: plugins that write a header on the response (session tokens).
@@ -118,6 +118,13 @@ class ProfileScheduler:
         self._every = max(1, wrapper.every)
 
     @property
+    def profiles(self) -> tuple[ProfileScheduler, ...]:
+        return (self,)
+
+    def describe(self) -> str:
+        return self.profile.describe()
+
+    @property
     def writes_response_headers(self) -> bool:
         """Whether any plugin writes a response header: the director asks `response_headers` per request only then."""
         return bool(self._responders)
@@ -140,6 +147,17 @@ class ProfileScheduler:
         """Slots best first (empty: a filter left no candidate). `candidates` are distinct present slots in
         ascending order, as the director builds them (`CycleState.take` relies on it to skip gathers)."""
         return self.run(snapshot, candidates, request, now)[0]
+
+    def pick_detailed(
+        self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
+    ) -> tuple[Sequence[int], PickDetail]:
+        """`pick`, with the scores and the picked endpoint's cached prefix (`PickDetail`), for the director."""
+        slots, state = self.run(snapshot, candidates, request, now)
+        return slots, (self.detail(state, int(slots[0])) if slots else EMPTY)
+
+    def detail(self, state: CycleState, primary: int) -> PickDetail:
+        """The PickDetail of a run of this profile whose primary slot is `primary`."""
+        return detail_of(state, primary, self._cached_blocks)
 
     def run(
         self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
@@ -185,6 +203,7 @@ class ProfileScheduler:
             if offset:
                 total += offset
             np.fmax(total, 0.0, out=total)  # a NaN that slipped through counts as 0, not as "best"
+        record_scores(state, candidates, total)
         slots = pick(state, candidates, total)
         if slots:
             primary = int(slots[0])

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from types import TracebackType
 
+from epp.sim.config import DEFAULT_MODEL, ServerConfig
 from epp.sim.profiles import H100_LLAMA_8B, EngineProfile
-from epp.sim.server import DEFAULT_MODEL, ServerConfig, SimServer
+from epp.sim.server import SimServer
 
 
 class SimulatedPool:

@@ -18,118 +18,26 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from aiohttp import web
 
+from epp.sim.config import ServerConfig
 from epp.sim.engine import Engine, Finished, SimRequest
 from epp.sim.kvevents import KvEventPublisher
-from epp.sim.metrics import ENGINES, LatencyStats, render
-from epp.sim.profiles import H100_LLAMA_8B, EngineProfile
+from epp.sim.metrics import LatencyStats, render
+from epp.sim.openai import BadRequest, error_response, prompt_text, prompt_units
+from epp.sim.pd import PREFILLER_HEADER, PdSidecar
 from epp.sim.tokens import CHARS_PER_TOKEN as CHARS_PER_TOKEN  # re-exported: the demo sizes prompts by it
 from epp.sim.tokens import token_ids
 
 log = logging.getLogger(__name__)
 
 SERVER_HEADER = "x-sim-server"
-PREFILLER_HEADER = "x-prefiller-host-port"  # set by the picker: where the decode pod's sidecar runs the prefill
-ROLE_LABEL = "llm-d.ai/role"
-ROLES = ("prefill", "decode", "both")
-PREFILL_TIMEOUT_S = 30.0
-DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DEFAULT_MAX_TOKENS = 128
 STREAM_INTERVAL_S = 0.02  # how often a streaming response flushes the tokens generated meanwhile
 EMBEDDING_DIM = 16
-
-
-@dataclass(frozen=True, slots=True)
-class ServerConfig:
-    name: str
-    host: str = "127.0.0.1"
-    port: int = 0  # 0: any free port (read it back from `SimServer.port`)
-    profile: EngineProfile = H100_LLAMA_8B
-    engine: str = "vllm"
-    model: str = DEFAULT_MODEL
-    lora_adapters: tuple[str, ...] = ()
-    speed: float = 1.0  # simulated seconds per wall-clock second (2.0: everything twice as fast)
-    # KV-cache events over ZMQ, as vLLM's --kv-events-config: None = off, 0 = any free port (read back from
-    # `SimServer.kv_events_port`); the replay socket likewise; block hashes as int64 ("int") or 32 bytes ("bytes").
-    kv_events_port: int | None = None
-    kv_events_replay_port: int | None = None
-    kv_events_hash: str = "int"
-    # P/D role, as llm-d labels pods (`llm-d.ai/role`): a decode (or both) server runs the routing sidecar's steps
-    # for requests that name a prefiller in `x-prefiller-host-port`; every server answers a prefill leg.
-    role: str = "both"
-
-    def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise ValueError(f"unknown role {self.role!r}; choose from {', '.join(ROLES)}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"unknown engine {self.engine!r}; choose from {', '.join(ENGINES)}")
-        if not self.speed > 0:
-            raise ValueError("speed must be positive")
-
-
-def prompt_units(text: str, block_size: int) -> tuple[int, tuple[int, ...]]:
-    """(prompt tokens, chain hashes of the full blocks) for a prompt text, at CHARS_PER_TOKEN characters a token."""
-    tokens = max(1, -(-len(text) // CHARS_PER_TOKEN))
-    step = block_size * CHARS_PER_TOKEN
-    hashes: list[int] = []
-    h = 0
-    for start in range(0, len(text) - step + 1, step):
-        h = hash((h, text[start : start + step]))
-        hashes.append(h)
-    return tokens, tuple(hashes)
-
-
-class _BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _error(message: str, status: int = 400) -> web.Response:
-    kind = "NotFoundError" if status == 404 else "BadRequestError"
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    return web.json_response(body, status=status)
-
-
-def _text_of(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return "".join(_text_of(v) for v in value)
-    if isinstance(value, dict):
-        return _text_of(value.get("text", ""))
-    return ""
-
-
-def _prompt_text(kind: str, body: dict[str, Any]) -> str:
-    if kind == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _BadRequest("'messages' must be a non-empty list")
-        return "".join(f"<{m.get('role', '')}>{_text_of(m.get('content'))}" for m in messages if isinstance(m, dict))
-    key = "prompt" if kind == "completion" else "input"
-    value = body.get(key)
-    if value in (None, "", []):
-        raise _BadRequest(f"'{key}' is required")
-    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
-        return " " * (CHARS_PER_TOKEN * len(value))  # token ids: only their count matters here
-    return _text_of(value)
-
-
-@dataclass(slots=True)
-class PdCounters:
-    """What the P/D tests read back (`GET /sim/pd`): prefill legs this server answered as a prefiller; prefill legs
-    it sent as a decode server's sidecar, how many failed (then it prefilled itself) and how many it decoded with
-    KV pulled from the prefiller."""
-
-    prefills_served: int = 0
-    prefill_requests: int = 0
-    prefill_failures: int = 0
-    remote_decodes: int = 0
 
 
 class SimServer:
@@ -151,8 +59,7 @@ class SimServer:
         self.render_calls = 0  # requests to the render endpoints (tests count the picker's cache hits by it)
         self.kv_events: KvEventPublisher | None = None
         self._replays: asyncio.Task[None] | None = None
-        self.pd = PdCounters()
-        self._client: ClientSession | None = None
+        self.pd = PdSidecar(config, lambda: self.port)
 
     @property
     def address(self) -> str:
@@ -230,9 +137,7 @@ class SimServer:
             self.kv_events.close()
             self.kv_events = None
             self.engine.kv_events = None
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        await self.pd.close()
 
     # -- the engine, in real time ---------------------------------------------------------------------------
 
@@ -295,7 +200,7 @@ class SimServer:
             self.engine.submit(req, self._now())
         except ValueError as exc:
             del self._prompt_tokens[rid]
-            raise _BadRequest(str(exc)) from None
+            raise BadRequest(str(exc)) from None
         loop = asyncio.get_running_loop()
         first: asyncio.Future[float] = loop.create_future()
         done: asyncio.Future[Finished] = loop.create_future()
@@ -366,8 +271,8 @@ class SimServer:
         for the same text, in every process), so a picker's vllm token-producer is tested over real HTTP."""
         try:
             _, prompt, _ = await self._read(request, kind)
-        except _BadRequest as exc:
-            return _error(str(exc), exc.status)
+        except BadRequest as exc:
+            return error_response(str(exc), exc.status)
         self.render_calls += 1
         return web.json_response({"token_ids": token_ids(prompt), "features": None})
 
@@ -381,16 +286,16 @@ class SimServer:
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise _BadRequest("body is not valid JSON") from None
+            raise BadRequest("body is not valid JSON") from None
         if not isinstance(body, dict):
-            raise _BadRequest("body must be a JSON object")
+            raise BadRequest("body must be a JSON object")
         model = body.get("model")
         if not isinstance(model, str) or not model:
-            raise _BadRequest("'model' is required")
+            raise BadRequest("'model' is required")
         if model != self.config.model and model not in self.config.lora_adapters:
-            raise _BadRequest(f"The model `{model}` does not exist.", status=404)
+            raise BadRequest(f"The model `{model}` does not exist.", status=404)
         lora = model if model in self.config.lora_adapters else None
-        return body, _prompt_text(kind, body), lora
+        return body, prompt_text(kind, body), lora
 
     async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
         started = asyncio.get_running_loop().time()
@@ -398,21 +303,21 @@ class SimServer:
             body, prompt, lora = await self._read(request, kind)
             max_tokens = body.get("max_completion_tokens", body.get("max_tokens", DEFAULT_MAX_TOKENS))
             if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
-                raise _BadRequest("'max_tokens' must be a positive integer")
+                raise BadRequest("'max_tokens' must be a positive integer")
             kv = body.get("kv_transfer_params")
             kv = kv if isinstance(kv, dict) else {}
             prefill_leg = kv.get("do_remote_decode") is True
             remote = kv.get("do_remote_prefill") is True
             prefiller = request.headers.get(PREFILLER_HEADER, "").strip()
             if prefiller and not prefill_leg and self.config.role != "prefill":
-                remote = await self._remote_prefill(request.path, body, prefiller)
+                remote = await self.pd.remote_prefill(request.path, body, prefiller)
             if remote:
-                await asyncio.sleep(self._transfer_s(prompt))  # pulling the prompt's KV from the prefiller
+                await asyncio.sleep(self.pd.transfer_s(prompt))  # pulling the prompt's KV from the prefiller
             elif prefill_leg:
-                self.pd.prefills_served += 1
+                self.pd.counters.prefills_served += 1
             rid, first, done = self._submit(prompt, max_tokens, lora, remote_prefill=remote)
-        except _BadRequest as exc:
-            return _error(str(exc), exc.status)
+        except BadRequest as exc:
+            return error_response(str(exc), exc.status)
         model = body["model"]
         if body.get("stream") is True:
             include_usage = isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage")
@@ -434,63 +339,15 @@ class SimServer:
                 "model": model,
                 "choices": [choice],
                 "usage": usage,
-                **({"kv_transfer_params": self._kv_params(usage["prompt_tokens"])} if prefill_leg else {}),
+                **({"kv_transfer_params": self.pd.kv_params(usage["prompt_tokens"])} if prefill_leg else {}),
             },
             headers=self._headers(),
         )
 
     # -- P/D: the routing sidecar's steps (llm-d pkg/sidecar/proxy, NIXL v2 connector) ----------------------
 
-    def _transfer_s(self, prompt: str) -> float:
-        tokens = prompt_units(prompt, self.config.profile.block_size)[0]
-        return tokens * self.config.profile.kv_transfer_s_per_token / self.config.speed
-
-    def _kv_params(self, prompt_tokens: int) -> dict[str, Any]:
-        """What a prefill server hands back for the decode leg: where to pull the KV blocks from."""
-        blocks = -(-prompt_tokens // self.config.profile.block_size)
-        return {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_engine_id": self.config.name,
-            "remote_block_ids": list(range(blocks)),
-            "remote_host": self.config.host,
-            "remote_port": self.port,
-            "tp_size": 1,
-        }
-
-    async def _remote_prefill(self, path: str, body: dict[str, Any], prefiller: str) -> bool:
-        """The prefill leg: the client's request to the prefiller with `kv_transfer_params` asking for a remote
-        decode and a single token, as the sidecar sends it. True when the prefiller answered with the params the
-        decode leg needs; False (counted) when it could not be reached or failed: this server then prefills the
-        prompt itself, so the request is still served."""
-        leg = {k: v for k, v in body.items() if k not in ("stream_options", "max_completion_tokens")}
-        leg.update(stream=False, max_tokens=1)
-        leg["kv_transfer_params"] = {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "remote_engine_id": None,
-            "remote_block_ids": None,
-            "remote_host": None,
-            "remote_port": None,
-        }
-        if self._client is None:
-            self._client = ClientSession(timeout=ClientTimeout(total=PREFILL_TIMEOUT_S))
-        self.pd.prefill_requests += 1
-        try:
-            async with self._client.post(f"http://{prefiller}{path}", json=leg) as response:
-                answer = await response.json(content_type=None) if response.status == 200 else None
-        except (ClientError, OSError, TimeoutError, json.JSONDecodeError, ValueError):
-            answer = None
-        params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
-        if not isinstance(params, dict) or params.get("do_remote_prefill") is not True:
-            self.pd.prefill_failures += 1
-            log.debug("prefill on %s failed; prefilling locally", prefiller)
-            return False
-        self.pd.remote_decodes += 1
-        return True
-
     async def _pd_counters(self, request: web.Request) -> web.Response:
-        body = {"name": self.config.name, "role": self.config.role, **asdict(self.pd)}
+        body = {"name": self.config.name, "role": self.config.role, **asdict(self.pd.counters)}
         return web.json_response(body, headers=self._headers())
 
     def _usage(self, rid: int, fin: Finished) -> dict[str, int]:
@@ -588,8 +445,8 @@ class SimServer:
         try:
             body, prompt, lora = await self._read(request, "embedding")
             rid, first, done = self._submit(prompt, 1, lora)
-        except _BadRequest as exc:
-            return _error(str(exc), exc.status)
+        except BadRequest as exc:
+            return error_response(str(exc), exc.status)
         first_at = await first
         fin = await done
         self._observe(started, first_at, fin)

@@ -27,7 +27,8 @@ from epp.kvevents import kernels
 from epp.scheduling.framework import CycleState, produced
 from epp.scheduling.precise import PrecisePrefixCacheProducer
 from epp.scheduling.producers import TokenProducer
-from epp.sim.server import DEFAULT_MODEL, ServerConfig, SimServer
+from epp.sim.config import DEFAULT_MODEL, ServerConfig
+from epp.sim.server import SimServer
 from epp.sim.tokens import token_ids
 from tests.scheduling.tables import request
 from tests.support.procs import free_port, http_ok, running, serve_argv, wait_until

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from epp.app.pick_log import CAPACITY, MAX_HASHES, PickLog, prefix_scorers, ring_words
+from epp.app.pick_log import CAPACITY, MAX_HASHES, PickLog, ring_words
 from epp.app.worker import MATRIX_COLUMNS, MirrorTable, _learn, _sharing
+from epp.datastore.rows import NCOL, TOKEN
 from epp.datastore.table import EndpointInfo
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import build_scheduler
-from epp.scrape.process import NCOL, TOKEN
 
 
 def block(workers: int) -> np.ndarray:
@@ -74,7 +74,7 @@ def test_a_repeat_taken_by_another_worker_goes_where_the_first_went() -> None:
         table.synced = True
         scheduler = build_scheduler(None, seed=me)
         log = PickLog(shared, workers, me)
-        scorers = prefix_scorers(scheduler)
+        scorers = scheduler.prefix_scorers
         assert len(scorers) == 1
         for position, scorer in enumerate(scorers):
             scorer.on_pick = _sharing(log, table, position)
@@ -84,7 +84,7 @@ def test_a_repeat_taken_by_another_worker_goes_where_the_first_went() -> None:
         table, scheduler, _, _ = sides[side]
         request = InferenceRequest(request_id="r", api=ApiKind.COMPLETIONS, model="m", prompt=prompt)
         snapshot = table.snapshot()
-        slots = scheduler.pick(snapshot, np.flatnonzero(snapshot.present), request, 0.0)
+        slots = scheduler.handler.pick(snapshot, np.flatnonzero(snapshot.present), request, 0.0)
         return snapshot.addresses[slots[0]]
 
     prompts = [f"customer {k}: " + f"context of customer {k}. " * 60 for k in range(12)]

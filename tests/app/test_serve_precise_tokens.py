@@ -21,7 +21,8 @@ import yaml
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from epp.sim.server import DEFAULT_MODEL, ServerConfig, SimServer
+from epp.sim.config import DEFAULT_MODEL, ServerConfig
+from epp.sim.server import SimServer
 from tests.extproc.envoy import body_msg, destination, headers_msg
 from tests.support.precise import precise_sample, until_every_publisher_heard
 from tests.support.procs import free_port, http_ok, http_text, metric_value, running, serve_argv

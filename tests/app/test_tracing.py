@@ -12,11 +12,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
 
-from epp.app.tracing import TracingDirector, TracingScheduler
+from epp.app.tracing import TracingDirector, traced_scheduler
 from epp.datastore import EndpointInfo, EndpointTable
 from epp.director import Director
+from epp.errors import EppError, ErrorCode
 from epp.extproc.stream import StreamSettings
 from epp.observability.metrics import PickerMetrics
+from epp.requests import parse_request
 from epp.scheduling import build_scheduler
 from tests.extproc.envoy import BODY, POOL, DecidingStream, body_msg, destination, headers_msg, immediate
 
@@ -34,7 +36,7 @@ def traced() -> tuple[DecidingStream, InMemorySpanExporter]:
     table = EndpointTable()
     table.replace_all(EndpointInfo(address=a) for a in POOL)
     table.synced = True
-    scheduler = TracingScheduler(build_scheduler(None, seed=1), tracer)
+    scheduler = traced_scheduler(build_scheduler(None, seed=1), tracer)
     director = TracingDirector(Director(table, scheduler, clock=lambda: 0.0), tracer)  # type: ignore[arg-type]
     metrics = PickerMetrics(CollectorRegistry())
     return DecidingStream(director, metrics, lambda: 0.0, StreamSettings()), exporter
@@ -108,8 +110,6 @@ def test_a_refusal_by_the_director_is_an_error_span(traced) -> None:
 
 
 def test_the_exporter_and_service_name_come_from_the_otel_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    from argparse import Namespace
-
     from epp.app.serve import _tracing
     from epp.app.tracing import provider_from_env
 
@@ -117,7 +117,30 @@ def test_the_exporter_and_service_name_come_from_the_otel_variables(monkeypatch:
     monkeypatch.setenv("OTEL_SERVICE_NAME", "picker-a")
     provider = provider_from_env()
     assert provider.resource.attributes["service.name"] == "picker-a"
-    assert _tracing(Namespace(tracing=None)) == (None, None)  # off unless asked for
-    provider, tracer = _tracing(Namespace(tracing=True))
+    assert _tracing(False) == (None, None)  # off unless asked for
+    provider, tracer = _tracing(True)
     assert provider is not None and tracer is not None
     provider.shutdown()
+
+
+def test_a_traced_scheduler_still_gives_scores_and_the_conditional_decode_answer() -> None:
+    """The traced handler offers the pick's detail too: --emit-endpoint-scores and `Prefer: if-available` work."""
+    tracer = TracerProvider().get_tracer("test")
+    table = EndpointTable()
+    table.replace_all(EndpointInfo(address=a) for a in POOL)
+    table.synced = True
+    director = Director(
+        table, traced_scheduler(build_scheduler(None, seed=1), tracer), clock=lambda: 0.0, emit_scores=True
+    )
+    prompt = "a long prompt the prefix scorer splits into many whole blocks. " * 40
+    body = json.dumps({"model": "m", "prompt": prompt}).encode()
+    decision = director.decide(parse_request("r", "/v1/completions", {}, body))
+    assert {a for a, _ in decision.scores} == set(POOL)
+    director.complete(decision)
+    again = director.decide(parse_request("r", "/v1/completions", {"prefer": "if-available"}, body))
+    assert again.addresses == decision.addresses
+    with pytest.raises(EppError) as err:
+        director.decide(
+            parse_request("r", "/v1/completions", {"prefer": "if-available"}, b'{"model":"m","prompt":"x"}')
+        )
+    assert err.value.code is ErrorCode.PRECONDITION_FAILED

@@ -3,17 +3,17 @@ control process's rows reach a worker's table; the workers' metrics are summed."
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
 import numpy as np
 
+from epp.app.settings import ServeSettings
 from epp.app.worker import MATRIX_COLUMNS, MirrorTable
 from epp.app.workers import WorkerPool, merge_expositions
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
+from epp.datastore.rows import NCOL, TOKEN, write_rows
 from epp.datastore.table import EndpointInfo, EndpointTable
-from epp.scrape.process import NCOL, TOKEN, write_rows
 
 
 def members(n: int) -> list[tuple[int, float, EndpointInfo, list[str], list[str]]]:
@@ -97,7 +97,7 @@ def test_the_control_process_shows_the_workers_bookings_summed() -> None:
     table = EndpointTable()
     table.replace_all([EndpointInfo("127.0.0.1:8000"), EndpointInfo("127.0.0.1:8001")])
     pool = WorkerPool(
-        2, argparse.Namespace(), table, ObjectiveStore(), lambda: FailureMode.FAIL_CLOSE, lambda: "", lambda: None,
+        2, ServeSettings(), table, ObjectiveStore(), lambda: FailureMode.FAIL_CLOSE, lambda: "", lambda: None,
         max_endpoints=8,
     )  # fmt: skip
     try:

@@ -151,7 +151,7 @@ def test_upstreams_current_default_profile_file_loads() -> None:
     from epp.scheduling import build_scheduler
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "upstream-current.yaml"
-    profile = build_scheduler(load_config(path)).profile
+    profile = build_scheduler(load_config(path)).handler.profile
     assert [type(p).__name__ for p in profile.producers] == ["ApproxPrefixCacheProducer"]
     assert [(s.scorer.type_name, s.weight) for s in profile.scorers] == [
         ("queue-scorer", 2.0),

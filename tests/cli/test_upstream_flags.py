@@ -39,7 +39,7 @@ SAMPLE = {
     "config-file": "/config/default-plugins.yaml", "config-text": "", "allow-experimental-plugins": "true",
 }  # fmt: skip
 IGNORED = (
-    "emit-endpoint-scores", "refresh-prometheus-metrics-interval", "total-queued-requests-metric",
+    "refresh-prometheus-metrics-interval", "total-queued-requests-metric",
     "total-running-requests-metric", "kv-cache-usage-percentage-metric", "lora-info-metric", "cache-info-metric",
     "model-server-metrics-scheme", "model-server-metrics-path", "model-server-metrics-port",
     "model-server-metrics-https-insecure-skip-verify", "zap-devel", "zap-stacktrace-level",
@@ -73,6 +73,16 @@ def test_every_upstream_flag_is_accepted_without_a_subcommand(flag: str) -> None
         assert len(named) == 1 and "ignored" in named[0], warnings
     else:
         assert not [w for w in named if "ignored" in w], warnings
+
+
+def test_emit_endpoint_scores_is_off_by_default_and_on_when_given() -> None:
+    from epp.cli.serve_settings import serve_settings
+
+    def emit(argv: list[str]) -> bool:
+        args = parse(argv)
+        return serve_settings(args, resolve_upstream_flags(args)).emit_scores
+
+    assert (emit([]), emit(["--emit-endpoint-scores"]), emit(["--emit-endpoint-scores=false"])) == (False, True, False)
 
 
 def test_the_charts_args_start_serve_with_their_meaning() -> None:

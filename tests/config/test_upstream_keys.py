@@ -157,9 +157,9 @@ def test_flow_control_with_the_gate_off_warns_and_loads() -> None:
 
 def test_flow_control_with_the_gate_on_builds_the_queues_from_the_section() -> None:
     config = parse_config(_doc(flowControl={"maxRequests": 7}, featureGates=["flowControl"]), "f.yaml")
-    settings = build_scheduler(config).flow_control
+    settings = build_scheduler(config).flow
     assert settings is not None and settings.spec.max_requests == 7
-    assert build_scheduler(parse_config(_doc(flowControl={"maxRequests": 7}), "f.yaml")).flow_control is None
+    assert build_scheduler(parse_config(_doc(flowControl={"maxRequests": 7}), "f.yaml")).flow is None
 
 
 @pytest.mark.parametrize(
@@ -223,7 +223,8 @@ def test_saturation_detector_plugin_sets_the_pool_thresholds() -> None:
 def test_producers_are_built_first_so_a_scorer_can_name_one() -> None:
     """Upstream builds plugins in dependency order (`pkg/epp/config/loader/configloader.go` `buildPluginDAG`): a
     scorer's `prefixMatchInfoProducerName` may name a producer listed after it."""
-    from epp.scheduling.registry import Kind, builtin_registry
+    from epp.scheduling.plugin_type import Kind
+    from epp.scheduling.registry import builtin_registry
     from epp.scheduling.scorers import QueueScorer
 
     registry = builtin_registry()

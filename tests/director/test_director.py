@@ -73,6 +73,20 @@ def test_header_rewrite_changes_body_model_and_keeps_the_original() -> None:
     assert body == {"model": "base-v2", "prompt": "hello there", "max_tokens": 3}
 
 
+def test_a_rewrite_rule_wins_over_the_rewrite_header_as_upstream() -> None:
+    """Upstream sets the target from the header, then a rule for the client's model overrides it."""
+    store = ObjectiveStore()
+    store.put_rewrite("default/pin", (RewriteRule("base", (RewriteTarget("base-rule"),)),))
+    director = _director(_table(0.0), store)
+    header = {"x-llm-d-model-name-rewrite": "base-header"}
+    decision = director.decide(_request("base", **header))
+    assert (decision.original_model, decision.target_model) == ("base", "base-rule")
+    assert json.loads(decision.body)["model"] == "base-rule"
+    # a model no rule covers: the header applies (and a rule for the header's model is not chained)
+    store.put_rewrite("default/chain", (RewriteRule("base-header", (RewriteTarget("chained"),)),))
+    assert director.decide(_request("other", **header)).target_model == "base-header"
+
+
 def test_rewrite_rules_pick_weighted_targets_reproducibly() -> None:
     store = ObjectiveStore()
     rule = RewriteRule("base", (RewriteTarget("canary", 1), RewriteTarget("stable", 3)))

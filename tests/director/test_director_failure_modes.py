@@ -20,7 +20,7 @@ from epp.datastore.table import EndpointInfo, IntArray, MetricsSample
 from epp.director import Director
 from epp.errors import EppError, ErrorCode
 from epp.requests import ApiKind, InferenceRequest
-from epp.scheduling import build_scheduler
+from epp.scheduling import Scheduler, build_scheduler
 from epp.scheduling.build import default_config, upstream_default_config
 from tests.support.schedulers import RandomScheduler
 
@@ -54,7 +54,7 @@ def table_of(addresses: Sequence[str]) -> EndpointTable:
 
 
 def director(
-    mode: FailureMode, scheduler: object, table: EndpointTable | None = None
+    mode: FailureMode, scheduler: Scheduler, table: EndpointTable | None = None
 ) -> tuple[Director, RecordingObserver]:
     observer = RecordingObserver()
     chosen = table if table is not None else table_of(ADDRESSES)  # an empty table is falsy
@@ -67,7 +67,7 @@ def inflight(d: Director) -> int:
 
 
 def test_fail_open_routes_a_scheduler_crash_to_a_candidate_and_counts_it_degraded() -> None:
-    d, observer = director(FailureMode.FAIL_OPEN, BrokenScheduler(RuntimeError("bug")))
+    d, observer = director(FailureMode.FAIL_OPEN, Scheduler(BrokenScheduler(RuntimeError("bug"))))
     decision = d.decide(REQUEST)
     assert decision.degraded
     assert decision.addresses[0] in ADDRESSES
@@ -78,7 +78,7 @@ def test_fail_open_routes_a_scheduler_crash_to_a_candidate_and_counts_it_degrade
 
 
 def test_fail_close_refuses_a_scheduler_crash_with_503_and_books_nothing() -> None:
-    d, observer = director(FailureMode.FAIL_CLOSE, BrokenScheduler(RuntimeError("bug")))
+    d, observer = director(FailureMode.FAIL_CLOSE, Scheduler(BrokenScheduler(RuntimeError("bug"))))
     with pytest.raises(EppError) as caught:
         d.decide(REQUEST)
     assert caught.value.code is ErrorCode.SERVICE_UNAVAILABLE
@@ -92,7 +92,7 @@ def test_fail_close_refuses_a_scheduler_crash_with_503_and_books_nothing() -> No
     "code", [ErrorCode.RESOURCE_EXHAUSTED, ErrorCode.SERVICE_UNAVAILABLE], ids=["shed-429", "no-fit-503"]
 )
 def test_a_refusal_the_scheduler_meant_is_kept_in_both_modes(mode: FailureMode, code: ErrorCode) -> None:
-    d, observer = director(mode, BrokenScheduler(EppError(code, "saturated")))
+    d, observer = director(mode, Scheduler(BrokenScheduler(EppError(code, "saturated"))))
     with pytest.raises(EppError) as caught:
         d.decide(REQUEST)
     assert caught.value.code is code
@@ -101,7 +101,7 @@ def test_a_refusal_the_scheduler_meant_is_kept_in_both_modes(mode: FailureMode, 
 
 @pytest.mark.parametrize("mode", list(FailureMode), ids=lambda m: m.value)
 def test_no_endpoint_is_503_in_both_modes_fail_open_invents_none(mode: FailureMode) -> None:
-    d, _ = director(mode, BrokenScheduler(RuntimeError("bug")), table_of([]))
+    d, _ = director(mode, Scheduler(BrokenScheduler(RuntimeError("bug"))), table_of([]))
     with pytest.raises(EppError) as caught:
         d.decide(REQUEST)
     assert caught.value.code is ErrorCode.SERVICE_UNAVAILABLE
@@ -110,7 +110,7 @@ def test_no_endpoint_is_503_in_both_modes_fail_open_invents_none(mode: FailureMo
 @settings(max_examples=60, deadline=None)
 @given(subset=st.lists(st.sampled_from(ADDRESSES), min_size=1, unique=True))
 def test_the_fail_open_fallback_never_leaves_the_candidates(subset: list[str]) -> None:
-    d, _ = director(FailureMode.FAIL_OPEN, BrokenScheduler(RuntimeError("bug")))
+    d, _ = director(FailureMode.FAIL_OPEN, Scheduler(BrokenScheduler(RuntimeError("bug"))))
     for _ in range(5):
         decision = d.decide(REQUEST, subset=subset)
         assert set(decision.addresses) <= set(subset)
@@ -122,7 +122,7 @@ def test_missing_metrics_never_block_a_decision(mode: FailureMode) -> None:
     # Never scraped: every metric column is NaN (unknown), and the pick still happens, not degraded.
     table = table_of(ADDRESSES)
     assert np.isnan(table.snapshot().waiting).all()
-    d, observer = director(mode, RandomScheduler(seed=1), table)
+    d, observer = director(mode, Scheduler(RandomScheduler(seed=1)), table)
     decision = d.decide(REQUEST)
     assert decision.addresses[0] in ADDRESSES
     assert not decision.degraded

@@ -15,7 +15,8 @@ from epp.director.tokens import RenderTokenizer
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import build_scheduler
 from epp.scheduling.framework import CycleState, produced
-from epp.sim.server import DEFAULT_MODEL, ServerConfig, SimServer
+from epp.sim.config import DEFAULT_MODEL, ServerConfig
+from epp.sim.server import SimServer
 from epp.sim.tokens import token_ids
 
 BASE = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
@@ -134,7 +135,7 @@ async def test_the_director_passes_the_engine_tokens_to_the_scheduler() -> None:
         snap = table.snapshot()
         request = await tokenizer.tokenize(_completion("one two three four"))
         state = CycleState(snap, snap.slots, request, 0.0)
-        for producer in scheduler.profile.producers:
+        for producer in scheduler.handler.profile.producers:
             producer.produce(state)
         tokens = produced(state, "token-producer")
         assert tokens.exact

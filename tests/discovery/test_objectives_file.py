@@ -48,7 +48,7 @@ def test_objectives_and_rewrites_reach_the_store(tmp_path: Path) -> None:
     path.write_text(FILE)
     store = ObjectiveStore()
     assert load_objectives(str(path), store) == (2, 1)
-    assert store.priority_of("critical") == 10  # the first of two with one name wins
+    assert store.priority_of("critical") == 3  # a name in both groups: the llm-d.ai one wins, as upstream's group
     assert store.priority_of("batch") == -1 and store.priority_of("other") == 0
     rule = store.rewrite_rule_for("food-review")
     assert rule is not None and [(t.model, t.weight) for t in rule.targets] == [

@@ -36,6 +36,30 @@ def test_standalone_mode() -> None:
     assert s is not None and s.standalone
     spec = s.standalone_pool()
     assert (dict(spec.selector), spec.target_ports) == ({"app": "vllm", "tier": "gold"}, (8000, 8001))
+    assert spec.expressions == ()
+
+
+def test_standalone_selector_takes_the_full_label_selector_syntax() -> None:
+    """Upstream parses --endpoint-selector with the API machinery's label-selector grammar."""
+    text = "app=vllm,env in (prod, staging),tier notin (frontend),gpu,!canary,zone!=b"
+    spec = settings_from_flags(flags("--endpoint-selector", text, "--endpoint-target-ports", "8000")).standalone_pool()
+    assert dict(spec.selector) == {"app": "vllm"}
+    assert [str(r) for r in spec.expressions] == [
+        "env in (prod,staging)",
+        "tier notin (frontend)",
+        "gpu",
+        "!canary",
+        "zone!=b",
+    ]
+    base = {"app": "vllm", "env": "prod", "gpu": "h100"}
+    assert spec.selects(base)
+    assert spec.selects({**base, "env": "staging", "tier": "backend", "zone": "a"})
+    assert not spec.selects({**base, "env": "dev"})
+    assert not spec.selects({**base, "tier": "frontend"})
+    assert not spec.selects({**base, "canary": ""})
+    assert not spec.selects({**base, "zone": "b"})
+    assert not spec.selects({k: v for k, v in base.items() if k != "gpu"})
+    assert not spec.selects({**base, "app": "sglang"})
 
 
 @pytest.mark.parametrize(
@@ -44,7 +68,9 @@ def test_standalone_mode() -> None:
         (("--pool-name", "p", "--endpoint-selector", "a=b", "--endpoint-target-ports", "1"), "exclusive"),
         (("--endpoint-selector", "a=b"), "needs --endpoint-target-ports"),
         (("--endpoint-target-ports", "8000"), "needs --endpoint-selector"),
-        (("--endpoint-selector", "novalue", "--endpoint-target-ports", "8000"), "key=value"),
+        (("--endpoint-selector", "env in (a", "--endpoint-target-ports", "8000"), r"env in \(a.*expected: ','"),
+        (("--endpoint-selector", " , ", "--endpoint-target-ports", "8000"), "expected: !, identifier"),
+        (("--endpoint-selector", "   ", "--endpoint-target-ports", "8000"), "at least one requirement"),
         (("--endpoint-selector", "a=b", "--endpoint-target-ports", "80x"), "not a port"),
         (("--endpoint-selector", "a=b", "--endpoint-target-ports", "8000,8000"), "twice"),
         (("--pool-name", "p", "--pool-group", "inference.networking.x-k8s.io"), "only inference.networking.k8s.io"),
@@ -56,6 +82,8 @@ def test_standalone_mode() -> None:
         "selector-without-ports",
         "ports-without-selector",
         "bad-selector",
+        "lone-comma",
+        "blank-selector",
         "bad-port",
         "duplicate-port",
         "other-pool-group",

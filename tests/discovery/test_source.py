@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 
 from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore, RewriteTarget
 from epp.datastore.pool import FailureMode
-from epp.discovery.kubernetes.rest import KubeRest
-from epp.discovery.kubernetes.settings import KubernetesSettings
+from epp.discovery.kubernetes.rest import KubeRest, load_api_client
+from epp.discovery.kubernetes.settings import KubernetesSettings, parse_endpoint_selector
 from epp.discovery.kubernetes.source import KubernetesSource
 from epp.discovery.kubernetes.watch import WatchOptions
 from tests.discovery.k8s_objects import objective, pod, pool, rewrite
-from tests.fakes.apiserver import FakeApiServer
+from tests.fakes.apiserver import DEFAULT_RESOURCES, FakeApiServer
 
 FAST = WatchOptions(backoff_initial_s=0.02, backoff_max_s=0.1, inactivity_timeout_s=5, absent_retry_s=0.2)
 
@@ -43,32 +45,96 @@ async def start(rest: KubeRest) -> AsyncIterator[Callable[..., KubernetesSource]
         await source.stop()
 
 
-async def test_objectives_and_rewrites_of_our_pool_reach_the_store(apiserver: FakeApiServer, start) -> None:
+LEGACY = "inference.networking.x-k8s.io"
+LEGACY_ONLY = tuple(r for r in DEFAULT_RESOURCES if r.group != "llm-d.ai")  # a cluster with only the older CRDs
+
+
+@pytest.fixture
+async def legacy_only() -> AsyncIterator[tuple[FakeApiServer, KubeRest]]:
+    """An API server that serves the objective kinds only in inference.networking.x-k8s.io (llm-d.ai: 404)."""
+    with FakeApiServer(resources=LEGACY_ONLY) as server, tempfile.TemporaryDirectory() as tmp:
+        client = load_api_client(str(server.write_kubeconfig(Path(tmp) / "kubeconfig")))
+        yield server, KubeRest(client)
+        client.close()
+
+
+async def test_objectives_of_the_older_group_count_when_llm_d_ai_is_not_served(legacy_only) -> None:
+    apiserver, rest = legacy_only
     apiserver.apply(pool())
     apiserver.apply(objective("critical", 10))
     apiserver.apply(objective("unset", None))
     apiserver.apply(objective("elsewhere", 99, pool_name="other"))
-    apiserver.apply(objective("legacy", -5, group="llm-d.ai"))
     apiserver.apply(rewrite("canary", "llama", {"llama-v1": 90, "llama-v2": 10}))
-    apiserver.apply(rewrite("other", "gpt", {"x": 1}, pool_name="other", group="llm-d.ai"))
+    apiserver.apply(rewrite("other", "gpt", {"x": 1}, pool_name="other"))
+    store = ObjectiveStore()
+    source = KubernetesSource(EndpointTable(), store, KubernetesSettings(pool_name="pool", watch=FAST), rest=rest)
+    await source.start()
+    try:
+        await until(lambda: store.objectives() == {"critical": 10, "unset": 0})
+        await until(lambda: store.rewrite_rule_for("llama") is not None)
+        rule = store.rewrite_rule_for("llama")
+        assert rule.targets == (RewriteTarget("llama-v1", 90), RewriteTarget("llama-v2", 10))
+        assert store.rewrite_rule_for("gpt") is None
+        apiserver.delete(f"{LEGACY}/v1alpha2", "InferenceObjective", "default", "critical")
+        apiserver.delete(f"{LEGACY}/v1alpha2", "InferenceModelRewrite", "default", "canary")
+        await until(lambda: "critical" not in store.objectives() and store.rewrite_rule_for("llama") is None)
+    finally:
+        await source.stop()
+
+
+async def test_with_both_groups_served_llm_d_ai_wins_and_the_older_group_is_ignored(
+    apiserver: FakeApiServer, start
+) -> None:
+    """Upstream picks llm-d.ai whenever its CRD is installed and then ignores the older group's objects."""
+    apiserver.apply(pool())
+    apiserver.apply(objective("critical", 10))  # older group: ignored, the same name in llm-d.ai wins
+    apiserver.apply(objective("legacy-only", 5))  # older group: ignored too
+    apiserver.apply(objective("critical", 1, group="llm-d.ai"))
+    apiserver.apply(objective("batch", -1, group="llm-d.ai"))
+    apiserver.apply(objective("elsewhere", 99, pool_name="other", group="llm-d.ai"))
+    apiserver.apply(rewrite("canary", "llama", {"llama-v1": 1}))
+    apiserver.apply(rewrite("canary", "llama", {"llama-v2": 1}, group="llm-d.ai"))
     source = await start(pool_name="pool")
     store = source.objectives
-    await until(lambda: store.objectives() == {"critical": 10, "unset": 0, "legacy": -5})
+    await until(lambda: store.objectives() == {"critical": 1, "batch": -1})
     await until(lambda: store.rewrite_rule_for("llama") is not None)
-    rule = store.rewrite_rule_for("llama")
-    assert rule.targets == (RewriteTarget("llama-v1", 90), RewriteTarget("llama-v2", 10))
-    assert store.rewrite_rule_for("gpt") is None
-    apiserver.delete("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective", "default", "critical")
-    apiserver.delete("inference.networking.x-k8s.io/v1alpha2", "InferenceModelRewrite", "default", "canary")
-    await until(lambda: "critical" not in store.objectives() and store.rewrite_rule_for("llama") is None)
+    assert store.rewrite_rule_for("llama").targets == (RewriteTarget("llama-v2", 1),)
+    # the last llm-d.ai object gone: the kind is still served there, so the older group stays ignored
+    apiserver.delete("llm-d.ai/v1alpha2", "InferenceModelRewrite", "default", "canary")
+    await until(lambda: store.rewrite_rule_for("llama") is None)
+    apiserver.apply(objective("late", 7, group="llm-d.ai"))
+    await until(lambda: "late" in store.objectives())
+    assert store.rewrite_rule_for("llama") is None and "legacy-only" not in store.objectives()
+
+
+async def test_llm_d_ai_takes_over_once_its_crd_is_installed(legacy_only) -> None:
+    apiserver, rest = legacy_only
+    apiserver.apply(pool())
+    apiserver.apply(objective("critical", 10))
+    store = ObjectiveStore()
+    source = KubernetesSource(EndpointTable(), store, KubernetesSettings(pool_name="pool", watch=FAST), rest=rest)
+    await source.start()
+    try:
+        await until(lambda: store.objectives() == {"critical": 10})
+        for res in DEFAULT_RESOURCES:
+            if res.group == "llm-d.ai":
+                apiserver.register(res)  # the new CRDs installed while the picker runs
+        apiserver.apply(objective("critical", 2, group="llm-d.ai"))
+        await until(lambda: store.objectives() == {"critical": 2})
+    finally:
+        await source.stop()
 
 
 async def test_standalone_mode_selects_pods_without_a_pool_object(apiserver: FakeApiServer, start) -> None:
     apiserver.apply(pod("a", ip="127.10.0.1", labels={"role": "llm"}))
     apiserver.apply(pod("b", ip="127.10.0.2", labels={"role": "other"}))
-    source = await start(endpoint_selector={"role": "llm"}, endpoint_target_ports=(8000, 8002))
+    apiserver.apply(pod("c", ip="127.10.0.3", labels={"role": "llm", "canary": "true"}))
+    apiserver.apply(pod("d", ip="127.10.0.4", labels={"role": "embed"}))
+    source = await start(
+        endpoint_selector=parse_endpoint_selector("role in (llm, embed),!canary"), endpoint_target_ports=(8000, 8002)
+    )
     assert await source.wait_ready(5)
-    assert set(source.table.addresses()) == {"127.10.0.1:8000", "127.10.0.1:8002"}
+    assert set(source.table.addresses()) == {"127.10.0.1:8000", "127.10.0.1:8002", "127.10.0.4:8000", "127.10.0.4:8002"}
     assert not any(c.path.endswith("inferencepools") for c in apiserver.calls)
 
 
@@ -82,6 +148,18 @@ async def test_not_ready_until_the_pool_exists_then_failure_mode_follows_it(apis
     await until(lambda: source.ready)
     assert source.pool_spec().failure_mode is FailureMode.FAIL_OPEN
     assert flips[-1] is True
+
+
+async def test_a_pool_without_endpoint_picker_ref_is_served_fail_close(apiserver: FakeApiServer, start) -> None:
+    """InferencePool v1 made `endpointPickerRef` optional: such a pool loads and its pods are endpoints."""
+    bare = pool()
+    del bare["spec"]["endpointPickerRef"]
+    apiserver.apply(bare)
+    apiserver.apply(pod("a", ip="127.10.0.1"))
+    source = await start(pool_name="pool")
+    await until(lambda: source.ready)
+    assert source.pool_spec().failure_mode is FailureMode.FAIL_CLOSE
+    assert set(source.table.addresses()) == {"127.10.0.1:8000"}
 
 
 async def test_an_invalid_pool_update_keeps_the_previous_spec(apiserver: FakeApiServer, start) -> None:

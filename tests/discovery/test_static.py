@@ -52,6 +52,15 @@ def test_pool_file_gives_failure_mode_and_ports(tmp_path: Path) -> None:
     assert pool.namespace == "team-a"
 
 
+def test_a_pool_file_without_endpoint_picker_ref_loads_as_fail_close(tmp_path: Path) -> None:
+    """InferencePool v1 made `endpointPickerRef` optional; without it there is no failureMode to read."""
+    path = tmp_path / "pool.yaml"
+    path.write_text("\n".join(line for line in POOL_YAML.splitlines() if "endpointPickerRef" not in line))
+    pool = load_pool_file(str(path))
+    assert (pool.failure_mode, pool.target_ports, pool.epp_service) == (FailureMode.FAIL_CLOSE, (8000, 8001), "")
+    assert pool.selects({"app": "vllm-llama3"})
+
+
 @pytest.mark.parametrize(
     ("text", "reason"),
     [

@@ -29,7 +29,8 @@ import pytest_asyncio
 import yaml
 
 from epp import wire
-from epp.sim.server import DEFAULT_MODEL, SERVER_HEADER, ServerConfig, SimServer
+from epp.sim.config import DEFAULT_MODEL, ServerConfig
+from epp.sim.server import SERVER_HEADER, SimServer
 from tests.support.envoy import envoy
 from tests.support.precise import precise_sample, until_every_publisher_heard
 from tests.support.procs import free_port, http_ok, http_text, metric_value, running, serve_argv

@@ -19,6 +19,7 @@ from epp.extproc.messages import MAX_CHUNK
 from epp.extproc.stream import StreamProcessor, StreamSettings
 from epp.observability.metrics import PickerMetrics
 from epp.requests import InferenceRequest
+from epp.scheduling import Scheduler
 from tests.support.schedulers import RandomScheduler
 
 Mode = processing_mode_pb2.ProcessingMode
@@ -30,7 +31,7 @@ def make_director() -> Director:
     table = EndpointTable()
     table.replace_all(EndpointInfo(address=a) for a in POOL)
     table.synced = True
-    return Director(table, RandomScheduler(seed=1), clock=lambda: 0.0)
+    return Director(table, Scheduler(RandomScheduler(seed=1)), clock=lambda: 0.0)
 
 
 class CountingDecider:

@@ -29,6 +29,7 @@ from epp.flowcontrol.eviction import Reclaimer, confirmation_grace
 from epp.flowcontrol.gauge import PoolGauge
 from epp.observability.flow import FlowControlMetrics
 from epp.observability.metrics import PickerMetrics
+from epp.scheduling import Scheduler
 from epp.scheduling.saturation import ConcurrencyDetector, SaturationDetector
 from tests.extproc.envoy import BODY, body_msg, headers_msg, response_headers
 from tests.support.schedulers import RandomScheduler
@@ -45,7 +46,7 @@ class _Stack:
         detector = SaturationDetector(freshness=Freshness(staleness_s=1e6))
         settings = FlowSettings(spec=FlowControlSpec(default_request_ttl_s=ttl_s))
         self.gate = FlowGate(FlowController(settings), self.table, PoolGauge(detector, detector.freshness), self.clock)
-        director = Director(self.table, RandomScheduler(seed=1), clock=self.clock, flow=self.gate)
+        director = Director(self.table, Scheduler(RandomScheduler(seed=1)), clock=self.clock, flow=self.gate)
         limits = ServerLimits(idle_timeout_s=0.2)  # shorter than the waits below: waiting is not idleness
         self.processor = ExternalProcessor(
             director, PickerMetrics(CollectorRegistry()), StreamSettings(), limits=limits
@@ -208,7 +209,7 @@ class _EvictionStack:
             reclaimer=Reclaimer(confirmation_grace(True, 0.05, 0.2)),
         )
         director = Director(
-            self.table, RandomScheduler(seed=1), clock=time.monotonic, objectives=objectives, flow=self.gate
+            self.table, Scheduler(RandomScheduler(seed=1)), clock=time.monotonic, objectives=objectives, flow=self.gate
         )
         self.processor = ExternalProcessor(director, PickerMetrics(CollectorRegistry()), StreamSettings())
         self.grpc = grpc.aio.server()

@@ -19,6 +19,7 @@ from epp.extproc.server import ExternalProcessor
 from epp.extproc.stream import StreamSettings
 from epp.observability.metrics import PickerMetrics
 from epp.requests import InferenceRequest
+from epp.scheduling import Scheduler
 from tests.extproc.envoy import (
     BODY,
     POOL,
@@ -282,14 +283,14 @@ def test_model_rewrite_resends_the_new_body_with_its_length_and_restores_the_nam
 
 
 def test_refusal_codes_map_to_http_statuses() -> None:
-    assert {c.http_status for c in ErrorCode} == {400, 413, 429, 500, 503}
+    assert {c.http_status for c in ErrorCode} == {400, 412, 413, 429, 500, 503}
 
 
 def _one_endpoint_server() -> ExternalProcessor:
     table = EndpointTable()
     table.replace_all([EndpointInfo(address=POOL[0])])
     table.synced = True
-    director = Director(table, RandomScheduler(seed=1), clock=lambda: 0.0)
+    director = Director(table, Scheduler(RandomScheduler(seed=1)), clock=lambda: 0.0)
     return ExternalProcessor(director, PickerMetrics(CollectorRegistry()), StreamSettings())
 
 

@@ -20,6 +20,7 @@ from epp.extproc.response import ResponseTracker
 from epp.extproc.stream import StreamSettings
 from epp.observability.metrics import PickerMetrics
 from epp.requests import ApiKind, ParserChain, UsageDialect, request_path
+from epp.scheduling import Scheduler
 from tests.extproc.envoy import (
     BODY,
     POOL,
@@ -99,7 +100,7 @@ def test_a_request_without_a_body_on_an_empty_pool_gets_upstreams_500() -> None:
     datastore` for a header-only request when the pool has no endpoint."""
     table = EndpointTable()
     table.synced = True
-    stream, _, _ = make_stream(Director(table, RandomScheduler(seed=1), clock=lambda: 0.0))
+    stream, _, _ = make_stream(Director(table, Scheduler(RandomScheduler(seed=1)), clock=lambda: 0.0))
     status, body = immediate(stream.handle(headers_msg(end_of_stream=True)))
     assert (status, body) == (500, "inference error: Internal - no pods available in datastore")
 
@@ -107,7 +108,7 @@ def test_a_request_without_a_body_on_an_empty_pool_gets_upstreams_500() -> None:
 def test_a_request_with_a_body_on_an_empty_pool_is_still_503() -> None:
     table = EndpointTable()
     table.synced = True
-    stream, _, _ = make_stream(Director(table, RandomScheduler(seed=1), clock=lambda: 0.0))
+    stream, _, _ = make_stream(Director(table, Scheduler(RandomScheduler(seed=1)), clock=lambda: 0.0))
     stream.handle(headers_msg())
     status, body = immediate(stream.handle(body_msg(BODY, True)))
     assert status == 503 and body.startswith("inference error: ServiceUnavailable - ")

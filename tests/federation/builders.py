@@ -11,6 +11,7 @@ from epp.datastore.sites import Site, SiteRegistry
 from epp.director import Director
 from epp.federation.policy import FederationRouter
 from epp.requests import ApiKind, InferenceRequest
+from epp.scheduling import Scheduler
 from tests.support.schedulers import RandomScheduler
 
 NOW = 1_000.0
@@ -60,7 +61,7 @@ def director(
 ) -> Director:
     return Director(
         table,
-        scheduler or RandomScheduler(seed=1),
+        Scheduler(scheduler or RandomScheduler(seed=1)),
         clock=lambda: NOW,
         failure_mode=lambda: mode,
         federation=fed,

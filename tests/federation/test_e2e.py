@@ -31,7 +31,8 @@ import aiohttp
 import pytest
 
 from epp.gateway.testbed import bootstrap, listener, static_cluster
-from epp.sim.server import DEFAULT_MODEL, SERVER_HEADER
+from epp.sim.config import DEFAULT_MODEL
+from epp.sim.server import SERVER_HEADER
 from tests.fakes.apiserver import DEFAULT_RESOURCES, FakeApiServer, Resource
 from tests.support.envoy import envoy, run_envoy
 from tests.support.procs import epp_argv, free_port, http_ok, running, wait_until

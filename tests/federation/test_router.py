@@ -7,6 +7,7 @@ from epp.datastore.pool import FailureMode
 from epp.director import Decision
 from epp.errors import ConfigError, EppError, ErrorCode
 from epp.federation.policy import check_fail_open
+from epp.scheduling import Scheduler
 from tests.federation.builders import NOW, director, local_table, registry, request, router, site
 
 EU_ONLY = {"residency": {"rules": [{"name": "eu-data", "modelPrefixes": ["eu/"], "tiers": ["eu"]}]}}
@@ -214,7 +215,9 @@ def test_a_rewrite_never_escapes_a_rule(asked: str, rewritten_to: str) -> None:
     store = ObjectiveStore()
     store.put_rewrite("default/r", (RewriteRule(asked, (RewriteTarget(rewritten_to),)),))
     fed = router(registry(site("dc", "dc", 1)), "us", EU_ONLY)
-    d = Director(local_table(1), RandomScheduler(seed=1), clock=lambda: NOW, objectives=store, federation=fed)
+    d = Director(
+        local_table(1), Scheduler(RandomScheduler(seed=1)), clock=lambda: NOW, objectives=store, federation=fed
+    )
     req = request(asked)._replace(body={"model": asked, "prompt": "hi"})
     with pytest.raises(EppError) as exc:  # local tier us and the only site in dc: eu-only traffic has nowhere to go
         d.decide(req)

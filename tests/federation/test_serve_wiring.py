@@ -1,12 +1,12 @@
 """`epp serve` federation wiring: when federation is on, the config section, and the FailOpen start-time check."""
 
-import argparse
 from pathlib import Path
 
 import pytest
 
 from epp.app.config_file import load_config
 from epp.app.federation import build_federation
+from epp.app.settings import FederationFlags
 from epp.cli import main
 from epp.datastore.pool import FailureMode
 from epp.errors import ConfigError
@@ -34,8 +34,8 @@ spec:
 """
 
 
-def _args(**kw: object) -> argparse.Namespace:
-    return argparse.Namespace(**{"tier": "", "federation_watch": False, "federation_allow_fail_open": False, **kw})
+def _args(tier: str = "", watch: bool = False, allow_fail_open: bool = False) -> FederationFlags:
+    return FederationFlags(tier=tier, watch=watch, allow_fail_open=allow_fail_open)
 
 
 def test_federation_is_off_unless_asked_for() -> None:
@@ -51,7 +51,7 @@ def test_tier_alone_turns_it_on_with_no_rules() -> None:
 def test_config_section_comes_from_the_picker_config(tmp_path: Path) -> None:
     path = tmp_path / "epp.yaml"
     path.write_text(FED)
-    parts = build_federation(_args(tier="eu", federation_watch=True), FailureMode.FAIL_CLOSE, load_config(path))
+    parts = build_federation(_args(tier="eu", watch=True), FailureMode.FAIL_CLOSE, load_config(path))
     assert parts is not None and not parts.sites.synced  # the watch has not listed yet
     assert [r.name for r in parts.config.rules] == ["eu-data"]
     assert dict(parts.config.site_addresses) == {"dc-1": "127.30.0.1:8080"}

@@ -3,7 +3,6 @@ list, events, a dropped stream, compacted history (410 → re-list), a missing C
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 
 from epp.app.federation import FederationParts, build_federation
+from epp.app.settings import FederationFlags
 from epp.datastore.pool import FailureMode
 from epp.errors import ConfigError
 from tests.fakes.apiserver import DEFAULT_RESOURCES, FakeApiServer, Resource
@@ -37,7 +37,7 @@ def api() -> Iterator[FakeApiServer]:
 
 
 def _parts(kubeconfig: Path) -> FederationParts:
-    args = argparse.Namespace(tier="eu", federation_watch=True, federation_allow_fail_open=False)
+    args = FederationFlags(tier="eu", watch=True)
     parts = build_federation(args, FailureMode.FAIL_CLOSE)
     assert parts is not None
     parts.connect(str(kubeconfig))

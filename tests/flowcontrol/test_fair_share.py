@@ -99,12 +99,12 @@ flowControl: {defaultPriorityBand: {fairnessPolicyRef: round-robin-fairness-poli
 
 def test_the_gate_is_configured_on_the_round_robin_policy() -> None:
     text = _CONFIG.replace("{PARAMS}", "{overShareCeiling: 0.6, shareHalfLifeSeconds: 5}")
-    settings = build_scheduler(load_config(None, text=text, warn=False)).flow_control
+    settings = build_scheduler(load_config(None, text=text, warn=False)).flow
     assert settings is not None
     policy = settings.fairness(settings.spec.default_band.fairness_policy_ref)
     assert isinstance(policy, RoundRobinFairness) and policy.gate is not None
     assert policy.gate.over_share == pytest.approx(0.6) and policy.gate.service.half_life_s == pytest.approx(5.0)
-    plain = build_scheduler(load_config(None, text=_CONFIG.replace("{PARAMS}", "{}"), warn=False)).flow_control
+    plain = build_scheduler(load_config(None, text=_CONFIG.replace("{PARAMS}", "{}"), warn=False)).flow
     assert plain is not None and plain.fairness("round-robin-fairness-policy").gate is None  # type: ignore[attr-defined]
 
 

@@ -24,8 +24,8 @@ RECOMMENDED = Path(__file__).parents[2] / "benchmarks" / "configs" / "flow-contr
 
 def _built() -> tuple[FlowController, PoolGauge]:
     scheduler = build_scheduler(load_config(RECOMMENDED, allow_experimental=True, warn=False), allow_experimental=True)
-    assert scheduler.flow_control is not None
-    return FlowController(scheduler.flow_control), PoolGauge(scheduler.saturation, scheduler.freshness)
+    assert scheduler.flow is not None
+    return FlowController(scheduler.flow), PoolGauge(scheduler.saturation, scheduler.freshness)
 
 
 def _pool(endpoints: int, kv: float = 0.5) -> EndpointTable:
@@ -54,7 +54,7 @@ def test_the_recommended_config_is_queue_depth_one_round_robin_and_priority_hold
     scheduler = build_scheduler(load_config(RECOMMENDED, allow_experimental=True, warn=False), allow_experimental=True)
     assert scheduler.saturation.thresholds.queue_depth == 1  # type: ignore[union-attr]
     assert scheduler.saturation.thresholds.kv_util == pytest.approx(0.8)  # type: ignore[union-attr]
-    settings = scheduler.flow_control
+    settings = scheduler.flow
     assert settings is not None
     assert settings.usage_limit == PriorityHoldback(min_ceiling=0.1, max_ceiling=1.0)
     assert isinstance(settings.fairness(settings.spec.default_band.fairness_policy_ref), RoundRobinFairness)
@@ -77,8 +77,8 @@ def test_dispatch_holds_once_one_request_per_endpoint_would_wait_inside_the_engi
 
 def test_upstreams_default_queue_depth_lets_five_per_endpoint_queue_inside_the_engines() -> None:
     scheduler = build_scheduler(load_config(None, text=_DEFAULTS, warn=False))
-    assert scheduler.flow_control is not None
-    fc, gauge = FlowController(scheduler.flow_control), PoolGauge(scheduler.saturation, scheduler.freshness)
+    assert scheduler.flow is not None
+    fc, gauge = FlowController(scheduler.flow), PoolGauge(scheduler.saturation, scheduler.freshness)
     table = _pool(4)
     for i in range(40):
         fc.enqueue(QueuedRequest(ticket=i), NOW)

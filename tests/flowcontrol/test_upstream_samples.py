@@ -48,9 +48,9 @@ async def _route(name: str, waiting: float, objective: str | None = None) -> str
     objectives = ObjectiveStore()
     objectives.put_objective("sheddable", -1)
     flow = None
-    if scheduler.flow_control is not None:
+    if scheduler.flow is not None:
         gauge = PoolGauge(scheduler.saturation, scheduler.freshness)
-        flow = FlowGate(FlowController(scheduler.flow_control), table, gauge, lambda: NOW, objectives)
+        flow = FlowGate(FlowController(scheduler.flow), table, gauge, lambda: NOW, objectives)
         flow.start()
     director = Director(table, scheduler, clock=lambda: NOW, objectives=objectives, flow=flow)
     request = _request(objective)
@@ -68,7 +68,7 @@ async def _route(name: str, waiting: float, objective: str | None = None) -> str
 
 async def test_sim_program_aware_config_queues_with_program_aware_fairness() -> None:
     config = load_config(DATA / "llmd-router-sim-program-aware-config.yaml", warn=False)
-    settings = build_scheduler(config).flow_control
+    settings = build_scheduler(config).flow
     assert settings is not None and settings.spec.default_band.fairness_policy_ref == "program-aware-fairness"
     assert (await _route("llmd-router-sim-program-aware-config.yaml", waiting=0)).startswith("127.10.0.")
 
@@ -79,7 +79,7 @@ async def test_soft_reflective_ceiling_config_needs_experimental_plugins_and_rou
     config = load_config(
         DATA / "llmd-router-soft-reflective-ceiling-epp-config.yaml", allow_experimental=True, warn=False
     )
-    settings = build_scheduler(config, allow_experimental=True).flow_control
+    settings = build_scheduler(config, allow_experimental=True).flow
     assert settings is not None and isinstance(settings.usage_limit, SoftReflectiveCeiling)
     assert (await _route("llmd-router-soft-reflective-ceiling-epp-config.yaml", waiting=1)).startswith("127.10.0.")
 
@@ -87,7 +87,7 @@ async def test_soft_reflective_ceiling_config_needs_experimental_plugins_and_rou
 async def test_probabilistic_admitter_config_sheds_sheddable_traffic_with_the_gate_off() -> None:
     config = load_config(DATA / "llmd-router-probabilistic-admitter-epp-config.yaml", warn=False)
     scheduler = build_scheduler(config)
-    assert scheduler.flow_control is None  # no featureGates: the section only names the detector
+    assert scheduler.flow is None  # no featureGates: the section only names the detector
     assert any(isinstance(a, ProbabilisticAdmitter) for a in scheduler.admitters)
     assert (
         await _route("llmd-router-probabilistic-admitter-epp-config.yaml", waiting=0, objective="sheddable")

@@ -10,9 +10,11 @@ import pytest
 
 from epp.kvevents.feeder import Feeder, FeederSettings, KvSource
 from epp.kvevents.index import KvBlockIndex
+from epp.sim.config import DEFAULT_MODEL, ServerConfig
 from epp.sim.engine import SimRequest
+from epp.sim.openai import prompt_units
 from epp.sim.profiles import H100_LLAMA_8B, EngineProfile
-from epp.sim.server import DEFAULT_MODEL, ServerConfig, SimServer, prompt_units
+from epp.sim.server import SimServer
 from epp.sim.tokens import token_ids
 
 pytestmark = pytest.mark.timeout(60)

@@ -19,7 +19,8 @@ import pytest
 
 from epp.errors import EppError
 from epp.requests import DEFAULT_PARSERS, PARSER_TYPES, ApiKind, ParserChain, UsageDialect
-from epp.scheduling.registry import Kind, builtin_registry
+from epp.scheduling.plugin_type import Kind
+from epp.scheduling.registry import builtin_registry
 
 MESSAGES_BODY = (
     b'{"model":"claude-x","max_tokens":64,"stream":true,"system":[{"type":"text","text":"Be brief."}],'

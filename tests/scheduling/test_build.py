@@ -19,9 +19,9 @@ def _config(plugins, profile_plugins, **kw):
 
 def test_defaults_weight_one_and_max_score_picker() -> None:
     scheduler = build_scheduler(_config([{"type": "queue-scorer"}], [{"pluginRef": "queue-scorer"}]))
-    (scorer,) = scheduler.profile.scorers
+    (scorer,) = scheduler.handler.profile.scorers
     assert scorer.weight == 1.0
-    assert isinstance(scheduler.profile.picker, MaxScorePicker)
+    assert isinstance(scheduler.handler.profile.picker, MaxScorePicker)
 
 
 def test_parameters_reach_the_plugin() -> None:
@@ -32,8 +32,8 @@ def test_parameters_reach_the_plugin() -> None:
             saturationDetector={"queueDepthThreshold": 9},
         )
     )
-    assert isinstance(scheduler.profile.picker, RandomPicker)
-    assert scheduler.profile.picker.max_endpoints == 3
+    assert isinstance(scheduler.handler.profile.picker, RandomPicker)
+    assert scheduler.handler.profile.picker.max_endpoints == 3
     assert scheduler.saturation.thresholds.queue_depth == 9
 
 
@@ -102,7 +102,7 @@ def test_two_profiles_without_a_disaggregating_handler_are_refused() -> None:
 
 
 def test_upstream_default_profile_is_unchanged() -> None:
-    profile = build_scheduler(upstream_default_config()).profile
+    profile = build_scheduler(upstream_default_config()).handler.profile
     assert [(s.scorer.type_name, s.weight) for s in profile.scorers] == [
         ("queue-scorer", 2.0),
         ("kv-cache-utilization-scorer", 2.0),
@@ -112,7 +112,7 @@ def test_upstream_default_profile_is_unchanged() -> None:
 
 
 def test_our_default_adds_inflight_load_and_saturation_filter() -> None:
-    profile = build_scheduler(None).profile
+    profile = build_scheduler(None).handler.profile
     assert [f.type_name for f in profile.filters] == ["utilization-detector"]
     assert ("inflight-load-scorer", 2.0) in [(s.scorer.type_name, s.weight) for s in profile.scorers]
     assert default_config().source == "<built-in default>"

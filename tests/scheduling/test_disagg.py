@@ -113,9 +113,9 @@ ROLES_2P2D = [{ROLE: "prefill"}, {ROLE: "prefill"}, {ROLE: "decode"}, {ROLE: "de
 
 def _pick(config: Any, labels: list[dict[str, str]], prompt: str = "hello", rows: Any = None) -> StagedPick:
     scheduler = build_scheduler(config, seed=0)
-    assert isinstance(scheduler, DisaggScheduler)
+    assert isinstance(scheduler.handler, DisaggScheduler)
     snap = table_with(rows or [{}] * len(labels), labels=labels).snapshot()
-    result = scheduler.pick(snap, snap.slots, request(prompt), NOW)
+    result = scheduler.handler.pick(snap, snap.slots, request(prompt), NOW)
     assert isinstance(result, StagedPick)
     return result
 
@@ -155,8 +155,8 @@ def test_cached_prompts_decode_directly_after_the_first_pd() -> None:
     scheduler = build_scheduler(pd_config(prefix_decider(200)), seed=0)
     snap = table_with([{}] * 4, labels=ROLES_2P2D).snapshot()
     prompt = "the same long document " * 100
-    first = scheduler.pick(snap, snap.slots, request(prompt), NOW)
-    second = scheduler.pick(snap, snap.slots, request(prompt), NOW)
+    first = scheduler.handler.pick(snap, snap.slots, request(prompt), NOW)
+    second = scheduler.handler.pick(snap, snap.slots, request(prompt), NOW)
     assert isinstance(first, StagedPick) and isinstance(second, StagedPick)
     assert first.prefill in (0, 1) and second.prefill == -1 and int(second[0]) == int(first[0])
 
@@ -233,12 +233,12 @@ def test_decode_only_decisions_carry_no_stage_header() -> None:
 def test_the_prefill_endpoint_is_credited_with_the_prompt() -> None:
     """After a P/D pick, the prefix index holds the prompt on the prefill endpoint too."""
     scheduler = build_scheduler(pd_config(ALWAYS), seed=0)
-    assert isinstance(scheduler, DisaggScheduler) and scheduler.prefill is not None
+    assert isinstance(scheduler.handler, DisaggScheduler) and scheduler.handler.prefill is not None
     snap = table_with([{}] * 4, labels=ROLES_2P2D).snapshot()
     prompt = "a shared system prompt " * 40
-    first = scheduler.pick(snap, snap.slots, request(prompt), NOW)
+    first = scheduler.handler.pick(snap, snap.slots, request(prompt), NOW)
     assert isinstance(first, StagedPick)
-    _, st_ = scheduler.prefill.profile.run(snap, snap.slots, request(prompt), NOW)
+    _, st_ = scheduler.handler.prefill.profile.run(snap, snap.slots, request(prompt), NOW)
     match = produced(st_, "approx-prefix-cache-producer")
     assert match is not None and match.matched[first.prefill] > 0
 

@@ -181,7 +181,7 @@ def test_upstream_parameters_map_and_the_rest_are_refused_by_name() -> None:
             ]
         )
     )
-    (producer,) = [p for p in scheduler.profile.producers if isinstance(p, PrecisePrefixCacheProducer)]
+    (producer,) = [p for p in scheduler.handler.profile.producers if isinstance(p, PrecisePrefixCacheProducer)]
     assert (producer.block_size, producer.hash_seed, producer.topic_filter) == (64, "42", "kv")
     assert (producer.socket_port, producer.replay_port, producer.max_blocks_per_endpoint) == (5556, 5559, 1000)
     assert producer.speculative
@@ -226,18 +226,18 @@ def test_the_scorer_ranks_by_the_precise_match() -> None:
             ]
         )
     )
-    (producer,) = [p for p in scheduler.profile.producers if isinstance(p, PrecisePrefixCacheProducer)]
+    (producer,) = [p for p in scheduler.handler.profile.producers if isinstance(p, PrecisePrefixCacheProducer)]
     snap, index, _ = _setup(3)
     producer.attach(LocalIndexView(index))
     for address in snap.addresses:
         index.apply(address, [], NOW)
     index.apply(snap.addresses[2], [_stored(TOKENS)], NOW)
-    assert scheduler.pick(snap, snap.slots, request("x" * 256, token_ids=TOKENS), NOW)[0] == 2
+    assert scheduler.handler.pick(snap, snap.slots, request("x" * 256, token_ids=TOKENS), NOW)[0] == 2
 
 
 def test_upstreams_precise_sample_loads() -> None:
     """deploy/config/epp-precise-prefix-cache-config.yaml: token-producer → precise producer → prefix-cache-scorer."""
     config = read_config(Path(__file__).parents[1] / "data/epp-configs/llmd-router-precise-prefix-cache-config.yaml")
     scheduler = build_scheduler(config)
-    (producer,) = [p for p in scheduler.profile.producers if isinstance(p, PrecisePrefixCacheProducer)]
+    (producer,) = [p for p in scheduler.handler.profile.producers if isinstance(p, PrecisePrefixCacheProducer)]
     assert (producer.block_size, producer.socket_port, producer.topic_filter) == (64, 5557, "kv@")

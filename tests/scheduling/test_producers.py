@@ -61,7 +61,7 @@ def test_approx_prefix_producer_defaults_are_upstreams() -> None:
         [{"pluginRef": "prefix-cache-scorer"}],
     )
     scheduler = build_scheduler(config)
-    (producer,) = scheduler.profile.producers
+    (producer,) = scheduler.handler.profile.producers
     assert p is not None and isinstance(producer, ApproxPrefixCacheProducer)
     assert (producer.block_tokens, producer.max_tokens, producer.max_blocks) == (16, 131072, 2048)
     assert producer.index.default_capacity == 31250
@@ -93,7 +93,7 @@ def test_prefix_scorer_old_form_is_the_self_contained_scorer() -> None:
         config = _config(
             [{"type": "prefix-cache-scorer", "parameters": params}], [{"pluginRef": "prefix-cache-scorer"}]
         )
-        profile = build_scheduler(config).profile
+        profile = build_scheduler(config).handler.profile
         assert isinstance(profile.scorers[0].scorer, PrefixCacheScorer)
         assert profile.producers == ()
 
@@ -104,7 +104,7 @@ def test_prefix_scorer_new_form_auto_creates_the_default_producer() -> None:
         [{"type": "prefix-cache-scorer", "parameters": {"matchLengthWeight": 0.3, "matchLengthScaleTokens": 8192}}],
         [{"pluginRef": "prefix-cache-scorer"}],
     )
-    profile = build_scheduler(config).profile
+    profile = build_scheduler(config).handler.profile
     assert isinstance(profile.scorers[0].scorer, ProducedPrefixScorer)
     assert [type(p) for p in profile.producers] == [ApproxPrefixCacheProducer]
 
@@ -151,8 +151,8 @@ def test_upstreams_current_default_profile_routes_a_repeated_prompt_back() -> No
     scheduler = build_scheduler(config, seed=1)
     snap = table_with([{"waiting": 0, "kv_usage": 0.1}] * 4).snapshot()
     prompt = "system prompt " * 100
-    first = scheduler.pick(snap, snap.slots, request(prompt + "a"), NOW)[0]
-    assert all(scheduler.pick(snap, snap.slots, request(prompt + s), NOW)[0] == first for s in "bcd")
+    first = scheduler.handler.pick(snap, snap.slots, request(prompt + "a"), NOW)[0]
+    assert all(scheduler.handler.pick(snap, snap.slots, request(prompt + s), NOW)[0] == first for s in "bcd")
 
 
 def test_inflight_load_producer_reads_the_tables_bookings() -> None:
@@ -221,7 +221,7 @@ def test_burst_producer_is_alpha() -> None:
     )
     with pytest.raises(ConfigError, match="--allow-experimental-plugins"):
         build_scheduler(config)
-    assert build_scheduler(config, allow_experimental=True).profile.producers
+    assert build_scheduler(config, allow_experimental=True).handler.profile.producers
 
 
 def test_tokenizer_is_the_deprecated_name_of_token_producer() -> None:
@@ -229,7 +229,7 @@ def test_tokenizer_is_the_deprecated_name_of_token_producer() -> None:
     from epp.scheduling.build import deprecations
 
     config = _config([{"type": "tokenizer"}, {"type": "queue-scorer"}], [{"pluginRef": "queue-scorer"}])
-    assert isinstance(build_scheduler(config).profile.producers[0], TokenProducer)
+    assert isinstance(build_scheduler(config).handler.profile.producers[0], TokenProducer)
     assert any("use 'token-producer'" in w for w in deprecations(config))
 
 
@@ -290,7 +290,7 @@ def test_label_selector_filter(selector, kept) -> None:
     snap = table_with([{}] * 4, labels=labels).snapshot()
     for type_name in ("label-selector-filter", "label-filter"):
         config = _config([{"type": type_name, "parameters": selector}], [{"pluginRef": type_name}])
-        (plugin,) = build_scheduler(config).profile.filters
+        (plugin,) = build_scheduler(config).handler.profile.filters
         assert plugin.filter(state(snap), snap.slots).tolist() == kept
 
 

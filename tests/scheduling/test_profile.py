@@ -30,7 +30,7 @@ def test_a_pick_is_always_a_candidate_inside_the_subset(rows, subset_bits, promp
         subset = snap.slots[:1]
     scheduler = build_scheduler(None if profile == "ours" else upstream_default_config(), seed=1)
     for _ in range(3):
-        picked = scheduler.pick(snap, subset, request(prompt), NOW)
+        picked = scheduler.handler.pick(snap, subset, request(prompt), NOW)
         assert len(picked) == 1
         assert picked[0] in subset.tolist()
 
@@ -148,7 +148,7 @@ def test_equal_endpoints_share_picks_evenly() -> None:
     table = table_with([dict(waiting=1, running=1, kv_usage=0.2)] * 8)
     scheduler = build_scheduler(upstream_default_config(), seed=3)
     snap = table.snapshot()
-    counts = Counter(scheduler.pick(snap, snap.slots, request(), NOW)[0] for _ in range(4000))
+    counts = Counter(scheduler.handler.pick(snap, snap.slots, request(), NOW)[0] for _ in range(4000))
     assert len(counts) == 8
     assert max(counts.values()) / min(counts.values()) < 1.3
 
@@ -158,7 +158,7 @@ def _burst(scheduler, prompts):
     counts: Counter[int] = Counter()
     for prompt in prompts:  # no scrape in between: only the picker's own bookings change
         snap = table.snapshot()
-        slot = scheduler.pick(snap, snap.slots, request(prompt), NOW)[0]
+        slot = scheduler.handler.pick(snap, snap.slots, request(prompt), NOW)[0]
         table.book_pick(slot)
         counts[slot] += 1
     return counts
@@ -183,7 +183,7 @@ def test_a_same_prefix_burst_is_bounded_by_the_saturation_filter() -> None:
 def test_stale_or_missing_metrics_never_block_a_pick() -> None:
     table = table_with([{"scraped": False}] * 3)
     snap = table.snapshot()
-    assert build_scheduler(None).pick(snap, snap.slots, request("x" * 200), NOW)
+    assert build_scheduler(None).handler.pick(snap, snap.slots, request("x" * 200), NOW)
 
 
 def test_a_scrape_resets_what_the_inflight_scorer_counts() -> None:

@@ -27,7 +27,7 @@ def replica(seed: int) -> tuple[ProfileScheduler, EndpointTable]:
 
 def pick(scheduler: ProfileScheduler, table: EndpointTable, prompt: str) -> int:
     snap = table.snapshot()
-    slot = scheduler.pick(snap, snap.slots, request(prompt), NOW)[0]
+    slot = scheduler.handler.pick(snap, snap.slots, request(prompt), NOW)[0]
     table.book_pick(slot)
     return slot
 

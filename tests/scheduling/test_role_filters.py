@@ -47,6 +47,6 @@ def _scheduler(filter_type: str):
 def test_role_filter_keeps_upstreams_role_set(filter_type) -> None:
     labels = [{"llm-d.ai/role": r} if r is not None else {} for r in ROLES]
     snap = table_with([{}] * len(ROLES), labels=labels).snapshot()
-    (role_filter,) = _scheduler(filter_type).profile.filters
+    (role_filter,) = _scheduler(filter_type).handler.profile.filters
     kept = {ROLES[i] for i in role_filter.filter(state(snap), snap.slots).tolist()}
     assert kept == KEEPS[filter_type]

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from epp.config.decode import parse_config
 from epp.scheduling import build_scheduler
 from epp.scheduling.framework import CycleState
-from epp.scheduling.registry import Kind, builtin_registry
+from epp.scheduling.plugin_type import Kind
+from epp.scheduling.registry import builtin_registry
 from tests.scheduling.tables import NOW, request, table_with
 
 BASE = {"apiVersion": "llm-d.ai/v1alpha1", "kind": "EndpointPickerConfig"}
@@ -77,7 +78,7 @@ def test_every_scorer_stays_in_the_unit_interval_and_picks_a_candidate(endpoints
     candidates = np.array(chosen, dtype=np.int64)
     for type_name, params, with_producers in SCORERS:
         scheduler = _scheduler(type_name, params, with_producers)
-        profile = scheduler.profile
+        profile = scheduler.handler.profile
         for i, prompt in enumerate(requests):
             headers = {"x-session-id": f"s{i % 2}"} if session else {}
             req = request(prompt, session=f"tok{i % 2}" if session else None, headers=headers)
@@ -89,5 +90,5 @@ def test_every_scorer_stays_in_the_unit_interval_and_picks_a_candidate(endpoints
                 assert scores.shape == candidates.shape, type_name
                 assert np.isfinite(scores).all(), (type_name, scores)
                 assert ((scores >= 0.0) & (scores <= 1.0)).all(), (type_name, scores)
-            picked = scheduler.pick(snap, candidates, req, NOW + i)
+            picked = scheduler.handler.pick(snap, candidates, req, NOW + i)
             assert set(picked) <= set(chosen), type_name

@@ -75,7 +75,7 @@ def test_session_id_strategy_binds_server_side_with_a_ttl() -> None:
 )
 def test_strategy_parameters(params, strategy, header, ttl) -> None:
     """sessionaffinity/README.md parameters (algorithm / strategy, headerName, evictionTtlSeconds)."""
-    scorer = _scheduler(params).profile.scorers[0].scorer
+    scorer = _scheduler(params).handler.profile.scorers[0].scorer
     assert (scorer.strategy, scorer.header, scorer.ttl_s) == (strategy, header, ttl)
 
 

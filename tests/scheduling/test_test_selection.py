@@ -58,6 +58,6 @@ def test_the_filter_plugin_routes_to_the_named_endpoint_and_nowhere_without_the_
     body = b'{"model": "m", "prompt": "p"}'
     named = parse_request("r", "/v1/completions", {"test-epp-endpoint-selection": "127.10.0.2:8000"}, body)
     for _ in range(10):
-        (slot,) = scheduler.pick(snapshot, candidates, named, 1.0)[:1]
+        (slot,) = scheduler.handler.pick(snapshot, candidates, named, 1.0)[:1]
         assert snapshot.addresses[slot] == "127.10.0.2:8000"
-    assert not len(scheduler.pick(snapshot, candidates, parse_request("r", "/v1/completions", {}, body), 1.0))
+    assert not len(scheduler.handler.pick(snapshot, candidates, parse_request("r", "/v1/completions", {}, body), 1.0))

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from epp.scheduling.registry import Stability, builtin_registry
+from epp.scheduling.plugin_type import Stability
+from epp.scheduling.registry import builtin_registry
 from epp.scheduling.upstream_types import UPSTREAM_TYPES, Status
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "scheduling.md"

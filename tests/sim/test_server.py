@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.sim import SERVER_HEADER, SimulatedPool
-from epp.sim.server import DEFAULT_MODEL
+from epp.sim.config import DEFAULT_MODEL
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,9 +11,10 @@ import aiohttp
 import pytest
 
 from epp.sim import SimulatedPool
+from epp.sim.config import DEFAULT_MODEL, ServerConfig
 from epp.sim.engine import Engine, SimRequest
+from epp.sim.pd import PREFILLER_HEADER
 from epp.sim.profiles import H100_LLAMA_8B
-from epp.sim.server import DEFAULT_MODEL, PREFILLER_HEADER, ServerConfig
 from tests.support.procs import free_port
 
 pytestmark = pytest.mark.timeout(60)

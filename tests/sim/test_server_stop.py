@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from epp.sim import SimulatedPool
-from epp.sim.server import DEFAULT_MODEL
+from epp.sim.config import DEFAULT_MODEL
 
 pytestmark = pytest.mark.timeout(40)
 

@@ -12,7 +12,8 @@ from typing import Any
 import aiohttp
 import yaml
 
-from epp.sim.server import DEFAULT_MODEL, SimServer
+from epp.sim.config import DEFAULT_MODEL
+from epp.sim.server import SimServer
 from tests.support.procs import http_text
 
 SAMPLE = Path(__file__).parents[1] / "data/epp-configs/llmd-router-precise-prefix-cache-config.yaml"

@@ -10,7 +10,7 @@ import ssl
 
 import grpc
 
-SELF_SIGNED_NAME = "localhost"  # a name in the picker's self-signed certificate (epp.app.serve._hostnames)
+SELF_SIGNED_NAME = "localhost"  # a name in the picker's self-signed certificate (epp.app.listen.hostnames)
 
 
 def presented_certificate(port: int, host: str = "127.0.0.1") -> bytes:

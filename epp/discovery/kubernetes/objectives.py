@@ -1,8 +1,10 @@
 """InferenceObjective (priority) and InferenceModelRewrite (rules) objects → what the ObjectiveStore holds.
 
-Both kinds exist in two API groups with the same schema (inference.networking.x-k8s.io, and llm-d.ai where the
-llm-d router moved them); we watch both. Only objects whose `spec.poolRef` names our pool count. When the same
-name exists in both groups, inference.networking.x-k8s.io wins (it is listed first in `OBJECTIVE_GROUPS`).
+Both kinds exist in two API groups with the same schema: llm-d.ai, where the llm-d router moved them, and the
+older inference.networking.x-k8s.io. We watch both, and per kind the group in force is upstream's: llm-d.ai
+whenever the API server serves that kind there (its CRD installed), the older group only when it does not; with
+both CRDs installed the older group's objects are ignored, as upstream ignores them (`group_in_force`). Only
+objects whose `spec.poolRef` names our pool count.
 """
 
 from __future__ import annotations
@@ -16,10 +18,22 @@ from epp.datastore.pool import POOL_GROUP
 
 log = logging.getLogger(__name__)
 
-OBJECTIVE_GROUPS = ("inference.networking.x-k8s.io", "llm-d.ai")
+PREFERRED_GROUP = "llm-d.ai"
+LEGACY_GROUP = "inference.networking.x-k8s.io"
+OBJECTIVE_GROUPS = (PREFERRED_GROUP, LEGACY_GROUP)  # in precedence order
 OBJECTIVE_VERSION = "v1alpha2"
 OBJECTIVES_PLURAL = "inferenceobjectives"
 REWRITES_PLURAL = "inferencemodelrewrites"
+
+
+def group_in_force(served: Mapping[str, bool]) -> str | None:
+    """The group whose objects of one kind count: the first of `OBJECTIVE_GROUPS` the server serves.
+
+    `served` maps a group to whether its list found the kind (a group not listed yet is absent or False). A
+    served group wins even while it holds no object, so deleting the last llm-d.ai object does not bring the
+    older group's objects back: the same answer as upstream, which picks the group once from API discovery.
+    """
+    return next((g for g in OBJECTIVE_GROUPS if served.get(g)), None)
 
 
 def refers_to_pool(obj: Mapping[str, Any], pool_name: str, pool_group: str = POOL_GROUP) -> bool:

@@ -2,25 +2,22 @@
 
 Two modes, as upstream:
 - pool mode (`--pool-name`): the InferencePool object decides selector, target ports and failure mode, live;
-- standalone mode (`--endpoint-selector k=v,…` with `--endpoint-target-ports 8000,…`): no pool object.
+- standalone mode (`--endpoint-selector` in label-selector syntax, `app=vllm,env in (a,b),!canary`, with
+  `--endpoint-target-ports 8000,…`): no pool object.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import socket
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from epp.datastore.pool import POOL_GROUP, FailureMode, PoolSpec
+from epp.datastore.selector import DOUBLE_EQUALS, EQUALS, Requirement, SelectorError, parse_label_selector
 from epp.discovery.kubernetes.watch import WatchOptions
 from epp.errors import ConfigError
-
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +34,7 @@ class KubernetesSettings:
     namespace: str = "default"
     pool_name: str = ""  # pool mode when set
     pool_group: str = POOL_GROUP
-    endpoint_selector: Mapping[str, str] = field(default_factory=dict)  # standalone mode when set
+    endpoint_selector: tuple[Requirement, ...] = ()  # standalone mode when set (`parse_endpoint_selector`)
     endpoint_target_ports: tuple[int, ...] = ()
     kubeconfig: str | None = None
     leader_election: bool = False
@@ -51,11 +48,23 @@ class KubernetesSettings:
         return not self.pool_name
 
     def standalone_pool(self) -> PoolSpec:
-        """The PoolSpec of standalone mode: no pool object, so upstream's defaults (FailClose)."""
+        """The PoolSpec of standalone mode: no pool object, so upstream's defaults (FailClose).
+
+        Equality requirements become matchLabels pairs (the same meaning), the rest stay expressions; a key
+        required twice keeps both requirements, so `a=1,a=2` selects nothing, as upstream's selector.
+        """
+        pairs: dict[str, str] = {}
+        expressions: list[Requirement] = []
+        for req in self.endpoint_selector:
+            if req.operator in (EQUALS, DOUBLE_EQUALS) and req.key not in pairs:
+                pairs[req.key] = req.values[0]
+            else:
+                expressions.append(req)
         return PoolSpec(
             name="",
             namespace=self.namespace,
-            selector=dict(self.endpoint_selector),
+            selector=pairs,
+            expressions=tuple(expressions),
             target_ports=self.endpoint_target_ports,
             failure_mode=FailureMode.FAIL_CLOSE,
         )
@@ -70,22 +79,16 @@ class KubernetesSettings:
         return self.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
-def parse_endpoint_selector(text: str) -> dict[str, str]:
-    """`k=v,k2=v2` (upstream's equality form; `==` accepted) → dict; ConfigError names the bad pair."""
-    selector: dict[str, str] = {}
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        key, sep, value = part.partition("=")
-        value = value.removeprefix("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value) or "!" in key:
-            raise ConfigError(f"--endpoint-selector: {part!r} is not a key=value label pair")
-        selector[key] = value
-    if not selector:
-        raise ConfigError("--endpoint-selector: needs at least one key=value pair")
-    return selector
+def parse_endpoint_selector(text: str) -> tuple[Requirement, ...]:
+    """`--endpoint-selector` in Kubernetes label-selector syntax, as upstream parses it; ConfigError says what is
+    wrong. A blank selector is refused (upstream's would select every pod of the namespace)."""
+    try:
+        requirements = parse_label_selector(text)
+    except SelectorError as exc:
+        raise ConfigError(f"--endpoint-selector {text!r}: {exc}") from None
+    if not requirements:
+        raise ConfigError("--endpoint-selector: needs at least one requirement, such as app=vllm")
+    return requirements
 
 
 def parse_target_ports(text: str) -> tuple[int, ...]:
@@ -127,7 +130,7 @@ def settings_from_flags(args: Any) -> KubernetesSettings | None:
     if group != POOL_GROUP:
         raise ConfigError(f"--pool-group: only {POOL_GROUP} (InferencePool v1) is supported, got {group!r}")
     namespace = getattr(args, "pool_namespace", None) or os.environ.get("NAMESPACE") or "default"
-    selector: dict[str, str] = {}
+    selector: tuple[Requirement, ...] = ()
     ports: tuple[int, ...] = ()
     if selector_text:
         selector = parse_endpoint_selector(selector_text)

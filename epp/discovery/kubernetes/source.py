@@ -32,6 +32,7 @@ from epp.discovery.kubernetes.objectives import (
     OBJECTIVE_VERSION,
     OBJECTIVES_PLURAL,
     REWRITES_PLURAL,
+    group_in_force,
     objective_priorities,
     pool_rewrites,
 )
@@ -67,6 +68,8 @@ class KubernetesSource:
         self._owners: dict[str, set[str]] = {}  # address → pods giving it (two pods may share a hostNetwork IP)
         self._objective_caches: dict[tuple[str, str], ObjectCache] = {}
         self._published_rewrites: dict[str, tuple[RewriteRule, ...]] | None = None
+        # plural → (the group whose objects count, the served groups ignored): logged when it changes
+        self._groups_in_force: dict[str, tuple[str | None, tuple[str, ...]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._listeners: list[Callable[[], None]] = []
         self._elector: LeaderElector | None = None
@@ -112,6 +115,7 @@ class KubernetesSource:
             "namespace": self.settings.namespace,
             "pool": pool.name if pool is not None else None,
             "selector": dict(pool.selector) if pool is not None else None,
+            "selectorExpressions": [str(r) for r in pool.expressions] if pool is not None else None,
             "target_ports": list(pool.target_ports) if pool is not None else None,
             "failure_mode": pool.failure_mode.value if pool is not None else None,
             "synced": self.table.synced,
@@ -332,8 +336,23 @@ class KubernetesSource:
 
         return handle
 
-    def _cached(self, group: str, plural: str) -> list[dict[str, Any]]:
-        cache = self._objective_caches.get((group, plural))
+    def _in_force(self, plural: str) -> list[dict[str, Any]]:
+        """The objects of one kind from the group in force (`group_in_force`); a change of group is logged once."""
+        served = {g: c.listed and c.served for (g, p), c in self._objective_caches.items() if p == plural}
+        group = group_in_force(served)
+        ignored = tuple(g for g in OBJECTIVE_GROUPS if g != group and served.get(g))
+        if self._groups_in_force.get(plural) != (group, ignored):
+            self._groups_in_force[plural] = (group, ignored)
+            if ignored:
+                log.warning(
+                    "%s: served in %s too; using %s and ignoring those objects, as upstream",
+                    plural,
+                    ", ".join(ignored),
+                    group,
+                )
+            elif group is not None:
+                log.info("%s: using the API group %s", plural, group)
+        cache = self._objective_caches.get((group, plural)) if group is not None else None
         return list(cache.objects.values()) if cache is not None else []
 
     def _publish_objectives(self) -> None:
@@ -341,12 +360,10 @@ class KubernetesSource:
         if store is None:
             return
         name, group = self.settings.pool_name, self.settings.pool_group
-        objectives = [o for g in OBJECTIVE_GROUPS for o in self._cached(g, OBJECTIVES_PLURAL)]
-        rewrites = [o for g in OBJECTIVE_GROUPS for o in self._cached(g, REWRITES_PLURAL)]
-        priorities = objective_priorities(objectives, name, group)
+        priorities = objective_priorities(self._in_force(OBJECTIVES_PLURAL), name, group)
         if priorities != store.objectives():
             store.replace_objectives(priorities)
-        rules = pool_rewrites(rewrites, name, group)
+        rules = pool_rewrites(self._in_force(REWRITES_PLURAL), name, group)
         if rules != self._published_rewrites:
             store.replace_rewrites(rules)
             self._published_rewrites = rules

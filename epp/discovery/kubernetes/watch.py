@@ -26,7 +26,8 @@ Recovery rules (kopf's, client-go's reflector's):
   (exponential with jitter, capped at `backoff_max_s`) and the log says so once per `log_every_s`, not per call;
 - a stream that ends within a second with nothing in it is treated as failed (backoff), not resumed at once;
 - an ERROR event of another kind, or a failed list → backoff (exponential with jitter, capped) then list again;
-- 404 on the list (the CRD is not installed) → an empty `Listed` once, then retry slowly;
+- 404 on the list (the CRD is not installed) → an empty `Listed` with `served=False` once, then retry slowly
+  (a consumer that must tell "no objects" from "no such type", as the objectives' group choice does, reads it);
 - no byte for `inactivity_timeout_s` (the socket read timeout) → the stream is presumed dead and is reopened.
 
 Every blocking client call runs in a worker thread, never on the event loop: the list through `asyncio.to_thread`
@@ -72,10 +73,15 @@ class WatchOptions:
 
 @dataclass(frozen=True, slots=True)
 class Listed:
-    """The complete current set of objects (first list, and every re-list after 410 Gone or an error)."""
+    """The complete current set of objects (first list, and every re-list after 410 Gone or an error).
+
+    `served` is False when the server does not know the resource type at all (404 on the list: its CRD is not
+    installed); the objects are then empty.
+    """
 
     objects: tuple[Obj, ...]
     resource_version: str
+    served: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +104,13 @@ class ObjectCache:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], Obj] = {}
         self.listed = False
+        self.served = False  # the last list found the resource type (its CRD installed)
 
     def apply(self, item: WatchItem) -> None:
         if isinstance(item, Listed):
             self.objects = {object_key(o): o for o in item.objects}
             self.listed = True
+            self.served = item.served
         elif item.type == "DELETED":
             self.objects.pop(object_key(item.object), None)
         else:
@@ -158,7 +166,7 @@ async def watch_objects(
         except ApiError as exc:
             if exc.status == 404:
                 log.info("%s: not served (CRD not installed?); looking again in %ss", ref, opts.absent_retry_s)
-                yield Listed((), "")
+                yield Listed((), "", served=False)
                 await asyncio.sleep(opts.absent_retry_s)
             else:
                 quiet.log((ref, "list"), logging.WARNING, "%s: list failed: %s", ref, exc)

@@ -1,0 +1,125 @@
+"""The one builder of what decides and serves, used by both processes: `epp serve` (`epp.app.serve`) and each
+serving worker of `--workers N` (`epp.app.worker`) build their config, scheduler, Director, ExternalProcessor and
+ext_proc server here, from the same `ServeSettings`, so the two cannot drift apart.
+
+What only the control process has (discovery, federation, flow control, tracing, the scrapers, the HTTP port) is
+passed in as parts; a worker passes none of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import grpc
+
+from epp.app.config_file import load_config, parser_chain_of
+from epp.app.listen import bind, hostnames
+from epp.app.settings import ConfigSource, ServeSettings
+from epp.app.tls import server_credentials
+from epp.config.model import EndpointPickerConfig
+from epp.datastore import EndpointTable
+from epp.datastore.objectives import ObjectiveStore
+from epp.datastore.pool import FailureMode
+from epp.director import Director
+from epp.director.flow import FlowGate
+from epp.extproc.server import ExternalProcessor, add_to_server
+from epp.extproc.stream import StreamSettings
+from epp.federation.policy.router import FederationRouter
+from epp.scheduling import Scheduler, build_scheduler
+from epp.scrape.scraper import ScrapeSettings
+
+_WORKER_CONNECTION_AGE_MS = 30_000  # with workers: GOAWAY after this, open streams finish, the next connects anew
+_MESSAGE_OVERHEAD = 1 << 20  # an ext_proc message's headers and framing around a body, with plenty of room
+
+
+def load_picker_config(source: ConfigSource) -> EndpointPickerConfig | None:
+    """--config-file / --config-text: an EndpointPickerConfig (a bad one is ConfigError, exit 2); none: built-in.
+    Deprecations are not logged here: the control process logs them once, after every check that refuses to start."""
+    if source.text is not None:
+        return load_config(None, text=source.text, allow_experimental=source.allow_experimental, warn=False)
+    if source.path:
+        return load_config(source.path, allow_experimental=source.allow_experimental, warn=False)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Decisions:
+    """The config and the scheduler built from it, with the scrape settings every judge of endpoint data shares."""
+
+    config: EndpointPickerConfig | None
+    scheduler: Scheduler
+    scrape: ScrapeSettings  # the flags', with the config's saturationDetector.metricsStalenessThreshold if given
+
+
+def build_decisions(settings: ServeSettings, config: EndpointPickerConfig | None) -> Decisions:
+    """One rule for usable endpoint data, for every decision and for /debug/pool: the flags' thresholds, or the
+    config's saturationDetector.metricsStalenessThreshold where it gives one."""
+    scheduler = build_scheduler(
+        config, seed=None, freshness=settings.scrape.freshness, allow_experimental=settings.config.allow_experimental
+    )
+    scrape = replace(settings.scrape, staleness_s=scheduler.freshness.staleness_s)
+    return Decisions(config, scheduler, scrape)
+
+
+def build_director(
+    settings: ServeSettings,
+    scheduler: Scheduler,
+    table: EndpointTable,
+    objectives: ObjectiveStore,
+    *,
+    failure_mode: Callable[[], FailureMode],
+    observer: Any,
+    federation: FederationRouter | None = None,
+    flow: FlowGate | None = None,
+) -> Director:
+    """The Director over `table`: priorities and rewrites from `objectives` as the watches (or the control process)
+    last saw them; federation and flow control only where the control process serves alone."""
+    return Director(
+        table,
+        scheduler,
+        clock=time.monotonic,
+        failure_mode=failure_mode,
+        observer=observer,
+        objectives=objectives,
+        saturation=scheduler.saturation,
+        federation=federation,
+        honour_subset=settings.honour_subset,
+        test_selection=settings.test_selection,
+        emit_scores=settings.emit_scores,
+        flow=flow,
+    )
+
+
+def build_processor(
+    settings: ServeSettings, config: EndpointPickerConfig | None, decider: Any, observer: Any
+) -> ExternalProcessor:
+    """The ext_proc servicer: the config's parsers, the body and stream bounds of the flags."""
+    stream = StreamSettings(max_body_bytes=settings.limits.max_body_bytes, parsers=parser_chain_of(config))
+    return ExternalProcessor(decider, observer, stream, limits=settings.limits.streams)
+
+
+def extproc_server(settings: ServeSettings, processor: ExternalProcessor, *, reuse_port: bool) -> grpc.aio.Server:
+    """The ext_proc gRPC server on --grpc-port (TLS unless --secure-serving=false); `reuse_port` lets several
+    workers bind the same port (the kernel spreads connections over them)."""
+    limits = settings.limits
+    # A BUFFERED body arrives as one message: gRPC's default 4 MiB receive limit would break the stream below
+    # --max-body-bytes instead of answering 413, so the limit follows the flag (plus room for the headers), unless
+    # upstream's --grpc-max-recv-msg-size sets it.
+    receive_limit = limits.grpc_max_recv_msg_size or limits.max_body_bytes + _MESSAGE_OVERHEAD
+    options: list[tuple[str, int]] = [
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
+        ("grpc.max_receive_message_length", receive_limit),
+    ]
+    if limits.grpc_max_send_msg_size:
+        options.append(("grpc.max_send_message_length", limits.grpc_max_send_msg_size))
+    if reuse_port:  # a gateway's long-lived connection moves on now and then, so every worker gets its share
+        options.append(("grpc.max_connection_age_ms", _WORKER_CONNECTION_AGE_MS))
+    server = grpc.aio.server(options=options)
+    add_to_server(processor, server)
+    listen, tls = settings.listen, settings.tls
+    credentials = server_credentials(tls, hostnames(listen.bind_address)) if tls.enabled else None
+    bind(server, listen.bind_address, listen.grpc_port, "--grpc-port", credentials)
+    return server

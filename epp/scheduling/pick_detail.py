@@ -1,0 +1,53 @@
+"""What a pick knew beyond its slots, for the director's two uses of it (upstream's ProfileRunResult fields):
+
+- the weighted score of every endpoint the primary profile scored (`--emit-endpoint-scores`: upstream's
+  `ScoredCandidates`, every candidate its filters kept, not only the ones picked);
+- how many leading prompt blocks the picked endpoint already holds by the prefix producers' reckoning, or by a
+  `prefix-cache-scorer` that matches by itself (`Prefer: if-available`: upstream reads the picked endpoint's
+  PrefixCacheMatchInfo).
+
+The profile runner records its candidates and totals in the pick's state (one dict write per pick, so the common
+path pays nothing more); `detail_of` reads them back only when the director asks for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+from epp.datastore.table import FloatArray, IntArray
+from epp.scheduling.framework import CycleState, PrefixMatch
+
+_SCORED = "pick-detail/scored"  # scratch key: (candidates after the filters, their weighted totals)
+
+
+class PickDetail(NamedTuple):
+    scored: IntArray  # the slots the primary profile scored (its filters' survivors)
+    scores: FloatArray  # their weighted scores (upstream's sum of clamped score × weight), one per slot
+    cached_blocks: int  # leading prompt blocks the picked endpoint holds (0: none, or no prefix producer ran)
+
+
+EMPTY = PickDetail(np.zeros(0, dtype=np.int64), np.zeros(0), 0)
+
+
+def record_scores(state: CycleState, candidates: IntArray, totals: FloatArray) -> None:
+    """Called by the profile runner before its picker: what `detail_of` reads (the arrays are not copied)."""
+    state.scratch[_SCORED] = (candidates, totals)
+
+
+# A scorer's own prefix match for this pick: (state, slot) → leading blocks held (`PrefixCacheScorer.cached_blocks`).
+CachedBlocks = Callable[[CycleState, int], int]
+
+
+def detail_of(state: CycleState, primary: int, scorers: tuple[CachedBlocks, ...] = ()) -> PickDetail:
+    """The detail of a pick whose primary (first) slot is `primary`, from its state and the profile's scorers
+    that match prefixes themselves."""
+    scored, scores = state.scratch.get(_SCORED, (EMPTY.scored, EMPTY.scores))
+    blocks = max((held(state, primary) for held in scorers), default=0)
+    for value in state.scratch.values():
+        # Any prefix producer's match counts (a tiered config runs one per tier): the most blocks wins.
+        if isinstance(value, PrefixMatch) and value.total > 0 and 0 <= primary < value.matched.size:
+            blocks = max(blocks, int(value.matched[primary]))
+    return PickDetail(scored, scores, blocks)

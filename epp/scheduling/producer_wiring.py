@@ -1,0 +1,112 @@
+"""Which producer each consumer reads: a consumer's producer reference checked against the config, and the
+producers upstream creates on its own (with defaults) for a consumer whose config names none.
+
+A scorer or filter names its data producer in a parameter (`prefixMatchInfoProducerName`, ...); this is where that
+name is resolved once, at build time, so a wrong reference is refused at load and a pick never looks one up.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from epp.config.model import EndpointPickerConfig
+from epp.errors import ConfigError
+from epp.scheduling.framework import Producer
+from epp.scheduling.plugin_type import BuildContext, Built, Kind
+
+# What a consumer's producer reference must name: attribute → producer types that publish that data; the first
+# type is the one upstream auto-creates (with defaults) when the file names none.
+_CONSUMES: dict[str, tuple[str, ...] | None] = {
+    "producer": None,  # by plugin type, below
+    "prefix_producer": ("approx-prefix-cache-producer", "burst-prefix-cache-producer", "precise-prefix-cache-producer"),
+    "load_producer": ("inflight-load-producer",),
+}
+_PRODUCER_OF: dict[str, tuple[str, ...]] = {
+    "prefix-cache-scorer": (
+        "approx-prefix-cache-producer",
+        "burst-prefix-cache-producer",
+        "precise-prefix-cache-producer",
+    ),
+    "no-hit-lru-scorer": (
+        "approx-prefix-cache-producer",
+        "burst-prefix-cache-producer",
+        "precise-prefix-cache-producer",
+    ),
+    "active-request-scorer": ("inflight-load-producer",),
+    "token-load-scorer": ("inflight-load-producer",),
+}
+# Producers whose absence a consumer can live with (its fallback equals the default producer's output).
+_FALLBACK_OK = ("inflight-load-producer",)
+
+
+def resolve_producers(
+    config: EndpointPickerConfig, built: Built, ctx: BuildContext, plugins: list[object]
+) -> list[Producer]:
+    """The config's producers plus those upstream auto-creates for a consumer that names none, in run order;
+    a consumer naming a plugin that is not a producer of its data is refused."""
+    out: dict[str, Producer] = {
+        name: plugin  # type: ignore[misc]
+        for name, (kind, plugin, _, _) in built.items()
+        if kind is Kind.PRODUCER and hasattr(plugin, "produce")
+    }
+    for plugin in plugins:
+        for attribute, types in _CONSUMES.items():
+            wanted = getattr(plugin, attribute, None)
+            if not isinstance(wanted, str) or not wanted:
+                continue
+            types = types or _PRODUCER_OF.get(getattr(plugin, "type_name", ""))
+            if types is None:
+                continue
+            where = f"{config.source}: plugin '{getattr(plugin, 'name', '?')}' ({getattr(plugin, 'type_name', '?')})"
+            if wanted in built:
+                kind, _, spec, _ = built[wanted]
+                if kind is not Kind.PRODUCER or spec.type not in types:
+                    raise ConfigError(f"{where}: '{wanted}' ({spec.type}) is not a producer of {' or '.join(types)}")
+                continue
+            if wanted in out or wanted in _FALLBACK_OK:
+                continue
+            if wanted != types[0]:
+                raise ConfigError(f"{where}: names producer '{wanted}', which the config does not define")
+            factory = _AUTO_PRODUCERS.get(wanted)
+            if factory is not None:  # one instance per config: every profile's picks credit the same index
+                auto = ctx.built.get(_AUTO_KEY + wanted)
+                if auto is None:
+                    auto = ctx.built[_AUTO_KEY + wanted] = factory()
+                out[wanted] = cast(Producer, auto)
+    _check_precise(config, out)
+    return sorted(out.values(), key=lambda p: getattr(p, "ORDER", 50))
+
+
+def _check_precise(config: EndpointPickerConfig, producers: dict[str, Producer]) -> None:
+    """Precise prefix matching needs the engine's own token ids: a token producer with the vllm backend."""
+    from epp.scheduling.precise import PrecisePrefixCacheProducer
+    from epp.scheduling.producers import TokenProducer
+
+    for plugin in producers.values():
+        if not isinstance(plugin, PrecisePrefixCacheProducer):
+            continue
+        where = f"{config.source}: plugin '{plugin.name}' (precise-prefix-cache-producer)"
+        tokens = [p for p in producers.values() if isinstance(p, TokenProducer)]
+        if not tokens:
+            raise ConfigError(
+                f"{where}: needs a token-producer with the vllm backend (modelName, vllm.url): block keys are "
+                "computed from the engine's token ids, and the config defines no token-producer"
+            )
+        estimate = [p.name for p in tokens if p.backend != "vllm"]
+        if estimate:
+            raise ConfigError(
+                f"{where}: token-producer '{estimate[0]}' uses the estimate backend, whose token ids are not the "
+                "engine's, so no block key would ever match an engine's KV events; set its backend to vllm "
+                "(modelName and vllm.url, the model server's render endpoints)"
+            )
+        plugin.token_producer = tokens[0].name
+
+
+def _auto_approx_prefix() -> Producer:
+    from epp.scheduling.producers import ApproxPrefixCacheProducer
+
+    return ApproxPrefixCacheProducer()
+
+
+_AUTO_PRODUCERS = {"approx-prefix-cache-producer": _auto_approx_prefix}
+_AUTO_KEY = " auto:"  # ctx.built key of an auto-created producer (no plugin name has a space)
