@@ -4,20 +4,21 @@ Why a process: the feeder decodes every block event of every engine (hundreds of
 pool); on the serving loop that would take the GIL from the picks. The child (`child_main`, started through the
 child-process kit, epp.supervision.child) runs
 `epp.kvevents.feeder.Feeder` over a `KvBlockIndex` whose `TableWriter` keeps the shared-memory block table
-(`epp.kvevents.shared`, segments by `epp.kvevents.publish`) equal to it. The serving process reads that table in
+(`epp.kvevents.shared`, memfd tables by `epp.kvevents.publish`) equal to it. The serving process reads that table in
 place (`TableReader`: no copy) when the `precise-prefix-cache-producer` matches a request.
 
 Messages (typed, on the kit's pipe):
-- parent → child: `FeederStart` (the kit's `Start` payload: the producer's parameters and a fresh segment
-  prefix), then `Sources` whenever the endpoints to follow change (endpoint, host, rank); the rank of an endpoint
-  is its position among the endpoints of the same pod IP by port (data parallelism as several target ports), and
-  offsets the producer's socket port, as upstream does.
+- parent → child: `FeederStart` (the kit's `Start` payload: the producer's parameters; the table's directory is
+  a memfd the child inherits), then `Sources` whenever the endpoints to follow change (endpoint, host, rank); the
+  rank of an endpoint is its position among the endpoints of the same pod IP by port (data parallelism as several
+  target ports), and offsets the producer's socket port, as upstream does.
+- child → parent: `TableSegment` for each new table generation, its memfd attached (epp.kvevents.publish);
 - child → parent, every `STATUS_S`: `FeederStatus`: the table's generation, the endpoint of each table slot (bit),
   each endpoint's last event time (CLOCK_MONOTONIC, shared by both processes) and the feeder's counters.
 
 Supervision is the kit's, the same as every child's (start timeout, heartbeat, backoff, no restart once the
 picker stops, no child outliving the picker): a child that exits or hangs is logged with its exit code or signal
-and started again after the backoff, on a fresh segment prefix (the old names are unlinked by the parent). While
+and started again after the backoff, on a fresh directory and tables (memfd: nothing to unlink). While
 there is no child, every endpoint reads as absent and the producer falls back to the approximate match for all.
 """
 
@@ -41,12 +42,13 @@ from epp.kvevents import kernels
 from epp.kvevents.blockkeys import U64Array
 from epp.kvevents.feeder import Feeder, FeederSettings, KvSource, vars_of
 from epp.kvevents.index import KvBlockIndex
-from epp.kvevents.publish import SegmentAllocator, TableReader, new_prefix
+from epp.kvevents.publish import SegmentAllocator, TableReader, new_directory
 from epp.kvevents.shared import TableWriter
 from epp.scheduling.precise import NEVER, PrecisePrefixCacheProducer
 from epp.supervision.child import Child
 from epp.supervision.child_end import ChildEnd
 from epp.supervision.messages import Stop
+from epp.supervision.pipe import recv_fd
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,6 @@ MEMBERSHIP_S = 0.2  # how often the parent compares the table's membership with 
 
 @dataclass(frozen=True, slots=True)
 class FeederStart:
-    prefix: str  # the table's segment names: <prefix> (the directory), <prefix>-<generation>
     port: int
     replay_port: int | None
     topic: str
@@ -68,6 +69,13 @@ class FeederStart:
 @dataclass(frozen=True, slots=True)
 class Sources:
     sources: list[tuple[str, str, int]]  # (endpoint, host, data-parallel rank)
+
+
+@dataclass(frozen=True, slots=True)
+class TableSegment:
+    """Child → parent: a new table generation; its memfd follows on the pipe (epp.supervision.pipe.send_fd)."""
+
+    generation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +111,7 @@ class KvFeederProcess:
             "epp.app.kv_feeder",
             "kv-events feeder (pid {pid})",
             payload=self._start_payload,
+            fds=self._new_directory,
             on_start=self._started,
             on_message=self._on_message,
             on_exit=lambda code: self._drop_child(),
@@ -110,7 +119,7 @@ class KvFeederProcess:
             consequence="; the precise producer falls back to the approximate match until then",
         )
         self._reader: TableReader | None = None
-        self._prefix = ""
+        self._directory_fd = -1
         self._generation = 0
         self._slots: list[str | None] = []
         self._last: dict[str, float] = {}
@@ -138,6 +147,8 @@ class KvFeederProcess:
         if reader is None or not slots:
             return np.zeros(len(slots), dtype=np.uint64)
         counts = reader.prefix_blocks(keys)
+        if counts is None:  # no table announced yet
+            return np.zeros(len(slots), dtype=np.uint64)
         if counts.size < len(slots):  # slots the table has no mask bits for yet: they hold nothing
             counts = np.concatenate((counts, np.zeros(len(slots) - counts.size, dtype=counts.dtype)))
         return counts
@@ -159,15 +170,22 @@ class KvFeederProcess:
 
     def _start_payload(self) -> FeederStart:
         p = self.producer
-        self._prefix = new_prefix()
         return FeederStart(
-            self._prefix, p.socket_port, p.replay_port, p.topic_filter, p.block_size, p.hash_seed,
+            p.socket_port, p.replay_port, p.topic_filter, p.block_size, p.hash_seed,
             p.max_blocks_per_endpoint,
         )  # fmt: skip
 
+    def _new_directory(self) -> tuple[int]:
+        """A fresh table directory for the child about to start: its reader here, its writer there."""
+        self._directory_fd = new_directory()
+        self._reader = TableReader(self._directory_fd)
+        return (self._directory_fd,)
+
     def _started(self) -> None:
+        os.close(self._directory_fd)  # mapped here, inherited there
+        self._directory_fd = -1
         self._sent = None
-        log.info("kv-events feeder started (pid %s, segments %s)", self.child.pid, self._prefix)
+        log.info("kv-events feeder started (pid %s)", self.child.pid)
 
     async def _follow_membership(self) -> None:
         while True:
@@ -177,11 +195,16 @@ class KvFeederProcess:
             await asyncio.sleep(MEMBERSHIP_S)
 
     def _on_message(self, status: Any) -> None:
+        if isinstance(status, TableSegment):
+            fd = recv_fd(self.child.conn)  # type: ignore[arg-type]  # the message came on it: it is there
+            try:
+                if self._reader is not None:
+                    self._reader.add(status.generation, fd)
+            finally:
+                os.close(fd)
+            return
         if not isinstance(status, FeederStatus):
             return
-        if self._reader is None:
-            with contextlib.suppress(FileNotFoundError):
-                self._reader = TableReader(self._prefix)
         self._generation = status.generation
         if status.slots != self._slots or status.last.keys() != self._last.keys():
             self._version += 1
@@ -190,19 +213,13 @@ class KvFeederProcess:
         self.counters = status.index
 
     def _drop_child(self) -> None:
-        """Forget the dead child's table and unlink what it left in /dev/shm."""
+        """Forget the dead child's table (its memory goes with the last mapping: nothing to unlink)."""
         if self._reader is not None:
             with contextlib.suppress(Exception):
                 self._reader.close()
         self._reader = None
         self._slots, self._last = [], {}
         self._version += 1
-        names = [self._prefix] + [
-            f"{self._prefix}-{g}" for g in range(max(0, self._generation - 2), self._generation + 2)
-        ]
-        for name in names:  # POSIX shared memory lives under /dev/shm on Linux
-            with contextlib.suppress(OSError):
-                os.unlink(f"/dev/shm/{name}")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -210,7 +227,7 @@ class KvFeederProcess:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        await self.child.stop()  # Stop: the child closes its sockets, unlinks its segments and exits
+        await self.child.stop()  # Stop: the child closes its sockets and exits
         self._drop_child()
 
     def begin_shutdown(self) -> None:
@@ -241,7 +258,8 @@ def child_main(end: ChildEnd) -> int:
     """The kit's entry (epp.supervision.launch): feed the index from the engines' events until told to stop."""
     args: FeederStart = end.payload
     index = KvBlockIndex(block_size=args.block_size, hash_seed=args.hash_seed, max_blocks_per_endpoint=args.max_blocks)
-    segments = SegmentAllocator(args.prefix)
+    segments = SegmentAllocator(end.fds[0], lambda generation, fd: end.send_with_fd(TableSegment(generation), fd))
+    os.close(end.fds[0])  # the directory stays mapped
     writer = TableWriter(index, segments, published=segments.published)
     feeder = Feeder(index, FeederSettings(port=args.port, replay_port=args.replay_port, topic=args.topic))
     stop = threading.Event()

@@ -189,7 +189,8 @@ def traced_scheduler(scheduler: Scheduler, tracer: Tracer) -> Scheduler:
     parallelism) is traced by the director's span alone. Everything else (flow control, admitters) is kept."""
     if scheduler.routing is not None or len(scheduler.profiles) != 1:
         return scheduler
-    return replace(scheduler, handler=TracingScheduler(scheduler.profiles[0], tracer))
+    traced = TracingScheduler(scheduler.profiles[0], tracer)
+    return replace(scheduler, handler=traced, detailed=traced.pick_detailed)
 
 
 class TracingScheduler:
@@ -203,6 +204,7 @@ class TracingScheduler:
             scorers=tuple(WeightedScorer(_TracedScorer(s.scorer, tracer), s.weight) for s in profile.scorers),
             picker=_TracedPicker(profile.picker, tracer, "picker"),
             observers=profile.observers,
+            producers=profile.producers,  # run untraced, as before the filters: the scorers read what they publish
         )
         self._inner = ProfileScheduler(traced, scheduler.saturation)
         self.profile = profile

@@ -31,7 +31,7 @@ from epp.federation.policy import Route
 from epp.flowcontrol import QueuedRequest
 from epp.flowcontrol.admission import Admitter
 from epp.requests import InferenceRequest
-from epp.scheduling import test_selection
+from epp.scheduling import conformance_selection
 from epp.scheduling.pick_detail import PickDetail
 from epp.scheduling.producers import estimate_tokens
 from epp.scheduling.scheduler import Routing, Scheduler
@@ -125,9 +125,7 @@ class Director:
         self._emit_scores = emit_scores
         # The handler's pick with its PickDetail (scores, the picked endpoint's cached prefix), asked for only when
         # scores are emitted or a request says `Prefer: if-available`; a handler without it has no detail.
-        self._detailed: Callable[..., tuple[Sequence[int], PickDetail]] | None = getattr(
-            scheduler.handler, "pick_detailed", None
-        )
+        self._detailed = scheduler.detailed
         render = scheduler.tokenizer  # the vllm token-producer's render endpoint: the engine's token ids
         tokenizer = (
             RenderTokenizer(render.url, render.model_name, render.timeout_s, render.chat_timeout_s, render.cache_size)
@@ -161,12 +159,14 @@ class Director:
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "the gateway's endpoint subset is empty", _NO_ENDPOINTS)
         candidates = snapshot.slots if subset is None else self.candidates(snapshot, subset)
         if self._test_selection:
-            named = request.headers.get(test_selection.HEADER, "").strip()
+            named = request.headers.get(conformance_selection.HEADER, "").strip()
             if named:
-                candidates = test_selection.selected(snapshot, candidates, named)
+                candidates = conformance_selection.selected(snapshot, candidates, named)
                 if candidates.size == 0:
                     raise EppError(
-                        ErrorCode.SERVICE_UNAVAILABLE, f"{test_selection.HEADER} names no pool endpoint", _NO_ENDPOINTS
+                        ErrorCode.SERVICE_UNAVAILABLE,
+                        f"{conformance_selection.HEADER} names no pool endpoint",
+                        _NO_ENDPOINTS,
                     )
         now = self._clock()
         original_model = request.model

@@ -1,6 +1,6 @@
 """The block index as a flat table another process reads without copying: one writer, lock-free readers.
 
-Layout of one buffer (a `multiprocessing.shared_memory` segment in production, any writable buffer in tests), all
+Layout of one buffer (a memfd mapping in production, epp.kvevents.publish; any writable buffer in tests), all
 little-endian uint64:
 
     header[8]           magic, capacity C (a power of two, ≥ BUCKET), mask words W, generation, used slots, retired,
@@ -372,7 +372,7 @@ def _row_counts(held: U64Array) -> Counts:
 class TableWriter:
     """Keeps a `SharedBlockTable` equal to an index's holders: install as the index's `mirror`.
 
-    `alloc(generation, nbytes)` returns the buffer for a table (a new shared-memory segment named after the
+    `alloc(generation, nbytes)` returns the buffer for a table (a new memory file for the
     generation, in production: `epp.kvevents.publish.SegmentAllocator`); `published(generation)` is told when that
     table is complete. When a table is full, or the endpoint slots outgrow its mask words, a larger one is built
     from the index, and the old one retired.

@@ -30,6 +30,7 @@ from typing import Any
 
 from epp.observability.relay import RelayHandler
 from epp.supervision.messages import Heartbeat, Log, Ready, Start
+from epp.supervision.pipe import send_fd
 
 HEARTBEAT_S = 1.0  # a child quiet this long sends a Heartbeat (the parent's timeout is ten times that)
 _PR_SET_PDEATHSIG = 1
@@ -87,6 +88,13 @@ class ChildEnd:
     def send(self, msg: Any) -> None:
         with self._lock:
             self.conn.send(msg)
+            self._sent_at = time.monotonic()
+
+    def send_with_fd(self, msg: Any, fd: int) -> None:
+        """`msg`, then the descriptor `fd` attached to the next byte (the parent reads both, in that order)."""
+        with self._lock:
+            self.conn.send(msg)
+            send_fd(self.conn, fd)
             self._sent_at = time.monotonic()
 
     def ready(self) -> None:

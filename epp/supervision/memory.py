@@ -1,10 +1,11 @@
 """Shared memory between a parent and its children: memfd only.
 
-One scheme for every block the picker shares (the scrape child's rows, the workers' rows, in-flight matrix, stats
-and pick log,): an anonymous memory file (`memfd_create`) whose descriptor the child inherits
-at spawn (`pass_fds`). It has no name: nothing is left
-in /dev/shm by a process that dies however it dies (SIGKILL included), no resource tracker is involved, and the
-memory is freed when the last descriptor and mapping go.
+One scheme for every block the picker shares (the scrape child's rows; the workers' rows, in-flight matrix, stats
+and pick log; the KV-event table and its directory): an anonymous memory file (`memfd_create`) whose descriptor
+the child inherits at spawn (`pass_fds`) or that travels over the pipe (`epp.supervision.pipe.send_fd`: the
+KV-event table's generations, made by the child). It has no name: nothing is left in /dev/shm by a process that
+dies however it dies (SIGKILL included), no resource tracker is involved, and the memory is freed when the last
+descriptor and mapping go.
 """
 
 from __future__ import annotations

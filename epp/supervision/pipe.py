@@ -1,9 +1,10 @@
-"""The pipe between a child and its parent, watched from the event loop."""
+"""The pipe between a child and its parent, watched from the event loop, and file descriptors passed over it."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -20,3 +21,20 @@ def watch_pipe(loop: asyncio.AbstractEventLoop, conn: Connection, callback: Call
     is writing it."""
     loop.add_reader(conn.fileno(), callback, *args)
     os.set_blocking(conn.fileno(), True)
+
+
+def send_fd(conn: Connection, fd: int) -> None:
+    """Pass a descriptor (a memfd) to the other end: one byte with the descriptor attached (SCM_RIGHTS). The
+    sender writes it right after the message that announces it, under the same lock, so the reader, having read
+    that message whole, reads this byte next."""
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        socket.send_fds(sock, [b"F"], [fd])
+
+
+def recv_fd(conn: Connection) -> int:
+    """The descriptor `send_fd` passed: the receiver's own copy, to close when done."""
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    if not fds:
+        raise OSError("a descriptor was announced but none came")
+    return fds[0]

@@ -13,6 +13,7 @@ from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
 
 from epp.app.tracing import TracingDirector, traced_scheduler
+from epp.config.decode import parse_config
 from epp.datastore import EndpointInfo, EndpointTable
 from epp.director import Director
 from epp.errors import EppError, ErrorCode
@@ -121,6 +122,29 @@ def test_the_exporter_and_service_name_come_from_the_otel_variables(monkeypatch:
     provider, tracer = _tracing(True)
     assert provider is not None and tracer is not None
     provider.shutdown()
+
+
+def test_the_traced_scheduler_keeps_the_producers_flow_control_and_admitters() -> None:
+    """Tracing wraps the plugins only: the config's producers still run, flow control and admission stay on."""
+    doc = {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "featureGates": ["flowControl"],
+        "plugins": [
+            {"type": "approx-prefix-cache-producer"},
+            {"type": "prefix-cache-scorer"},
+            {"type": "probabilistic-admitter"},
+        ],
+        "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "prefix-cache-scorer"}]}],
+    }
+    scheduler = build_scheduler(parse_config(doc, "traced.yaml"), seed=1)
+    tracer = TracerProvider().get_tracer("test")
+    traced = traced_scheduler(scheduler, tracer)
+    assert traced.handler is not scheduler.handler
+    assert traced.flow is scheduler.flow is not None and traced.admitters == scheduler.admitters != ()
+    producers = scheduler.handler.profile.producers  # the file's, and the token-producer it consumes (auto-created)
+    assert [p.type_name for p in producers] == ["token-producer", "approx-prefix-cache-producer"]
+    assert traced.handler._inner.profile.producers == producers
 
 
 def test_a_traced_scheduler_still_gives_scores_and_the_conditional_decode_answer() -> None:
