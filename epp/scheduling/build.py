@@ -312,6 +312,7 @@ def _scheduler(
         handler=handler,
         saturation=handler.saturation,
         freshness=handler.freshness,
+        saturation_leads=isinstance(handler.saturation, ConcurrencyDetector),
         admitters=tuple(plugin for kind, plugin, _, _ in built.values() if kind is Kind.ADMITTER),  # type: ignore[misc]
         flow=flow,
         tokenizer=_render_settings(decode.producers),

@@ -98,6 +98,9 @@ class Scheduler:
     handler: PickHandler
     saturation: PoolSaturation = field(default_factory=NeverSaturated)
     freshness: Freshness = field(default_factory=Freshness)
+    # The saturation counts our own requests in flight (concurrency-detector): it leads the scrape instead of
+    # lagging it, which is how long in-flight eviction waits for a reclaim to show.
+    saturation_leads: bool = False
     admitters: tuple[Admitter, ...] = ()
     flow: FlowSettings | None = None  # the flowControl feature gate on: the queues' settings
     tokenizer: RenderSettings | None = None
