@@ -173,8 +173,8 @@ class Child:
     # -- inside -------------------------------------------------------------------------------------------------
 
     def _spawn(self) -> None:
+        shared = tuple(self._fds())  # first: if the owner cannot make its shared memory, no pipe is left open
         ours, theirs = socket.socketpair()
-        shared = tuple(self._fds())
         argv = [sys.executable, "-m", "epp.supervision.launch", self.module, str(theirs.fileno()), str(os.getpid())]
         argv += map(str, shared)
         try:
