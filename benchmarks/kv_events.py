@@ -136,9 +136,10 @@ def bench_decode(payloads: list[bytes], seconds: float) -> dict[str, Any]:
 def _with_table(index: KvBlockIndex) -> Callable[[], None]:
     """The shared-memory table mirrored from `index` into real segments, as the feeder child runs
     (`epp.app.kv_feeder`); returns the cleanup."""
-    from epp.kvevents.publish import SegmentAllocator, new_prefix
+    from epp.kvevents.publish import SegmentAllocator, new_directory
 
-    segments = SegmentAllocator(new_prefix())
+    directory = new_directory()
+    segments = SegmentAllocator(directory, lambda generation, fd: None)  # the child's parent maps each table
     writer = TableWriter(index, segments, published=segments.published)
 
     def cleanup() -> None:
@@ -146,6 +147,7 @@ def _with_table(index: KvBlockIndex) -> Callable[[], None]:
         index.mirror = None
         del writer  # its table views the segments: free it before they close
         segments.close()
+        os.close(directory)
 
     return cleanup
 
@@ -339,13 +341,15 @@ def _pick_case(
 ) -> tuple[Callable[[], None], bytes, float, Callable[[], None]]:
     """The serving path's pick over a real shared-memory table whose slots are at least `fill` taken (other
     blocks of the same endpoints); returns (pick, render answer, the table's load, cleanup)."""
-    from epp.app.kv_feeder import KvFeederProcess
+    from epp.app.kv_feeder import FeederStatus, KvFeederProcess
     from epp.datastore.table import EndpointInfo, EndpointTable
     from epp.director import tokens as render
-    from epp.kvevents.publish import SegmentAllocator, new_prefix
+    from epp.kvevents.publish import SegmentAllocator, TableReader, new_directory
 
     index = KvBlockIndex()
-    segments = SegmentAllocator(new_prefix())  # real shared memory, as the feeder child publishes it
+    directory = new_directory()  # real shared memory (memfd), as the feeder child publishes it
+    reader = TableReader(directory)
+    segments = SegmentAllocator(directory, reader.add)
     writer = TableWriter(index, segments, published=segments.published)
     table = EndpointTable()
     prompt = [rng.randrange(128_000) for _ in range(tokens_n)]
@@ -365,10 +369,11 @@ def _pick_case(
         index.apply(f"127.10.0.{e}:8000", [BlockStored(list(range(first, first + 64)), None, ids, BLOCK)], 0.0)
     load = writer.table._used / writer.table.capacity
     producer = PrecisePrefixCacheProducer(block_size=BLOCK)
-    # the serving process's view (`epp serve`), told what the child's status line tells it
+    # the serving process's view (`epp serve`), told what the child's status message tells it
     view = KvFeederProcess(table, producer)
-    view._prefix = segments.prefix
-    view._apply_status({"slots": index.slot_names(), "last": dict.fromkeys(index.endpoints(), 0.0)})
+    view._reader = reader
+    last = dict.fromkeys(index.endpoints(), 0.0)
+    view._on_message(FeederStatus(writer.table.generation, list(index.slot_names()), last, {}, {}))
     producer.attach(view)
     tokenizer = TokenProducer(backend="vllm", model_name="m")
     body = json.dumps({"token_ids": prompt, "features": None}).encode()
@@ -396,6 +401,7 @@ def _pick_case(
         index.mirror = None
         writer.table = None  # type: ignore[assignment]
         segments.close()
+        os.close(directory)
 
     return pick, raw, load, cleanup
 

@@ -154,7 +154,7 @@ async def _scrape_run(
         await asyncio.sleep(2.0)  # the child imports numpy, connects
     await asyncio.sleep(min(1.0, settings.interval_s * 5) + 0.2)  # connect, first round
     start_pages = sum(s.scrapes for s in svc.status().values())
-    child_pid = svc._proc.pid if isinstance(svc, ScrapeProcess) and svc._proc is not None else None
+    child_pid = svc.pid if isinstance(svc, ScrapeProcess) else None
     child0 = _proc_cpu_s(child_pid) if child_pid else 0.0
     cpu0, wall0 = time.process_time(), time.perf_counter()
     ages: list[float] = []

@@ -1,35 +1,37 @@
 """The KV-events feeder in a supervised child process, publishing its index through shared memory.
 
 Why a process: the feeder decodes every block event of every engine (hundreds of thousands a second on a busy
-pool); on the serving loop that would take the GIL from the picks. The child (`python -m epp.app.kv_feeder`) runs
+pool); on the serving loop that would take the GIL from the picks. The child (`child_main`, started through the
+child-process kit, epp.supervision.child) runs
 `epp.kvevents.feeder.Feeder` over a `KvBlockIndex` whose `TableWriter` keeps the shared-memory block table
-(`epp.kvevents.shared`, segments by `epp.kvevents.publish`) equal to it. The serving process reads that table in
+(`epp.kvevents.shared`, memfd tables by `epp.kvevents.publish`) equal to it. The serving process reads that table in
 place (`TableReader`: no copy) when the `precise-prefix-cache-producer` matches a request.
 
-Channels (JSON lines on the child's stdin and stdout):
-- parent → child: the endpoints to follow, from discovery (`{"sources": [[endpoint, host, rank], ...]}`); the
+Messages (typed, on the kit's pipe):
+- parent → child: `FeederStart` (the kit's `Start` payload: the producer's parameters; the table's directory is
+  a memfd the child inherits), then `Sources` whenever the endpoints to follow change (endpoint, host, rank); the
   rank of an endpoint is its position among the endpoints of the same pod IP by port (data parallelism as several
-  target ports), and offsets the producer's socket port, as upstream does. EOF on stdin: the child exits.
-- child → parent, every `STATUS_S`: the table's segment prefix, the endpoint of each table slot (bit), each
-  endpoint's last event time (CLOCK_MONOTONIC, shared by both processes) and the feeder's counters.
+  target ports), and offsets the producer's socket port, as upstream does.
+- child → parent: `TableSegment` for each new table generation, its memfd attached (epp.kvevents.publish);
+- child → parent, every `STATUS_S`: `FeederStatus`: the table's generation, the endpoint of each table slot (bit),
+  each endpoint's last event time (CLOCK_MONOTONIC, shared by both processes) and the feeder's counters.
 
-Supervision is the scrape child's (`epp.supervision`): a child that exits is logged with its exit code or signal
-and started again after the backoff, on a fresh segment prefix (the old names are unlinked by the parent). While
+Supervision is the kit's, the same as every child's (start timeout, heartbeat, backoff, no restart once the
+picker stops, no child outliving the picker): a child that exits or hangs is logged with its exit code or signal
+and started again after the backoff, on a fresh directory and tables (memfd: nothing to unlink). While
 there is no child, every endpoint reads as absent and the producer falls back to the approximate match for all.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,15 +42,49 @@ from epp.kvevents import kernels
 from epp.kvevents.blockkeys import U64Array
 from epp.kvevents.feeder import Feeder, FeederSettings, KvSource, vars_of
 from epp.kvevents.index import KvBlockIndex
-from epp.kvevents.publish import SegmentAllocator, TableReader, new_prefix
+from epp.kvevents.publish import SegmentAllocator, TableReader, new_directory
 from epp.kvevents.shared import TableWriter
 from epp.scheduling.precise import NEVER, PrecisePrefixCacheProducer
-from epp.supervision import RestartBackoff, describe_exit
+from epp.supervision.child import Child
+from epp.supervision.child_end import ChildEnd
+from epp.supervision.messages import Stop
+from epp.supervision.pipe import recv_fd
 
 log = logging.getLogger(__name__)
 
 STATUS_S = 0.2  # child → parent status period
 MEMBERSHIP_S = 0.2  # how often the parent compares the table's membership with what it sent
+
+
+@dataclass(frozen=True, slots=True)
+class FeederStart:
+    port: int
+    replay_port: int | None
+    topic: str
+    block_size: int
+    hash_seed: str
+    max_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sources:
+    sources: list[tuple[str, str, int]]  # (endpoint, host, data-parallel rank)
+
+
+@dataclass(frozen=True, slots=True)
+class TableSegment:
+    """Child → parent: a new table generation; its memfd follows on the pipe (epp.supervision.pipe.send_fd)."""
+
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class FeederStatus:
+    generation: int
+    slots: list[str | None]  # the endpoint of each table slot (mask bit)
+    last: dict[str, float]  # endpoint → its last event (CLOCK_MONOTONIC)
+    streams: dict[str, dict[str, int]]
+    index: dict[str, Any]  # the index counters
 
 
 def sources_of(addresses: list[str]) -> list[tuple[str, str, int]]:
@@ -71,12 +107,19 @@ class KvFeederProcess:
     def __init__(self, table: EndpointTable, producer: PrecisePrefixCacheProducer) -> None:
         self.table = table
         self.producer = producer
-        self.restarts = 0
-        self.backoff = RestartBackoff()
-        self._proc: asyncio.subprocess.Process | None = None
-        self._started_at = 0.0
+        self.child = Child(
+            "epp.app.kv_feeder",
+            "kv-events feeder (pid {pid})",
+            payload=self._start_payload,
+            fds=self._new_directory,
+            on_start=self._started,
+            on_message=self._on_message,
+            on_exit=lambda code: self._drop_child(),
+            relay_as="epp-kv-feeder",
+            consequence="; the precise producer falls back to the approximate match until then",
+        )
         self._reader: TableReader | None = None
-        self._prefix = ""
+        self._directory_fd = -1
         self._generation = 0
         self._slots: list[str | None] = []
         self._last: dict[str, float] = {}
@@ -85,8 +128,10 @@ class KvFeederProcess:
         self.counters: dict[str, Any] = {}
         self._sent: list[tuple[str, str, int]] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._stopping = False
-        self.last_exit = ""
+
+    @property
+    def restarts(self) -> int:
+        return self.child.restarts
 
     # -- KvIndexView --------------------------------------------------------------------------------------------
 
@@ -102,6 +147,8 @@ class KvFeederProcess:
         if reader is None or not slots:
             return np.zeros(len(slots), dtype=np.uint64)
         counts = reader.prefix_blocks(keys)
+        if counts is None:  # no table announced yet
+            return np.zeros(len(slots), dtype=np.uint64)
         if counts.size < len(slots):  # slots the table has no mask bits for yet: they hold nothing
             counts = np.concatenate((counts, np.zeros(len(slots) - counts.size, dtype=counts.dtype)))
         return counts
@@ -113,132 +160,82 @@ class KvFeederProcess:
 
     @property
     def up(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None
+        return self.child.proc is not None
 
     async def start(self) -> None:
         self.producer.attach(self)
         log.info("KV events: block keys and table lookups by the %s kernels", kernels.name())
-        await self._spawn()
-        self._task = asyncio.ensure_future(self._supervise())
+        self.child.start()
+        self._task = asyncio.ensure_future(self._follow_membership())
 
-    async def _spawn(self) -> None:
+    def _start_payload(self) -> FeederStart:
         p = self.producer
-        self._prefix = new_prefix()
-        argv = [
-            sys.executable,
-            "-m",
-            "epp.app.kv_feeder",
-            f"--prefix={self._prefix}",
-            f"--port={p.socket_port}",
-            f"--topic={p.topic_filter}",
-            f"--block-size={p.block_size}",
-            f"--hash-seed={p.hash_seed}",
-            f"--max-blocks={p.max_blocks_per_endpoint}",
-        ]
-        if p.replay_port is not None:
-            argv.append(f"--replay-port={p.replay_port}")
-        self._proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
-        )
-        self._started_at = time.monotonic()
+        return FeederStart(
+            p.socket_port, p.replay_port, p.topic_filter, p.block_size, p.hash_seed,
+            p.max_blocks_per_endpoint,
+        )  # fmt: skip
+
+    def _new_directory(self) -> tuple[int]:
+        """A fresh table directory for the child about to start: its reader here, its writer there."""
+        self._drop_child()  # what a spawn that failed left
+        if self._directory_fd >= 0:
+            os.close(self._directory_fd)
+        self._directory_fd = new_directory()
+        self._reader = TableReader(self._directory_fd)
+        return (self._directory_fd,)
+
+    def _started(self) -> None:
+        os.close(self._directory_fd)  # mapped here, inherited there
+        self._directory_fd = -1
         self._sent = None
-        log.info("kv-events feeder started (pid %d, segments %s)", self._proc.pid, self._prefix)
+        log.info("kv-events feeder started (pid %s)", self.child.pid)
 
-    async def _supervise(self) -> None:
-        while not self._stopping:
-            proc = self._proc
-            assert proc is not None and proc.stdout is not None
-            reading = asyncio.ensure_future(self._read(proc))
-            while not self._stopping and proc.returncode is None:
-                self._send_membership(proc)
-                await asyncio.sleep(MEMBERSHIP_S)
-                if reading.done():
-                    break
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(proc.wait(), 5.0)
-            reading.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reading
-            self._drop_child()
-            if self._is_stopping():  # stop() ran while we waited
-                return
-            code = proc.returncode if proc.returncode is not None else -9
-            self.last_exit = describe_exit(code)
-            self.backoff.died_after(time.monotonic() - self._started_at)
-            delay = self.backoff.next_delay()
-            log.error("kv-events feeder (pid %d) %s; restarting in %.1fs", proc.pid, self.last_exit, delay)
-            await asyncio.sleep(delay)
-            self.restarts += 1
-            await self._spawn()
-
-    def _is_stopping(self) -> bool:
-        return self._stopping
-
-    def _send_membership(self, proc: asyncio.subprocess.Process) -> None:
-        sources = sources_of(self.table.addresses())
-        if sources == self._sent or proc.stdin is None:
-            return
-        self._sent = sources
-        with contextlib.suppress(Exception):
-            proc.stdin.write((json.dumps({"sources": sources}) + "\n").encode())
-
-    async def _read(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
+    async def _follow_membership(self) -> None:
         while True:
-            line = await proc.stdout.readline()
-            if not line:
-                return
-            try:
-                status = json.loads(line)
-            except ValueError:
-                continue
-            self._apply_status(status)
+            sources = sources_of(self.table.addresses())
+            if sources != self._sent and self.child.send(Sources(sources)):
+                self._sent = sources
+            await asyncio.sleep(MEMBERSHIP_S)
 
-    def _apply_status(self, status: dict[str, Any]) -> None:
-        if self._reader is None:
-            with contextlib.suppress(FileNotFoundError):
-                self._reader = TableReader(self._prefix)
-        self._generation = int(status.get("generation", 0))
-        slots = list(status.get("slots", []))
-        last = {k: float(v) for k, v in status.get("last", {}).items()}
-        if slots != self._slots or last.keys() != self._last.keys():
+    def _on_message(self, status: Any) -> None:
+        if isinstance(status, TableSegment):
+            fd = recv_fd(self.child.conn)  # type: ignore[arg-type]  # the message came on it: it is there
+            try:
+                if self._reader is not None:
+                    self._reader.add(status.generation, fd)
+            finally:
+                os.close(fd)
+            return
+        if not isinstance(status, FeederStatus):
+            return
+        self._generation = status.generation
+        if status.slots != self._slots or status.last.keys() != self._last.keys():
             self._version += 1
-        self._slots, self._last = slots, last
-        self.stats = status.get("streams", {})
-        self.counters = status.get("index", {})
+        self._slots, self._last = list(status.slots), dict(status.last)
+        self.stats = status.streams
+        self.counters = status.index
 
     def _drop_child(self) -> None:
-        """Forget the dead child's table and unlink what it left in /dev/shm."""
+        """Forget the dead child's table (its memory goes with the last mapping: nothing to unlink)."""
         if self._reader is not None:
             with contextlib.suppress(Exception):
                 self._reader.close()
         self._reader = None
         self._slots, self._last = [], {}
         self._version += 1
-        names = [self._prefix] + [
-            f"{self._prefix}-{g}" for g in range(max(0, self._generation - 2), self._generation + 2)
-        ]
-        for name in names:  # POSIX shared memory lives under /dev/shm on Linux
-            with contextlib.suppress(OSError):
-                os.unlink(f"/dev/shm/{name}")
 
     async def stop(self) -> None:
-        self._stopping = True
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
-            if proc.stdin is not None:
-                with contextlib.suppress(Exception):
-                    proc.stdin.close()  # EOF: the child closes its sockets, unlinks its segments and exits
-            try:
-                await asyncio.wait_for(proc.wait(), 5.0)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+            self._task = None
+        await self.child.stop()  # Stop: the child closes its sockets and exits
         self._drop_child()
+
+    def begin_shutdown(self) -> None:
+        """The picker is stopping: a feeder that ends from now on is not restarted."""
+        self.child.begin_shutdown()
 
     def supervision(self, now: float) -> dict[str, Any]:
         """For /debug/pool: the child's state and each endpoint's freshness as the producer judges it."""
@@ -248,10 +245,7 @@ class KvFeederProcess:
             entry["stream"] = self.stats.get(address, {})
             endpoints[address] = entry
         return {
-            "up": self.up,
-            "pid": self._proc.pid if self._proc is not None else None,
-            "restarts": self.restarts,
-            "lastExit": self.last_exit or None,
+            **self.child.report(now),
             "tableGeneration": self._generation,
             "kernels": kernels.name(),  # compiled or numpy block keys and table lookups (epp.kvevents.kernels)
             "index": self.counters,
@@ -263,43 +257,48 @@ class KvFeederProcess:
 # -- the child ------------------------------------------------------------------------------------------------
 
 
-def _child_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m epp.app.kv_feeder")
-    p.add_argument("--prefix", required=True)
-    p.add_argument("--port", type=int, default=5557)
-    p.add_argument("--replay-port", type=int, default=None)
-    p.add_argument("--topic", default="kv@")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--hash-seed", default="")
-    p.add_argument("--max-blocks", type=int, default=65_536)
-    args = p.parse_args(argv)
+def child_main(end: ChildEnd) -> int:
+    """The kit's entry (epp.supervision.launch): feed the index from the engines' events until told to stop."""
+    args: FeederStart = end.payload
     index = KvBlockIndex(block_size=args.block_size, hash_seed=args.hash_seed, max_blocks_per_endpoint=args.max_blocks)
-    segments = SegmentAllocator(args.prefix)
+    segments = SegmentAllocator(end.fds[0], lambda generation, fd: end.send_with_fd(TableSegment(generation), fd))
+    os.close(end.fds[0])  # the directory stays mapped
     writer = TableWriter(index, segments, published=segments.published)
     feeder = Feeder(index, FeederSettings(port=args.port, replay_port=args.replay_port, topic=args.topic))
     stop = threading.Event()
+    updates: list[Sources] = []  # from the pipe's thread to the feeder's (ZMQ sockets stay on one thread)
 
-    def read_membership() -> None:
-        for line in sys.stdin:
-            with contextlib.suppress(ValueError, TypeError, KeyError):
-                msg = json.loads(line)
-                feeder.update(KvSource(str(e), str(h), int(r)) for e, h, r in msg["sources"])
-        stop.set()  # the parent closed our stdin (or died)
+    def read_messages() -> None:
+        try:
+            while True:
+                msg = end.conn.recv()
+                if isinstance(msg, Sources):
+                    updates.append(msg)
+                elif isinstance(msg, Stop):
+                    break
+        except (EOFError, OSError):
+            pass  # the parent is gone
+        stop.set()
 
-    threading.Thread(target=read_membership, daemon=True).start()
+    threading.Thread(target=read_messages, daemon=True).start()
+    end.on_parent_gone(stop.set)
+    end.ready()
     next_status = time.monotonic()
     try:
         while not stop.is_set():
+            while updates:
+                msg = updates.pop(0)
+                feeder.update(KvSource(e, h, r) for e, h, r in msg.sources)
             feeder.poll(50)
             now = time.monotonic()
             if now >= next_status:
                 next_status = now + STATUS_S
-                status = {
-                    "generation": writer.table.generation,
-                    "slots": index.slot_names(),
-                    "last": {n: index.last_event_at(n) for n in index.endpoints() if index.last_event_at(n) != NEVER},
-                    "streams": {n: vars_of(s) for n, s in feeder.stats().items()},
-                    "index": {
+                status = FeederStatus(
+                    writer.table.generation,
+                    list(index.slot_names()),
+                    {n: index.last_event_at(n) for n in index.endpoints() if index.last_event_at(n) != NEVER},
+                    {n: vars_of(s) for n, s in feeder.stats().items()},
+                    {
                         "blocks": index.total_blocks(),
                         "stored": index.counters.stored_blocks,
                         "removed": index.counters.removed_blocks,
@@ -307,10 +306,10 @@ def _child_main(argv: list[str] | None = None) -> int:
                         "evicted": index.counters.evicted_blocks,
                         "skipped": index.counters.skipped,
                     },
-                }
+                )
                 try:
-                    print(json.dumps(status), flush=True)
-                except (BrokenPipeError, OSError):
+                    end.send(status)
+                except OSError:
                     break
     except KeyboardInterrupt:
         pass
@@ -320,7 +319,3 @@ def _child_main(argv: list[str] | None = None) -> int:
         del writer  # the segments close (a view still alive makes the close fail, and again at exit)
         segments.close()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child_main())

@@ -59,7 +59,6 @@ from epp.observability.logs import configure_logging
 from epp.observability.metrics import PickerMetrics
 from epp.observability.plugins import PluginTimer
 from epp.scheduling.build import deprecations
-from epp.scheduling.saturation import ConcurrencyDetector
 from epp.scheduling.scheduler import Scheduler
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
@@ -248,6 +247,10 @@ async def stop(picker: Picker) -> None:
         grace_s,
     )
     state.stopping = True
+    scrape_child = picker.scraper if isinstance(picker.scraper, ScrapeProcess) else None
+    for child in (state.workers, scrape_child, picker.kv_feeder):
+        if child is not None:
+            child.begin_shutdown()  # a child that ends from now on is not restarted (epp.supervision.child)
     await state.health.set_ready(False)
     if state.kubernetes is not None:
         await state.kubernetes.stop()  # releases the Lease now, so a standby takes over during our grace period
@@ -331,8 +334,7 @@ def _flow_gate(scheduler: Scheduler, state: PickerState, scrape_interval_s: floa
     gauge = PoolGauge(scheduler.saturation, scheduler.freshness)
     reclaimer = None
     if settings.spec.enable_eviction:
-        leading = isinstance(scheduler.saturation, ConcurrencyDetector)
-        grace = confirmation_grace(leading, scrape_interval_s, scheduler.freshness.staleness_s)
+        grace = confirmation_grace(scheduler.saturation_leads, scrape_interval_s, scheduler.freshness.staleness_s)
         reclaimer = Reclaimer(grace)
         log.info("in-flight eviction on: %s, %s, confirmation grace %gs", EVICTION_FILTER, EVICTION_ORDER, grace)
     return FlowGate(

@@ -89,6 +89,7 @@ class TracingDirector:
         self._director = director
         self._tracer = tracer
         self._open: dict[int, tuple[Decision, Span]] = {}
+        self.pipeline = director.pipeline.around(self.decide, self.complete)  # the same stages, these spans
 
     def __getattr__(self, name: str) -> Any:  # table, candidates … as the director has them
         return getattr(self._director, name)
@@ -188,7 +189,8 @@ def traced_scheduler(scheduler: Scheduler, tracer: Tracer) -> Scheduler:
     parallelism) is traced by the director's span alone. Everything else (flow control, admitters) is kept."""
     if scheduler.routing is not None or len(scheduler.profiles) != 1:
         return scheduler
-    return replace(scheduler, handler=TracingScheduler(scheduler.profiles[0], tracer))
+    traced = TracingScheduler(scheduler.profiles[0], tracer)
+    return replace(scheduler, handler=traced, detailed=traced.pick_detailed)
 
 
 class TracingScheduler:
@@ -202,6 +204,7 @@ class TracingScheduler:
             scorers=tuple(WeightedScorer(_TracedScorer(s.scorer, tracer), s.weight) for s in profile.scorers),
             picker=_TracedPicker(profile.picker, tracer, "picker"),
             observers=profile.observers,
+            producers=profile.producers,  # run untraced, as before the filters: the scorers read what they publish
         )
         self._inner = ProfileScheduler(traced, scheduler.saturation)
         self.profile = profile

@@ -5,8 +5,9 @@ The control process (epp.app.workers) owns discovery, leader election, config an
 only a gRPC server (SO_REUSEPORT on the ext_proc port, TLS as the control process was told) and a Director. What
 it decides on comes through memory it shares with the control process:
 
-- the endpoint rows (`epp.scrape.process.write_rows` layout, by the control process's slot, seqlocked), and the
-  membership with its tokens as messages on a socket pair (membership changes rarely; rows change every scrape);
+- the endpoint rows (the shared-row layout, epp.datastore.rows, by the control process's slot, seqlocked), and the
+  membership with its tokens as a `Members` message on the kit's pipe (membership changes rarely; rows change
+  every scrape);
 - the in-flight matrix: one row per worker, one column per endpoint, (in flight, picks since the last scrape,
   prompt tokens in flight).
   Each worker writes its own row when it books or releases a pick; every decision reads the sum over all rows,
@@ -17,7 +18,10 @@ it decides on comes through memory it shares with the control process:
   other workers' picks every `REFRESH_S`, so a repeat of a prompt finds its endpoint whichever worker takes it.
 
 The worker's own metrics go to the control process as exposition text every `METRICS_S`, summed there.
-If the control process dies, the socket closes and the worker drains and exits.
+The worker is a child of the child-process kit (epp.supervision): started by `child_main`, it ignores the
+process group's SIGTERM and SIGINT while the control process lives (that process stops it with `Stop`), and drains
+and exits within a second of the control process's end, however it ended (the pipe's EOF, the parent-death
+signal).
 """
 
 from __future__ import annotations
@@ -25,12 +29,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import mmap
 import os
-import signal
-import sys
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,11 +41,13 @@ from epp.app.pool_metrics import PrefixCollector
 from epp.app.runtime import run_loop
 from epp.app.settings import ServeSettings
 from epp.app.tls import tls_policy
+from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, read_rows
 from epp.datastore.table import EndpointInfo, EndpointTable
-from epp.observability.relay import RelayHandler
 from epp.scheduling.prefix import PrefixCacheScorer
-from epp.scrape.process import FAILURES, NCOL, OK, VALUES, VERSION, read_rows
-from epp.supervision import watch_pipe
+from epp.supervision.child_end import ChildEnd
+from epp.supervision.memory import map_array
+from epp.supervision.messages import Stop
+from epp.supervision.pipe import watch_pipe
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +56,36 @@ METRICS_S = 0.5  # this worker's exposition → the control process
 INFLIGHT, PICKS, TOKENS = 0, 1, 2  # the in-flight matrix's columns: picks in flight, picks since scrape, tokens
 MATRIX_COLUMNS = 3
 STATS_COLUMNS = 4  # streams started, pid, picks learned from the pick log, picks lost from it (lapped)
-_SCRAPED_AT = 7  # the row's column of `scraped_at` (VALUES is columns 1..7)
 
 
-def shared_array(fd: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """An array over a memfd both processes map (no name in /dev/shm: nothing is left behind by a SIGKILL)."""
-    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    buffer = mmap.mmap(fd, size)
-    return np.ndarray(shape, dtype=dtype, buffer=buffer)
+@dataclass(frozen=True, slots=True)
+class WorkerStart:
+    """The kit's `Start` payload of a worker: the settings it builds its server from (opaque here), which worker
+    it is, and the shared blocks' sizes."""
+
+    settings: ServeSettings
+    index: int
+    rows: int
+    workers: int
+
+
+@dataclass(frozen=True, slots=True)
+class Members:
+    """Control → worker, whenever any of it changes: the membership (control slot, token, endpoint, running and
+    waiting adapters), the pool's failure mode, the objectives and their rewrites, the pool's namespace."""
+
+    members: list[tuple[int, float, EndpointInfo, list[str], list[str]]]
+    failure_mode: str
+    objectives: Any
+    rewrites: Any
+    namespace: str
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """Worker → control, every `METRICS_S`: this worker's exposition text."""
+
+    exposition: bytes
 
 
 class MirrorTable(EndpointTable):
@@ -113,7 +138,7 @@ class MirrorTable(EndpointTable):
                 keep = local >= 0
                 slots, rows, local = slots[keep], rows[keep], local[keep]
                 seen = np.nan_to_num(self.column("scraped_at")[local], nan=-np.inf)
-                fresh = rows[:, _SCRAPED_AT] > seen
+                fresh = rows[:, SCRAPED_AT] > seen
                 self.write_scrape_rows(local, rows[:, VALUES], rows[:, OK] > 0, rows[:, FAILURES].astype(np.int64))
                 self._applied[slots] = rows[:, VERSION]
                 self._matrix[self._me, slots[fresh], PICKS] = 0  # a fresh page shows our picks: stop adding them
@@ -168,8 +193,9 @@ class _CountingObserver:
         return getattr(self._inner, name)
 
 
-async def _worker(conn: Connection, settings: ServeSettings, index: int, arrays: tuple[np.ndarray, ...]) -> int:
-    # Imported here, not at the top: gRPC reads its TLS cipher list at its first import, which `_main` sets first.
+async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tuple[np.ndarray, ...]) -> int:
+    # Imported here, not at the top: gRPC reads its TLS cipher list at its first import, which `child_main` sets
+    # first.
     from prometheus_client import CollectorRegistry, generate_latest
 
     from epp.app.build import build_decisions, build_director, build_processor, extproc_server, load_picker_config
@@ -205,26 +231,27 @@ async def _worker(conn: Connection, settings: ServeSettings, index: int, arrays:
     server = extproc_server(settings, processor, reuse_port=True)
     stop = asyncio.Event()
 
+    conn = end.conn
+
     def on_message() -> None:
         try:
             while conn.poll():
                 msg = conn.recv()
-                if msg[0] == "members":
-                    table.mirror(msg[1])
-                    failure[0] = FailureMode(msg[2])
-                    objectives.replace_objectives(msg[3])
-                    objectives.replace_rewrites(msg[4])
-                    namespace[0] = msg[5]
+                if isinstance(msg, Members):
+                    table.mirror(msg.members)
+                    failure[0] = FailureMode(msg.failure_mode)
+                    objectives.replace_objectives(msg.objectives)
+                    objectives.replace_rewrites(msg.rewrites)
+                    namespace[0] = msg.namespace
                     table.synced = True
-                elif msg[0] == "stop":
+                elif isinstance(msg, Stop):
                     stop.set()
         except (EOFError, OSError):
             stop.set()  # the control process is gone: drain and exit
 
     loop = asyncio.get_running_loop()
     watch_pipe(loop, conn, on_message)
-    for sig in (signal.SIGTERM, signal.SIGINT):  # sent to the worker itself (or its group): drain, as on "stop"
-        loop.add_signal_handler(sig, stop.set)
+    end.on_parent_gone(stop.set, loop)  # the group's SIGTERM is the control process's; its death is ours
     # Nothing is served before the control process's view is ours: its membership (sent right after "init") and
     # the rows scraped so far. A stream taken earlier would see the endpoints without their data (all unusable:
     # e.g. no prefill stage, or a saturated pool).
@@ -234,8 +261,9 @@ async def _worker(conn: Connection, settings: ServeSettings, index: int, arrays:
     settle_garbage_collector()
     await server.start()
     # The metrics first: from the moment a worker counts as serving, /metrics shows every family it exports.
-    conn.send(("metrics", generate_latest(registry)))
-    conn.send(("ready", os.getpid()))
+    end.send(Metrics(generate_latest(registry)))
+    end.ready()
+    beating = asyncio.ensure_future(end.keep_alive())
     next_metrics = 0.0
     try:
         while not stop.is_set():
@@ -246,8 +274,9 @@ async def _worker(conn: Connection, settings: ServeSettings, index: int, arrays:
             if loop.time() >= next_metrics:
                 next_metrics = loop.time() + METRICS_S
                 with contextlib.suppress(OSError):
-                    conn.send(("metrics", generate_latest(registry)))
+                    end.send(Metrics(generate_latest(registry)))
     finally:
+        beating.cancel()
         loop.remove_reader(conn.fileno())
         await server.stop(settings.grace_period_s)
         matrix[index] = 0  # nothing of ours is in flight any more
@@ -280,27 +309,22 @@ def _learn(pick_log: PickLog, table: MirrorTable, scorers: Sequence[PrefixCacheS
     stats[3] += pick_log.lost - lost
 
 
-def _main(argv: list[str]) -> int:
-    conn = Connection(int(argv[1]))
-    index, rows, workers = int(argv[6]), int(argv[7]), int(argv[8])
+def child_main(end: ChildEnd) -> int:
+    """The kit's entry (epp.supervision.launch): map the shared blocks, serve until told to stop."""
+    start: WorkerStart = end.payload
+    rows_fd, matrix_fd, stats_fd, picks_fd = end.fds
+    index, rows, workers = start.index, start.rows, start.workers
     arrays = (
-        shared_array(int(argv[2]), (rows, NCOL), np.float64),
-        shared_array(int(argv[3]), (workers, rows, MATRIX_COLUMNS), np.int64),
-        shared_array(int(argv[4]), (workers, STATS_COLUMNS), np.int64),
-        shared_array(int(argv[5]), (ring_words(workers),), np.int64),
+        map_array(rows_fd, (rows, NCOL), np.float64),
+        map_array(matrix_fd, (workers, rows, MATRIX_COLUMNS), np.int64),
+        map_array(stats_fd, (workers, STATS_COLUMNS), np.int64),
+        map_array(picks_fd, (ring_words(workers),), np.int64),
     )
-    root = logging.getLogger()
-    root.handlers[:] = [RelayHandler(lambda data: conn.send(("log", data)))]
-    first = conn.recv()
-    settings: ServeSettings = first[1]
-    root.setLevel(first[2])
+    for fd in end.fds:  # the mappings stay
+        os.close(fd)
+    settings: ServeSettings = start.settings
     if settings.tls.enabled:  # before gRPC's first import, as `epp serve` does: it reads its cipher list then
         tls_policy(settings.tls)
     with contextlib.suppress(KeyboardInterrupt):
-        return run_loop(_worker(conn, settings, index, arrays))
+        return run_loop(_worker(end, settings, index, arrays))
     return 0
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    raise SystemExit(_main(sys.argv))

@@ -5,17 +5,18 @@ have one owner (discovery, leader election, config, the scrape child, health, /m
 that share the ext_proc port through SO_REUSEPORT (the kernel spreads connections over them). It publishes to
 them, each piece with a single writer:
 
-- the endpoint rows, into one seqlocked block by the control slot (`epp.scrape.process.write_rows`), every
-  `PUBLISH_S`, only rows whose scrape moved;
+- the endpoint rows, into one seqlocked block by the control slot (the shared-row layout, epp.datastore.rows),
+  every `PUBLISH_S`, only rows whose scrape moved;
 - membership (with a token per slot, so a reused slot's late rows are ignored), the pool's failure mode and the
   objectives, as a message to every worker when any of them changes;
 - the in-flight matrix (worker × endpoint) is written by the workers, each its own row; the control process only
   clears the row of a worker that died, so its picks stop counting as load;
 - the shared log of picks (epp.app.pick_log): a ring per worker, written by that worker, read by the others.
 
-Supervision is the scrape child's (epp.supervision): a worker that exits is logged with its exit code or signal
-and started again after the backoff. Readiness is on while any worker is serving; on SIGTERM every worker gets
-"stop" and drains its open streams for `--grace-period`.
+Each worker is a `Child` of the child-process kit (epp.supervision.child), supervised as every child is: one that
+exits or hangs is logged with its exit code or signal and started again after the backoff, none once the picker
+stops; a worker outlives no control process. Readiness is on while any worker is serving; on SIGTERM every worker
+gets `Stop` and drains its open streams for `--grace-period`.
 """
 
 from __future__ import annotations
@@ -24,13 +25,8 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
@@ -39,33 +35,41 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.app.pick_log import ring_words
 from epp.app.settings import ServeSettings
-from epp.app.worker import MATRIX_COLUMNS, STATS_COLUMNS, shared_array
+from epp.app.worker import MATRIX_COLUMNS, STATS_COLUMNS, Members, Metrics, WorkerStart
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
+from epp.datastore.rows import NCOL, TOKEN, scrape_values, write_rows
 from epp.datastore.table import EndpointTable
-from epp.observability.relay import reemit
-from epp.scrape.process import NCOL, TOKEN, write_rows
-from epp.supervision import RestartBackoff, describe_exit, watch_pipe
+from epp.supervision.child import Child
+from epp.supervision.memory import map_array, new_memfd
 
 log = logging.getLogger(__name__)
 
 PUBLISH_S = 0.005
 MAX_ENDPOINTS = 16384
-READY_TIMEOUT_S = 60.0  # a worker that has not bound its port by then is hung: killed and restarted
 
 
-@dataclass
 class _Worker:
-    index: int
-    backoff: RestartBackoff = field(default_factory=RestartBackoff)
-    proc: subprocess.Popen[bytes] | None = None
-    conn: Connection | None = None
-    ready: bool = False
-    started_at: float = 0.0
-    restart_at: float | None = None
-    restarts: int = 0
-    last_exit: str | None = None
-    exposition: bytes = b""
+    """One serving worker: its supervised child, and the last exposition it sent."""
+
+    def __init__(self, pool: WorkerPool, index: int) -> None:
+        self.index = index
+        self.exposition = b""
+        self.child = Child(
+            "epp.app.worker",
+            f"worker {index} (pid {{pid}})",
+            payload=lambda: WorkerStart(pool._settings, index, pool.rows, pool.count),
+            fds=lambda: tuple(pool._fds),
+            on_start=lambda: pool._started(self),
+            on_ready=lambda: pool._ready(self),
+            on_message=lambda msg: pool._on_message(self, msg),
+            on_exit=lambda code: pool._ended(self),
+            relay_as=f"epp-worker-{index}",
+        )
+
+    @property
+    def ready(self) -> bool:
+        return self.child.ready
 
 
 class WorkerPool:
@@ -91,18 +95,16 @@ class WorkerPool:
         self._namespace = namespace
         self._on_change = on_change
         self.rows = max_endpoints
-        self._fds = [os.memfd_create(f"epp-{name}") for name in ("rows", "inflight", "stats", "picks")]
         shapes = ((self.rows, NCOL), (count, self.rows, MATRIX_COLUMNS), (count, STATS_COLUMNS), (ring_words(count),))
-        for fd, shape in zip(self._fds, shapes, strict=True):
-            os.ftruncate(fd, int(np.prod(shape)) * 8)
-        self._rows = shared_array(self._fds[0], shapes[0], np.float64)
+        names = ("rows", "inflight", "stats", "picks")
+        self._fds = [new_memfd(name, int(np.prod(shape)) * 8) for name, shape in zip(names, shapes, strict=True)]
+        self._rows = map_array(self._fds[0], shapes[0], np.float64)
         self._rows[:, TOKEN] = -1.0
-        self.inflight = shared_array(self._fds[1], shapes[1], np.int64)
+        self.inflight = map_array(self._fds[1], shapes[1], np.int64)
         self._slots = np.arange(self.rows)
-        self.stats = shared_array(self._fds[2], shapes[2], np.int64)
-        self._workers = [_Worker(i) for i in range(count)]
+        self.stats = map_array(self._fds[2], shapes[2], np.int64)
+        self._workers = [_Worker(self, i) for i in range(count)]
         self._task: asyncio.Task[None] | None = None
-        self._stopping = False
         # publication state
         self._members_key: tuple[Any, ...] | None = None
         self._tokens = np.full(self.rows, -1.0)
@@ -110,7 +112,7 @@ class WorkerPool:
         self._next_token = 0
         self._last_at = np.full(self.rows, np.nan)
         self._last_failures = np.full(self.rows, -1, dtype=np.int64)
-        self._members_msg: tuple[Any, ...] = ("members", [], FailureMode.FAIL_CLOSE.value, {}, {}, "")
+        self._members_msg = Members([], FailureMode.FAIL_CLOSE.value, {}, {}, "")
         self._warned_full = False
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -123,128 +125,51 @@ class WorkerPool:
     async def start(self) -> None:
         self._publish()
         for worker in self._workers:
-            self._spawn(worker)
+            worker.child.start()
         self._task = asyncio.create_task(self._run(), name="serving-workers")
+
+    def begin_shutdown(self) -> None:
+        """The picker is stopping: a worker that ends from now on is not restarted."""
+        for worker in self._workers:
+            worker.child.begin_shutdown()
 
     async def stop(self, grace_s: float) -> None:
         """Every worker drains its open streams (up to `grace_s`) and exits; one that does not is killed."""
-        self._stopping = True
+        self.begin_shutdown()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        for worker in self._workers:
-            if worker.conn is not None:
-                with contextlib.suppress(OSError):
-                    worker.conn.send(("stop",))
-        loop = asyncio.get_running_loop()
-        for worker in self._workers:
-            proc = worker.proc
-            if proc is None:
-                continue
-            try:
-                await loop.run_in_executor(None, proc.wait, grace_s + 5.0)
-            except subprocess.TimeoutExpired:
-                log.warning("worker %d (pid %d) did not drain in time: killing it", worker.index, proc.pid)
-                proc.kill()
-                await loop.run_in_executor(None, proc.wait, 5.0)
-            self._drop(worker)
+        await asyncio.gather(*(worker.child.stop(grace_s + 5.0) for worker in self._workers))
         for fd in self._fds:
             os.close(fd)
         self._fds = []
 
-    def _spawn(self, worker: _Worker) -> None:
-        ours, theirs = socket.socketpair()
-        passed = (theirs.fileno(), *self._fds)
-        argv = [sys.executable, "-m", "epp.app.worker", *map(str, passed)]
-        argv += [str(worker.index), str(self.rows), str(self.count)]
+    def _started(self, worker: _Worker) -> None:
         self.inflight[worker.index] = 0
-        try:
-            worker.proc = subprocess.Popen(argv, pass_fds=passed)
-        finally:
-            theirs.close()
-        ours.setblocking(True)
-        worker.conn = Connection(ours.detach())
-        worker.conn.send(("init", self._settings, logging.getLogger("epp").getEffectiveLevel()))
-        worker.conn.send(self._members_msg)
-        worker.started_at = time.monotonic()
-        worker.ready = False
-        watch_pipe(asyncio.get_running_loop(), worker.conn, self._on_message, worker)
+        worker.child.send(self._members_msg)
 
-    def _drop(self, worker: _Worker) -> None:
-        if worker.conn is not None:
-            with contextlib.suppress(ValueError, OSError):
-                asyncio.get_running_loop().remove_reader(worker.conn.fileno())
-            worker.conn.close()
-            worker.conn = None
-        worker.proc = None
+    def _ready(self, worker: _Worker) -> None:
+        log.info("worker %d serving (pid %s)", worker.index, worker.child.pid)
+        self._on_change()
+
+    def _ended(self, worker: _Worker) -> None:
         worker.exposition = b""
         self.inflight[worker.index] = 0  # its picks are no longer anyone's load
-        if worker.ready:
-            worker.ready = False
-            self._on_change()
+        self._on_change()  # readiness: it may have been the last one serving
 
-    def _on_message(self, worker: _Worker) -> None:
-        conn = worker.conn
-        if conn is None:
-            return
-        try:
-            while conn.poll():
-                msg = conn.recv()
-                if msg[0] == "ready":
-                    worker.ready = True
-                    log.info("worker %d serving (pid %d)", worker.index, msg[1])
-                    self._on_change()
-                elif msg[0] == "metrics":
-                    worker.exposition = msg[1]
-                elif msg[0] == "log":
-                    reemit(msg[1], f"epp-worker-{worker.index}")
-        except (EOFError, OSError):
-            with contextlib.suppress(ValueError, OSError):
-                asyncio.get_running_loop().remove_reader(conn.fileno())
+    def _on_message(self, worker: _Worker, msg: Any) -> None:
+        if isinstance(msg, Metrics):
+            worker.exposition = msg.exposition
 
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(PUBLISH_S)
             try:
-                now = time.monotonic()
-                for worker in self._workers:
-                    self._supervise(worker, now)
                 self._publish()
-            except Exception:  # the supervisor must outlive any surprise, or nothing restarts a worker again
-                log.exception("worker supervisor pass failed")
-
-    def _supervise(self, worker: _Worker, now: float) -> None:
-        proc = worker.proc
-        if proc is not None:
-            code = proc.poll()
-            if code is None and not worker.ready and now - worker.started_at > READY_TIMEOUT_S:
-                log.warning("worker %d (pid %d) not serving after %.0fs: killing it", worker.index, proc.pid,
-                            now - worker.started_at)  # fmt: skip
-                proc.kill()
-                code = proc.wait()
-            if code is None:
-                return
-            ran = now - worker.started_at
-            worker.last_exit = describe_exit(code)
-            self._drop(worker)
-            worker.backoff.died_after(ran)
-            delay = worker.backoff.next_delay()
-            worker.restart_at = now + delay
-            log.warning("worker %d (pid %d) died (%s) after %.1fs; restarting in %.1fs",
-                        worker.index, proc.pid, worker.last_exit, ran, delay)  # fmt: skip
-            return
-        if worker.restart_at is not None and now >= worker.restart_at and not self._stopping:
-            worker.restart_at = None
-            try:
-                self._spawn(worker)
-            except OSError as exc:
-                worker.restart_at = now + worker.backoff.next_delay()
-                log.warning("worker %d restart failed (%s)", worker.index, exc)
-                return
-            worker.restarts += 1
-            log.warning("worker %d restarted (pid %d, restart %d)", worker.index, worker.proc.pid, worker.restarts)  # type: ignore[union-attr]
+            except Exception:  # the publisher must outlive any surprise, or the workers decide on frozen rows
+                log.exception("worker publication pass failed")
 
     # -- publication ----------------------------------------------------------------------------------------
 
@@ -268,10 +193,7 @@ class WorkerPool:
         moved |= (self._tokens[:n] >= 0) & (failures != self._last_failures[:n])
         rows = np.flatnonzero(moved)
         if rows.size:
-            values = np.stack(
-                (view.waiting, view.running, view.kv_usage, view.max_lora, view.block_size, view.num_blocks,
-                 view.scraped_at), axis=1,
-            )[rows]  # fmt: skip
+            values = scrape_values(view, rows)
             write_rows(self._rows, rows, self._tokens[rows], values, view.scrape_ok[rows], failures[rows])
             self._last_at[rows] = at[rows]
             self._last_failures[rows] = failures[rows]
@@ -297,24 +219,22 @@ class WorkerPool:
             self._tokens[slot] = -1.0
         self._infos = infos
         rewrites = {key: rules for key, rules in self._objectives.rewrites().items()}
-        self._members_msg = ("members", members, self._failure_mode().value, self._objectives.objectives(),
-                             rewrites, self._namespace())  # fmt: skip
+        self._members_msg = Members(
+            members, self._failure_mode().value, self._objectives.objectives(), rewrites, self._namespace()
+        )
         for worker in self._workers:
-            if worker.conn is not None:
-                with contextlib.suppress(OSError):
-                    worker.conn.send(self._members_msg)
+            worker.child.send(self._members_msg)
 
     # -- reporting ------------------------------------------------------------------------------------------
 
-    def supervision(self) -> list[dict[str, Any]]:
-        """For /debug/pool: each worker, its process, its restarts, how it last ended."""
+    def supervision(self, now: float | None = None) -> list[dict[str, Any]]:
+        """For /debug/pool: each worker, its process (the kit's report), its restarts, how it last ended."""
+        now = time.monotonic() if now is None else now
         return [
             {
                 "worker": w.index,
-                "pid": w.proc.pid if w.proc is not None else None,
+                **w.child.report(now),
                 "serving": w.ready,
-                "restarts": w.restarts,
-                "last_exit": w.last_exit,
                 "streams": int(self.stats[w.index, 0]),
                 "picks_learned": int(self.stats[w.index, 2]),  # from the other workers, through the pick log
                 "picks_lost": int(self.stats[w.index, 3]),  # theirs, overwritten before this worker read them

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from epp.datastore.rows import SCRAPE_ROW, SCRAPED_AT_VALUE
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -281,21 +283,18 @@ class EndpointTable:
             self._scraped()
         return int(self._cols["scrape_failures"][slot])
 
-    # Columns a scraper in another process sends back, in this order (see `write_scrape_rows`).
-    SCRAPE_ROW = ("waiting", "running", "kv_usage", "max_lora", "block_size", "num_blocks", "scraped_at")
-
     def write_scrape_rows(self, slots: IntArray, floats: FloatArray, ok: BoolArray, failures: IntArray) -> None:
         """Vectorised `record_scrape`/`record_scrape_failure` for rows scraped elsewhere (a scrape process).
 
-        `floats` has one row per slot and the columns of `SCRAPE_ROW`. Rows whose `scraped_at` moved forward are
-        fresh pages: their in-flight-since-scrape count restarts. Adapters go separately
-        (`set_adapters`): they change rarely and are strings.
+        `floats` has one row per slot and the columns of `SCRAPE_ROW` (the shared-row layout, epp.datastore.rows).
+        Rows whose `scraped_at` moved forward are fresh pages: their in-flight-since-scrape count restarts.
+        Adapters go separately (`set_adapters`): they change rarely and are strings.
         """
         if not len(slots):
             return
         self.scrape_version += 1
-        fresh = floats[:, 6] > np.nan_to_num(self._cols["scraped_at"][slots], nan=-np.inf)
-        for i, name in enumerate(self.SCRAPE_ROW):
+        fresh = floats[:, SCRAPED_AT_VALUE] > np.nan_to_num(self._cols["scraped_at"][slots], nan=-np.inf)
+        for i, name in enumerate(SCRAPE_ROW):
             self._cols[name][slots] = floats[:, i]
         self._cols["scrape_ok"][slots] = ok
         self._cols["scrape_failures"][slots] = failures

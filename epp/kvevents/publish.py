@@ -1,72 +1,63 @@
-"""The shared block table across processes: the feeder's process writes segments, the serving process reads them.
+"""The shared block table across processes: the feeder's process writes it, the serving process reads it in place.
 
-Segments (POSIX shared memory, `multiprocessing.shared_memory`):
-- `<prefix>`: a directory of one uint64, the current table generation (written after the table is complete);
-- `<prefix>-<generation>`: the `SharedBlockTable` of that generation.
+Memory is memfd, as every block the picker shares (epp.supervision.memory): nothing has a name in /dev/shm, so
+nothing is left behind by a process that dies however it dies, and no resource tracker is involved.
+- The directory: one uint64, the current table generation, written after that table is complete. Its reader
+  creates it (`new_directory`) and hands it to the writer (in `epp serve`, at the feeder child's spawn).
+- A table per generation: the writer (`SegmentAllocator`, the `alloc` of a `TableWriter`) creates a memory file
+  for it and announces it (`announce(generation, fd)`: in `epp serve` a message on the child's pipe with the
+  descriptor attached), then points the directory at it once complete; the table it replaced is marked retired by
+  the `TableWriter`. The writer lets go of a generation two rebuilds later; a reader still mapped keeps valid
+  memory (the mapping holds it) until it moves on.
 
-The writer (`SegmentAllocator`, the `alloc` of a `TableWriter`) creates a generation's segment, then points the
-directory at it; the table it replaced is marked retired by the `TableWriter`. It unlinks a generation's name two
-rebuilds later: a reader still mapped to it keeps reading valid memory (unlinking removes the name, not the
-mapping) and moves on when it sees the retired flag. The reader (`TableReader`) checks that flag once per lookup and
-follows the directory. Segment lifetimes are explicit: both sides opt out of Python's resource tracker, which would
-otherwise unlink a segment when the first process that touched it exits.
+The reader (`TableReader`) maps each announced table (`add`) and follows the directory, checking the retired flag
+once per lookup: it moves to the generation the directory names as soon as that table has been announced to it;
+until then the retired table still reads as it was when the writer left it (a pick sees the blocks a rebuild
+late, as it would a scrape row).
 """
 
 from __future__ import annotations
 
 import contextlib
-import secrets
-from multiprocessing.shared_memory import SharedMemory
+import mmap
+import os
+from collections.abc import Callable
 
 import numpy as np
 
 from epp.kvevents.blockkeys import U64Array
 from epp.kvevents.shared import Counts, SharedBlockTable
+from epp.supervision.memory import new_memfd
 
 
-def new_prefix() -> str:
-    return f"epp-kv-{secrets.token_hex(4)}"
-
-
-def _untrack(shm: SharedMemory) -> None:
-    """Keep Python < 3.13's resource tracker from unlinking the segment when this process exits."""
-    with contextlib.suppress(Exception):
-        from multiprocessing import resource_tracker
-
-        resource_tracker.unregister(getattr(shm, "_name"), "shared_memory")  # noqa: B009
-
-
-def _unlink(shm: SharedMemory) -> None:
-    """`shm.unlink()`, which also unregisters the name from the resource tracker: give the tracker the name back
-    first, or its process prints a KeyError traceback for every segment at our exit."""
-    with contextlib.suppress(Exception):
-        from multiprocessing import resource_tracker
-
-        resource_tracker.register(getattr(shm, "_name"), "shared_memory")  # noqa: B009
-    with contextlib.suppress(FileNotFoundError):
-        shm.unlink()
+def new_directory() -> int:
+    """The directory's memory file (generation 0 until the writer says otherwise)."""
+    return new_memfd("kv-directory", 8)
 
 
 class SegmentAllocator:
-    """Creates and retires the writer's segments: a `TableWriter`'s `alloc` and `published`. `close()` unlinks all."""
+    """Creates and lets go of the writer's tables: a `TableWriter`'s `alloc` and `published`. `close()` lets go
+    of all. `announce(generation, fd)` is told of every new table before it is filled; `fd` stays the allocator's
+    (a receiver that keeps it duplicates it; mapping it is enough)."""
 
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self._directory = SharedMemory(name=prefix, create=True, size=8)
-        _untrack(self._directory)
-        assert self._directory.buf is not None
-        self._current = np.frombuffer(self._directory.buf, dtype="<u8")
+    def __init__(self, directory_fd: int, announce: Callable[[int, int], None]) -> None:
+        self._directory = mmap.mmap(directory_fd, 8)
+        self._current = np.frombuffer(self._directory, dtype="<u8")
         self._current[0] = 0
-        self._segments: dict[int, SharedMemory] = {}
+        self._announce = announce
+        self._segments: dict[int, mmap.mmap] = {}
 
     def __call__(self, generation: int, nbytes: int) -> memoryview:
-        seg = SharedMemory(name=f"{self.prefix}-{generation}", create=True, size=nbytes)
-        _untrack(seg)
+        fd = new_memfd(f"kv-table-{generation}", nbytes)
+        try:
+            seg = mmap.mmap(fd, nbytes)
+            self._announce(generation, fd)
+        finally:
+            os.close(fd)
         self._segments[generation] = seg
         for old in [g for g in self._segments if g < generation - 1]:
             self._release(old)
-        assert seg.buf is not None
-        return seg.buf
+        return memoryview(seg)
 
     def published(self, generation: int) -> None:
         """Point readers at a generation (after its table is complete)."""
@@ -74,7 +65,6 @@ class SegmentAllocator:
 
     def _release(self, generation: int) -> None:
         seg = self._segments.pop(generation)
-        _unlink(seg)
         with contextlib.suppress(BufferError):  # the writer's table may still view it; the mapping goes with it
             seg.close()
 
@@ -82,39 +72,43 @@ class SegmentAllocator:
         for g in list(self._segments):
             self._release(g)
         del self._current
-        _unlink(self._directory)
         with contextlib.suppress(BufferError):
             self._directory.close()
 
 
 class TableReader:
-    """The serving side: attaches to the current table and follows rebuilds; never copies the table."""
+    """The serving side: maps the announced tables, follows the directory; never copies a table."""
 
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self._directory = SharedMemory(name=prefix)
-        _untrack(self._directory)
-        assert self._directory.buf is not None
-        self._current = np.frombuffer(self._directory.buf, dtype="<u8")
-        self._segment: SharedMemory | None = None
+    def __init__(self, directory_fd: int) -> None:
+        self._directory = mmap.mmap(directory_fd, 8)
+        self._current = np.frombuffer(self._directory, dtype="<u8")
+        self._mapped: dict[int, mmap.mmap] = {}  # announced tables not yet attached
+        self._generation = -1
+        self._segment: mmap.mmap | None = None
         self._table: SharedBlockTable | None = None
-        self._stale: list[SharedMemory] = []  # old segments a caller's table still viewed: closed when it lets go
+        self._stale: list[mmap.mmap] = []  # old tables a caller's view still held: closed when it lets go
 
-    def table(self) -> SharedBlockTable:
+    def add(self, generation: int, fd: int) -> None:
+        """A table the writer announced (the descriptor stays the caller's: it is mapped, not kept)."""
+        self._mapped[generation] = mmap.mmap(fd, os.fstat(fd).st_size)
+
+    def table(self) -> SharedBlockTable | None:
+        """The current table; None before the first is announced and published."""
         if self._table is None or self._table.retired:
-            self._attach(int(self._current[0]))
-        assert self._table is not None
+            generation = int(self._current[0])
+            if generation != self._generation and generation in self._mapped:
+                self._attach(generation)
         return self._table
 
     def _attach(self, generation: int) -> None:
-        self._table = None  # drop the old table's views first, or its segment cannot be closed
-        seg = SharedMemory(name=f"{self.prefix}-{generation}")
-        _untrack(seg)
-        assert seg.buf is not None
-        old, self._segment = self._segment, seg
-        self._table = SharedBlockTable(seg.buf)
+        self._table = None  # drop the old table's views first, or its mapping cannot be closed
+        seg = self._mapped.pop(generation)
+        old, self._segment, self._generation = self._segment, seg, generation
+        self._table = SharedBlockTable(memoryview(seg))
         if old is not None:
             self._stale.append(old)
+        for g in [g for g in self._mapped if g < generation]:  # announced, never published, now superseded
+            self._stale.append(self._mapped.pop(g))
         self._close_stale()
 
     def _close_stale(self) -> None:
@@ -126,13 +120,19 @@ class TableReader:
                 keep.append(seg)
         self._stale = keep
 
-    def prefix_blocks(self, keys: U64Array) -> Counts:
-        return self.table().prefix_blocks(keys)
+    def prefix_blocks(self, keys: U64Array) -> Counts | None:
+        """Each endpoint slot's leading blocks of `keys`; None while there is no table to read."""
+        table = self.table()
+        return table.prefix_blocks(keys) if table is not None else None
 
     def close(self) -> None:
         self._table = None
         del self._current
+        self._stale.extend(self._mapped.values())
+        self._mapped = {}
+        if self._segment is not None:
+            self._stale.append(self._segment)
+            self._segment = None
         self._close_stale()
-        for seg in (self._segment, self._directory):
-            if seg is not None:
-                seg.close()
+        with contextlib.suppress(BufferError):
+            self._directory.close()

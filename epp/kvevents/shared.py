@@ -1,6 +1,6 @@
 """The block index as a flat table another process reads without copying: one writer, lock-free readers.
 
-Layout of one buffer (a `multiprocessing.shared_memory` segment in production, any writable buffer in tests), all
+Layout of one buffer (a memfd mapping in production, epp.kvevents.publish; any writable buffer in tests), all
 little-endian uint64:
 
     header[8]           magic, capacity C (a power of two, ≥ BUCKET), mask words W, generation, used slots, retired,
@@ -19,7 +19,11 @@ in no endpoint's cache.
 
 Nothing is ever deleted: a block no endpoint holds keeps its slot with mask 0, which reads as a miss. So a slot's
 key, once written, never changes, and the writer writes a new slot's mask before its key: a reader that sees the
-key sees a mask that was true at some moment. A mask word is one aligned 8-byte store, so each endpoint's bit is
+key sees a mask that was true at some moment. That relies on the stores reaching the reader in program order and on
+the reader loading a key before its mask: numpy and the C kernel issue plain stores and loads, with no fence, which
+x86-64 keeps in order (total store order) and aarch64 does not; a port to a weakly ordered CPU needs a release store
+of the key and an acquire load of it (the seqlocked rows say the same: epp.datastore.rows).
+A mask word is one aligned 8-byte store, so each endpoint's bit is
 either the old or the new value, never torn; a pick that races a write sees the block one event early or late, as
 it would a scrape row. When the table runs out of room (half full, or `MAX_PROBE` full buckets in a row), `set`
 returns False and the owner (`TableWriter`) rebuilds a larger table from its index into a new buffer, generation
@@ -247,7 +251,7 @@ class SharedBlockTable:
             if 2 * used > self.capacity:
                 return None
             self._masks[s] = m[new]
-            self._keys[s] = k[new]  # after every mask: a reader that sees a key sees its mask
+            self._keys[s] = k[new]  # after every mask: a reader that sees a key sees its mask (x86-64 order)
             self._used = self._header_words[_USED] = used
             if wait is None:
                 return further
@@ -368,7 +372,7 @@ def _row_counts(held: U64Array) -> Counts:
 class TableWriter:
     """Keeps a `SharedBlockTable` equal to an index's holders: install as the index's `mirror`.
 
-    `alloc(generation, nbytes)` returns the buffer for a table (a new shared-memory segment named after the
+    `alloc(generation, nbytes)` returns the buffer for a table (a new memory file for the
     generation, in production: `epp.kvevents.publish.SegmentAllocator`); `published(generation)` is told when that
     table is complete. When a table is full, or the endpoint slots outgrow its mask words, a larger one is built
     from the index, and the old one retired.

@@ -64,8 +64,13 @@ from epp.scheduling.upstream_types import describe_unimplemented
 DEFAULT_SCORER_WEIGHT = 1.0
 
 
+# The built-in profiles' prefix scorer: the self-contained form they were measured with (benchmarks/RESULTS.md),
+# named by its block size; a file's `prefix-cache-scorer` without parameters reads a producer, as upstream's does.
+_BUILT_IN_PARAMETERS = {"prefix-cache-scorer": {"blockSize": 64}}
+
+
 def _config(source: str, profile: tuple[tuple[str, float | None], ...]) -> EndpointPickerConfig:
-    plugins = tuple(PluginSpec(name=t, type=t) for t, _ in profile)
+    plugins = tuple(PluginSpec(name=t, type=t, parameters=_BUILT_IN_PARAMETERS.get(t, {})) for t, _ in profile)
     refs = tuple(ProfilePlugin(t, w) for t, w in profile)
     return EndpointPickerConfig(plugins=plugins, profiles=(ProfileSpec("default", refs),), source=source)
 
@@ -132,20 +137,31 @@ def _instantiate(
             )
         params = Params(spec.parameters, f"{config.source}: plugin '{spec.name}' ({spec.type})")
         plugin = plugin_type.factory(spec.name, params, ctx)
+        if plugin_type.limitation:
+            ctx.warn(f"plugin '{spec.name}' ({spec.type})", plugin_type.limitation)
         ctx.built[spec.name] = plugin
         built[spec.name] = (plugin_type.kind, plugin, spec, params)
     return {spec.name: built[spec.name] for spec in config.plugins}  # file order, as check-config prints it
 
 
 def deprecations(config: EndpointPickerConfig, registry: Registry | None = None) -> list[str]:
-    """Upstream's deprecation warnings for this file: its own (`config.warnings`) and each deprecated plugin type."""
+    """Upstream's deprecation warnings for this file: its own (`config.warnings`) and each deprecated plugin type;
+    then one line per plugin that loads but cannot do (all of) its job here (`BuildContext.warn`: a stand-in type,
+    a setting that is not honoured, a stage whose decider is missing), for a config that builds."""
     registry = registry or builtin_registry()
     out = list(config.warnings)
     for spec in config.plugins:
         plugin_type = registry.get(spec.type)
         if plugin_type is not None and plugin_type.replaced_by:
             out.append(f"plugin '{spec.name}': type '{spec.type}' is deprecated, use '{plugin_type.replaced_by}'")
+    try:
+        out.extend(_build(config, 0, registry, allow_experimental=True)[2].warnings)
+    except ConfigError:
+        pass  # the caller reports the refusal itself
     return out
+
+
+_EXTRACTING_PRODUCERS = ("precise-prefix-cache-producer", "mm-embeddings-cache-producer")
 
 
 def _check_references(config: EndpointPickerConfig, built: Built) -> None:
@@ -158,8 +174,9 @@ def _check_references(config: EndpointPickerConfig, built: Built) -> None:
             )
     for ref in config.data_source_refs:
         kind, _, spec, _ = built[ref]
-        # upstream lists the precise producer as the extractor of endpoint notifications (its feeder's membership)
-        if kind is not Kind.DATA_LAYER and spec.type != "precise-prefix-cache-producer":
+        # upstream lists the precise producer as the extractor of endpoint notifications (its feeder's membership),
+        # and the multimodal producer as an extractor too
+        if kind is not Kind.DATA_LAYER and spec.type not in _EXTRACTING_PRODUCERS:
             raise ConfigError(f"{source}: data layer, plugin '{ref}' ({spec.type}): is not a data source here")
     if config.discovery_ref is not None and built[config.discovery_ref][0] is not Kind.DISCOVERY:
         spec = built[config.discovery_ref][2]
@@ -208,8 +225,10 @@ def _profile(
                 filters.append(plugin)  # type: ignore[arg-type]
         elif kind is Kind.PICKER:
             pickers.append(plugin)  # type: ignore[arg-type]
-        elif kind is Kind.PRODUCER:
-            continue  # producers run for every pick whether a profile lists them or not, as upstream
+        elif kind in (Kind.PRODUCER, Kind.PARSER, Kind.REQUEST_HOOK):
+            # producers run for every pick whether a profile lists them or not; parsers and request hooks run
+            # around the pick: upstream's profile keeps only its filters, scorers and picker, and so does this one
+            continue
         else:
             raise ConfigError(f"{where}: a {kind.value} cannot be part of a profile")
     if len(pickers) > 1:
@@ -229,7 +248,7 @@ def _build(
     registry: Registry,
     allow_experimental: bool,
     freshness: Freshness | None = None,
-) -> tuple[Scheduler, Built]:
+) -> tuple[Scheduler, Built, BuildContext]:
     seeds = np.random.SeedSequence(seed)
     freshness = pool_freshness(config, freshness or Freshness())
     ctx = BuildContext(seed_sequence=seeds, saturation=config.saturation, freshness=freshness)
@@ -251,7 +270,7 @@ def _build(
         pool_detector = SaturationDetector(thresholds, freshness)
     if isinstance(handler, HandlerSpec) and handler.decode is not None:
         staged = _disagg(config, handler, built, ctx, pool_detector)  # type: ignore[arg-type]
-        return _scheduler(config, built, staged, staged.profiles, staged.describe(), staged.route), built
+        return _scheduler(config, built, staged, staged.profiles, staged.describe(), staged.route), built, ctx
     if len(config.profiles) > 1:
         names = ", ".join(p.name for p in config.profiles)
         what = f"profile handler '{handler.name}'" if isinstance(handler, HandlerSpec) else "single-profile-handler"
@@ -263,8 +282,8 @@ def _build(
     single = ProfileScheduler(profile, pool_detector)  # type: ignore[arg-type]
     if isinstance(handler, HandlerSpec) and handler.primary_port:  # data-parallel-profile-handler
         ranks = DisaggScheduler(single, primary_port=handler.primary_port, name=handler.name)
-        return _scheduler(config, built, ranks, ranks.profiles, ranks.describe(), ranks.route), built
-    return _scheduler(config, built, single, (single,), profile.describe(), None), built
+        return _scheduler(config, built, ranks, ranks.profiles, ranks.describe(), ranks.route), built, ctx
+    return _scheduler(config, built, single, (single,), profile.describe(), None), built, ctx
 
 
 def _scheduler(
@@ -293,12 +312,14 @@ def _scheduler(
         handler=handler,
         saturation=handler.saturation,
         freshness=handler.freshness,
+        saturation_leads=isinstance(handler.saturation, ConcurrencyDetector),
         admitters=tuple(plugin for kind, plugin, _, _ in built.values() if kind is Kind.ADMITTER),  # type: ignore[misc]
         flow=flow,
         tokenizer=_render_settings(decode.producers),
         prefix_scorers=tuple(prefix.values()),
         response_headers=handler.response_headers if handler.writes_response_headers else None,
         routing=routing,
+        detailed=handler.pick_detailed,
         description=description,
         profiles=profiles,
         kv_events=next(iter(precise.values()), None),
@@ -350,10 +371,12 @@ def _disagg(
         encode = Stage(profile(handler.encode, "profiles.encode", []), encode_decider)
         used.add(handler.encode)
     unused = [p.name for p in config.profiles if p.name not in used]
-    if unused:
-        raise ConfigError(
-            f"{where}: scheduling profile(s) {', '.join(unused)} would never run (the handler runs "
-            f"{', '.join(sorted(used))}; a stage runs only with its decider in deciders.prefill / deciders.encode)"
+    if unused:  # upstream: "No deciders.prefill configured, P/D disaggregation disabled", and it runs decode only
+        ctx.warn(
+            f"plugin '{handler.name}' ({handler.type_name})",
+            f"scheduling profile(s) {', '.join(unused)} never run: the handler runs {', '.join(sorted(used))} (a "
+            "stage runs only with its decider in deciders.prefill / deciders.encode; without one that "
+            "disaggregation is disabled, as upstream)",
         )
     return DisaggScheduler(decode, prefill, encode, handler.primary_port, handler.name)
 
@@ -405,9 +428,14 @@ def effective_plugins(
     """Every plugin the picker runs for this config with its parameters after defaults, those it adds as upstream
     does (parsers, picker, profile handler, detector, metrics source and extractor) marked implicit."""
     registry = registry or builtin_registry()
-    scheduler, built = _build(config, 0, registry, allow_experimental)
+    scheduler, built, _ = _build(config, 0, registry, allow_experimental)
+
+    def reported(type_name: str) -> str:  # the type upstream's instance reports (decode-filter: by-label)
+        plugin_type = registry.get(type_name)
+        return (plugin_type.reported_type if plugin_type is not None else None) or type_name
+
     out = [
-        EffectivePlugin(name, spec.type, kind, dict(params.effective))
+        EffectivePlugin(name, reported(spec.type), kind, dict(params.effective))
         for name, (kind, _, spec, params) in built.items()
     ]
     types = {spec.type for _, _, spec, _ in built.values()}
@@ -417,9 +445,11 @@ def effective_plugins(
             types.add(type_name)
             out.append(EffectivePlugin(type_name, type_name, kind, parameters or {}, implicit=True))
 
-    for producer in scheduler.profiles[0].profile.producers:  # created for a consumer that names none, as upstream
-        if producer.name not in built:
-            implicit(producer.type_name, Kind.PRODUCER)
+    listed = set(built)
+    for producer in (p for stage in scheduler.profiles for p in stage.profile.producers):  # auto-created, as upstream
+        if producer.name not in listed:  # by name: a second producer of a type (tiered prefix caches) is a line
+            listed.add(producer.name)
+            out.append(EffectivePlugin(producer.name, producer.type_name, Kind.PRODUCER, {}, implicit=True))
     if not any(kind is Kind.PROFILE_HANDLER for kind, *_ in built.values()):
         implicit("single-profile-handler", Kind.PROFILE_HANDLER)
     if not any(kind is Kind.PICKER for kind, *_ in built.values()):

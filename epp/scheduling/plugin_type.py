@@ -33,6 +33,9 @@ class Kind(enum.Enum):
     # scorer's `prefixMatchInfoProducerName`). Built before every other plugin, so such a factory finds its
     # producer with `BuildContext.plugin`.
     PRODUCER = "data producer"
+    # Upstream's pre-request and response plugins (disagg-headers-handler, request-attribute-reporter): listed in a
+    # profile, they are skipped there, as upstream's profile keeps only its filters, scorers and picker.
+    REQUEST_HOOK = "request hook"
 
 
 class Stability(enum.Enum):
@@ -52,9 +55,13 @@ class BuildContext:
     freshness: Freshness = field(default_factory=Freshness)
     built: dict[str, object] = field(default_factory=dict)  # the plugins built so far, by name (producers first)
     plugin_types: dict[str, str] = field(default_factory=dict)  # every plugin of the config: name → type
+    warnings: list[str] = field(default_factory=list)  # what loads but is not done here, one line per plugin
 
-    def has_type(self, *types: str) -> bool:
-        return any(t in types for t in self.plugin_types.values())
+    def warn(self, where: str, why: str) -> None:
+        """A plugin that loads but cannot do (all of) its job here: logged once at start-up, printed by check-config."""
+        line = f"{where}: {why}"
+        if line not in self.warnings:
+            self.warnings.append(line)
 
     def next_seed(self) -> int:
         return int(self.seed_sequence.spawn(1)[0].generate_state(1)[0])
@@ -78,6 +85,8 @@ class PluginType:
     summary: str
     stability: Stability = Stability.BETA
     replaced_by: str | None = None  # deprecated upstream in favour of this type: loading it logs a warning
+    limitation: str | None = None  # loads, but cannot do its job here: this is logged once per plugin (stand_ins)
+    reported_type: str | None = None  # the type upstream's instance reports when it differs (decode-filter: by-label)
 
 
 def no_params(cls: Callable[[str], object]) -> Factory:

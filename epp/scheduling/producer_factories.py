@@ -26,7 +26,8 @@ def approx_prefix_producer(name: str, params: Params, ctx: BuildContext) -> obje
 
 def precise_prefix_producer(name: str, params: Params, ctx: BuildContext) -> object:
     """Upstream's parameters (`dataproducer/preciseprefixcache`): what maps onto the KV-events index is taken, what
-    has no counterpart here is refused by name (Redis or cost-aware index backends, a central ZMQ endpoint)."""
+    has no counterpart here is refused by name (Redis or cost-aware index backends); a central ZMQ endpoint loads
+    with one warning (each endpoint is subscribed to instead)."""
     tokens = Params(params.section("tokenProcessorConfig"), f"{params.where}: tokenProcessorConfig")
     block = tokens.integer("blockSizeTokens", 0, minimum=0) or tokens.integer("blockSize", 16, minimum=1)
     seed = tokens.text("hashSeed", "")
@@ -47,8 +48,14 @@ def precise_prefix_producer(name: str, params: Params, ctx: BuildContext) -> obj
     events = Params(params.section("kvEventsConfig"), f"{params.where}: kvEventsConfig")
     topic = events.text("topicFilter", "kv@")
     events.ignore("concurrency", "discoverPods")  # one feeder process; endpoints always come from discovery
-    if events.present("zmqEndpoint"):
-        raise events.error("zmqEndpoint", "a central ZMQ endpoint is not supported: one SUB per endpoint only")
+    central = events.text("zmqEndpoint", "")
+    if central:
+        ctx.warn(
+            f"plugin '{name}' (precise-prefix-cache-producer)",
+            f"kvEventsConfig.zmqEndpoint {central}: a central endpoint the engines publish to is not bound here; "
+            "each endpoint is subscribed to at podDiscoveryConfig.socketPort instead, so engines that publish only "
+            "to the central endpoint are not heard and their requests use the approximate fallback",
+        )
     discovery = Params(events.section("podDiscoveryConfig"), f"{params.where}: kvEventsConfig.podDiscoveryConfig")
     port = discovery.integer("socketPort", 5557, minimum=1)
     replay = discovery.integer("replaySocketPort", 0, minimum=0)

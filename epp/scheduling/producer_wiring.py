@@ -73,33 +73,47 @@ def resolve_producers(
                 if auto is None:
                     auto = ctx.built[_AUTO_KEY + wanted] = factory()
                 out[wanted] = cast(Producer, auto)
-    _check_precise(config, out)
+    _auto_token_producer(out, ctx)
+    _check_precise(out, ctx)
     return sorted(out.values(), key=lambda p: getattr(p, "ORDER", 50))
 
 
-def _check_precise(config: EndpointPickerConfig, producers: dict[str, Producer]) -> None:
-    """Precise prefix matching needs the engine's own token ids: a token producer with the vllm backend."""
+def _auto_token_producer(producers: dict[str, Producer], ctx: BuildContext) -> None:
+    """A prefix producer consumes the prompt's tokens: with no token-producer in the config, upstream auto-creates
+    one (the estimate backend), and so does this builder (one per config; the estimate is what a prefix producer
+    computes without one, so this changes no decision)."""
+    from epp.scheduling.producers import TokenProducer
+
+    if any(isinstance(p, TokenProducer) for p in producers.values()):
+        return
+    if not any(getattr(p, "type_name", "") in _PRODUCER_OF["prefix-cache-scorer"] for p in producers.values()):
+        return
+    auto = ctx.built.get(_AUTO_KEY + "token-producer")
+    if auto is None:
+        auto = ctx.built[_AUTO_KEY + "token-producer"] = TokenProducer()
+    producers["token-producer"] = cast(Producer, auto)
+
+
+def _check_precise(producers: dict[str, Producer], ctx: BuildContext) -> None:
+    """Precise prefix matching needs the engine's own token ids: a token producer with the vllm backend. Without
+    one (upstream then estimates tokens too) the config loads and the producer matches on its approximate fallback."""
     from epp.scheduling.precise import PrecisePrefixCacheProducer
     from epp.scheduling.producers import TokenProducer
 
     for plugin in producers.values():
         if not isinstance(plugin, PrecisePrefixCacheProducer):
             continue
-        where = f"{config.source}: plugin '{plugin.name}' (precise-prefix-cache-producer)"
         tokens = [p for p in producers.values() if isinstance(p, TokenProducer)]
-        if not tokens:
-            raise ConfigError(
-                f"{where}: needs a token-producer with the vllm backend (modelName, vllm.url): block keys are "
-                "computed from the engine's token ids, and the config defines no token-producer"
+        vllm = [p for p in tokens if p.backend == "vllm"]
+        if not vllm:
+            named = f"token-producer '{tokens[0].name}' uses the estimate backend" if tokens else "no token-producer"
+            ctx.warn(
+                f"plugin '{plugin.name}' (precise-prefix-cache-producer)",
+                f"{named}, whose token ids are not the engine's, so no block key matches an engine's KV events: "
+                "every request uses the approximate fallback (set a token-producer's modelName and vllm.url, the "
+                "model server's render endpoints)",
             )
-        estimate = [p.name for p in tokens if p.backend != "vllm"]
-        if estimate:
-            raise ConfigError(
-                f"{where}: token-producer '{estimate[0]}' uses the estimate backend, whose token ids are not the "
-                "engine's, so no block key would ever match an engine's KV events; set its backend to vllm "
-                "(modelName and vllm.url, the model server's render endpoints)"
-            )
-        plugin.token_producer = tokens[0].name
+        plugin.token_producer = (vllm or tokens)[0].name if tokens else "token-producer"
 
 
 def _auto_approx_prefix() -> Producer:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from epp.scheduling import affinity, disagg, filters, flow_plugins, pickers, producers, scorers
+from epp.scheduling import affinity, disagg, filters, flow_plugins, pickers, producers, scorers, stand_ins
 from epp.scheduling.config_plugins import data_layer, file_discovery, marker
 from epp.scheduling.handler_factories import data_parallel_handler, disagg_handler, pd_handler, prefix_decider
 from epp.scheduling.params import Params
@@ -59,10 +59,14 @@ class Registry:
         *,
         stability: Stability = Stability.BETA,
         replaced_by: str | None = None,
+        limitation: str | None = None,
+        reported_type: str | None = None,
     ) -> None:
         if type_name in self._types:
             raise ValueError(f"plugin type {type_name!r} registered twice")
-        self._types[type_name] = PluginType(type_name, kind, factory, summary, stability, replaced_by)
+        self._types[type_name] = PluginType(
+            type_name, kind, factory, summary, stability, replaced_by, limitation, reported_type
+        )
 
     def get(self, type_name: str) -> PluginType | None:
         return self._types.get(type_name)
@@ -124,9 +128,130 @@ def _register_flow_control(r: Callable[..., None]) -> None:
     r("latency-slo-admitter", Kind.ADMITTER, _named(flow_plugins.latency_slo_admitter), "refuses unmeetable SLOs")
 
 
+def _register_stand_ins(r: Callable[..., None]) -> None:
+    """Upstream types that load but cannot do their job here (`epp.scheduling.stand_ins`): one warning each."""
+    alpha = Stability.ALPHA
+    gpu = "GPU utilisation (DCGM) is not collected here: this plugin collects nothing"
+    topology = "topology labels are not collected here: "
+    latency = "latency prediction (upstream's trained-model sidecar) is not implemented here: "
+    mm = "multimodal requests are not recognised here: "
+    for t, kind, factory, summary, stability, limitation in (
+        (
+            "endpoint-attribute-filter",
+            Kind.FILTER,
+            stand_ins.attribute_filter,
+            "endpoints by a collected attribute",
+            alpha,
+            "endpoint attributes are not collected here: every endpoint lacks the attribute, so onMissing decides "
+            "for all (Pass keeps every candidate)",
+        ),
+        (
+            "endpoint-attribute-scorer",
+            Kind.SCORER,
+            stand_ins.attribute_scorer,
+            "endpoints by a collected attribute",
+            alpha,
+            "endpoint attributes are not collected here: scores 0 for every endpoint",
+        ),
+        (
+            "topology-affinity-filter",
+            Kind.FILTER,
+            stand_ins.topology_filter,
+            "near the peer stage's pick",
+            alpha,
+            topology + "keeps every candidate",
+        ),
+        (
+            "topology-affinity-scorer",
+            Kind.SCORER,
+            stand_ins.topology_scorer,
+            "near the peer stage's pick",
+            alpha,
+            topology + "scores 0 for every endpoint",
+        ),
+        (
+            "topology-extractor",
+            Kind.DATA_LAYER,
+            stand_ins.topology_extractor,
+            "topology labels",
+            alpha,
+            topology + "this plugin collects nothing",
+        ),
+        ("dcgm-data-source", Kind.DATA_LAYER, stand_ins.dcgm_source, "DCGM exporter scrape", alpha, gpu),
+        ("dcgm-extractor", Kind.DATA_LAYER, stand_ins.dcgm_extractor, "GPU utilisation", alpha, gpu),
+        (
+            "slo-headroom-tier-filter",
+            Kind.FILTER,
+            stand_ins.headroom_filter,
+            "endpoints with SLO headroom first",
+            Stability.BETA,
+            latency + "keeps every candidate",
+        ),
+        (
+            "latency-scorer",
+            Kind.SCORER,
+            stand_ins.latency_scorer,
+            "predicted TTFT/TPOT headroom",
+            Stability.BETA,
+            latency + "scores 0 for every endpoint (the other scorers decide; alone, every endpoint ties)",
+        ),
+        (
+            "predicted-latency-producer",
+            Kind.PRODUCER,
+            stand_ins.latency_producer,
+            "per-endpoint TTFT/TPOT predictions",
+            Stability.BETA,
+            latency + "publishes no prediction",
+        ),
+        (
+            "mm-embeddings-cache-producer",
+            Kind.PRODUCER,
+            stand_ins.mm_producer,
+            "encoder-cache hits per endpoint",
+            Stability.BETA,
+            mm + "publishes no encoder-cache match",
+        ),
+        (
+            "mm-embeddings-cache-scorer",
+            Kind.SCORER,
+            stand_ins.mm_scorer,
+            "encoder-cache affinity",
+            Stability.BETA,
+            mm + "scores 0 for every endpoint",
+        ),
+        (
+            "always-disagg-multimodal-decider",
+            Kind.DECIDER,
+            stand_ins.multimodal_decider,
+            "encode stage for multimodal requests",
+            Stability.BETA,
+            mm + "the encode stage never runs",
+        ),
+        (
+            "request-attribute-reporter",
+            Kind.REQUEST_HOOK,
+            stand_ins.attribute_reporter,
+            "CEL over usage into dynamic metadata",
+            Stability.BETA,
+            "CEL expressions are not evaluated here: no attribute is reported",
+        ),
+    ):
+        r(t, kind, _named(factory), summary, stability=stability, limitation=limitation)
+    for t in ("disagg-headers-handler", "prefill-header-handler"):
+        r(
+            t,
+            Kind.REQUEST_HOOK,
+            _named(stand_ins.headers_handler),
+            "P/D headers (set by the profile handler here)",
+            replaced_by="disagg-profile-handler",
+            reported_type="disagg-headers-handler",
+        )
+
+
 def register_builtins(registry: Registry) -> Registry:
     r = registry.register
     _register_flow_control(r)
+    _register_stand_ins(r)
     r("queue-scorer", Kind.SCORER, no_params(scorers.QueueScorer), "min-max of waiting requests")
     r("kv-cache-utilization-scorer", Kind.SCORER, no_params(scorers.KvCacheUtilizationScorer), "1 - KV usage")
     r("running-requests-size-scorer", Kind.SCORER, no_params(scorers.RunningRequestsScorer), "min-max of running")
@@ -175,9 +300,12 @@ def register_builtins(registry: Registry) -> Registry:
     r("saturation-filter", Kind.FILTER, saturation_filter, "alias of utilization-detector")
     r("label-filter", Kind.FILTER, label_filter, "alias of label-selector-filter (ours)")
     r("by-label", Kind.FILTER, by_label_filter, "label value in validValues", replaced_by="label-selector-filter")
-    r("decode-filter", Kind.FILTER, role_filter(filters.decode_filter), "roles that decode; unlabelled kept")
-    r("prefill-filter", Kind.FILTER, role_filter(filters.prefill_filter), "roles that prefill")
-    r("encode-filter", Kind.FILTER, role_filter(filters.encode_filter), "roles that encode")
+    for t, make, summary in (  # upstream builds each as a by-label filter, and reports that type
+        ("decode-filter", filters.decode_filter, "roles that decode; unlabelled kept"),
+        ("prefill-filter", filters.prefill_filter, "roles that prefill"),
+        ("encode-filter", filters.encode_filter, "roles that encode"),
+    ):
+        r(t, Kind.FILTER, role_filter(make), summary, reported_type="by-label")
     r(
         "header-based-testing-filter",
         Kind.FILTER,

@@ -20,6 +20,7 @@ from epp.datastore.table import IntArray
 from epp.flowcontrol import FlowSettings
 from epp.flowcontrol.admission import Admitter
 from epp.scheduling.framework import SchedulingRequest
+from epp.scheduling.pick_detail import PickDetail
 from epp.scheduling.precise import PrecisePrefixCacheProducer
 from epp.scheduling.prefix import PrefixCacheScorer
 from epp.scheduling.profile import PluginWrapper, ProfileScheduler
@@ -67,6 +68,8 @@ class Routing(NamedTuple):
 
 # The handler's own pick and the snapshot's addresses → its routing; None: the slots' addresses, nothing more.
 Router = Callable[[Sequence[int], Sequence[str]], Routing | None]
+# The handler's pick with what it knew beyond its slots (scores, the picked endpoint's cached prefix).
+DetailedPick = Callable[[Snapshot, IntArray, SchedulingRequest, float], tuple[Sequence[int], PickDetail]]
 # A pick's first slot → the headers the response carries back to the client (session tokens).
 ResponseHeaders = Callable[[Snapshot, int], tuple[tuple[str, str], ...]]
 
@@ -95,12 +98,16 @@ class Scheduler:
     handler: PickHandler
     saturation: PoolSaturation = field(default_factory=NeverSaturated)
     freshness: Freshness = field(default_factory=Freshness)
+    # The saturation counts our own requests in flight (concurrency-detector): it leads the scrape instead of
+    # lagging it, which is how long in-flight eviction waits for a reclaim to show.
+    saturation_leads: bool = False
     admitters: tuple[Admitter, ...] = ()
     flow: FlowSettings | None = None  # the flowControl feature gate on: the queues' settings
     tokenizer: RenderSettings | None = None
     prefix_scorers: tuple[PrefixCacheScorer, ...] = ()
     response_headers: ResponseHeaders | None = None  # None: no plugin writes a response header
     routing: Router | None = None  # None: a pick goes to its slots' addresses
+    detailed: DetailedPick | None = None  # `handler.pick` with its PickDetail; None: a handler without one
     description: str = ""
     profiles: tuple[ProfileScheduler, ...] = ()
     kv_events: PrecisePrefixCacheProducer | None = None

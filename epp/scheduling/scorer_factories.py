@@ -13,21 +13,19 @@ from epp.scheduling.plugin_type import BuildContext
 _PREFIX_NEW = ("prefixMatchInfoProducerName", "matchLengthWeight", "matchLengthScaleTokens")
 _PREFIX_OLD = ("blockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer", "autoTune")
 
-PREFIX_PRODUCER_TYPES = ("approx-prefix-cache-producer", "burst-prefix-cache-producer", "precise-prefix-cache-producer")
-
 
 def prefix_scorer(name: str, params: Params, ctx: BuildContext) -> object:
     """Two forms, as upstream's history: the current one reads a producer's match (`prefixMatchInfoProducerName`,
-    `matchLengthWeight`, `matchLengthScaleTokens`; also chosen when the file configures a prefix producer and gives
-    the scorer no parameters); the older one (blockSize, maxPrefixBlocksToMatch, lruCapacityPerServer, autoTune, or
-    no parameters and no producer) computes its own match, exactly as before."""
+    `matchLengthWeight`, `matchLengthScaleTokens`, or no parameters: then upstream's auto-created
+    approx-prefix-cache-producer); the older one (blockSize, maxPrefixBlocksToMatch, lruCapacityPerServer, autoTune)
+    computes its own match, exactly as before (the built-in profiles name it: `build.default_config`)."""
     new = [f for f in _PREFIX_NEW if params.present(f)]
     old = [f for f in _PREFIX_OLD if params.present(f)]
     if new and old:
         raise params.error(
             old[0], f"the producer form ({', '.join(new)}) and the self-contained form ({', '.join(old)}) do not mix"
         )
-    if new or (not old and ctx.has_type(*PREFIX_PRODUCER_TYPES)):
+    if new or not old:
         producer = params.text("prefixMatchInfoProducerName", "") or "approx-prefix-cache-producer"
         weight = params.number("matchLengthWeight", 0.0, minimum=0.0, maximum=1.0)
         scale = params.integer("matchLengthScaleTokens", 0, minimum=0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from epp.config.model import SaturationThresholds
-from epp.scheduling import affinity_filter, filters, rendezvous, saturation, test_selection
+from epp.scheduling import affinity_filter, conformance_selection, filters, rendezvous, saturation
 from epp.scheduling.params import Params
 from epp.scheduling.plugin_type import BuildContext, Factory
 
@@ -121,7 +121,7 @@ def by_label_filter(name: str, params: Params, ctx: BuildContext) -> object:
 
 def header_testing_filter(name: str, params: Params, ctx: BuildContext) -> object:
     params.finish()
-    return test_selection.HeaderBasedTestingFilter(name)
+    return conformance_selection.HeaderBasedTestingFilter(name)
 
 
 def role_filter(make: Callable[[str], object]) -> Factory:

@@ -1,5 +1,6 @@
 """Every plugin type upstream's picker registers, and what this picker does with each: the table behind
-docs/scheduling.md and behind the one-line refusal of a config naming a type we do not build.
+docs/scheduling.md and behind the one-line refusal of a config naming a type we do not build. A STAND_IN type
+loads without doing its job here (`epp.scheduling.stand_ins`: a documented safe behaviour, one warning).
 
 Source: llm-d-router `cmd/epp/runner/runner.go` `registerInTreePlugins()` (the stability of each type as it is
 registered there; ALPHA types need `--allow-experimental-plugins` upstream and here). A test checks this table
@@ -15,6 +16,8 @@ from typing import NamedTuple
 class Status(enum.Enum):
     SUPPORTED = "supported"
     ALIAS = "accepted as alias"
+    # loads (upstream runs configs with it) but cannot do its job here: a safe behaviour, one warning per plugin
+    STAND_IN = "loads, warns"
     REFUSED = "refused"
 
 
@@ -26,13 +29,14 @@ class UpstreamType(NamedTuple):
     why: str
 
 
-_S, _A, _R = Status.SUPPORTED, Status.ALIAS, Status.REFUSED
+_S, _A, _W, _R = Status.SUPPORTED, Status.ALIAS, Status.STAND_IN, Status.REFUSED
 _FC = "always used with enableEviction, listed or not (as upstream)"
-_MM_IN = "multimodal requests are not recognised; encode stages run with always-disagg-pd-decider"
-_HEADERS = "deprecated upstream; disagg-profile-handler sets the P/D headers itself"
+_HEADERS = "deprecated upstream; nothing to do: the profile handler sets the P/D headers itself; warns on load"
 _MC = "multi-cluster through InferencePoolImport is not implemented; epp federates sites instead (docs/federation.md)"
-_LAT = "latency prediction (a trained-model sidecar) is not implemented"
-_MM = "multimodal caching is not implemented"
+_LAT = "latency prediction (a trained-model sidecar) is not implemented: "
+_MM = "multimodal requests are not recognised: "
+_TOPO = "topology labels are not collected: "
+_GPU = "GPU utilisation is not collected: collects nothing"
 
 UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     # filters
@@ -61,13 +65,19 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
         _S,
         "ttftSource prefillThroughput only; calibration files are not read",
     ),
-    UpstreamType("slo-headroom-tier-filter", "filter", False, _R, _LAT),
+    UpstreamType("slo-headroom-tier-filter", "filter", False, _W, _LAT + "keeps every candidate"),
     UpstreamType(
         "session-affinity-filter", "filter", True, _R, "session affinity is a scorer here (session-affinity-scorer)"
     ),
     UpstreamType("multicluster-session-affinity-filter", "filter", True, _R, _MC),
-    UpstreamType("endpoint-attribute-filter", "filter", True, _R, "not implemented"),
-    UpstreamType("topology-affinity-filter", "filter", True, _R, "topology attributes are not collected"),
+    UpstreamType(
+        "endpoint-attribute-filter",
+        "filter",
+        True,
+        _W,
+        "attributes are not collected: every endpoint lacks it, onMissing decides (Pass keeps all)",
+    ),
+    UpstreamType("topology-affinity-filter", "filter", True, _W, _TOPO + "keeps every candidate"),
     UpstreamType(
         "utilization-filter", "filter", True, _R, "not implemented; utilization-detector filters saturated endpoints"
     ),
@@ -109,18 +119,18 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     UpstreamType("context-length-aware", "scorer", False, _S, "reusableTokensProducerName refused (no p2p-source)"),
     UpstreamType("token-load-scorer", "scorer", False, _S, ""),
     UpstreamType("no-hit-lru-scorer", "scorer", False, _S, ""),
-    UpstreamType("mm-embeddings-cache-scorer", "scorer", False, _R, _MM),
-    UpstreamType("latency-scorer", "scorer", False, _R, _LAT),
+    UpstreamType("mm-embeddings-cache-scorer", "scorer", False, _W, _MM + "scores 0"),
+    UpstreamType("latency-scorer", "scorer", False, _W, _LAT + "scores 0"),
     UpstreamType(
         "precise-prefix-cache-scorer",
         "scorer",
         False,
         _R,
-        "deprecated upstream; KV-event routing not wired into scheduling yet",
+        "deprecated upstream: precise-prefix-cache-producer + prefix-cache-scorer replace it (the KV-events path)",
     ),
     UpstreamType("header-label-affinity-scorer", "scorer", True, _R, "not implemented"),
-    UpstreamType("endpoint-attribute-scorer", "scorer", True, _R, "not implemented"),
-    UpstreamType("topology-affinity-scorer", "scorer", True, _R, "topology attributes are not collected"),
+    UpstreamType("endpoint-attribute-scorer", "scorer", True, _W, "attributes are not collected: scores 0"),
+    UpstreamType("topology-affinity-scorer", "scorer", True, _W, _TOPO + "scores 0"),
     UpstreamType("multicluster-queue-scorer", "scorer", True, _R, _MC),
     UpstreamType("multicluster-kv-cache-utilization-scorer", "scorer", True, _R, _MC),
     UpstreamType("multicluster-prefix-cache-scorer", "scorer", True, _R, _MC),
@@ -148,9 +158,11 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     ),
     UpstreamType("prefix-based-pd-decider", "decider", False, _S, "nonCachedTokens, promptTokens"),
     UpstreamType("always-disagg-pd-decider", "decider", False, _S, ""),
-    UpstreamType("always-disagg-multimodal-decider", "decider", False, _R, _MM_IN),
-    UpstreamType("disagg-headers-handler", "pre-request", False, _R, _HEADERS),
-    UpstreamType("prefill-header-handler", "pre-request", False, _R, _HEADERS),
+    UpstreamType("always-disagg-multimodal-decider", "decider", False, _W, _MM + "the encode stage never runs"),
+    UpstreamType("disagg-headers-handler", "pre-request", False, _S, _HEADERS),
+    UpstreamType(
+        "prefill-header-handler", "pre-request", False, _A, "older name of disagg-headers-handler; warns on load"
+    ),
     # data layer
     UpstreamType("metrics-data-source", "data source", False, _S, "always on; the scraper"),
     UpstreamType("core-metrics-extractor", "data extractor", False, _S, "per-engine metric names honoured"),
@@ -159,9 +171,9 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     UpstreamType("models-data-extractor", "data extractor", False, _R, "/v1/models is not polled"),
     UpstreamType("endpoint-notification-source", "data source", False, _S, "membership for the KV-events feeder"),
     UpstreamType("k8s-notification-source", "data source", False, _R, "the Kubernetes watches feed the table directly"),
-    UpstreamType("dcgm-data-source", "data source", True, _R, "GPU utilisation is not collected"),
-    UpstreamType("dcgm-extractor", "data extractor", True, _R, "GPU utilisation is not collected"),
-    UpstreamType("topology-extractor", "data extractor", True, _R, "topology attributes are not collected"),
+    UpstreamType("dcgm-data-source", "data source", True, _W, _GPU),
+    UpstreamType("dcgm-extractor", "data extractor", True, _W, _GPU),
+    UpstreamType("topology-extractor", "data extractor", True, _W, _TOPO + "collects nothing"),
     UpstreamType("multicluster-file-discovery", "endpoint discovery", True, _R, _MC),
     UpstreamType("multicluster-metrics-data-source", "data source", True, _R, _MC),
     UpstreamType("multicluster-metrics-extractor", "data extractor", True, _R, _MC),
@@ -191,13 +203,18 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     # producers
     UpstreamType("approx-prefix-cache-producer", "producer", False, _S, "token blocks; estimate tokens by default"),
     UpstreamType("inflight-load-producer", "producer", False, _S, ""),
-    UpstreamType("predicted-latency-producer", "producer", False, _R, _LAT),
-    UpstreamType("mm-embeddings-cache-producer", "producer", False, _R, _MM),
+    UpstreamType("predicted-latency-producer", "producer", False, _W, _LAT + "publishes no prediction"),
+    UpstreamType("mm-embeddings-cache-producer", "producer", False, _W, _MM + "publishes no match"),
     UpstreamType("token-producer", "producer", False, _S, "estimate; vllm render endpoints, estimate on failure"),
     UpstreamType("tokenizer", "producer", False, _A, "deprecated upstream for token-producer; warns on load"),
     UpstreamType("session-id-producer", "producer", False, _S, ""),
     UpstreamType(
-        "precise-prefix-cache-producer", "producer", False, _S, "engines' KV events; needs token-producer vllm"
+        "precise-prefix-cache-producer",
+        "producer",
+        False,
+        _S,
+        "engines' KV events; without a vllm token-producer, or with a central zmqEndpoint: the approximate "
+        "fallback, one warning",
     ),
     UpstreamType(
         "burst-prefix-cache-producer",
@@ -209,7 +226,13 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     UpstreamType("p2p-source-producer", "producer", True, _R, "P2P KV-cache transfer is not implemented"),
     UpstreamType("multicluster-approx-prefix-cache-producer", "producer", True, _R, _MC),
     # other hooks
-    UpstreamType("request-attribute-reporter", "request hook", False, _R, "usage is reported as metrics only"),
+    UpstreamType(
+        "request-attribute-reporter",
+        "request hook",
+        False,
+        _W,
+        "CEL is not evaluated: reports nothing (usage is a metric)",
+    ),
     UpstreamType("agent-identity", "request hook", True, _R, "not implemented"),
     UpstreamType("disaggregatedset-rollout-screener", "request hook", True, _R, "not implemented"),
     UpstreamType(

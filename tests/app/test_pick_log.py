@@ -7,10 +7,10 @@ import numpy as np
 
 from epp.app.pick_log import CAPACITY, MAX_HASHES, PickLog, ring_words
 from epp.app.worker import MATRIX_COLUMNS, MirrorTable, _learn, _sharing
+from epp.datastore.rows import NCOL, TOKEN
 from epp.datastore.table import EndpointInfo
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import build_scheduler
-from epp.scrape.process import NCOL, TOKEN
 
 
 def block(workers: int) -> np.ndarray:

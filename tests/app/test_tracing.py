@@ -13,14 +13,15 @@ from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
 
 from epp.app.tracing import TracingDirector, traced_scheduler
+from epp.config.decode import parse_config
 from epp.datastore import EndpointInfo, EndpointTable
 from epp.director import Director
 from epp.errors import EppError, ErrorCode
-from epp.extproc.stream import StreamProcessor, StreamSettings
+from epp.extproc.stream import StreamSettings
 from epp.observability.metrics import PickerMetrics
 from epp.requests import parse_request
 from epp.scheduling import build_scheduler
-from tests.extproc.envoy import BODY, POOL, body_msg, destination, headers_msg, immediate
+from tests.extproc.envoy import BODY, POOL, DecidingStream, body_msg, destination, headers_msg, immediate
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -28,7 +29,7 @@ TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
 
 
 @pytest.fixture
-def traced() -> tuple[StreamProcessor, InMemorySpanExporter]:
+def traced() -> tuple[DecidingStream, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -39,7 +40,7 @@ def traced() -> tuple[StreamProcessor, InMemorySpanExporter]:
     scheduler = traced_scheduler(build_scheduler(None, seed=1), tracer)
     director = TracingDirector(Director(table, scheduler, clock=lambda: 0.0), tracer)  # type: ignore[arg-type]
     metrics = PickerMetrics(CollectorRegistry())
-    return StreamProcessor(director, metrics, lambda: 0.0, StreamSettings()), exporter
+    return DecidingStream(director, metrics, lambda: 0.0, StreamSettings()), exporter
 
 
 def by_name(spans: tuple[ReadableSpan, ...]) -> dict[str, list[ReadableSpan]]:
@@ -100,7 +101,7 @@ def test_a_refused_request_ends_its_span_with_the_reason(traced) -> None:
 
 def test_a_refusal_by_the_director_is_an_error_span(traced) -> None:
     stream, exporter = traced
-    stream._decider._director._table.replace_all([])  # no endpoint: 503  # type: ignore[attr-defined]
+    stream._bookings._director._table.replace_all([])  # no endpoint: 503  # type: ignore[attr-defined]
     stream.handle(headers_msg(extra={"traceparent": TRACEPARENT}))
     status, _ = immediate(stream.handle(body_msg(BODY, True)))
     assert status == 503
@@ -121,6 +122,29 @@ def test_the_exporter_and_service_name_come_from_the_otel_variables(monkeypatch:
     provider, tracer = _tracing(True)
     assert provider is not None and tracer is not None
     provider.shutdown()
+
+
+def test_the_traced_scheduler_keeps_the_producers_flow_control_and_admitters() -> None:
+    """Tracing wraps the plugins only: the config's producers still run, flow control and admission stay on."""
+    doc = {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "featureGates": ["flowControl"],
+        "plugins": [
+            {"type": "approx-prefix-cache-producer"},
+            {"type": "prefix-cache-scorer"},
+            {"type": "probabilistic-admitter"},
+        ],
+        "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": "prefix-cache-scorer"}]}],
+    }
+    scheduler = build_scheduler(parse_config(doc, "traced.yaml"), seed=1)
+    tracer = TracerProvider().get_tracer("test")
+    traced = traced_scheduler(scheduler, tracer)
+    assert traced.handler is not scheduler.handler
+    assert traced.flow is scheduler.flow is not None and traced.admitters == scheduler.admitters != ()
+    producers = scheduler.handler.profile.producers  # the file's, and the token-producer it consumes (auto-created)
+    assert [p.type_name for p in producers] == ["token-producer", "approx-prefix-cache-producer"]
+    assert traced.handler._inner.profile.producers == producers
 
 
 def test_a_traced_scheduler_still_gives_scores_and_the_conditional_decode_answer() -> None:

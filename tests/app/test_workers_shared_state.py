@@ -12,8 +12,8 @@ from epp.app.worker import MATRIX_COLUMNS, MirrorTable
 from epp.app.workers import WorkerPool, merge_expositions
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
+from epp.datastore.rows import NCOL, TOKEN, write_rows
 from epp.datastore.table import EndpointInfo, EndpointTable
-from epp.scrape.process import NCOL, TOKEN, write_rows
 
 
 def members(n: int) -> list[tuple[int, float, EndpointInfo, list[str], list[str]]]:

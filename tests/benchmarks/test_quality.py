@@ -152,7 +152,8 @@ def test_upstreams_current_default_profile_file_loads() -> None:
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "upstream-current.yaml"
     profile = build_scheduler(load_config(path)).handler.profile
-    assert [type(p).__name__ for p in profile.producers] == ["ApproxPrefixCacheProducer"]
+    # the token-producer the approximate producer consumes is auto-created, as upstream's (the estimate backend)
+    assert [type(p).__name__ for p in profile.producers] == ["TokenProducer", "ApproxPrefixCacheProducer"]
     assert [(s.scorer.type_name, s.weight) for s in profile.scorers] == [
         ("queue-scorer", 2.0),
         ("kv-cache-utilization-scorer", 2.0),

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import json
+import mmap
 import os
 import random
+import subprocess
+import sys
 from collections.abc import Callable
-from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
@@ -95,75 +97,94 @@ def test_more_than_64_endpoints_widen_the_masks() -> None:
     assert len(index.match(keys)) == 130
 
 
-def test_a_real_shared_memory_segment_attached_by_name_reads_the_writers_table() -> None:
-    segments: list[shared_memory.SharedMemory] = []
+def test_a_memory_file_mapped_apart_reads_the_writers_table() -> None:
+    """The table over a memfd, as the feeder child makes it; a second mapping of the same file (what the serving
+    process holds) sees the writes as they land."""
+    from epp.supervision.memory import new_memfd
+
+    files: list[tuple[int, mmap.mmap]] = []
 
     def alloc(generation: int, nbytes: int) -> memoryview:
-        seg = shared_memory.SharedMemory(create=True, size=nbytes)
-        segments.append(seg)
-        return seg.buf
+        fd = new_memfd(f"test-table-{generation}", nbytes)
+        files.append((fd, mmap.mmap(fd, nbytes)))
+        return memoryview(files[-1][1])
 
     index = KvBlockIndex()
     writer = TableWriter(index, alloc)
     try:
         index.apply("127.10.0.9:8000", [_stored(0, 5, None)], 1.0)
-        reader_seg = shared_memory.SharedMemory(name=segments[-1].name)
-        reader = SharedBlockTable(reader_seg.buf)
+        fd = files[-1][0]
+        mapped = mmap.mmap(fd, os.fstat(fd).st_size)
+        reader = SharedBlockTable(memoryview(mapped))
         keys = index.request_keys(TOKENS)
         assert _from_table(index, reader, keys) == {"127.10.0.9:8000": 5}
         index.apply("127.10.0.9:8000", [BlockRemoved([4], "GPU")], 2.0)  # the reader sees writes as they land
         assert _from_table(index, reader, keys) == {"127.10.0.9:8000": 4}
         del reader
-        reader_seg.close()
     finally:
         del writer
         index.mirror = None
-        for seg in segments:
-            seg.close()
-            seg.unlink()
+        for fd, _ in files:
+            os.close(fd)
 
 
-def _read_in_child(prefix: str, keys: list[int], out: Any) -> None:
-    from epp.kvevents.publish import TableReader
+_READ_IN_CHILD = """
+import json, sys
+import numpy as np
+from epp.kvevents.publish import TableReader
+directory, keys, tables = int(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
+reader = TableReader(directory)
+for generation, fd in tables:
+    reader.add(generation, fd)
+counts = reader.prefix_blocks(np.asarray(keys, dtype=np.uint64))
+print(json.dumps({i: int(c) for i, c in enumerate(counts) if c}))
+reader.close()
+"""
 
-    reader = TableReader(prefix)
-    counts = reader.prefix_blocks(np.asarray(keys, dtype=np.uint64))
-    out.put({i: int(c) for i, c in enumerate(counts) if c})
-    reader.close()
+
+def _read_in_child(directory: int, keys: list[int], tables: dict[int, int]) -> dict[int, int]:
+    """Another process's reading of the table: it inherits the directory and the tables announced so far."""
+    fds = (directory, *tables.values())
+    argv = [sys.executable, "-c", _READ_IN_CHILD, str(directory), json.dumps(keys), json.dumps(list(tables.items()))]
+    out = subprocess.run(argv, pass_fds=fds, capture_output=True, timeout=60, check=True)
+    return {int(k): v for k, v in json.loads(out.stdout).items()}
 
 
 @pytest.mark.process
 def test_another_process_reads_the_published_table_and_follows_its_rebuilds() -> None:
-    from epp.kvevents.publish import SegmentAllocator, TableReader, new_prefix
+    from epp.kvevents.publish import SegmentAllocator, TableReader, new_directory
+
+    directory = new_directory()
+    reader = TableReader(directory)  # stays attached across the rebuild below
+    tables: dict[int, int] = {}  # generation → a descriptor of its table, as the pipe would pass it
+
+    def announce(generation: int, fd: int) -> None:
+        tables[generation] = os.dup(fd)
+        reader.add(generation, fd)
 
     index = KvBlockIndex()
-    segments = SegmentAllocator(new_prefix())
+    segments = SegmentAllocator(directory, announce)
     writer = TableWriter(index, segments, capacity=16, published=segments.published)
-    ctx = mp.get_context("spawn")
-    reader = TableReader(segments.prefix)  # stays attached across the rebuild below
     try:
         index.apply("127.10.0.1:8000", [_stored(0, 3, None)], 1.0)
         keys = index.request_keys(TOKENS)
-        assert reader.prefix_blocks(np.asarray(keys, dtype=np.uint64))[0] == 3
-        out = ctx.Queue()
-        child = ctx.Process(target=_read_in_child, args=(segments.prefix, keys, out))
-        child.start()
-        assert out.get(timeout=30) == {0: 3}
-        child.join(10)
+        counts = reader.prefix_blocks(np.asarray(keys, dtype=np.uint64))
+        assert counts is not None and counts[0] == 3
+        assert _read_in_child(directory, keys, tables) == {0: 3}
         index.apply("127.10.0.2:8000", [_stored(0, 20, None)], 1.0)  # rebuilds: a new generation
         assert writer.table.generation > 0
-        child = ctx.Process(target=_read_in_child, args=(segments.prefix, keys, out))
-        child.start()
-        assert out.get(timeout=30) == {0: 3, 1: 20}
-        child.join(10)
-        assert reader.prefix_blocks(np.asarray(keys, dtype=np.uint64))[1] == 20  # followed the new generation
+        assert _read_in_child(directory, keys, tables) == {0: 3, 1: 20}
+        counts = reader.prefix_blocks(np.asarray(keys, dtype=np.uint64))
+        assert counts is not None and counts[1] == 20  # followed the new generation
     finally:
         reader.close()
         index.mirror = None
         del writer
         segments.close()
+        for fd in (directory, *tables.values()):
+            os.close(fd)
     if os.path.isdir("/dev/shm"):
-        assert not [n for n in os.listdir("/dev/shm") if n.startswith(segments.prefix)]  # nothing left behind
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith("epp-")]  # memfd: no name, ever
 
 
 def _table_and_index(holders: dict[int, int], endpoints: int, capacity: int = 16) -> tuple[KvBlockIndex, TableWriter]:

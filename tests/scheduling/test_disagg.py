@@ -144,10 +144,16 @@ def test_no_decode_endpoint_means_no_pick_at_all() -> None:
     assert _pick(pd_config(ALWAYS), [{ROLE: "prefill"}] * 2) == ()
 
 
-def test_a_handler_without_a_prefill_decider_never_runs_prefill_and_needs_only_decode() -> None:
+def test_a_handler_without_a_prefill_decider_runs_decode_only_and_warns_once() -> None:
+    """Upstream: "No deciders.prefill configured, P/D disaggregation disabled": the config loads, decode only."""
     doc = pd_config(None, {"type": "disagg-profile-handler"})
-    with pytest.raises(ConfigError, match=r"profile\(s\) prefill would never run"):
-        build_scheduler(doc)
+    scheduler = build_scheduler(doc, seed=0)
+    assert isinstance(scheduler.handler, DisaggScheduler) and scheduler.handler.prefill is None
+    (warning,) = [w for w in deprecations(doc) if "disagg-profile-handler" in w]
+    assert "profile(s) prefill never run" in warning and "disaggregation is disabled" in warning
+    snap = table_with([{}] * 4, labels=ROLES_2P2D).snapshot()
+    pick = scheduler.handler.pick(snap, snap.slots, request("the same long document " * 100), NOW)
+    assert isinstance(pick, StagedPick) and pick.prefill == -1
 
 
 def test_cached_prompts_decode_directly_after_the_first_pd() -> None:

@@ -1,6 +1,7 @@
 """precise-prefix-cache-producer: the engines' own KV events decide the prefix match; the approximate producer's
 answer stands in for an endpoint whose events are absent or stale. Upstream: dataproducer/preciseprefixcache."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from epp.errors import ConfigError
 from epp.kvevents.decode import AllBlocksCleared, BlockStored
 from epp.kvevents.index import KvBlockIndex
 from epp.scheduling import build_scheduler
+from epp.scheduling.build import deprecations
 from epp.scheduling.framework import produced
 from epp.scheduling.precise import LocalIndexView, PrecisePrefixCacheProducer
 from epp.scheduling.producers import TokenProducer
@@ -186,7 +188,6 @@ def test_upstream_parameters_map_and_the_rest_are_refused_by_name() -> None:
     assert (producer.socket_port, producer.replay_port, producer.max_blocks_per_endpoint) == (5556, 5559, 1000)
     assert producer.speculative
     for bad, word in [
-        ({"kvEventsConfig": {"zmqEndpoint": "tcp://*:5557"}}, "zmqEndpoint"),
         ({"indexerConfig": {"kvBlockIndexConfig": {"redisConfig": {}}}}, "redisConfig"),
         ({"nonsense": 1}, "nonsense"),
     ]:
@@ -202,15 +203,51 @@ def test_upstream_parameters_map_and_the_rest_are_refused_by_name() -> None:
             )
 
 
-def test_precise_mode_refuses_the_estimate_tokenizer_and_says_why() -> None:
-    with pytest.raises(ConfigError, match=r"estimate backend.*not the engine's"):
-        build_scheduler(
-            _config(
-                [{"type": "token-producer"}, {"type": "precise-prefix-cache-producer"}, {"type": "prefix-cache-scorer"}]
-            )
-        )
-    with pytest.raises(ConfigError, match="no token-producer"):
-        build_scheduler(_config([{"type": "precise-prefix-cache-producer"}, {"type": "prefix-cache-scorer"}]))
+def _precise_warnings(config) -> list[str]:
+    return [w for w in deprecations(config) if "(precise-prefix-cache-producer)" in w]
+
+
+def test_a_central_zmq_endpoint_loads_with_one_warning_and_each_endpoint_is_still_subscribed() -> None:
+    """Upstream binds one SUB at zmqEndpoint; here each endpoint is subscribed to, and the file says so once."""
+    config = _config(
+        [
+            VLLM,
+            {
+                "type": "precise-prefix-cache-producer",
+                "parameters": {"kvEventsConfig": {"zmqEndpoint": "tcp://*:5557"}},
+            },
+            {
+                "type": "prefix-cache-scorer",
+                "parameters": {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"},
+            },
+        ]
+    )
+    (producer,) = [
+        p for p in build_scheduler(config).handler.profile.producers if isinstance(p, PrecisePrefixCacheProducer)
+    ]
+    assert producer.socket_port == 5557
+    (warning,) = _precise_warnings(config)
+    assert "zmqEndpoint tcp://*:5557" in warning and "approximate fallback" in warning
+
+
+def test_precise_mode_without_the_engines_tokens_loads_on_its_approximate_fallback_and_says_why() -> None:
+    """Upstream estimates tokens too when no vllm token-producer is configured; no block key then matches an
+    engine's events, so every pick uses the approximate match, and one warning says why."""
+    for plugins, words in [
+        ([{"type": "token-producer"}], r"token-producer 'token-producer' uses the estimate backend.*not the engine's"),
+        ([], r"token-producer 'token-producer' uses the estimate backend"),  # auto-created, as upstream does
+    ]:
+        config = _config([*plugins, {"type": "precise-prefix-cache-producer"}, {"type": "prefix-cache-scorer"}])
+        scheduler = build_scheduler(config)
+        (producer,) = [p for p in scheduler.handler.profile.producers if isinstance(p, PrecisePrefixCacheProducer)]
+        assert producer.token_producer == "token-producer"
+        (warning,) = _precise_warnings(config)
+        assert re.search(words, warning), warning
+        snap, _, _ = _setup(2)
+        st = state(snap, request("x" * 256))
+        TokenProducer().produce(st)
+        producer.produce(st)
+        assert producer.fallbacks["no_tokens"] == 1
 
 
 def test_the_scorer_ranks_by_the_precise_match() -> None:

@@ -61,8 +61,8 @@ def test_approx_prefix_producer_defaults_are_upstreams() -> None:
         [{"pluginRef": "prefix-cache-scorer"}],
     )
     scheduler = build_scheduler(config)
-    (producer,) = scheduler.handler.profile.producers
-    assert p is not None and isinstance(producer, ApproxPrefixCacheProducer)
+    token, producer = scheduler.handler.profile.producers  # its token-producer auto-created, as upstream's
+    assert p is not None and isinstance(producer, ApproxPrefixCacheProducer) and isinstance(token, TokenProducer)
     assert (producer.block_tokens, producer.max_tokens, producer.max_blocks) == (16, 131072, 2048)
     assert producer.index.default_capacity == 31250
     assert producer.block_cap(16) == 8192
@@ -88,8 +88,8 @@ def test_approx_prefix_producer_learns_the_pick_in_token_blocks() -> None:
 
 def test_prefix_scorer_old_form_is_the_self_contained_scorer() -> None:
     """prefix/plugin.go history: the old parameters (blockSize, maxPrefixBlocksToMatch, lruCapacityPerServer,
-    autoTune) still load, as our self-contained scorer; no parameters and no producer too (the built-in profile)."""
-    for params in ({}, {"blockSize": 64, "autoTune": False}):
+    autoTune) still load, as our self-contained scorer (the built-in profiles name it by its blockSize)."""
+    for params in ({"blockSize": 64}, {"blockSize": 64, "autoTune": False}, {"maxPrefixBlocksToMatch": 8}):
         config = _config(
             [{"type": "prefix-cache-scorer", "parameters": params}], [{"pluginRef": "prefix-cache-scorer"}]
         )
@@ -99,14 +99,16 @@ def test_prefix_scorer_old_form_is_the_self_contained_scorer() -> None:
 
 
 def test_prefix_scorer_new_form_auto_creates_the_default_producer() -> None:
-    """approximateprefix/README.md: with no producer configured the framework creates the default one."""
-    config = _config(
-        [{"type": "prefix-cache-scorer", "parameters": {"matchLengthWeight": 0.3, "matchLengthScaleTokens": 8192}}],
-        [{"pluginRef": "prefix-cache-scorer"}],
-    )
-    profile = build_scheduler(config).handler.profile
-    assert isinstance(profile.scorers[0].scorer, ProducedPrefixScorer)
-    assert [type(p) for p in profile.producers] == [ApproxPrefixCacheProducer]
+    """approximateprefix/README.md: with no producer configured the framework creates the default one, and the
+    token-producer it consumes (wellknown_configs_test.go: optimized-baseline, flow-control); no parameters at all
+    is the new form too, as upstream's scorer has only that one."""
+    for params in ({"matchLengthWeight": 0.3, "matchLengthScaleTokens": 8192}, {}):
+        config = _config(
+            [{"type": "prefix-cache-scorer", "parameters": params}], [{"pluginRef": "prefix-cache-scorer"}]
+        )
+        profile = build_scheduler(config).handler.profile
+        assert isinstance(profile.scorers[0].scorer, ProducedPrefixScorer)
+        assert [type(p) for p in profile.producers] == [TokenProducer, ApproxPrefixCacheProducer]
 
 
 @pytest.mark.parametrize(

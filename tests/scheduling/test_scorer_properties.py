@@ -32,7 +32,8 @@ SCORERS = [
     ("kv-cache-utilization-scorer", {}, False),
     ("running-requests-size-scorer", {}, False),
     ("inflight-load-scorer", {}, False),
-    ("prefix-cache-scorer", {}, False),  # the self-contained form
+    ("prefix-cache-scorer", {"blockSize": 64}, False),  # the self-contained form
+    ("prefix-cache-scorer", {}, False),  # the producer form, its producer auto-created
     ("prefix-cache-scorer", {"matchLengthWeight": 0.4, "matchLengthScaleTokens": 64}, True),
     ("lora-affinity-scorer", {}, False),
     ("session-affinity-scorer", {}, False),
@@ -41,6 +42,11 @@ SCORERS = [
     ("token-load-scorer", {"queueThresholdTokens": 500}, True),
     ("no-hit-lru-scorer", {"lruSize": 3}, True),
     ("context-length-aware", {"enableFiltering": True}, False),
+    # stand-ins (epp.scheduling.stand_ins): 0 for every endpoint
+    ("endpoint-attribute-scorer", {"algorithm": {"type": "linear_lower_is_better"}}, False),
+    ("topology-affinity-scorer", {}, False),
+    ("latency-scorer", {}, False),
+    ("mm-embeddings-cache-scorer", {}, False),
 ]
 
 metric = st.one_of(st.floats(0, 1e4, allow_nan=False), st.just(math.nan))

@@ -33,13 +33,14 @@ async def test_child_scrapes_into_the_parent_table_and_follows_membership(server
     table.upsert(EndpointInfo(a.address))
     proc = ScrapeProcess(table, FAST, max_endpoints=64)
     await proc.start()
-    child_pid = proc._proc.pid
-    shm_name = proc._shm.name
+    child_pid = proc.pid
+    assert child_pid is not None
     try:
         await wait_for(lambda: row(table, a.address)["healthy"], 30)
         assert row(table, a.address)["waiting"] == 4.0
-        # the child has mapped the block and dropped its name: a picker killed now leaves nothing in /dev/shm
-        assert not os.path.exists(f"/dev/shm/{shm_name.lstrip('/')}")
+        # the block is a memfd (no name in /dev/shm): a picker killed now leaves nothing behind
+        with open(f"/proc/{child_pid}/maps") as maps:
+            assert "/memfd:epp-scrape-rows" in maps.read()
         await wait_for(lambda: row(table, a.address)["adapters"] == frozenset({"x", "y"}))
 
         table.upsert(EndpointInfo(b.address, engine="sglang"))
@@ -58,7 +59,6 @@ async def test_child_scrapes_into_the_parent_table_and_follows_membership(server
         await proc.stop()
     with pytest.raises(ProcessLookupError):
         os.kill(child_pid, 0)
-    assert not os.path.exists(f"/dev/shm/{shm_name.lstrip('/')}")
 
 
 @pytest.mark.process
@@ -87,9 +87,9 @@ async def test_without_shared_memory_it_scrapes_in_process(servers, monkeypatch:
     import epp.scrape.process as process
 
     def no_shm(*args: object, **kwargs: object) -> None:
-        raise OSError("no /dev/shm here")
+        raise OSError("no memfd here")
 
-    monkeypatch.setattr(process, "SharedMemory", no_shm)
+    monkeypatch.setattr(process, "new_memfd", no_shm)
     a = await FakeMetricsServer(page=b"vllm:num_requests_waiting 6\n").start()
     servers.append(a)
     table = EndpointTable()

@@ -90,8 +90,8 @@ async def test_restarts_back_off_exponentially_up_to_the_cap(servers) -> None:  
             pid = proc.pid
             assert pid is not None
             os.kill(pid, signal.SIGKILL)
-            await wait_for(lambda: proc._restart_at is not None, 30)
-            delays.append(proc._backoff.delay)
+            await wait_for(lambda: proc.child.restart_at is not None, 30)
+            delays.append(proc.child.backoff.delay)
             await wait_for(lambda: proc.pid not in (None, pid), 30)  # noqa: B023
     finally:
         await proc.stop()

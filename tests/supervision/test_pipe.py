@@ -16,7 +16,7 @@ from multiprocessing.connection import Connection
 
 import uvloop
 
-from epp.supervision import watch_pipe
+from epp.supervision.pipe import watch_pipe
 
 BIG = b"x" * (4 * 1024 * 1024)  # far above a socket buffer: the writer blocks until the reader has read parts
 

@@ -10,7 +10,7 @@ from epp.datastore import EndpointTable
 from epp.datastore.table import EndpointInfo, MetricsSample
 from epp.requests import parse_request
 from epp.scheduling import build_scheduler
-from epp.scheduling.test_selection import selected
+from epp.scheduling.conformance_selection import selected
 
 ADDRESSES = ("127.10.0.1:8000", "127.10.0.2:8000", "127.10.0.2:8001", "[::1]:8000")
 

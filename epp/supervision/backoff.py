@@ -1,7 +1,6 @@
-"""Restarting a child process that died: the backoff and the words for how it ended; the pipe to it, watched
-from the event loop.
+"""Restarting a child process that died: the backoff, and the words for how it ended.
 
-One policy for every child the picker supervises (the scrape child, the serving workers): the first restart
+One policy for every child the picker supervises (epp.supervision.child): the first restart
 comes quickly (a killed child is back within a second), each further one waits twice as long up to a ceiling,
 with ±20 % jitter so that children which died together do not restart together, and a child that ran
 `stable_s` resets the delay.
@@ -9,13 +8,8 @@ with ±20 % jitter so that children which died together do not restart together,
 
 from __future__ import annotations
 
-import asyncio
-import os
 import random
 import signal
-from collections.abc import Callable
-from multiprocessing.connection import Connection
-from typing import Any
 
 RESTART_INITIAL_S = 0.2
 RESTART_MAX_S = 30.0
@@ -53,16 +47,3 @@ def describe_exit(code: int) -> str:
         return f"killed by {signal.Signals(-code).name}"
     except ValueError:
         return f"killed by signal {-code}"
-
-
-def watch_pipe(loop: asyncio.AbstractEventLoop, conn: Connection, callback: Callable[..., Any], *args: Any) -> None:
-    """Call `callback(*args)` on the loop whenever `conn` (the pipe between a child and its parent) is readable.
-
-    uvloop (libuv's poll handle) switches a watched descriptor to non-blocking mode. A Connection's messages are
-    length-prefixed and may be larger than a socket buffer (a worker's metrics exposition): on a non-blocking
-    descriptor `recv` fails half-way through a message (EAGAIN) and `send` stops half-way through one, which
-    leaves the stream unreadable for good (seen as a worker whose metrics froze). So the descriptor goes back to
-    blocking mode: the loop learns that a message has begun, and reading it to its end waits for the writer, who
-    is writing it."""
-    loop.add_reader(conn.fileno(), callback, *args)
-    os.set_blocking(conn.fileno(), True)

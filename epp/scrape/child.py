@@ -1,0 +1,147 @@
+"""The scrape child (`child_main`, spawned by `epp.scrape.process.ScrapeProcess` through the
+child-process kit): the ordinary `ScrapeService` on a private table that mirrors the parent's membership, publishing
+changed rows every `PUBLISH_S` into the parent's block (the shared-row layout, epp.datastore.rows), and the messages
+between the two.
+
+Parent → child: `ScrapeStart` (the kit's `Start` payload), `Members` whenever the membership changes (each slot
+with a token: a slot reused by another endpoint gets a new one), the kit's `Stop`.
+Child → parent: `Status` every `STATUS_S` (per-endpoint statuses and the counters), `Adapters` when an endpoint's
+LoRA adapters change, and the kit's Ready, Heartbeat and Log. The child exits when told, when the pipe closes, or
+when its parent dies (epp.supervision.child_end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from epp.datastore.rows import NCOL, scrape_values, write_rows
+from epp.datastore.table import EndpointInfo, EndpointTable
+from epp.scrape.engines import EngineRegistry
+from epp.scrape.scraper import EndpointStatus, ScrapeService, ScrapeSettings
+from epp.supervision.child_end import ChildEnd
+from epp.supervision.memory import map_array
+from epp.supervision.messages import Stop
+from epp.supervision.pipe import watch_pipe
+
+PUBLISH_S = 0.005  # child → shared memory
+STATUS_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeStart:
+    settings: ScrapeSettings
+    engines: EngineRegistry
+    rows: int  # the block's rows: the parent's slots it scrapes
+
+
+@dataclass(frozen=True, slots=True)
+class Members:
+    members: list[tuple[int, float, EndpointInfo]]  # (parent slot, token, endpoint)
+
+
+@dataclass(frozen=True, slots=True)
+class Adapters:
+    changes: list[tuple[int, float, list[str], list[str]]]  # (parent slot, token, running, waiting)
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    statuses: dict[str, EndpointStatus]
+    rejected: dict[tuple[str, str], int]  # the child's `ScrapeService.rejected_values`
+    errors: dict[str, int]  # its `poll_errors`
+
+
+async def run(end: ChildEnd, block: np.ndarray) -> None:
+    start: ScrapeStart = end.payload
+    loop = asyncio.get_running_loop()
+    table = EndpointTable()
+    svc = ScrapeService(table, start.settings, start.engines)
+    stop = asyncio.Event()
+    by_address: dict[str, tuple[int, float]] = {}  # address → (parent slot, token)
+
+    def on_message() -> None:
+        nonlocal by_address
+        try:
+            while end.conn.poll():
+                msg = end.conn.recv()
+                if isinstance(msg, Members):
+                    by_address = {info.address: (slot, token) for slot, token, info in msg.members}
+                    table.replace_all(info for _, _, info in msg.members)
+                    table.version += 1  # a token may change with the same membership: remap
+                elif isinstance(msg, Stop):
+                    stop.set()
+        except (EOFError, OSError):
+            stop.set()
+
+    watch_pipe(loop, end.conn, on_message)
+    end.on_parent_gone(stop.set, loop)
+    await svc.start()
+    end.ready()
+    beating = asyncio.ensure_future(end.keep_alive())
+    next_status = loop.time() + STATUS_S
+    mapped = -1
+    parent = np.zeros(0, dtype=np.int64)
+    tokens = np.zeros(0)
+    last_at = np.zeros(0)
+    last_failures = np.zeros(0, dtype=np.int64)
+    adapters: list[tuple[frozenset[str], frozenset[str]] | None] = []
+    try:
+        published = -1
+        while not stop.is_set():
+            await asyncio.sleep(PUBLISH_S)
+            if loop.time() >= next_status:
+                next_status = loop.time() + STATUS_S
+                end.send(Status(svc.status(), dict(svc.rejected_values), dict(svc.poll_errors)))
+            if table.scrape_version == published and table.version == mapped:
+                continue  # no scrape landed since the last pass: nothing to copy or compare
+            published = table.scrape_version
+            snap = table.snapshot()
+            n = len(snap.present)
+            if snap.version != mapped:  # membership changed: map local slots to parent rows, republish all
+                mapped = snap.version
+                parent = np.full(n, -1, dtype=np.int64)
+                tokens = np.full(n, -1.0)
+                for local, address in enumerate(snap.addresses):
+                    where = by_address.get(address)
+                    if where is not None and snap.present[local]:
+                        parent[local], tokens[local] = where
+                last_at = np.full(n, -np.inf)
+                last_failures = np.full(n, -1, dtype=np.int64)
+                adapters = [None] * n
+            at = np.nan_to_num(snap.scraped_at, nan=-1.0)
+            changed = np.flatnonzero((parent >= 0) & ((at != last_at) | (snap.scrape_failures != last_failures)))
+            if changed.size:
+                rows = parent[changed]
+                values = scrape_values(snap, changed)
+                write_rows(block, rows, tokens[changed], values, snap.scrape_ok[changed], snap.scrape_failures[changed])
+                last_at[changed] = at[changed]
+                last_failures[changed] = snap.scrape_failures[changed]
+                news = []
+                for local in changed.tolist():
+                    pair = (snap.running_adapters[local], snap.waiting_adapters[local])
+                    if snap.scrape_ok[local] and adapters[local] != pair:
+                        adapters[local] = pair
+                        news.append((int(parent[local]), float(tokens[local]), sorted(pair[0]), sorted(pair[1])))
+                if news:
+                    end.send(Adapters(news))
+    except (EOFError, OSError):
+        pass
+    finally:
+        beating.cancel()
+        loop.remove_reader(end.conn.fileno())
+        await svc.stop()
+
+
+def child_main(end: ChildEnd) -> int:
+    """The kit's entry (epp.supervision.launch)."""
+    start: ScrapeStart = end.payload
+    block = map_array(end.fds[0], (start.rows, NCOL), np.float64)
+    os.close(end.fds[0])  # the mapping stays
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run(end, block))
+    return 0
