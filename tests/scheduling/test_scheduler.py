@@ -93,7 +93,9 @@ def test_prefix_scorers_are_the_self_matching_ones_and_response_headers_only_whe
     scheduler = build_scheduler(None, seed=0)  # the built-in profile's prefix-cache-scorer matches by itself
     assert [s.name for s in scheduler.prefix_scorers] == ["prefix-cache-scorer"]
     assert scheduler.response_headers is None  # no plugin writes one
-    assert build_scheduler(pd_config(ALWAYS), seed=0).prefix_scorers == ()  # the producer form keeps no index
+    # the producer form: its approximate producer keeps the index, learns the picks and is counted
+    producers = build_scheduler(pd_config(ALWAYS), seed=0).prefix_scorers
+    assert [p.type_name for p in producers] == ["approx-prefix-cache-producer"]
     session = build_scheduler(
         _config([{"type": "session-affinity-scorer"}], ["session-affinity-scorer"]), allow_experimental=True
     )
