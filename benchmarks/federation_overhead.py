@@ -17,10 +17,11 @@ import time
 from epp.config.federation import parse_federation
 from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
 from epp.datastore.sites import Site, SiteRegistry
-from epp.director import Director, RandomScheduler
+from epp.director import Director
 from epp.federation.policy import FederationRouter
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import Scheduler
+from tests.support.schedulers import RandomScheduler
 
 NOW = 1_000.0
 RULES = {

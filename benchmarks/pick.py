@@ -28,9 +28,9 @@ import numpy as np
 
 from epp.datastore import EndpointTable
 from epp.datastore.table import EndpointInfo, MetricsSample
-from epp.director import RandomScheduler
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import build_scheduler, default_config, upstream_default_config
+from tests.support.schedulers import RandomScheduler
 
 ENDPOINTS = (8, 64, 512, 4096)
 PROMPTS_KB = (1, 4, 16, 128)

@@ -89,6 +89,7 @@ class TracingDirector:
         self._director = director
         self._tracer = tracer
         self._open: dict[int, tuple[Decision, Span]] = {}
+        self.pipeline = director.pipeline.around(self.decide, self.complete)  # the same stages, these spans
 
     def __getattr__(self, name: str) -> Any:  # table, candidates … as the director has them
         return getattr(self._director, name)

@@ -2,7 +2,9 @@
 
 It owns the order of the steps (candidates → scheduler → book the pick in flight) and the failure policy of the
 pool: an internal failure of the scheduler never hangs or crashes a stream — under FailOpen the request still goes
-to a random healthy candidate (counted as degraded), under FailClose it is refused with a 503.
+to a random usable candidate (fresh metrics; any candidate when none has them yet), counted as degraded; under
+FailClose it is refused with a 503. What runs before `decide` and after `complete` on the serving path (render
+call, flow-control hold, eviction tracking) is the director's pipeline, `epp.director.pipeline`.
 """
 
 from __future__ import annotations
@@ -10,17 +12,18 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from epp import wire
-from epp.datastore import EndpointTable, Snapshot
+from epp.datastore import EndpointTable, Snapshot, usable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.datastore.table import IntArray
+from epp.director.decision import Decision
 from epp.director.flow import FlowGate
-from epp.director.random_scheduler import RandomScheduler
+from epp.director.pipeline import DecisionPipeline
 from epp.director.rewrite import ModelRewriter
 from epp.director.tokens import RenderTokenizer
 from epp.errors import EppError, ErrorCode
@@ -67,29 +70,6 @@ class DecisionObserver(Protocol):
     def degraded_decision(self, reason: str) -> None: ...
 
 
-class Decision(NamedTuple):
-    """Where a request goes: addresses best first, and the slots booked in flight for it. Immutable; a NamedTuple
-    because one is built per request (a frozen dataclass's `__init__` costs about 1 µs more)."""
-
-    addresses: tuple[str, ...]
-    slot: int
-    degraded: bool = False
-    body: bytes | None = None  # a rewritten body, when the decision changed it (model rewrite)
-    original_model: str = ""  # the model the client asked for
-    target_model: str = ""  # the model the endpoint is asked for (differs after a rewrite)
-    site: str | None = None  # a remote federated site took the request (slot is then -1)
-    headers: tuple[tuple[str, str], ...] = ()  # request headers the gateway adds before forwarding
-    tokens: int = 0  # prompt tokens booked in flight on `slot` (inflight-load-producer), released with it
-    stages: tuple[tuple[int, str], ...] = ()  # the other endpoints booked for it (P/D prefill, E/P/D encode)
-    booked: str = ""  # the address booked on `slot` when the destination differs (data parallelism's port)
-    response_headers: tuple[tuple[str, str], ...] = ()  # headers the response carries back (session tokens)
-    scores: tuple[tuple[str, float], ...] = ()  # --emit-endpoint-scores: (address, weighted score), each scored one
-
-    @property
-    def header_value(self) -> str:
-        return ",".join(self.addresses)
-
-
 def _scores(addresses: Sequence[str], detail: PickDetail) -> tuple[tuple[str, float], ...]:
     """(address, weighted score) of every endpoint the primary profile scored."""
     return tuple((addresses[int(slot)], float(score)) for slot, score in zip(detail.scored, detail.scores, strict=True))
@@ -130,7 +110,6 @@ class Director:
         self._clock = clock
         self._failure_mode = failure_mode
         self._observer = observer or _NullObserver()
-        self._fallback = RandomScheduler()
         self._objectives = objectives
         self._saturation = saturation if saturation is not None else scheduler.saturation
         self._rewriter = ModelRewriter(objectives, seed)
@@ -148,11 +127,15 @@ class Director:
         # scores are emitted or a request says `Prefer: if-available`; a handler without it has no detail.
         self._detailed = scheduler.detailed
         render = scheduler.tokenizer  # the vllm token-producer's render endpoint: the engine's token ids
-        self.tokenizer = (
+        tokenizer = (
             RenderTokenizer(render.url, render.model_name, render.timeout_s, render.chat_timeout_s, render.cache_size)
             if render is not None
             else None
         )
+        self._freshness = scheduler.freshness  # what FailOpen's fallback counts as a usable candidate
+        # The stages before `decide` (the render call, flow control's hold) and after `complete`, which the
+        # ext_proc adapter runs for every stream (epp.director.pipeline).
+        self.pipeline = DecisionPipeline(self.decide, self.complete, clock, tokenizer, flow)
 
     @property
     def table(self) -> EndpointTable:
@@ -167,17 +150,8 @@ class Director:
         by_address = snapshot.addresses
         return np.fromiter((s for s in slots if by_address[s] in wanted), dtype=np.int64)
 
-    async def decide_async(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
-        """`decide`, after the I/O the scheduler's producers need (a vllm token-producer's render call: the
-        engine's token ids, or the estimate when it fails); without such a producer, exactly `decide`."""
-        if self.tokenizer is not None:
-            request = await self.tokenizer.tokenize(request)
-        return self.decide(request, subset)
-
     def decide(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
         """Choose endpoints for a request; raises EppError with the client-facing reason when it cannot."""
-        if self.tokenizer is not None:  # ids the server fetched before this call (ExternalProcessor), if any
-            request = self.tokenizer.cached(request)
         snapshot = self._table.view()  # read-only live views: this method does not await
         if not self._honour_subset:
             subset = None
@@ -218,6 +192,8 @@ class Director:
                 raise EppError(
                     ErrorCode.SERVICE_UNAVAILABLE, "no pool endpoint matches the gateway's subset hint", _NO_ENDPOINTS
                 )
+            if request.no_body:  # upstream's answer to a request without a body when the pool is empty
+                raise EppError(ErrorCode.INTERNAL, "no pods available in datastore")
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no ready endpoint in the pool", _NO_ENDPOINTS)
         if self.flow is None and (self._admitters or request.objective):  # else `_admit` has nothing to do
             self._admit(request, snapshot, candidates, now)
@@ -226,7 +202,7 @@ class Director:
         conditional = wire.PREFER_HEADER in headers and wire.prefers_if_available(headers)
         detail: PickDetail | None = None
         try:
-            if self._detailed is not None and (conditional or self._emit_scores):
+            if (conditional or self._emit_scores) and self._detailed is not None:
                 slots, detail = self._detailed(snapshot, candidates, request, now)
             else:
                 slots = self._scheduler.pick(snapshot, candidates, request, now)
@@ -238,7 +214,7 @@ class Director:
                 raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "scheduling failed") from exc
             log.exception("scheduling failed; routing to a random candidate (FailOpen)")
             self._observer.degraded_decision("scheduler-error")
-            slots = self._fallback.pick(snapshot, candidates, request, now)
+            slots = (self._fallback(snapshot, candidates, now),)
             degraded = True
         if not slots:
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "no candidate endpoint fits the request")
@@ -256,7 +232,7 @@ class Director:
             if self._response_headers:
                 decision = decision._replace(response_headers=self._response_headers(snapshot, primary))
             return decision._replace(scores=scores) if scores else decision
-        return Decision(
+        decision = Decision(
             addresses=(addresses[primary],) if len(slots) == 1 else tuple(addresses[s] for s in slots),
             slot=primary,
             degraded=degraded,
@@ -265,8 +241,17 @@ class Director:
             target_model=request.model,
             tokens=tokens,
             response_headers=self._response_headers(snapshot, primary) if self._response_headers else (),
-            scores=scores,
         )
+        return decision._replace(scores=scores) if scores else decision
+
+    def _fallback(self, snapshot: Snapshot, candidates: IntArray, now: float) -> int:
+        """FailOpen's pick when the scheduler broke: a random candidate among those with fresh metrics (the
+        usable ones), or among all of them when none is usable (never scraped yet: the pool still serves)."""
+        fresh = candidates[
+            usable(snapshot.scraped_at[candidates], snapshot.scrape_failures[candidates], now, self._freshness)
+        ]
+        chosen = fresh if fresh.size else candidates
+        return int(chosen[self._draw.randrange(chosen.size)])
 
     def _routed(
         self,

@@ -19,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from epp import wire
 from epp.datastore import EndpointTable, usable
 from epp.datastore.objectives import ObjectiveStore
 from epp.errors import EppError, ErrorCode
@@ -137,10 +138,26 @@ class FlowGate:
     async def admit(self, headers: Mapping[str, str], size: int) -> None:
         """Return when the request may be scheduled (then call `decided` once it was); raise EppError when it is
         refused. The caller decides synchronously after this returns, so its pick is booked before the next
-        cycle. `enter` and `wait` are the same in two steps, for a caller that does something while it waits."""
+        cycle. `enter` and `wait` are the same in two steps, and `hold` the same with a reminder while it waits."""
         waiter = self.enter(headers, size)
         if waiter is not None:
             await self.wait(waiter)
+
+    async def hold(self, headers: Mapping[str, str], size: int) -> AsyncGenerator[float, None]:
+        """The hold loop of a stream: ends when the request may be scheduled (then call `decided` once it was),
+        raises EppError when it is refused. While the request waits in the queue it yields the seconds Envoy
+        should keep waiting for the answer (its per-message timer runs meanwhile), at once and then every half of
+        that, so only the TTL (or the client) ends the wait. Closed early, its stream gone, the request leaves
+        the queue."""
+        waiter = self.enter(headers, size)
+        if waiter is None:
+            return
+        try:
+            yield wire.QUEUE_HOLD_S
+            while not await self.wait(waiter, wire.QUEUE_HOLD_S / 2):
+                yield wire.QUEUE_HOLD_S
+        finally:
+            self.abandon(waiter)  # a no-op once the outcome was read
 
     def enter(self, headers: Mapping[str, str], size: int) -> Waiter | None:
         """The request arrives: None when it may be scheduled now; a Waiter when it waits in the queue (then

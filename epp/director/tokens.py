@@ -66,13 +66,6 @@ class RenderTokenizer:
         self.calls = 0
         self.failures = 0
 
-    def cached(self, request: InferenceRequest) -> InferenceRequest:
-        """The request with the token ids an earlier `tokenize` of the same prompt fetched, else unchanged."""
-        if request.token_ids:
-            return request
-        ids = self._cache.get((request.api, request.model, request.prompt))
-        return request if ids is None else request._replace(token_ids=ids)
-
     async def tokenize(self, request: InferenceRequest) -> InferenceRequest:
         """The request with the engine's `token_ids`, or unchanged (ids already known, not a completion or chat
         request, or the render call failed: the estimate then applies)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import duration_pb2
@@ -23,6 +24,13 @@ STRIP = tuple(h for h in wire.ROUTING_HEADERS if h != wire.DESTINATION_HEADER)
 ProcessingRequest = pb.ProcessingRequest
 ProcessingResponse = pb.ProcessingResponse
 HeaderMutation = pb.HeaderMutation
+
+# The body modes of `protocol_config` (ProcessingMode.BodySendMode) the stream tells apart.
+_Mode = processing_mode_pb2.ProcessingMode
+FULL_DUPLEX = _Mode.FULL_DUPLEX_STREAMED
+BUFFERED = _Mode.BUFFERED
+STREAMED = _Mode.STREAMED
+NONE = _Mode.NONE
 
 
 def headers_to_dict(header_map: base_pb2.HeaderMap) -> dict[str, str]:

@@ -5,7 +5,8 @@ response body chunk and reports what it returns.
 
 Usage comes from a JSON body or from the SSE event that carries `usage` (usually the last one). Chunks may split
 an event or a JSON document anywhere, so the unfinished part is carried over to the next chunk: for SSE only the
-incomplete last event, for JSON the body so far (up to `MAX_USAGE_BUFFER`).
+incomplete last line, for JSON the body so far (up to `MAX_USAGE_BUFFER`). SSE `data:` lines are read one by one,
+with or without the blank line between events: a chunk that starts with `data:` ends the line before it.
 
 The counts come from another program and are not trusted: a count must be a JSON integer between 0 and
 `MAX_TOKENS`; anything else (negative, fractional, a string, a huge number, an object) makes the whole `usage`
@@ -119,12 +120,16 @@ class ResponseTracker:
         )
 
     def _read_usage(self, body: bytes, end_of_stream: bool) -> Usage | None:
-        text = self._tail + body if self._tail else body
+        tail = self._tail
         if self._sse:
+            # Each `data:` line is read on its own (as upstream reads it), so a line is complete at its newline; a
+            # chunk that starts with `data:` also completes the line before it (servers that send one event per
+            # chunk without the blank line between them).
+            text = (tail + b"\n" + body if body.startswith(b"data:") else tail + body) if tail else body
             if end_of_stream:
                 complete, self._tail = text, b""
             else:
-                head, sep, rest = text.rpartition(b"\n\n")
+                head, sep, rest = text.rpartition(b"\n")
                 complete, rest = (head, rest) if sep else (b"", text)
                 self._tail = rest[-MAX_USAGE_BUFFER:]
             if b'"usage"' not in complete:
@@ -133,6 +138,7 @@ class ResponseTracker:
                 line[5:].strip() for line in complete.split(b"\n") if line.startswith(b"data:") and b'"usage"' in line
             ]
         else:
+            text = tail + body if tail else body
             if not end_of_stream:
                 self._tail = text if len(text) <= MAX_USAGE_BUFFER else b""
                 return None

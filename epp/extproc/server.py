@@ -1,9 +1,11 @@
 """The grpc.aio adapter: feeds each stream's messages to a StreamProcessor and writes back what it answers.
 
-Everything protocol-shaped lives in `stream`; this file moves messages, owns what the streams share (the prebuilt
-decision answers, the buffered-body budget), enforces the server's bounds (`bounds.ServerLimits`) and guarantees
-the ending: whatever happens to the stream (client gone, Envoy reset, server stopping, idle too long) the
-processor's `close()` runs, so the request's in-flight booking and its buffered bytes are released.
+Everything protocol-shaped lives in `stream`; this file moves messages, runs the director's pipeline when the stream
+asks for its decision (`NeedDecision`: tokenize → flow-control hold → decide, `epp.director.pipeline`), owns what
+the streams share (the prebuilt decision answers, the buffered-body budget), enforces the server's bounds
+(`bounds.ServerLimits`) and guarantees the ending: whatever happens to the stream (client gone, Envoy reset, server
+stopping, idle too long, evicted by flow control) the processor's `close()` runs, so the request's in-flight booking
+and its buffered bytes are released.
 
 How a stream ends matters for memory. Envoy closes an ext_proc stream by half-closing and resetting it in the same
 breath (END_STREAM then RST_STREAM), never waiting for our status. grpc.aio leaks the native op array of every
@@ -20,27 +22,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from epp import wire
-from epp.director.flow import EVICTED, Waiter
+from epp.director.decision import NeedDecision
+from epp.director.flow import EVICTED
+from epp.director.pipeline import DecisionPipeline
 from epp.errors import EppError, ErrorCode
 from epp.extproc import messages as m
 from epp.extproc.bounds import BodyBudget, ServerLimits
-from epp.extproc.stream import Decider, StreamObserver, StreamProcessor, StreamSettings
-from epp.flowcontrol.eviction import InFlight
+from epp.extproc.observer import StreamObserver
+from epp.extproc.stream import StreamProcessor, StreamSettings
 from epp.observability.ratelimit import RateLimitedLog
-from epp.requests import InferenceRequest
 
 log = logging.getLogger(__name__)
 
 
-class ServerObserver(StreamObserver, Protocol):
+class ServerObserver(StreamObserver[Any], Protocol):
     """What the server reports about whole streams (upstream's extproc_streams_*); the metrics implement it."""
 
     def stream_started(self) -> None: ...
@@ -48,31 +50,11 @@ class ServerObserver(StreamObserver, Protocol):
     def stream_finished(self, code: str, seconds: float) -> None: ...
 
 
-class FlowControl(Protocol):
-    """Flow control as the protocol sees it (`epp.director.flow.FlowGate`): `enter` admits, refuses (EppError) or
-    queues the request; a queued one is waited on in slices (`wait`), and `abandon`ed if its stream goes away."""
-
-    def enter(self, headers: Mapping[str, str], size: int) -> Waiter | None: ...
-
-    async def wait(self, waiter: Waiter, timeout: float | None = None) -> bool: ...
-
-    def abandon(self, waiter: Waiter) -> None: ...
-
-    def decided(self) -> None: ...
+class Decider(Protocol):
+    """The director as the adapter sees it: the pipeline every stream's decision goes through."""
 
     @property
-    def evicting(self) -> bool: ...
-
-    def track(self, headers: Mapping[str, str], evict: Callable[[], None]) -> InFlight | None: ...
-
-    def untrack(self, item: InFlight) -> None: ...
-
-
-class Tokenizer(Protocol):
-    """The render client as the protocol sees it (`epp.director.tokens.RenderTokenizer`): never raises, bounded
-    by its timeout."""
-
-    async def tokenize(self, request: InferenceRequest) -> InferenceRequest: ...
+    def pipeline(self) -> DecisionPipeline: ...
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -84,7 +66,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         clock: Callable[[], float] = time.perf_counter,
         limits: ServerLimits | None = None,
     ) -> None:
-        self._decider = decider
+        self.pipeline = decider.pipeline
         self._observer = observer
         self._settings = settings
         self._clock = clock
@@ -93,41 +75,40 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self.budget = BodyBudget(limits.max_buffered_bytes)
         self._warn = RateLimitedLog(log, every_s=10.0)
         self.open_streams = 0
-        self._flow: FlowControl | None = getattr(decider, "flow", None)
-        # A vllm token-producer's render client (epp.director.tokens): its call runs here, before the decision,
-        # and leaves the token ids in its cache, where the director's synchronous decide finds them.
-        self._tokenizer: Tokenizer | None = getattr(decider, "tokenizer", None)
 
     def new_stream(self) -> StreamProcessor:
-        """A stream's state machine, sharing this server's answers, budget and rate-limited log."""
+        """A stream's state machine, sharing this server's answers, budget and rate-limited log; its bookings are
+        released through the pipeline."""
         return StreamProcessor(
-            self._decider, self._observer, self._clock, self._settings, self.answers, self.budget, self._warn
+            self.pipeline, self._observer, self._clock, self._settings, self.answers, self.budget, self._warn
         )
 
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.ProcessingResponse]:
+        """Each message to the stream, each answer back; a message that completes the request goes through the
+        director's pipeline (holding Envoy with hold messages while flow control queues it) before the stream
+        answers it."""
         if self.open_streams >= self._limits.max_streams:
             yield self._over_cap()
             return
         stream = self.new_stream()
         self.open_streams += 1
-        watchdog = _IdleWatchdog(self._limits.idle_timeout_s)
+        watch = _StreamWatch(self._limits.idle_timeout_s)
         messages = aiter(request_iterator)
+        pipeline = self.pipeline
         started = self._clock()
         self._observer.stream_started()
         code = "Unknown"  # an exception out of the stream (a broken stream), unless it ends or is cancelled
-        evictor: _Evictor | None = None  # set while a sheddable request of ours is in flight, with eviction on
         try:
             while True:
-                if evictor is not None:
-                    if evictor.requested:  # evicted while this task was not waiting for a message
-                        for response in self._evict(stream, evictor):
-                            yield response
-                        code = "OK"
-                        await _linger(self._limits.close_grace_s)
-                        return
-                    evictor.armed = True
+                if watch.evicted and stream.in_flight:  # evicted while this task was not waiting for a message
+                    for response in stream.refuse(EVICTED):
+                        yield response
+                    code = "OK"
+                    await _linger(self._limits.close_grace_s)
+                    return
+                watch.reading = True
                 try:
                     message = await anext(messages)
                 except StopAsyncIteration:
@@ -135,100 +116,50 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                     await _linger(self._limits.close_grace_s)
                     return
                 except asyncio.CancelledError:
-                    if evictor is not None and evictor.fired():
-                        for response in self._evict(stream, evictor):
+                    cause = watch.fired()
+                    if cause is None:
+                        code = "Canceled"
+                        raise
+                    if cause is _EVICT:
+                        for response in stream.refuse(EVICTED):
                             yield response
                         code = "OK"
                         await _linger(self._limits.close_grace_s)
                         return
-                    if not watchdog.fired():
-                        code = "Canceled"
-                        raise
                     code = "DeadlineExceeded"
                     self._warn.log(
                         "idle",
                         logging.WARNING,
                         "ending an ext_proc stream idle for %gs (--stream-idle-timeout) in %s",
-                        watchdog.idle_s,
+                        watch.idle_s,
                         stream.phase.name,
                     )
-                    for response in stream.expire(watchdog.idle_s):
+                    for response in stream.expire(watch.idle_s):
                         yield response
                     return
-                if evictor is not None:
-                    evictor.armed = False
-                watchdog.touch()
-                tokenizer = self._tokenizer
-                if tokenizer is not None:
-                    ahead = stream.request_for(message)
-                    if ahead is not None:
-                        watchdog.hold = True  # bounded by the render timeout
-                        try:
-                            await tokenizer.tokenize(ahead)
-                        finally:
-                            watchdog.hold = False
-                            watchdog.touch()
-                gate = self._flow
-                pending = stream.decides_on(message) if gate is not None else None
-                if pending is not None:
-                    assert gate is not None
-                    watchdog.hold = True  # waiting in the queue is not idleness
-                    waiter: Waiter | None = None
-                    try:
-                        waiter = gate.enter(*pending)
-                        if waiter is not None:
-                            # Queued: Envoy's per-message timer runs meanwhile. Ask it to wait longer, again and
-                            # again while we hold the request, so only our TTL (or the client) ends the wait.
-                            yield m.hold_response(wire.QUEUE_HOLD_S)
-                            while not await gate.wait(waiter, wire.QUEUE_HOLD_S / 2):
-                                yield m.hold_response(wire.QUEUE_HOLD_S)
-                    except EppError as err:
-                        for response in stream.refuse(err):
-                            yield response
-                        code = "OK"
-                        return
-                    finally:
-                        if waiter is not None:
-                            gate.abandon(waiter)  # the stream went away while queued (no-op once decided)
-                        watchdog.hold = False
-                        watchdog.touch()
-                    try:
-                        responses = stream.handle(message)
-                    finally:
-                        gate.decided()
-                    if gate.evicting and stream.in_flight:
-                        evictor = _Evictor()
-                        evictor.handle = gate.track(pending[0], evictor)
-                        if evictor.handle is None:  # not sheddable: never evicted
-                            evictor = None
-                    for response in responses:
-                        yield response
-                else:
-                    for response in stream.handle(message):
-                        yield response
-                if evictor is not None and not stream.in_flight:  # its response ended: nothing left to evict
-                    assert evictor.handle is not None and self._flow is not None
-                    self._flow.untrack(evictor.handle)
-                    evictor = None
+                watch.reading = False
+                watch.touch()
+                answers = stream.handle(message)
+                if answers.__class__ is NeedDecision:
+                    need: NeedDecision = answers
+                    if not pipeline.decide_now(need):  # a stage waits: a render call, the flow-control queue
+                        watch.hold = True  # not idleness
+                        async for seconds in pipeline.run(need, watch.evict):
+                            yield m.hold_response(seconds)  # queued: Envoy's per-message timer runs meanwhile
+                        watch.hold = False
+                        watch.touch()
+                    answers = stream.resume(need)
+                for response in answers:  # type: ignore[union-attr]
+                    yield response
                 if stream.finished:
                     code = "OK"
                     await _linger(self._limits.close_grace_s)
                     return
         finally:
-            watchdog.stop()
-            stream.close()
-            if evictor is not None and evictor.handle is not None and self._flow is not None:
-                self._flow.untrack(evictor.handle)  # the stream ended: an evicted one confirms its revocation
+            watch.stop()
+            stream.close()  # the booking released (and an evicted request's revocation confirmed) once
             self.open_streams -= 1
             self._observer.stream_finished(code, self._clock() - started)
-
-    def _evict(self, stream: StreamProcessor, evictor: _Evictor) -> list[pb.ProcessingResponse]:
-        """Flow control ends this in-flight request for a higher-priority one: 429 `evicted` (Envoy then resets
-        the model server's connection), its booking released now, the revocation confirmed."""
-        responses = stream.refuse(EVICTED)
-        if evictor.handle is not None and self._flow is not None:
-            self._flow.untrack(evictor.handle)
-        return responses
 
     def _over_cap(self) -> pb.ProcessingResponse:
         """The answer to a stream above `--max-concurrent-streams`: 503 at once, before anything is read."""
@@ -256,57 +187,41 @@ def add_to_server(processor: ExternalProcessor, server: grpc.aio.Server) -> None
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
 
 
-class _Evictor:
-    """How the dispatch task ends one stream's in-flight request early: called, it cancels the stream's task if
-    that task is waiting for Envoy's next message (else the stream notices before its next wait); `fired()` tells
-    this cancel from a real one and takes it back from the task, as `_IdleWatchdog` does."""
-
-    __slots__ = ("_fired", "_task", "armed", "handle", "requested")
-
-    def __init__(self) -> None:
-        self._task = asyncio.current_task()
-        self.handle: InFlight | None = None
-        self.armed = False  # the stream's task is awaiting the next message
-        self.requested = False
-        self._fired = False
-
-    def __call__(self) -> None:
-        self.requested = True
-        if self.armed and self._task is not None and not self._fired:
-            self._fired = True
-            self._task.cancel()
-
-    def fired(self) -> bool:
-        if not self._fired:
-            return False
-        self._fired = False
-        if self._task is not None:
-            self._task.uncancel()
-        return True
+_IDLE = "idle"
+_EVICT = "evicted"
 
 
-class _IdleWatchdog:
-    """Cancels the stream's task when no message came for `idle_s`.
+class _StreamWatch:
+    """Why the stream's task may be cancelled while it waits: no message came for `idle_s`, or flow control
+    evicts its request in flight (`evict`, called by the dispatch task). `fired()` tells these cancels from a real
+    one, says which it was and takes it back from the task, so later awaits are not cancelled again.
 
-    One timer per stream, re-armed only when it fires: a message costs a clock read, where a timeout context
-    around each read cost ~5–12 µs per message. The cancel lands in the pending read (or, if the task is stuck
-    writing to a peer that stopped reading, in the write, which ends the stream); `fired()` tells our own cancel
-    from a real one and takes it back from the task, so later awaits are not cancelled again.
+    One idle timer per stream, re-armed only when it fires: a message costs a clock read, where a timeout context
+    around each read cost ~5–12 µs per message. The idle cancel lands in the pending read (or, if the task is stuck
+    writing to a peer that stopped reading, in the write, which ends the stream). An eviction cancels only a
+    pending read (`reading`); otherwise the stream notices `evicted` before its next read.
     """
 
-    __slots__ = ("_expired", "_handle", "_loop", "_task", "hold", "idle_s", "last")
+    __slots__ = ("_cause", "_handle", "_loop", "_task", "evicted", "hold", "idle_s", "last", "reading")
 
     def __init__(self, idle_s: float) -> None:
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.current_task()
         self.idle_s = idle_s
         self.last = self._loop.time()
-        self._expired = False
-        self.hold = False  # the stream waits in the flow-control queue: not idle
+        self._cause: str | None = None
+        self.hold = False  # the request is being decided (render call, flow-control queue): not idle
+        self.reading = False  # the task awaits Envoy's next message
+        self.evicted = False
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(self.last + idle_s, self._check)
 
     def touch(self) -> None:
         self.last = self._loop.time()
+
+    def evict(self) -> None:
+        self.evicted = True
+        if self.reading:
+            self._cancel(_EVICT)
 
     def _check(self) -> None:
         if self.hold:
@@ -316,16 +231,22 @@ class _IdleWatchdog:
             self._handle = self._loop.call_at(due, self._check)
             return
         self._handle = None
-        self._expired = True
-        if self._task is not None:
+        self._cancel(_IDLE)
+
+    def _cancel(self, cause: str) -> None:
+        if self._cause is None and self._task is not None:
+            self._cause = cause
             self._task.cancel()
 
-    def fired(self) -> bool:
-        if not self._expired:
-            return False
+    def fired(self) -> str | None:
+        cause = self._cause
+        if cause is None:
+            return None
         if self._task is not None:
             self._task.uncancel()
-        return True
+        if cause is _EVICT:
+            self._cause = None  # the idle timer may still end the stream later
+        return cause
 
     def stop(self) -> None:
         if self._handle is not None:

@@ -10,7 +10,7 @@ from epp.requests.openai import (
     parse_request,
     request_without_body,
 )
-from epp.requests.parsers import DEFAULT_PARSERS, PARSER_TYPES, ParserChain
+from epp.requests.parsers import DEFAULT_PARSERS, PARSER_TYPES, ParserChain, request_path
 
 __all__ = [
     "DEFAULT_PARSERS",
@@ -22,5 +22,6 @@ __all__ = [
     "UsageDialect",
     "api_kind_of_path",
     "parse_request",
+    "request_path",
     "request_without_body",
 ]

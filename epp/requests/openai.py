@@ -102,6 +102,7 @@ class InferenceRequest(NamedTuple):
     # call returned (epp.director.tokens, as `TokenIds`: one uint32 buffer); None: not known, scheduling estimates
     # (4 bytes per token).
     token_ids: Sequence[int] | None = None
+    no_body: bool = False  # the request has no body at all (request headers with end_of_stream)
 
 
 class ControlHeaders(NamedTuple):
@@ -287,11 +288,13 @@ def model_of(parsed: Mapping[str, Any], required: bool) -> str:
     return model
 
 
-def request_without_body(request_id: str, path: str, headers: Mapping[str, str]) -> InferenceRequest:
+def request_without_body(
+    request_id: str, path: str, headers: Mapping[str, str], no_body: bool = False
+) -> InferenceRequest:
     """A request routed on its headers alone: a pool-level pick, no model.
 
-    For requests that have no body (e.g. `GET /v1/models`), and for those whose body the gateway does not show the
-    picker before it must answer (ext_proc body modes NONE and STREAMED).
+    For requests that have no body (e.g. `GET /v1/models`, `no_body`), and for those whose body the gateway does
+    not show the picker before it must answer (ext_proc body modes NONE and STREAMED).
     """
     control = control_headers(headers)
     return InferenceRequest(
@@ -305,6 +308,7 @@ def request_without_body(request_id: str, path: str, headers: Mapping[str, str])
         headers=headers,
         slo_ttft_ms=control.slo_ttft_ms,
         slo_tpot_ms=control.slo_tpot_ms,
+        no_body=no_body,
     )
 
 

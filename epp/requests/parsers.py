@@ -62,6 +62,15 @@ PARSER_TYPES: Mapping[str, Parser] = {
     "passthrough-parser": Parser("passthrough-parser", (), _passthrough, UsageDialect.NONE),
 }
 
+DEFAULT_PATH = "/v1/completions"  # upstream's path for a request whose headers name none
+
+
+def request_path(headers: Mapping[str, str]) -> str:
+    """The path the parser is chosen by: `:path`, then `x-original-path`, then `x-forwarded-path`, else
+    `/v1/completions`, as upstream reads it (its GetRequestPath)."""
+    return headers.get(":path") or headers.get("x-original-path") or headers.get("x-forwarded-path") or DEFAULT_PATH
+
+
 _MEMO_LIMIT = 1024  # distinct paths remembered; query strings make paths unbounded
 
 
@@ -125,8 +134,17 @@ class ParserChain:
             parser = self._parser(path)
         return parser.parse(request_id, path, headers, body)
 
-    def without_body(self, request_id: str, path: str, headers: Mapping[str, str]) -> InferenceRequest:
-        """A request decided on its headers alone (body modes NONE/STREAMED), its usage read as its parser would."""
+    def without_body(
+        self, request_id: str, path: str, headers: Mapping[str, str], no_body: bool = False
+    ) -> InferenceRequest:
+        """A request decided on its headers alone, its usage read as its parser would: one whose body the picker
+        does not see (body modes NONE/STREAMED: a path no parser claims is refused, as its body would be), or,
+        `no_body`, one that has none (request headers with end_of_stream): never refused, as upstream routes it
+        to an endpoint of the pool without asking a parser."""
+        if no_body:
+            parser = self.resolve(path)
+            usage = parser.usage if parser is not None else UsageDialect.NONE
+            return request_without_body(request_id, path, headers, no_body=True)._replace(usage=usage)
         usage = self._parser(path).usage
         return request_without_body(request_id, path, headers)._replace(usage=usage)
 

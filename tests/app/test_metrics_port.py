@@ -19,14 +19,15 @@ from epp.app.http import build_http_app
 from epp.app.metrics_auth import MetricsAuth
 from epp.discovery.kubernetes.rest import KubeRest, load_api_client
 from epp.discovery.kubernetes.review import AccessReviewer
-from epp.extproc.stream import StreamProcessor, StreamSettings
+from epp.extproc.stream import StreamSettings
 from epp.observability.labels import MAX_LABEL_BYTES, MODEL_LIMIT, OVERFLOW
 from epp.observability.metrics import PickerMetrics
+from tests.extproc.envoy import DecidingStream
 from tests.extproc.test_stream import body_msg, headers_msg, make_director
 from tests.fakes.apiserver import FakeApiServer
 
 
-def _request(stream: StreamProcessor, model: str) -> None:
+def _request(stream: DecidingStream, model: str) -> None:
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]}).encode()
     stream.handle(headers_msg())
     stream.handle(body_msg(body, True))
@@ -39,12 +40,12 @@ def test_ten_requests_with_8_mb_of_distinct_model_names_leave_metrics_and_memory
     director = make_director()
     metrics = PickerMetrics(CollectorRegistry())
     settings = StreamSettings(max_body_bytes=1 << 21)
-    _request(StreamProcessor(director, metrics, lambda: 0.0, settings), "warm-up")
+    _request(DecidingStream(director, metrics, lambda: 0.0, settings), "warm-up")
     before = len(generate_latest(metrics.registry))
     tracemalloc.start()
     base, _ = tracemalloc.get_traced_memory()
     for i in range(10):
-        _request(StreamProcessor(director, metrics, lambda: 0.0, settings), f"{i}" + "m" * 800_000)  # 8 MB in all
+        _request(DecidingStream(director, metrics, lambda: 0.0, settings), f"{i}" + "m" * 800_000)  # 8 MB in all
     gc.collect()
     retained, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
@@ -58,9 +59,9 @@ def test_ten_requests_with_8_mb_of_distinct_model_names_leave_metrics_and_memory
 def test_distinct_short_model_names_beyond_the_bound_share_the_other_label() -> None:
     director = make_director()
     metrics = PickerMetrics(CollectorRegistry())
-    _request(StreamProcessor(director, metrics, lambda: 0.0), "x" * (MAX_LABEL_BYTES + 1))  # too long: `other`
+    _request(DecidingStream(director, metrics, lambda: 0.0), "x" * (MAX_LABEL_BYTES + 1))  # too long: `other`
     for i in range(MODEL_LIMIT * 3):
-        _request(StreamProcessor(director, metrics, lambda: 0.0), f"model-{i}")
+        _request(DecidingStream(director, metrics, lambda: 0.0), f"model-{i}")
     models = {
         s.labels["model_name"] for f in metrics.registry.collect() if f.name == "llm_d_epp_request" for s in f.samples
     }

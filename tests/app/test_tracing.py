@@ -17,11 +17,11 @@ from epp.config.decode import parse_config
 from epp.datastore import EndpointInfo, EndpointTable
 from epp.director import Director
 from epp.errors import EppError, ErrorCode
-from epp.extproc.stream import StreamProcessor, StreamSettings
+from epp.extproc.stream import StreamSettings
 from epp.observability.metrics import PickerMetrics
 from epp.requests import parse_request
 from epp.scheduling import build_scheduler
-from tests.extproc.envoy import BODY, POOL, body_msg, destination, headers_msg, immediate
+from tests.extproc.envoy import BODY, POOL, DecidingStream, body_msg, destination, headers_msg, immediate
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -29,7 +29,7 @@ TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
 
 
 @pytest.fixture
-def traced() -> tuple[StreamProcessor, InMemorySpanExporter]:
+def traced() -> tuple[DecidingStream, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -40,7 +40,7 @@ def traced() -> tuple[StreamProcessor, InMemorySpanExporter]:
     scheduler = traced_scheduler(build_scheduler(None, seed=1), tracer)
     director = TracingDirector(Director(table, scheduler, clock=lambda: 0.0), tracer)  # type: ignore[arg-type]
     metrics = PickerMetrics(CollectorRegistry())
-    return StreamProcessor(director, metrics, lambda: 0.0, StreamSettings()), exporter
+    return DecidingStream(director, metrics, lambda: 0.0, StreamSettings()), exporter
 
 
 def by_name(spans: tuple[ReadableSpan, ...]) -> dict[str, list[ReadableSpan]]:
@@ -101,7 +101,7 @@ def test_a_refused_request_ends_its_span_with_the_reason(traced) -> None:
 
 def test_a_refusal_by_the_director_is_an_error_span(traced) -> None:
     stream, exporter = traced
-    stream._decider._director._table.replace_all([])  # no endpoint: 503  # type: ignore[attr-defined]
+    stream._bookings._director._table.replace_all([])  # no endpoint: 503  # type: ignore[attr-defined]
     stream.handle(headers_msg(extra={"traceparent": TRACEPARENT}))
     status, _ = immediate(stream.handle(body_msg(BODY, True)))
     assert status == 503

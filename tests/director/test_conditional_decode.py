@@ -16,7 +16,6 @@ import pytest
 from epp.datastore import EndpointTable
 from epp.datastore.table import EndpointInfo, MetricsSample
 from epp.director import Director
-from epp.director.random_scheduler import RandomScheduler
 from epp.errors import EppError, ErrorCode
 from epp.extproc.messages import immediate_response
 from epp.requests import parse_request
@@ -26,6 +25,7 @@ from epp.wire import DROPPED_REASON_HEADER, prefers_if_available
 from tests.scheduling.tables import request as disagg_request
 from tests.scheduling.tables import table_with
 from tests.scheduling.test_disagg import ALWAYS, ROLES_2P2D, pd_config
+from tests.support.schedulers import RandomScheduler
 
 NOW = 50.0
 PROMPT = "the same long system prompt, shared by every turn of the conversation. " * 40  # many whole blocks

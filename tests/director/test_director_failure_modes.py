@@ -17,11 +17,12 @@ from hypothesis import strategies as st
 from epp.datastore import EndpointTable, Snapshot
 from epp.datastore.pool import FailureMode
 from epp.datastore.table import EndpointInfo, IntArray, MetricsSample
-from epp.director import Director, RandomScheduler
+from epp.director import Director
 from epp.errors import EppError, ErrorCode
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import Scheduler, build_scheduler
 from epp.scheduling.build import default_config, upstream_default_config
+from tests.support.schedulers import RandomScheduler
 
 ADDRESSES = [f"127.10.0.{i}:8000" for i in range(1, 7)]
 REQUEST = InferenceRequest(request_id="r1", api=ApiKind.CHAT, model="m1", prompt="hi")

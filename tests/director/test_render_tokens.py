@@ -10,7 +10,7 @@ import numpy as np
 
 from epp.config.decode import parse_config
 from epp.datastore import EndpointInfo, EndpointTable
-from epp.director import Director
+from epp.director import Director, NeedDecision
 from epp.director.tokens import RenderTokenizer
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import build_scheduler
@@ -125,12 +125,15 @@ async def test_the_director_passes_the_engine_tokens_to_the_scheduler() -> None:
     server = await _sim()
     try:
         scheduler, table, director = _rendering_director(server.port)
-        assert director.tokenizer is not None
-        decision = await director.decide_async(_completion("one two three four"))
-        assert decision.tokens == len(token_ids("one two three four"))
+        tokenizer = director.pipeline.tokenizer
+        assert tokenizer is not None
+        need = NeedDecision(_completion("one two three four"), None, 0)
+        assert [s async for s in director.pipeline.run(need)] == []  # no hold: no flow control
+        assert need.error is None and need.decision is not None
+        assert need.decision.tokens == len(token_ids("one two three four"))
         # and what the producer publishes for such a request: the exact ids
         snap = table.snapshot()
-        request = await director.tokenizer.tokenize(_completion("one two three four"))
+        request = await tokenizer.tokenize(_completion("one two three four"))
         state = CycleState(snap, snap.slots, request, 0.0)
         for producer in scheduler.handler.profile.producers:
             producer.produce(state)
@@ -142,7 +145,8 @@ async def test_the_director_passes_the_engine_tokens_to_the_scheduler() -> None:
 
 
 async def test_through_the_ext_proc_server_the_decision_uses_the_engines_tokens() -> None:
-    """The render call runs in the grpc.aio adapter before the stream decides (the stream itself is pure)."""
+    """The render call runs in the director's pipeline, which the grpc.aio adapter runs when the stream asks for
+    its decision (the stream itself is pure)."""
     from prometheus_client import CollectorRegistry
 
     from epp.extproc.server import ExternalProcessor
@@ -156,8 +160,8 @@ async def test_through_the_ext_proc_server_the_decision_uses_the_engines_tokens(
         decisions = []
 
         class Recording:
-            def __getattr__(self, name):
-                return getattr(director, name)
+            def __init__(self):
+                self.pipeline = director.pipeline.around(self.decide, director.complete)
 
             def decide(self, request, subset=None):
                 decisions.append(director.decide(request, subset))

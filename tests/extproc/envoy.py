@@ -12,12 +12,15 @@ from google.protobuf import struct_pb2
 from prometheus_client import CollectorRegistry
 
 from epp.datastore import EndpointInfo, EndpointTable
-from epp.director import Decision, Director, RandomScheduler
+from epp.director import Decision, Director
+from epp.director.decision import NeedDecision
+from epp.director.pipeline import DecisionPipeline
 from epp.extproc.messages import MAX_CHUNK
 from epp.extproc.stream import StreamProcessor, StreamSettings
 from epp.observability.metrics import PickerMetrics
 from epp.requests import InferenceRequest
 from epp.scheduling import Scheduler
+from tests.support.schedulers import RandomScheduler
 
 Mode = processing_mode_pb2.ProcessingMode
 POOL = ["127.10.0.1:8000", "127.10.0.2:8000", "127.10.0.3:8000"]
@@ -48,12 +51,42 @@ class CountingDecider:
         self.inner.complete(decision)
 
 
+def decide_now(need: NeedDecision, decider: object) -> NeedDecision:
+    """What the adapter's pipeline does without a render call or flow control: the decider's `decide`, its
+    refusal or failure left on `need` in place of a decision."""
+    try:
+        need.decision = decider.decide(need.request, need.subset)  # type: ignore[attr-defined]
+    except Exception as exc:
+        need.error = exc
+    return need
+
+
+def decide_through(pipeline: DecisionPipeline, need: NeedDecision) -> NeedDecision:
+    """The pipeline as the adapter runs it when no stage waits (no render call, no flow control): at once."""
+    assert pipeline.decide_now(need), "the pipeline has a stage that waits"
+    return need
+
+
+class DecidingStream(StreamProcessor):
+    """A stream driven as the adapter drives it, without the adapter: a message that asks for the decision
+    (`NeedDecision`) is decided at once by the `decide` of the object the stream was given (which also releases
+    its bookings), and the stream resumed with it; `handle` returns every answer of the message."""
+
+    __slots__ = ()
+
+    def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:  # type: ignore[override]
+        out = super().handle(msg)
+        if isinstance(out, NeedDecision):
+            return self.resume(decide_now(out, self._bookings))
+        return out
+
+
 def make_stream(
     director: Director | None = None, max_body: int = 1 << 20
-) -> tuple[StreamProcessor, Director, PickerMetrics]:
+) -> tuple[DecidingStream, Director, PickerMetrics]:
     director = director or make_director()
     metrics = PickerMetrics(CollectorRegistry())
-    return StreamProcessor(director, metrics, lambda: 0.0, StreamSettings(max_body_bytes=max_body)), director, metrics
+    return DecidingStream(director, metrics, lambda: 0.0, StreamSettings(max_body_bytes=max_body)), director, metrics
 
 
 def inflight(director: Director) -> int:

@@ -19,7 +19,7 @@ from epp.config.flowcontrol import FlowControlSpec
 from epp.datastore import EndpointInfo, EndpointTable, Freshness
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.table import MetricsSample
-from epp.director import Director, RandomScheduler
+from epp.director import Director
 from epp.director.flow import FlowGate
 from epp.extproc.bounds import ServerLimits
 from epp.extproc.server import ExternalProcessor, add_to_server
@@ -32,6 +32,7 @@ from epp.observability.metrics import PickerMetrics
 from epp.scheduling import Scheduler
 from epp.scheduling.saturation import ConcurrencyDetector, SaturationDetector
 from tests.extproc.envoy import BODY, body_msg, headers_msg, response_headers
+from tests.support.schedulers import RandomScheduler
 
 ADDRESS = "127.10.0.1:8000"
 

@@ -118,10 +118,10 @@ class _FailingRelease:
 def test_a_failure_of_the_picker_in_the_response_lets_the_chunk_through_unchanged() -> None:
     from prometheus_client import CollectorRegistry
 
-    from epp.extproc.stream import StreamProcessor
     from epp.observability.metrics import PickerMetrics
+    from tests.extproc.envoy import DecidingStream
 
-    stream = StreamProcessor(_FailingRelease(), PickerMetrics(CollectorRegistry()), lambda: 0.0)  # type: ignore[arg-type]
+    stream = DecidingStream(_FailingRelease(), PickerMetrics(CollectorRegistry()), lambda: 0.0)  # type: ignore[arg-type]
     stream.handle(headers_msg())
     stream.handle(body_msg(BODY, True))
     stream.handle(response_headers("text/event-stream"))

@@ -12,18 +12,21 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import CollectorRegistry
 
 from epp.datastore import EndpointInfo, EndpointTable
-from epp.director import Decision, Director, RandomScheduler
+from epp.director import Decision, Director
+from epp.director.decision import NeedDecision
 from epp.errors import ErrorCode
 from epp.extproc.server import ExternalProcessor
-from epp.extproc.stream import StreamProcessor, StreamSettings
+from epp.extproc.stream import StreamSettings
 from epp.observability.metrics import PickerMetrics
 from epp.requests import InferenceRequest
 from epp.scheduling import Scheduler
 from tests.extproc.envoy import (
     BODY,
     POOL,
+    DecidingStream,
     Mode,
     body_msg,
+    decide_through,
     destination,
     headers_msg,
     immediate,
@@ -33,6 +36,7 @@ from tests.extproc.envoy import (
     response_headers,
     streamed_body,
 )
+from tests.support.schedulers import RandomScheduler
 
 
 def test_full_duplex_holds_headers_until_the_body_ends_then_answers_in_order() -> None:
@@ -180,7 +184,7 @@ class _Exploding:
 
 def test_a_bug_in_the_decider_becomes_a_500_not_a_broken_stream() -> None:
     metrics = PickerMetrics(CollectorRegistry())
-    stream = StreamProcessor(_Exploding(), metrics, lambda: 0.0)  # type: ignore[arg-type]
+    stream = DecidingStream(_Exploding(), metrics, lambda: 0.0)  # type: ignore[arg-type]
     status, body = immediate(stream.handle(headers_msg(end_of_stream=True, path="/v1/models")))
     assert status == 500 and body.startswith("inference error: Internal - ")
 
@@ -259,7 +263,7 @@ class _Rewriting:
 
 
 def test_model_rewrite_resends_the_new_body_with_its_length_and_restores_the_name_in_the_response() -> None:
-    stream = StreamProcessor(_Rewriting(), PickerMetrics(CollectorRegistry()), lambda: 0.0)  # type: ignore[arg-type]
+    stream = DecidingStream(_Rewriting(), PickerMetrics(CollectorRegistry()), lambda: 0.0)  # type: ignore[arg-type]
     stream.handle(headers_msg())
     out = stream.handle(body_msg(BODY, True))
     sent, _ = streamed_body(out[1:])
@@ -293,7 +297,9 @@ def _one_endpoint_server() -> ExternalProcessor:
 def _decision_answer(server: ExternalProcessor, extra: dict[str, str] | None = None) -> pb.ProcessingResponse:
     stream = server.new_stream()
     assert stream.handle(headers_msg(extra=extra)) == []
-    answer = stream.handle(body_msg(BODY, True))[0]
+    need = stream.handle(body_msg(BODY, True))
+    assert isinstance(need, NeedDecision)
+    answer = stream.resume(decide_through(server.pipeline, need))[0]
     stream.close()
     return answer
 

@@ -27,11 +27,12 @@ from prometheus_client import CollectorRegistry
 
 from epp.extproc.bounds import BodyBudget
 from epp.extproc.messages import DecisionAnswers
-from epp.extproc.stream import TRANSITIONS, Phase, StreamProcessor, StreamSettings
+from epp.extproc.stream import TRANSITIONS, Phase, StreamSettings
 from epp.observability.metrics import PickerMetrics
 from tests.extproc.envoy import (
     BODY,
     CountingDecider,
+    DecidingStream,
     Mode,
     body_msg,
     headers_msg,
@@ -98,7 +99,7 @@ class StreamMachine(RuleBasedStateMachine):
         self.request_mode, self.response_mode, self.early_body = request_mode, response_mode, early_body
         self.decider = CountingDecider()
         self.budget = BodyBudget(budget)
-        self.stream = StreamProcessor(
+        self.stream = DecidingStream(
             self.decider,
             PickerMetrics(CollectorRegistry()),
             lambda: 0.0,

@@ -31,11 +31,11 @@ from tests.extproc.envoy import (
 def _run(messages: Sequence[pb.ProcessingRequest]) -> tuple[list[list[pb.ProcessingResponse]], CountingDecider]:
     from prometheus_client import CollectorRegistry
 
-    from epp.extproc.stream import StreamProcessor
     from epp.observability.metrics import PickerMetrics
+    from tests.extproc.envoy import DecidingStream
 
     counting = CountingDecider()
-    stream = StreamProcessor(counting, PickerMetrics(CollectorRegistry()), lambda: 0.0)  # type: ignore[arg-type]
+    stream = DecidingStream(counting, PickerMetrics(CollectorRegistry()), lambda: 0.0)  # type: ignore[arg-type]
     answers = [stream.handle(msg) for msg in messages]
     stream.close()
     return answers, counting

@@ -6,15 +6,16 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import CollectorRegistry
 
-from epp.extproc.stream import StreamProcessor, StreamSettings
+from epp.extproc.stream import StreamSettings
 from epp.observability.metrics import PickerMetrics
+from tests.extproc.envoy import DecidingStream
 from tests.federation.builders import director, local_table, registry, router, site
 
 
 def test_remote_pick_sets_destination_metadata_and_hop_header() -> None:
     sites = registry(site("dc", "dc", 1))
     d = director(local_table(1, waiting=50), router(sites, "eu"))
-    stream = StreamProcessor(d, PickerMetrics(CollectorRegistry()), lambda: 0.0, StreamSettings(max_body_bytes=1 << 20))
+    stream = DecidingStream(d, PickerMetrics(CollectorRegistry()), lambda: 0.0, StreamSettings(max_body_bytes=1 << 20))
     values = {":method": "POST", ":path": "/v1/completions", "x-request-id": "r1"}
     header_map = base_pb2.HeaderMap(
         headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in values.items()]

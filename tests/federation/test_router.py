@@ -209,7 +209,8 @@ def test_a_forwarded_request_with_no_local_candidate_is_503_saying_why() -> None
 )
 def test_a_rewrite_never_escapes_a_rule(asked: str, rewritten_to: str) -> None:
     from epp.datastore.objectives import ObjectiveStore, RewriteRule, RewriteTarget
-    from epp.director import Director, RandomScheduler
+    from epp.director import Director
+    from tests.support.schedulers import RandomScheduler
 
     store = ObjectiveStore()
     store.put_rewrite("default/r", (RewriteRule(asked, (RewriteTarget(rewritten_to),)),))

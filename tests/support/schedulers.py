@@ -1,4 +1,5 @@
-"""A uniform random pick: the stand-in before a profile is configured, and the FailOpen degraded path."""
+"""A uniform random pick over the candidates: the scheduler of tests and benchmarks that are about everything but
+scheduling (seeded, so they are reproducible)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ from epp.requests import InferenceRequest
 
 
 class RandomScheduler:
-    """Picks uniformly among the candidates; seeded so tests and benchmarks are reproducible."""
-
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)
 
