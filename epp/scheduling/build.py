@@ -315,7 +315,7 @@ def _scheduler(
         handler=handler,
         saturation=handler.saturation,
         freshness=handler.freshness,
-        saturation_leads=isinstance(handler.saturation, ConcurrencyDetector),
+        saturation_leads=isinstance(profiles[0].saturation, ConcurrencyDetector),  # the pool's, unwrapped by P/D
         admitters=tuple(plugin for kind, plugin, _, _ in built.values() if kind is Kind.ADMITTER),  # type: ignore[misc]
         flow=flow,
         tokenizer=_render_settings(decode.producers),

@@ -108,3 +108,20 @@ def test_two_precise_producers_are_refused_by_the_builder() -> None:
     config = _config([token, *precise, {"type": "prefix-cache-scorer"}], ["prefix-cache-scorer"])
     with pytest.raises(ConfigError, match="one precise-prefix-cache-producer per config"):
         build_scheduler(config)
+
+
+def test_the_concurrency_detector_leads_the_scrape_whatever_the_handler() -> None:
+    """Eviction's grace follows the pool's detector; P/D's per-stage saturation wraps it without hiding it."""
+    detector = {"flowControl": {"saturationDetector": {"pluginRef": "concurrency-detector"}}}
+    plugins = [{"type": "concurrency-detector"}, {"type": "queue-scorer"}]
+    assert build_scheduler(_config(plugins, ["queue-scorer"], **detector)).saturation_leads
+    assert not build_scheduler(_config(plugins[1:], ["queue-scorer"])).saturation_leads
+    roles = [{"type": "prefill-filter"}, {"type": "decode-filter"}, {"type": "always-disagg-pd-decider"}]
+    handler = {"type": "disagg-profile-handler", "parameters": {"deciders": {"prefill": "always-disagg-pd-decider"}}}
+    profiles = [
+        {"name": name, "plugins": [{"pluginRef": role}, {"pluginRef": "queue-scorer"}]}
+        for name, role in (("prefill", "prefill-filter"), ("decode", "decode-filter"))
+    ]
+    doc = {**BASE, "plugins": [*plugins, *roles, handler], "schedulingProfiles": profiles, **detector}
+    staged = build_scheduler(parse_config(doc, "pd.yaml"))
+    assert staged.routing is not None and staged.saturation_leads
