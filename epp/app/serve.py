@@ -129,8 +129,8 @@ async def build(settings: ServeSettings) -> Picker:
     workers = serving_workers(settings.workers, one_process)
     if federation is not None:
         federation.connect(settings.kubeconfig)
-    # With workers, the request metrics are theirs (summed into /metrics by WorkerCollector): the control process's
-    # own would only show zeros under the same names.
+    # With workers, the request metrics are theirs (folded by WorkerCollector, rendered by `metrics.families`): the
+    # control process's own would only show zeros under the same names.
     metrics_registry = state.registry if workers == 1 else CollectorRegistry(auto_describe=True)
     metrics_registry.register(prefix)  # the prefix index too: with workers, the indexes that pick are theirs
     metrics = PickerMetrics(metrics_registry, labels=state.objectives, endpoint_name=state.endpoint_labels)
@@ -153,7 +153,7 @@ async def build(settings: ServeSettings) -> Picker:
     grpc_server = extproc_server(settings, processor, reuse_port=False) if workers == 1 else None
     if workers > 1:
         state.workers = _worker_pool(settings, workers, state)
-        state.registry.register(WorkerCollector(state.workers))
+        state.registry.register(WorkerCollector(state.workers, metrics.families))
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
     bind(health_server, settings.listen.bind_address, settings.listen.grpc_health_port, "--grpc-health-port")
