@@ -8,10 +8,10 @@ worker's own label caps, not by what it ever saw.
 
 The control process keeps each worker's latest series in a `SeriesFold`. The label caps are the picker's, there:
 a worker's series key is mapped, once, through the control process's own `BoundedLabel`s (model, fairness id),
-the client series' share of the page and the `MAX_SERIES` bound, so the picker as a whole shows at most the names one process would show, and the rest
-under the same `other` value; names a worker already sent as `other` stay `other`. On a scrape `state()` sums the
-workers' numbers by mapped key into one `MetricsState`, which `PickerMetrics.families` renders exactly as in one
-process: the same names, labels and buckets.
+the client series' share of the page and the `MAX_SERIES` bound, so the picker as a whole shows at most the
+names one process would show, and the rest under the same `other` value; names a worker already sent as `other`
+stay `other`. On a scrape `state()` sums the workers' numbers by mapped key into one `MetricsState`, which
+`PickerMetrics.families` renders exactly as in one process: the same names, labels and buckets.
 """
 
 from __future__ import annotations
