@@ -68,6 +68,7 @@ async def run(end: ChildEnd, block: np.ndarray) -> None:
     def finish() -> None:
         stop.set()
         landed.set()
+
     by_address: dict[str, tuple[int, float]] = {}  # address → (parent slot, token)
 
     def on_message() -> None:
