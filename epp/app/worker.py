@@ -17,7 +17,10 @@ it decides on comes through memory it shares with the control process:
 - the shared log of picks (epp.app.pick_log): each worker's prefix scorers learn their own picks at once and the
   other workers' picks every `REFRESH_S`, so a repeat of a prompt finds its endpoint whichever worker takes it.
 
-The worker's own metrics go to the control process as exposition text every `METRICS_S`, summed there.
+The worker's own metrics go to the control process at most every `METRICS_S` and only when a number changed
+(an idle worker sends nothing): its request series as a delta of the series that moved
+(epp.observability.worker_series), which the control process folds under the picker's label caps and renders on a
+scrape, and the exposition text of its few other families (the prefix index, refusal counters), summed there.
 The worker is a child of the child-process kit (epp.supervision): started by `child_main`, it ignores the
 process group's SIGTERM and SIGINT while the control process lives (that process stops it with `Stop`), and drains
 and exits within a second of the control process's end, however it ended (the pipe's EOF, the parent-death
@@ -43,6 +46,7 @@ from epp.app.settings import ServeSettings
 from epp.app.tls import tls_policy
 from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, read_rows
 from epp.datastore.table import EndpointInfo, EndpointTable
+from epp.observability.worker_series import DeltaSource, SeriesDelta
 from epp.scheduling.prefix import PrefixCacheScorer
 from epp.scheduling.producers import ApproxPrefixCacheProducer
 from epp.supervision.child_end import ChildEnd
@@ -53,7 +57,7 @@ from epp.supervision.pipe import watch_pipe
 log = logging.getLogger(__name__)
 
 REFRESH_S = 0.01  # shared rows and in-flight sums → this worker's table
-METRICS_S = 0.5  # this worker's exposition → the control process
+METRICS_S = 0.5  # at most this often, and only when something changed: this worker's metrics → the control process
 INFLIGHT, PICKS, TOKENS = 0, 1, 2  # the in-flight matrix's columns: picks in flight, picks since scrape, tokens
 MATRIX_COLUMNS = 3
 STATS_COLUMNS = 4  # streams started, pid, picks learned from the pick log, picks lost from it (lapped)
@@ -84,8 +88,10 @@ class Members:
 
 @dataclass(frozen=True, slots=True)
 class Metrics:
-    """Worker → control, every `METRICS_S`: this worker's exposition text."""
+    """Worker → control, when a number changed: the request series that moved (a `SeriesDelta`), and the
+    exposition text of the worker's other families."""
 
+    series: SeriesDelta
     exposition: bytes
 
 
@@ -227,6 +233,14 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
 
     namespace = [""]
     metrics = PickerMetrics(registry, labels=objectives, endpoint_name=endpoint_name)
+    registry.unregister(metrics)  # its series travel as deltas (`Metrics.series`), rendered by the control process
+    deltas = DeltaSource(metrics)
+
+    def send_metrics() -> None:
+        delta = deltas.delta()
+        if delta is not None:
+            end.send(Metrics(delta, generate_latest(registry)))
+
     director = build_director(settings, scheduler, table, objectives, failure_mode=lambda: failure[0], observer=metrics)
     processor = build_processor(settings, config, director, _CountingObserver(metrics, stats[index]))
     server = extproc_server(settings, processor, reuse_port=True)
@@ -262,7 +276,7 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
     settle_garbage_collector()
     await server.start()
     # The metrics first: from the moment a worker counts as serving, /metrics shows every family it exports.
-    end.send(Metrics(generate_latest(registry)))
+    send_metrics()
     end.ready()
     beating = asyncio.ensure_future(end.keep_alive())
     next_metrics = 0.0
@@ -275,7 +289,7 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
             if loop.time() >= next_metrics:
                 next_metrics = loop.time() + METRICS_S
                 with contextlib.suppress(OSError):
-                    end.send(Metrics(generate_latest(registry)))
+                    send_metrics()
     finally:
         beating.cancel()
         loop.remove_reader(conn.fileno())
