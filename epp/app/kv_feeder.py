@@ -177,6 +177,9 @@ class KvFeederProcess:
 
     def _new_directory(self) -> tuple[int]:
         """A fresh table directory for the child about to start: its reader here, its writer there."""
+        self._drop_child()  # what a spawn that failed left
+        if self._directory_fd >= 0:
+            os.close(self._directory_fd)
         self._directory_fd = new_directory()
         self._reader = TableReader(self._directory_fd)
         return (self._directory_fd,)

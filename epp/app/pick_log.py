@@ -6,12 +6,12 @@ only its own picks sends a repeat of another worker's prompt elsewhere: measured
 the same 27 ms at 2 and 4 workers when every index also learns the other workers' picks within 50 ms.
 
 So each worker appends a record (scorer, endpoint, block hashes) per pick to its own ring in shared memory, and
-every `REFRESH_S` each worker applies the records the others appended since (`PrefixCacheScorer.learn`). One
-writer per ring, no lock: a record is stamped with its sequence number after its payload is written (negative
-while it is written), so a reader copies it and keeps it only if the stamp it read before and after is the one it
-expects; a reader lapped by a writer skips what was overwritten and counts it. The rings live in one memfd that the
-control process owns, so a restarted worker continues its ring where its predecessor stopped, and starts by learning
-the others' last `CAPACITY` picks.
+every `REFRESH_S` each worker applies the records the others appended since (`PrefixCacheScorer.learn`, and
+`ApproxPrefixCacheProducer.learn`). One writer per ring, no lock: a record is stamped with its sequence number after
+its payload is written (negative while it is written), so a reader copies it and keeps it only if the stamp it read
+before and after is the one it expects; a reader lapped by a writer skips what was overwritten and counts it. The
+rings live in one memfd that the control process owns, so a restarted worker continues its ring where its
+predecessor stopped, and starts by learning the others' last `CAPACITY` picks.
 
 Records name the endpoint by the control process's slot and its token (epp.app.workers), so a pick on an endpoint
 that has since left, or whose slot was reused, is dropped, not learned for its successor.

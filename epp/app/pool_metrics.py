@@ -124,7 +124,8 @@ class PoolCollector(FreezableCollector):
 
 
 class PrefixCollector(FreezableCollector):
-    """Prefix-index size and hit ratio of each `prefix-cache-scorer` (upstream: the approximate prefix producer)."""
+    """Prefix-index size and hit ratio of each self-contained `prefix-cache-scorer` and `approx-prefix-cache-producer`
+    (upstream: the approximate prefix producer)."""
 
     def __init__(self, plugins: list[Any]) -> None:
         self._plugins = plugins  # objects with name, type_name, index (len), hit_ratio (PlainHistogram)

@@ -47,6 +47,7 @@ from epp.app.settings import ServeSettings
 from epp.app.state import PickerState, follow_readiness, start_kubernetes
 from epp.app.tls import self_signed_pair
 from epp.app.workers import WorkerCollector, WorkerPool
+from epp.config.model import EndpointPickerConfig
 from epp.director.flow import FlowGate
 from epp.errors import ConfigError
 from epp.extproc.server import ExternalProcessor
@@ -90,10 +91,48 @@ class Picker:
 async def build(settings: ServeSettings) -> Picker:
     """Every part from the settings, each refusal (a bad config, flag or file, a port in use) before anything runs."""
     state = PickerState()
-    # The config first: its dataLayer.discovery may be the endpoint source.
-    config = load_picker_config(settings.config)
+    config = load_picker_config(settings.config)  # first: its dataLayer.discovery may be the endpoint source
     endpoint_source(settings.endpoints, state, config)
     register_process_metrics(state.registry)
+    parts = _decision_parts(settings, config, state)
+    metrics, processor = _request_path(settings, config, state, parts)
+    grpc_server = extproc_server(settings, processor, reuse_port=False) if parts.workers == 1 else None
+    if parts.workers > 1:
+        state.workers = _worker_pool(settings, parts.workers, state)
+        state.registry.register(WorkerCollector(state.workers))
+    health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
+    bind(health_server, settings.listen.bind_address, settings.listen.grpc_health_port, "--grpc-health-port")
+    scraper = _scraper(settings, parts.decisions, state)
+    collectors = _collectors(state, metrics, parts, scraper)
+    report = _pool_report(state, parts, scraper)
+    http_app = build_http_app(state.registry, report, state.ready, collectors, parts.auth, settings.enable_pprof)
+    http_runner, http_site = await _metrics_site(settings, http_app)
+    return Picker(
+        settings, state, parts.workers, processor, grpc_server, health_server, scraper, http_runner, http_site,
+        parts.flow, parts.kv_feeder, parts.federation, parts.tracer_provider,
+    )  # fmt: skip
+
+
+@dataclass
+class _DecisionParts:
+    """What decides, beyond the Director: the scheduler (instrumented, traced), the KV-events feeder, federation,
+    flow control, and so how many processes serve."""
+
+    decisions: Decisions
+    scheduler: Scheduler  # decisions.scheduler, traced with --tracing
+    plugin_timer: PluginTimer
+    prefix: PrefixCollector
+    kv_feeder: KvFeederProcess | None
+    federation: FederationParts | None
+    flow: FlowGate | None
+    tracer_provider: Any
+    tracer: Any
+    auth: MetricsAuth | None
+    workers: int
+
+
+def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None, state: PickerState) -> _DecisionParts:
     decisions = build_decisions(settings, config)
     scheduler = decisions.scheduler
     plugin_timer = PluginTimer()
@@ -129,44 +168,61 @@ async def build(settings: ServeSettings) -> Picker:
     workers = serving_workers(settings.workers, one_process)
     if federation is not None:
         federation.connect(settings.kubeconfig)
+    return _DecisionParts(
+        decisions, scheduler, plugin_timer, prefix, kv_feeder, federation, flow, tracer_provider, tracer, auth, workers
+    )
+
+
+def _request_path(
+    settings: ServeSettings, config: EndpointPickerConfig | None, state: PickerState, parts: _DecisionParts
+) -> tuple[PickerMetrics, ExternalProcessor]:
+    """The request metrics, the Director (traced with --tracing) and the ext_proc servicer of this process."""
     # With workers, the request metrics are theirs (summed into /metrics by WorkerCollector): the control process's
     # own would only show zeros under the same names.
-    metrics_registry = state.registry if workers == 1 else CollectorRegistry(auto_describe=True)
-    metrics_registry.register(prefix)  # the prefix index too: with workers, the indexes that pick are theirs
+    metrics_registry = state.registry if parts.workers == 1 else CollectorRegistry(auto_describe=True)
+    metrics_registry.register(parts.prefix)  # the prefix index too: with workers, the indexes that pick are theirs
     metrics = PickerMetrics(metrics_registry, labels=state.objectives, endpoint_name=state.endpoint_labels)
     director = build_director(
         settings,
-        scheduler,
+        parts.scheduler,
         state.table,
         state.objectives,
         failure_mode=state.failure_mode,
         observer=metrics,
-        federation=federation.router if federation is not None else None,
-        flow=flow,
+        federation=parts.federation.router if parts.federation is not None else None,
+        flow=parts.flow,
     )
     decider: Any = director
-    if tracer is not None:
+    if parts.tracer is not None:
         from epp.app.tracing import TracingDirector
 
-        decider = TracingDirector(director, tracer)
-    processor = build_processor(settings, config, decider, metrics)
-    grpc_server = extproc_server(settings, processor, reuse_port=False) if workers == 1 else None
-    if workers > 1:
-        state.workers = _worker_pool(settings, workers, state)
-        state.registry.register(WorkerCollector(state.workers))
-    health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
-    bind(health_server, settings.listen.bind_address, settings.listen.grpc_health_port, "--grpc-health-port")
-    scraper = _scraper(settings, decisions, state)
+        decider = TracingDirector(director, parts.tracer)
+    return metrics, build_processor(settings, config, decider, metrics)
+
+
+def _collectors(
+    state: PickerState, metrics: PickerMetrics, parts: _DecisionParts, scraper: ScrapeService | ScrapeProcess
+) -> list[FreezableCollector]:
+    """The pool's and the scraper's collectors registered; every collector of loop-owned numbers, for /metrics to
+    freeze on the loop before it renders off it."""
     scrape_collector = LoopCollector(ScrapeCollector(state.table, scraper))
     state.registry.register(scrape_collector)
     pool_collector = PoolCollector(state.table, state.pool_name, _poll_errors(scraper))
     state.registry.register(pool_collector)
-    loop_collectors: list[FreezableCollector] = [metrics, pool_collector, plugin_timer, prefix, scrape_collector]
-    if flow is not None:
-        flow_metrics = FlowControlMetrics(state.registry, state.pool_name, flow.queue_state)
-        flow.observer = flow_metrics
-        loop_collectors.append(flow_metrics)
+    collectors: list[FreezableCollector] = [metrics, pool_collector, parts.plugin_timer, parts.prefix, scrape_collector]
+    if parts.flow is not None:
+        flow_metrics = FlowControlMetrics(state.registry, state.pool_name, parts.flow.queue_state)
+        parts.flow.observer = flow_metrics
+        collectors.append(flow_metrics)
+    return collectors
+
+
+def _pool_report(
+    state: PickerState, parts: _DecisionParts, scraper: ScrapeService | ScrapeProcess
+) -> Callable[[], dict[str, Any]]:
+    """/debug/pool: the table as decisions see it, with what each running part says of itself."""
+    federation, flow, kv_feeder = parts.federation, parts.flow, parts.kv_feeder
+    freshness = parts.scheduler.freshness
 
     def report() -> dict[str, Any]:
         now = time.monotonic()
@@ -182,14 +238,9 @@ async def build(settings: ServeSettings) -> Picker:
             extra["flowControl"] = flow.report(now)
         if kv_feeder is not None:
             extra["kvEvents"] = kv_feeder.supervision(now)
-        return pool_report(state.table, state.pool, now, state.ready(), scheduler.freshness, extra or None, statuses)
+        return pool_report(state.table, state.pool, now, state.ready(), freshness, extra or None, statuses)
 
-    http_app = build_http_app(state.registry, report, state.ready, loop_collectors, auth, settings.enable_pprof)
-    http_runner, http_site = await _metrics_site(settings, http_app)
-    return Picker(
-        settings, state, workers, processor, grpc_server, health_server, scraper, http_runner, http_site, flow,
-        kv_feeder, federation, tracer_provider,
-    )  # fmt: skip
+    return report
 
 
 async def start(picker: Picker) -> None:

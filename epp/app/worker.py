@@ -44,6 +44,7 @@ from epp.app.tls import tls_policy
 from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, read_rows
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.scheduling.prefix import PrefixCacheScorer
+from epp.scheduling.producers import ApproxPrefixCacheProducer
 from epp.supervision.child_end import ChildEnd
 from epp.supervision.memory import map_array
 from epp.supervision.messages import Stop
@@ -294,7 +295,12 @@ def _sharing(pick_log: PickLog, table: MirrorTable, position: int) -> Callable[[
     return share
 
 
-def _learn(pick_log: PickLog, table: MirrorTable, scorers: Sequence[PrefixCacheScorer], stats: np.ndarray) -> None:
+def _learn(
+    pick_log: PickLog,
+    table: MirrorTable,
+    scorers: Sequence[PrefixCacheScorer | ApproxPrefixCacheProducer],
+    stats: np.ndarray,
+) -> None:
     """The other workers' picks since the last call, into our prefix scorers (their counts into our stats row)."""
     if not scorers:
         return

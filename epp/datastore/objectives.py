@@ -18,14 +18,22 @@ class RewriteTarget:
 
 @dataclass(frozen=True, slots=True)
 class RewriteRule:
-    """Requests for `source_model` go to one of `targets`, chosen by weight (exact match, as upstream)."""
+    """Requests for `source_model` go to one of `targets`, chosen by weight (exact match, as upstream). An empty
+    `source_model` is upstream's generic rule (one without `matches`): any model no exact rule names."""
 
     source_model: str
     targets: tuple[RewriteTarget, ...]
 
+    @property
+    def generic(self) -> bool:
+        return not self.source_model
+
 
 class ObjectiveStore:
-    """Objects keyed by "namespace/name"; `priority_of` takes the objective's name as the request header gives it."""
+    """Objects keyed by "namespace/name"; `priority_of` takes the objective's name as the request header gives it.
+
+    Rewrites keep the order they are given in, which is their precedence: the watches give the oldest object first
+    (upstream's rule), the objectives file its document order."""
 
     def __init__(self) -> None:
         self._priorities: dict[str, int] = {}
@@ -72,16 +80,19 @@ class ObjectiveStore:
         names: set[str] = set()
         for rules in self._rewrites.values():
             for rule in rules:
-                names.add(rule.source_model)
+                if not rule.generic:
+                    names.add(rule.source_model)
                 names.update(t.model for t in rule.targets)
         return names
 
     def rewrite_rule_for(self, model: str) -> RewriteRule | None:
-        """The rule whose source is exactly `model`; when several objects name it, the first by key wins."""
+        """The rule whose source is exactly `model`, else the first generic rule (upstream's precedence); when
+        several objects name a model, the first in the store's order wins."""
         if self._rules_by_model is None:
             by_model: dict[str, RewriteRule] = {}
-            for key in sorted(self._rewrites):
-                for rule in self._rewrites[key]:
-                    by_model.setdefault(rule.source_model, rule)
+            for rules in self._rewrites.values():
+                for rule in rules:
+                    by_model.setdefault(rule.source_model, rule)  # "" holds the first generic rule
             self._rules_by_model = by_model
-        return self._rules_by_model.get(model)
+        exact = self._rules_by_model.get(model)
+        return exact if exact is not None else self._rules_by_model.get("")

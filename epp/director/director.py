@@ -202,7 +202,7 @@ class Director:
         conditional = wire.PREFER_HEADER in headers and wire.prefers_if_available(headers)
         detail: PickDetail | None = None
         try:
-            if self._detailed is not None and (conditional or self._emit_scores):
+            if (conditional or self._emit_scores) and self._detailed is not None:
                 slots, detail = self._detailed(snapshot, candidates, request, now)
             else:
                 slots = self._scheduler.pick(snapshot, candidates, request, now)
@@ -232,7 +232,7 @@ class Director:
             if self._response_headers:
                 decision = decision._replace(response_headers=self._response_headers(snapshot, primary))
             return decision._replace(scores=scores) if scores else decision
-        return Decision(
+        decision = Decision(
             addresses=(addresses[primary],) if len(slots) == 1 else tuple(addresses[s] for s in slots),
             slot=primary,
             degraded=degraded,
@@ -241,8 +241,8 @@ class Director:
             target_model=request.model,
             tokens=tokens,
             response_headers=self._response_headers(snapshot, primary) if self._response_headers else (),
-            scores=scores,
         )
+        return decision._replace(scores=scores) if scores else decision
 
     def _fallback(self, snapshot: Snapshot, candidates: IntArray, now: float) -> int:
         """FailOpen's pick when the scheduler broke: a random candidate among those with fresh metrics (the

@@ -24,7 +24,8 @@ class ModelRewriter:
 
     def target_of(self, request: InferenceRequest) -> str:
         """The rule for the client's model if there is one, else the header's model, else the client's."""
-        rule = self._objectives.rewrite_rule_for(request.model) if self._objectives and request.model else None
+        objectives = self._objectives
+        rule = objectives.rewrite_rule_for(request.model) if objectives is not None and request.model else None
         if rule is not None:
             return self._choose(rule)
         return request.model_rewrite or request.model

@@ -49,7 +49,7 @@ from epp.scheduling.plugin_type import BuildContext, Built, Kind, Stability
 from epp.scheduling.precise import PrecisePrefixCacheProducer
 from epp.scheduling.prefix import PrefixCacheScorer
 from epp.scheduling.producer_wiring import resolve_producers
-from epp.scheduling.producers import TokenProducer
+from epp.scheduling.producers import ApproxPrefixCacheProducer, TokenProducer
 from epp.scheduling.profile import ProfileScheduler, SchedulingProfile, WeightedScorer
 from epp.scheduling.registry import Registry, builtin_registry
 from epp.scheduling.saturation import (
@@ -305,14 +305,17 @@ def _scheduler(
         raise ConfigError(
             f"{config.source}: one precise-prefix-cache-producer per config: its feeder follows every endpoint"
         )
-    prefix = {
+    prefix: dict[int, PrefixCacheScorer | ApproxPrefixCacheProducer] = {
         id(s.scorer): s.scorer for r in profiles for s in r.profile.scorers if isinstance(s.scorer, PrefixCacheScorer)
     }
+    prefix.update(  # the producers that learn from picks: shared between workers and counted, as the scorers
+        (id(p), p) for r in profiles for p in r.profile.producers if isinstance(p, ApproxPrefixCacheProducer)
+    )
     return Scheduler(
         handler=handler,
         saturation=handler.saturation,
         freshness=handler.freshness,
-        saturation_leads=isinstance(handler.saturation, ConcurrencyDetector),
+        saturation_leads=isinstance(profiles[0].saturation, ConcurrencyDetector),  # the pool's, unwrapped by P/D
         admitters=tuple(plugin for kind, plugin, _, _ in built.values() if kind is Kind.ADMITTER),  # type: ignore[misc]
         flow=flow,
         tokenizer=_render_settings(decode.producers),

@@ -6,8 +6,9 @@
   `prefix-cache-scorer` that matches by itself (`Prefer: if-available`: upstream reads the picked endpoint's
   PrefixCacheMatchInfo).
 
-The profile runner records its candidates and totals in the pick's state (one dict write per pick, so the common
-path pays nothing more); `detail_of` reads them back only when the director asks for them.
+The profile runner stores its candidates and totals in the pick's state under `SCORED` (one dict write per pick,
+the arrays not copied, so the common path pays nothing more); `detail_of` reads them back only when the director
+asks for them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 from epp.datastore.table import FloatArray, IntArray
 from epp.scheduling.framework import CycleState, PrefixMatch
 
-_SCORED = "pick-detail/scored"  # scratch key: (candidates after the filters, their weighted totals)
+SCORED = "pick-detail/scored"  # scratch key: (candidates after the filters, their weighted totals)
 
 
 class PickDetail(NamedTuple):
@@ -32,11 +33,6 @@ class PickDetail(NamedTuple):
 EMPTY = PickDetail(np.zeros(0, dtype=np.int64), np.zeros(0), 0)
 
 
-def record_scores(state: CycleState, candidates: IntArray, totals: FloatArray) -> None:
-    """Called by the profile runner before its picker: what `detail_of` reads (the arrays are not copied)."""
-    state.scratch[_SCORED] = (candidates, totals)
-
-
 # A scorer's own prefix match for this pick: (state, slot) → leading blocks held (`PrefixCacheScorer.cached_blocks`).
 CachedBlocks = Callable[[CycleState, int], int]
 
@@ -44,7 +40,7 @@ CachedBlocks = Callable[[CycleState, int], int]
 def detail_of(state: CycleState, primary: int, scorers: tuple[CachedBlocks, ...] = ()) -> PickDetail:
     """The detail of a pick whose primary (first) slot is `primary`, from its state and the profile's scorers
     that match prefixes themselves."""
-    scored, scores = state.scratch.get(_SCORED, (EMPTY.scored, EMPTY.scores))
+    scored, scores = state.scratch.get(SCORED, (EMPTY.scored, EMPTY.scores))
     blocks = max((held(state, primary) for held in scorers), default=0)
     for value in state.scratch.values():
         # Any prefix producer's match counts (a tiered config runs one per tier): the most blocks wins.

@@ -49,6 +49,10 @@ def resolve_producers(
         for name, (kind, plugin, _, _) in built.items()
         if kind is Kind.PRODUCER and hasattr(plugin, "produce")
     }
+    embedded = {  # a plugin carrying its own producer (upstream's deprecated precise-prefix-cache-scorer)
+        p.name: p for _, plugin, _, _ in built.values() if (p := getattr(plugin, "embedded_producer", None)) is not None
+    }
+    out.update(embedded)
     for plugin in plugins:
         for attribute, types in _CONSUMES.items():
             wanted = getattr(plugin, attribute, None)
@@ -58,7 +62,7 @@ def resolve_producers(
             if types is None:
                 continue
             where = f"{config.source}: plugin '{getattr(plugin, 'name', '?')}' ({getattr(plugin, 'type_name', '?')})"
-            if wanted in built:
+            if wanted in built and wanted not in embedded:
                 kind, _, spec, _ = built[wanted]
                 if kind is not Kind.PRODUCER or spec.type not in types:
                     raise ConfigError(f"{where}: '{wanted}' ({spec.type}) is not a producer of {' or '.join(types)}")

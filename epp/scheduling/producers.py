@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import numpy as np
 
+from epp.datastore import Snapshot
 from epp.datastore.table import FloatArray
 from epp.kvevents.token_ids import TokenIds
 from epp.observability import buckets
@@ -145,6 +146,8 @@ class ApproxPrefixCacheProducer:
         self._key = f"approx-prefix:{name}"
         self.hit_ratio = PlainHistogram(buckets.PREFIX_HIT_RATIO)
         self.hit_bytes = PlainHistogram(buckets.PREFIX_HIT_BYTES)
+        # told each pick's blocks (a serving worker shares them through the pick log), as the prefix scorer's
+        self.on_pick: Callable[[int, list[int]], None] | None = None
 
     def block_cap(self, block_tokens: int) -> int:
         if self.max_tokens > 0:
@@ -191,12 +194,28 @@ class ApproxPrefixCacheProducer:
             return
         hashes, matched, reach = cached
         snapshot = state.snapshot
-        capacity = self.index.default_capacity
+        self.index.add(
+            slot, snapshot.addresses[slot], hashes, int(matched[slot]), self._capacity(snapshot, slot), reach
+        )
+        if self.on_pick is not None:
+            self.on_pick(slot, hashes)
+
+    def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> None:
+        """A pick another serving worker made (from the shared pick log): `slot` now holds `hashes`, recorded as if
+        this producer had seen it. A slot not in `snapshot` is ignored."""
+        if not hashes or slot >= snapshot.present.size or not snapshot.present[slot]:
+            return
+        index = self.index
+        index.sync(snapshot)
+        held = int(index.match(hashes, slot + 1)[slot])
+        index.add(slot, snapshot.addresses[slot], hashes, held, self._capacity(snapshot, slot), index.reach)
+
+    def _capacity(self, snapshot: Snapshot, slot: int) -> int:
         if self.auto_tune:
             gpu_blocks = float(snapshot.num_blocks[slot])
             if math.isfinite(gpu_blocks) and gpu_blocks > 0:
-                capacity = min(int(gpu_blocks), MAX_TUNED_CAPACITY)
-        self.index.add(slot, snapshot.addresses[slot], hashes, int(matched[slot]), capacity, reach)
+                return min(int(gpu_blocks), MAX_TUNED_CAPACITY)
+        return self.index.default_capacity
 
 
 class InflightLoadProducer:

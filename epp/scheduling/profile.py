@@ -26,7 +26,7 @@ from epp.scheduling.framework import (
     Scorer,
     sanitize,
 )
-from epp.scheduling.pick_detail import EMPTY, PickDetail, detail_of, record_scores
+from epp.scheduling.pick_detail import EMPTY, SCORED, PickDetail, detail_of
 from epp.scheduling.saturation import SaturationDetector
 
 
@@ -203,7 +203,7 @@ class ProfileScheduler:
             if offset:
                 total += offset
             np.fmax(total, 0.0, out=total)  # a NaN that slipped through counts as 0, not as "best"
-        record_scores(state, candidates, total)
+        state.scratch[SCORED] = (candidates, total)  # for `pick_detailed` (scores, the cached prefix)
         slots = pick(state, candidates, total)
         if slots:
             primary = int(slots[0])

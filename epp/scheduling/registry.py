@@ -27,6 +27,7 @@ from epp.scheduling.scorer_factories import (
     context_length_scorer,
     load_aware_scorer,
     no_hit_lru_scorer,
+    precise_prefix_scorer,
     prefix_scorer,
     session_affinity_scorer,
     token_load_scorer,
@@ -257,6 +258,13 @@ def register_builtins(registry: Registry) -> Registry:
     r("running-requests-size-scorer", Kind.SCORER, no_params(scorers.RunningRequestsScorer), "min-max of running")
     r("inflight-load-scorer", Kind.SCORER, no_params(scorers.InflightLoadScorer), "waiting + own unscraped picks")
     r("prefix-cache-scorer", Kind.SCORER, prefix_scorer, "approximate prefix-cache affinity")
+    r(
+        "precise-prefix-cache-scorer",
+        Kind.SCORER,
+        precise_prefix_scorer,
+        "prefix-cache-scorer over a precise producer (its own, or the config's)",
+        replaced_by="precise-prefix-cache-producer",
+    )
     r("lora-affinity-scorer", Kind.SCORER, no_params(affinity.LoraAffinityScorer), "LoRA adapter affinity")
     r(
         "session-affinity-scorer",

@@ -23,6 +23,7 @@ from epp.scheduling.framework import SchedulingRequest
 from epp.scheduling.pick_detail import PickDetail
 from epp.scheduling.precise import PrecisePrefixCacheProducer
 from epp.scheduling.prefix import PrefixCacheScorer
+from epp.scheduling.producers import ApproxPrefixCacheProducer
 from epp.scheduling.profile import PluginWrapper, ProfileScheduler
 
 
@@ -91,7 +92,8 @@ class Scheduler:
     """How the pool decides, as the config says: built by `build_scheduler`, read by every caller.
 
     `profiles` are the profile runners the handler uses (decode first), for instrumentation and tracing;
-    `prefix_scorers` every profile's prefix-cache scorers, each once, in configuration order (the workers' pick
+    `prefix_scorers` every profile's self-contained prefix-cache scorers and approximate prefix producers (those that
+    learn from picks), each once, in configuration order (the workers' pick
     log names a scorer by its position; the prefix metrics read their indexes); `kv_events` the precise producer
     whose KV-events feeder the composition root starts."""
 
@@ -104,7 +106,7 @@ class Scheduler:
     admitters: tuple[Admitter, ...] = ()
     flow: FlowSettings | None = None  # the flowControl feature gate on: the queues' settings
     tokenizer: RenderSettings | None = None
-    prefix_scorers: tuple[PrefixCacheScorer, ...] = ()
+    prefix_scorers: tuple[PrefixCacheScorer | ApproxPrefixCacheProducer, ...] = ()
     response_headers: ResponseHeaders | None = None  # None: no plugin writes a response header
     routing: Router | None = None  # None: a pick goes to its slots' addresses
     detailed: DetailedPick | None = None  # `handler.pick` with its PickDetail; None: a handler without one

@@ -7,8 +7,10 @@ Kept together because scorers share upstream's conventions (a non-positive thres
 from __future__ import annotations
 
 from epp.scheduling import affinity, load_scorers, prefix
+from epp.scheduling.framework import Producer
 from epp.scheduling.params import Params
 from epp.scheduling.plugin_type import BuildContext
+from epp.scheduling.producer_factories import precise_prefix_producer
 
 _PREFIX_NEW = ("prefixMatchInfoProducerName", "matchLengthWeight", "matchLengthScaleTokens")
 _PREFIX_OLD = ("blockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer", "autoTune")
@@ -112,3 +114,29 @@ def context_length_scorer(name: str, params: Params, ctx: BuildContext) -> objec
     if not label:
         raise params.error("label", "must be specified")
     return load_scorers.ContextLengthAware(name, label, filtering)
+
+
+class PrecisePrefixScorer(load_scorers.ProducedPrefixScorer):
+    """`precise-prefix-cache-scorer` (deprecated upstream) with no precise producer in its config: the scorer and
+    the producer it reads in one plugin, as upstream's; the builder runs `embedded_producer` with the others."""
+
+    def __init__(self, name: str, embedded_producer: Producer) -> None:
+        super().__init__(name, embedded_producer.name)
+        self.embedded_producer = embedded_producer
+
+
+def precise_prefix_scorer(name: str, params: Params, ctx: BuildContext) -> object:
+    """Upstream's deprecated `precise-prefix-cache-scorer`: a prefix-cache-scorer over the config's one
+    precise-prefix-cache-producer (its own parameters then unused, as upstream), or, with none, over a precise
+    producer of its own built from its parameters (upstream's: those of precise-prefix-cache-producer)."""
+    existing = sorted(n for n, t in ctx.plugin_types.items() if t == "precise-prefix-cache-producer")
+    if len(existing) > 1:
+        raise params.error(
+            "prefixMatchInfoProducerName",
+            f"several precise-prefix-cache-producers ({', '.join(existing)}): use prefix-cache-scorer naming one",
+        )
+    if existing:
+        params.rest()
+        return load_scorers.ProducedPrefixScorer(name, existing[0])
+    producer = precise_prefix_producer(name, params, ctx)
+    return PrecisePrefixScorer(name, producer)  # type: ignore[arg-type]

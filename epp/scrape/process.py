@@ -137,6 +137,7 @@ class ScrapeProcess:
 
     def _new_block(self) -> tuple[int]:
         """A fresh block for the child about to start (a dead child's late writes cannot reach the new one)."""
+        self._drop_block()  # a block made for a spawn that failed
         self._fd = new_memfd("scrape-rows", self.rows * NCOL * 8)
         self._block = map_array(self._fd, (self.rows, NCOL), np.float64)
         self._block[:, TOKEN] = -1.0

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0  # spawn → Ready: an interpreter, numpy and a gRPC server on a busy node take seconds
 HEARTBEAT_TIMEOUT_S = 10.0  # silent this long after Ready: hung
-CHECK_S = 0.05  # how often the parent looks at its child (exit, silence, restart due)
+CHECK_S = 0.1  # how often the parent looks at its child (exit, silence, restart due)
 STOP_TIMEOUT_S = 5.0  # after `Stop` (and any drain the owner allows): SIGKILL
 
 
@@ -173,8 +173,8 @@ class Child:
     # -- inside -------------------------------------------------------------------------------------------------
 
     def _spawn(self) -> None:
+        shared = tuple(self._fds())  # first: if the owner cannot make its shared memory, no pipe is left open
         ours, theirs = socket.socketpair()
-        shared = tuple(self._fds())
         argv = [sys.executable, "-m", "epp.supervision.launch", self.module, str(theirs.fileno()), str(os.getpid())]
         argv += map(str, shared)
         try:

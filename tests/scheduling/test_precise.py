@@ -278,3 +278,26 @@ def test_upstreams_precise_sample_loads() -> None:
     scheduler = build_scheduler(config)
     (producer,) = [p for p in scheduler.handler.profile.producers if isinstance(p, PrecisePrefixCacheProducer)]
     assert (producer.block_size, producer.socket_port, producer.topic_filter) == (64, 5557, "kv@")
+
+
+def test_the_deprecated_precise_scorer_reads_its_own_producer_or_the_configs() -> None:
+    """precise-prefix-cache-scorer (upstream, deprecated): with no precise producer in the config it builds one of
+    its own from its parameters; with one, it is a prefix-cache-scorer reading that producer."""
+
+    def profile(plugins):
+        doc = {
+            **BASE,
+            "plugins": plugins,
+            "schedulingProfiles": [{"name": "p", "plugins": [{"pluginRef": "precise-prefix-cache-scorer"}]}],
+        }
+        return build_scheduler(parse_config(doc, "cfg.yaml")).handler.profile
+
+    params = {"tokenProcessorConfig": {"blockSize": 32}}
+    own = profile([VLLM, {"type": "precise-prefix-cache-scorer", "parameters": params}])
+    (producer,) = [p for p in own.producers if isinstance(p, PrecisePrefixCacheProducer)]
+    assert producer.block_size == 32 and producer.name == "precise-prefix-cache-scorer"
+    assert own.scorers[0].scorer.producer == producer.name
+    shared = profile([VLLM, {"type": "precise-prefix-cache-producer"}, {"type": "precise-prefix-cache-scorer"}])
+    (producer,) = [p for p in shared.producers if isinstance(p, PrecisePrefixCacheProducer)]
+    assert producer.name == "precise-prefix-cache-producer"
+    assert [s.scorer.producer for s in shared.scorers] == ["precise-prefix-cache-producer"]

@@ -329,3 +329,22 @@ def test_check_config_lists_an_auto_created_producer_as_added() -> None:
     )
     added = {p.type_name for p in effective_plugins(config) if p.implicit}
     assert "approx-prefix-cache-producer" in added
+
+
+def test_approx_prefix_producer_tells_its_picks_and_learns_another_workers() -> None:
+    """As the self-contained prefix scorer: a pick's blocks go to `on_pick` (a serving worker's pick log), and
+    `learn` records a pick another worker made, so the next matching prompt finds that endpoint."""
+    snap = table_with([{}, {}]).snapshot()
+    told: list[tuple[int, list[int]]] = []
+    producer = ApproxPrefixCacheProducer(auto_tune=False)
+    producer.on_pick = lambda slot, hashes: told.append((slot, hashes))
+    st = state(snap, request("a shared prompt, long enough for several token blocks " * 4))
+    producer.produce(st)
+    producer.picked(st, 1)
+    ((slot, hashes),) = told
+    assert slot == 1 and hashes
+    other = ApproxPrefixCacheProducer(auto_tune=False)
+    other.learn(snap, 0, hashes)
+    st = state(snap, request("a shared prompt, long enough for several token blocks " * 4))
+    other.produce(st)
+    assert produced(st, other.name).matched.tolist() == [len(hashes), 0]

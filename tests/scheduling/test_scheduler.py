@@ -93,7 +93,9 @@ def test_prefix_scorers_are_the_self_matching_ones_and_response_headers_only_whe
     scheduler = build_scheduler(None, seed=0)  # the built-in profile's prefix-cache-scorer matches by itself
     assert [s.name for s in scheduler.prefix_scorers] == ["prefix-cache-scorer"]
     assert scheduler.response_headers is None  # no plugin writes one
-    assert build_scheduler(pd_config(ALWAYS), seed=0).prefix_scorers == ()  # the producer form keeps no index
+    # the producer form: its approximate producer keeps the index, learns the picks and is counted
+    producers = build_scheduler(pd_config(ALWAYS), seed=0).prefix_scorers
+    assert [p.type_name for p in producers] == ["approx-prefix-cache-producer"]
     session = build_scheduler(
         _config([{"type": "session-affinity-scorer"}], ["session-affinity-scorer"]), allow_experimental=True
     )
@@ -106,3 +108,20 @@ def test_two_precise_producers_are_refused_by_the_builder() -> None:
     config = _config([token, *precise, {"type": "prefix-cache-scorer"}], ["prefix-cache-scorer"])
     with pytest.raises(ConfigError, match="one precise-prefix-cache-producer per config"):
         build_scheduler(config)
+
+
+def test_the_concurrency_detector_leads_the_scrape_whatever_the_handler() -> None:
+    """Eviction's grace follows the pool's detector; P/D's per-stage saturation wraps it without hiding it."""
+    detector = {"flowControl": {"saturationDetector": {"pluginRef": "concurrency-detector"}}}
+    plugins = [{"type": "concurrency-detector"}, {"type": "queue-scorer"}]
+    assert build_scheduler(_config(plugins, ["queue-scorer"], **detector)).saturation_leads
+    assert not build_scheduler(_config(plugins[1:], ["queue-scorer"])).saturation_leads
+    roles = [{"type": "prefill-filter"}, {"type": "decode-filter"}, {"type": "always-disagg-pd-decider"}]
+    handler = {"type": "disagg-profile-handler", "parameters": {"deciders": {"prefill": "always-disagg-pd-decider"}}}
+    profiles = [
+        {"name": name, "plugins": [{"pluginRef": role}, {"pluginRef": "queue-scorer"}]}
+        for name, role in (("prefill", "prefill-filter"), ("decode", "decode-filter"))
+    ]
+    doc = {**BASE, "plugins": [*plugins, *roles, handler], "schedulingProfiles": profiles, **detector}
+    staged = build_scheduler(parse_config(doc, "pd.yaml"))
+    assert staged.routing is not None and staged.saturation_leads

@@ -42,6 +42,7 @@ SCORERS = [
     ("token-load-scorer", {"queueThresholdTokens": 500}, True),
     ("no-hit-lru-scorer", {"lruSize": 3}, True),
     ("context-length-aware", {"enableFiltering": True}, False),
+    ("precise-prefix-cache-scorer", {}, False),  # its own precise producer (no events: the approximate match)
     # stand-ins (epp.scheduling.stand_ins): 0 for every endpoint
     ("endpoint-attribute-scorer", {"algorithm": {"type": "linear_lower_is_better"}}, False),
     ("topology-affinity-scorer", {}, False),

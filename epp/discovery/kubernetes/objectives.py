@@ -36,6 +36,17 @@ def group_in_force(served: Mapping[str, bool]) -> str | None:
     return next((g for g in OBJECTIVE_GROUPS if served.get(g)), None)
 
 
+def _age_key(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    meta = obj.get("metadata") or {}
+    created = meta.get("creationTimestamp")
+    # an object without a timestamp (never from an API server) sorts after the dated ones
+    return (
+        created if isinstance(created, str) and created else "~",
+        str(meta.get("namespace") or ""),
+        str(meta.get("name") or ""),
+    )
+
+
 def refers_to_pool(obj: Mapping[str, Any], pool_name: str, pool_group: str = POOL_GROUP) -> bool:
     """`spec.poolRef` names our pool (group and kind default as the CRD defaults them)."""
     ref = (obj.get("spec") or {}).get("poolRef")
@@ -66,7 +77,8 @@ def objective_priorities(objects: Iterable[Mapping[str, Any]], pool_name: str, p
 
 
 def rewrite_rules(obj: Mapping[str, Any]) -> tuple[RewriteRule, ...]:
-    """One RewriteRule per matched model of each rule; malformed rules are skipped with a warning."""
+    """One RewriteRule per matched model of each rule, or one generic rule (source "") for a rule without
+    `matches` (upstream applies it to any model no exact rule names); malformed rules are skipped with a warning."""
     name = (obj.get("metadata") or {}).get("name")
     rules: list[RewriteRule] = []
     for i, rule in enumerate((obj.get("spec") or {}).get("rules") or []):
@@ -80,14 +92,18 @@ def rewrite_rules(obj: Mapping[str, Any]) -> tuple[RewriteRule, ...]:
             if not isinstance(weight, int) or isinstance(weight, bool) or weight < 1:
                 weight = 1
             targets.append(RewriteTarget(model=target["modelRewrite"], weight=weight))
+        matches = rule.get("matches") or []
         sources = [
             m["model"]["value"]
-            for m in rule.get("matches") or []
+            for m in matches
             if isinstance(m, Mapping)
             and isinstance(m.get("model"), Mapping)
             and isinstance(m["model"].get("value"), str)
+            and m["model"]["value"]
             and (m["model"].get("type") or "Exact") == "Exact"
         ]
+        if not matches:
+            sources = [""]  # generic: every model without an exact rule
         if not targets or not sources:
             log.warning("InferenceModelRewrite %s: rules[%d] has no exact model match or no target; skipped", name, i)
             continue
@@ -98,9 +114,10 @@ def rewrite_rules(obj: Mapping[str, Any]) -> tuple[RewriteRule, ...]:
 def pool_rewrites(
     objects: Iterable[Mapping[str, Any]], pool_name: str, pool_group: str
 ) -> dict[str, tuple[RewriteRule, ...]]:
-    """ "namespace/name" → rules of the rewrites for our pool."""
+    """ "namespace/name" → rules of the rewrites for our pool, oldest object first (upstream's precedence when
+    several rules name one model: the oldest `creationTimestamp`; RFC 3339 UTC strings sort as times; ties by key)."""
     out: dict[str, tuple[RewriteRule, ...]] = {}
-    for obj in objects:
+    for obj in sorted(objects, key=_age_key):
         if not refers_to_pool(obj, pool_name, pool_group):
             continue
         meta = obj.get("metadata") or {}
