@@ -6,7 +6,7 @@ that share the ext_proc port through SO_REUSEPORT (the kernel spreads connection
 them, each piece with a single writer:
 
 - the endpoint rows, into one seqlocked block by the control slot (the shared-row layout, epp.datastore.rows),
-  every `PUBLISH_S`, only rows whose scrape moved;
+  as soon as a scrape lands in the control process's table, only rows whose scrape moved;
 - membership (with a token per slot, so a reused slot's late rows are ignored), the pool's failure mode and the
   objectives, as a message to every worker when any of them changes;
 - the in-flight matrix (worker × endpoint) is written by the workers, each its own row; the control process only
@@ -40,17 +40,19 @@ from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.datastore.rows import NCOL, TOKEN, scrape_values, write_rows
 from epp.datastore.table import EndpointTable
+from epp.observability.request_series import MetricsState
+from epp.observability.worker_series import SeriesFold
 from epp.supervision.child import Child
 from epp.supervision.memory import map_array, new_memfd
 
 log = logging.getLogger(__name__)
 
-PUBLISH_S = 0.005
+CHECK_S = 0.05  # membership, failure mode, objectives and the workers' bookings are compared this often
 MAX_ENDPOINTS = 16384
 
 
 class _Worker:
-    """One serving worker: its supervised child, and the last exposition it sent."""
+    """One serving worker: its supervised child, and the exposition of its other families it sent last."""
 
     def __init__(self, pool: WorkerPool, index: int) -> None:
         self.index = index
@@ -104,7 +106,9 @@ class WorkerPool:
         self._slots = np.arange(self.rows)
         self.stats = map_array(self._fds[2], shapes[2], np.int64)
         self._workers = [_Worker(self, i) for i in range(count)]
+        self.series = SeriesFold(objectives)  # the workers' request series, under the picker's label caps
         self._task: asyncio.Task[None] | None = None
+        self._scraped = asyncio.Event()  # a scrape landed in the table: rows to publish
         # publication state
         self._members_key: tuple[Any, ...] | None = None
         self._tokens = np.full(self.rows, -1.0)
@@ -126,6 +130,7 @@ class WorkerPool:
         self._publish()
         for worker in self._workers:
             worker.child.start()
+        self._table.add_scrape_listener(self._scraped.set)
         self._task = asyncio.create_task(self._run(), name="serving-workers")
 
     def begin_shutdown(self) -> None:
@@ -156,16 +161,22 @@ class WorkerPool:
 
     def _ended(self, worker: _Worker) -> None:
         worker.exposition = b""
+        self.series.forget(worker.index)
         self.inflight[worker.index] = 0  # its picks are no longer anyone's load
         self._on_change()  # readiness: it may have been the last one serving
 
     def _on_message(self, worker: _Worker, msg: Any) -> None:
         if isinstance(msg, Metrics):
+            self.series.receive(worker.index, msg.series)
             worker.exposition = msg.exposition
 
     async def _run(self) -> None:
+        """Publish when a scrape lands (the rows), and every `CHECK_S` whatever happens (membership and the rest,
+        which change rarely): an idle picker's control process wakes for what changed, not 200 times a second."""
         while True:
-            await asyncio.sleep(PUBLISH_S)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._scraped.wait(), CHECK_S)
+            self._scraped.clear()
             try:
                 self._publish()
             except Exception:  # the publisher must outlive any surprise, or the workers decide on frozen rows
@@ -247,10 +258,13 @@ class WorkerPool:
 
 
 class WorkerCollector:
-    """/metrics of a picker with workers: per-worker counters, and every worker's own metrics summed."""
+    """/metrics of a picker with workers: per-worker counters, the workers' request series folded and rendered
+    by `render` (the control process's `PickerMetrics.families`: the families of one process), and their other
+    metrics summed."""
 
-    def __init__(self, pool: WorkerPool) -> None:
+    def __init__(self, pool: WorkerPool, render: Callable[[MetricsState], Iterable[Metric]]) -> None:
         self._pool = pool
+        self._render = render
 
     def collect(self) -> Iterable[Metric]:
         pool = self._pool
@@ -264,6 +278,7 @@ class WorkerCollector:
             up.add_metric([worker], 1.0 if row["serving"] else 0.0)
             restarts.add_metric([worker], row["restarts"])
         yield from (streams, up, restarts)
+        yield from self._render(pool.series.state())
         yield from merge_expositions(pool.expositions())
 
 
