@@ -34,6 +34,7 @@ from epp.app.build import (
 from epp.app.cores import default_workers
 from epp.app.endpoints import endpoint_source
 from epp.app.federation import FederationParts, build_federation
+from epp.app.flow_host import FlowHost
 from epp.app.http import build_http_app, pool_report
 from epp.app.kv_feeder import KvFeederProcess
 from epp.app.kv_metrics import KvEventsCollector
@@ -100,6 +101,9 @@ async def build(settings: ServeSettings) -> Picker:
     if parts.workers > 1:
         state.workers = _worker_pool(settings, parts.workers, state)
         state.registry.register(WorkerCollector(state.workers))
+        if parts.flow is not None:  # the picker's one set of queues, here; the workers' requests wait in them
+            host = FlowHost(parts.flow, state.workers.send, state.workers.sync_bookings, time.monotonic)
+            state.workers.attach_flow(host.receive, host.worker_gone, parts.flow.wake)
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
     bind(health_server, settings.listen.bind_address, settings.listen.grpc_health_port, "--grpc-health-port")
@@ -160,7 +164,6 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
         for what, used in (
             ("federation", federation is not None),
             ("--tracing", tracer is not None),
-            ("the flowControl feature gate", flow is not None),
             ("precise-prefix-cache-producer", kv_feeder is not None),
         )
         if used

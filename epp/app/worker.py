@@ -17,6 +17,9 @@ it decides on comes through memory it shares with the control process:
 - the shared log of picks (epp.app.pick_log): each worker's prefix scorers learn their own picks at once and the
   other workers' picks every `REFRESH_S`, so a repeat of a prompt finds its endpoint whichever worker takes it.
 
+With the flowControl gate the worker's requests wait in the control process's queues, the picker's one set
+(epp.director.flow_link: enqueue, verdict, decided, abandon, and eviction's track, untrack and evict messages on
+the kit's pipe).
 The worker's own metrics go to the control process as exposition text every `METRICS_S`, summed there.
 The worker is a child of the child-process kit (epp.supervision): started by `child_main`, it ignores the
 process group's SIGTERM and SIGINT while the control process lives (that process stops it with `Stop`), and drains
@@ -30,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +47,7 @@ from epp.app.settings import ServeSettings
 from epp.app.tls import tls_policy
 from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, read_rows
 from epp.datastore.table import EndpointInfo, EndpointTable
+from epp.director.flow_link import CONTROL_MESSAGES, RemoteFlowGate
 from epp.scheduling.prefix import PrefixCacheScorer
 from epp.scheduling.producers import ApproxPrefixCacheProducer
 from epp.supervision.child_end import ChildEnd
@@ -215,6 +220,9 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
     for position, scorer in enumerate(scorers):
         scorer.on_pick = _sharing(pick_log, table, position)
     objectives = ObjectiveStore()
+    flow = None
+    if scheduler.flow is not None:  # the picker's queues are the control process's (epp.app.flow_host)
+        flow = RemoteFlowGate(end.send, time.monotonic, objectives, scheduler.flow.spec.enable_eviction)
     failure = [FailureMode.FAIL_CLOSE]
     registry = CollectorRegistry(auto_describe=True)
     registry.register(PrefixCollector.of(scheduler))  # this worker's prefix index, summed by the control process
@@ -227,7 +235,9 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
 
     namespace = [""]
     metrics = PickerMetrics(registry, labels=objectives, endpoint_name=endpoint_name)
-    director = build_director(settings, scheduler, table, objectives, failure_mode=lambda: failure[0], observer=metrics)
+    director = build_director(
+        settings, scheduler, table, objectives, failure_mode=lambda: failure[0], observer=metrics, flow=flow
+    )
     processor = build_processor(settings, config, director, _CountingObserver(metrics, stats[index]))
     server = extproc_server(settings, processor, reuse_port=True)
     stop = asyncio.Event()
@@ -245,9 +255,14 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
                     objectives.replace_rewrites(msg.rewrites)
                     namespace[0] = msg.namespace
                     table.synced = True
+                elif isinstance(msg, CONTROL_MESSAGES):
+                    if flow is not None:
+                        flow.receive(msg)
                 elif isinstance(msg, Stop):
                     stop.set()
         except (EOFError, OSError):
+            if flow is not None:
+                flow.close()  # its queued requests are answered 503 shutting down
             stop.set()  # the control process is gone: drain and exit
 
     loop = asyncio.get_running_loop()
