@@ -3,7 +3,8 @@
 The same saturated workload three ways: (a) one process, its streams holding on the `FlowGate` directly; (b) one
 and (c) two serving-worker processes whose streams hold on the control process's gate over a pipe
 (`epp.director.flow_link` → `epp.app.flow_host`), each worker's picks in flight in a shared matrix the control
-sums every 5 ms (`epp.app.workers.PUBLISH_S`) and on each `Decided`, as `epp serve --workers N` does.
+sums on each `Decided` and, while requests wait, every 5 ms (`epp.app.flow_host.RELEASE_POLL_S`), as
+`epp serve --workers N` does.
 
 The pool holds `--capacity` requests (concurrency-detector); `--streams` streams per process each send requests
 back to back, each held for `--service-ms` once dispatched, so nearly every request waits in the queue. Reported
@@ -38,7 +39,6 @@ from epp.flowcontrol import FlowController, FlowSettings
 from epp.flowcontrol.gauge import PoolGauge
 from epp.scheduling.saturation import ConcurrencyDetector
 
-PUBLISH_S = 0.005
 HEADERS = {":path": "/v1/completions"}
 
 
@@ -197,8 +197,8 @@ async def _workers(args: Args, workers: int) -> tuple[int, float, float]:
     for conn in conns:
         conn.send("go")
     while len(results) < workers:
-        await asyncio.sleep(PUBLISH_S)
-        sync()  # the control's publication pass
+        await asyncio.sleep(0.05)  # the control's publication pass (epp.app.workers.CHECK_S)
+        sync()
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     for proc in procs:
         proc.join(10)

@@ -8,11 +8,13 @@ workers' bookings are read into the control's table, so the next cycle counts th
 the worker that holds the request.
 
 A worker that dies leaves nothing behind: its waiters leave the queue, its grants count as decided, its tracked
-requests as ended (its picks in flight are cleared from the in-flight matrix by `epp.app.workers`).
+requests as ended (its picks in flight are cleared from the in-flight matrix by `epp.app.workers`). While any
+request waits, the host reads the workers' bookings every 5 ms, so a release anywhere wakes the dispatch task.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +27,10 @@ from epp.flowcontrol.eviction import InFlight
 log = logging.getLogger(__name__)
 
 Key = tuple[int, int]  # (worker, the worker's request id)
+
+# While requests wait, the workers' bookings are read this often, so a release on any worker wakes the dispatch
+# task within it (the publication pass of `epp.app.workers` reads them only every 50 ms, to idle at ~0 CPU).
+RELEASE_POLL_S = 0.005
 
 
 class FlowHost:
@@ -44,6 +50,7 @@ class FlowHost:
         self._waiting: dict[Key, Waiter] = {}
         self._granted: set[Key] = set()
         self._tracked: dict[Key, InFlight] = {}
+        self._poll: asyncio.Task[None] | None = None
 
     def receive(self, worker: int, msg: Any) -> None:
         """A flow-control message from `worker`."""
@@ -77,6 +84,14 @@ class FlowHost:
         else:
             self._waiting[key] = arrived
             arrived.future.add_done_callback(lambda _: self._settled(key, arrived))
+            if self._poll is None or self._poll.done():
+                self._poll = asyncio.get_running_loop().create_task(self._poll_releases(), name="flow releases")
+
+    async def _poll_releases(self) -> None:
+        """While anything waits: the workers' bookings, read every `RELEASE_POLL_S` (a fall wakes the gate)."""
+        while self._waiting:
+            await asyncio.sleep(RELEASE_POLL_S)
+            self._sync()
 
     def _settled(self, key: Key, waiter: Waiter) -> None:
         if self._waiting.pop(key, None) is None or waiter.future.cancelled():

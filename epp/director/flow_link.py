@@ -136,7 +136,7 @@ class RemoteFlowGate:
             self._send_quietly(Decided(self._undecided.pop()))
 
     def wake(self) -> None:
-        """A release: the control process reads it in the in-flight matrix (`epp.app.workers`)."""
+        """A release: the control process reads it in the in-flight matrix (`epp.app.flow_host`)."""
 
     @property
     def evicting(self) -> bool:
