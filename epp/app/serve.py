@@ -100,7 +100,7 @@ async def build(settings: ServeSettings) -> Picker:
     grpc_server = extproc_server(settings, processor, reuse_port=False) if parts.workers == 1 else None
     if parts.workers > 1:
         state.workers = _worker_pool(settings, parts.workers, state)
-        state.registry.register(WorkerCollector(state.workers))
+        state.registry.register(WorkerCollector(state.workers, metrics.families))
         if parts.flow is not None:  # the picker's one set of queues, here; the workers' requests wait in them
             host = FlowHost(parts.flow, state.workers.send, state.workers.sync_bookings, time.monotonic)
             state.workers.attach_flow(host.receive, host.worker_gone, parts.flow.wake)
@@ -180,8 +180,8 @@ def _request_path(
     settings: ServeSettings, config: EndpointPickerConfig | None, state: PickerState, parts: _DecisionParts
 ) -> tuple[PickerMetrics, ExternalProcessor]:
     """The request metrics, the Director (traced with --tracing) and the ext_proc servicer of this process."""
-    # With workers, the request metrics are theirs (summed into /metrics by WorkerCollector): the control process's
-    # own would only show zeros under the same names.
+    # With workers, the request metrics are theirs (folded by WorkerCollector, rendered by `metrics.families`): the
+    # control process's own would only show zeros under the same names.
     metrics_registry = state.registry if parts.workers == 1 else CollectorRegistry(auto_describe=True)
     metrics_registry.register(parts.prefix)  # the prefix index too: with workers, the indexes that pick are theirs
     metrics = PickerMetrics(metrics_registry, labels=state.objectives, endpoint_name=state.endpoint_labels)

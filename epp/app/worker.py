@@ -11,16 +11,20 @@ it decides on comes through memory it shares with the control process:
 - the in-flight matrix: one row per worker, one column per endpoint, (in flight, picks since the last scrape,
   prompt tokens in flight).
   Each worker writes its own row when it books or releases a pick; every decision reads the sum over all rows,
-  refreshed every `REFRESH_S`, so a burst split over workers is seen whole, as one process would see it;
+  refreshed every `REFRESH_S` while a stream is open and as one starts (idle, every `IDLE_S`: an idle worker
+  costs next to no CPU), so a burst split over workers is seen whole, as one process would see it;
 - a stats row (streams started, pid, picks learned from the other workers, picks of theirs lost) the control
   process shows per worker in /metrics and /debug/pool;
 - the shared log of picks (epp.app.pick_log): each worker's prefix scorers learn their own picks at once and the
-  other workers' picks every `REFRESH_S`, so a repeat of a prompt finds its endpoint whichever worker takes it.
+  other workers' picks at the same refresh, so a repeat of a prompt finds its endpoint whichever worker takes it.
 
 With the flowControl gate the worker's requests wait in the control process's queues, the picker's one set
 (epp.director.flow_link: enqueue, verdict, decided, abandon, and eviction's track, untrack and evict messages on
 the kit's pipe).
-The worker's own metrics go to the control process as exposition text every `METRICS_S`, summed there.
+The worker's own metrics go to the control process at most every `METRICS_S` and only when a number changed
+(an idle worker sends nothing): its request series as a delta of the series that moved
+(epp.observability.worker_series), which the control process folds under the picker's label caps and renders on a
+scrape, and the exposition text of its few other families (the prefix index, refusal counters), summed there.
 The worker is a child of the child-process kit (epp.supervision): started by `child_main`, it ignores the
 process group's SIGTERM and SIGINT while the control process lives (that process stops it with `Stop`), and drains
 and exits within a second of the control process's end, however it ended (the pipe's EOF, the parent-death
@@ -48,6 +52,7 @@ from epp.app.tls import tls_policy
 from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, read_rows
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.director.flow_link import CONTROL_MESSAGES, RemoteFlowGate
+from epp.observability.worker_series import DeltaSource, SeriesDelta
 from epp.scheduling.prefix import PrefixCacheScorer
 from epp.scheduling.producers import ApproxPrefixCacheProducer
 from epp.supervision.child_end import ChildEnd
@@ -57,8 +62,9 @@ from epp.supervision.pipe import watch_pipe
 
 log = logging.getLogger(__name__)
 
-REFRESH_S = 0.01  # shared rows and in-flight sums → this worker's table
-METRICS_S = 0.5  # this worker's exposition → the control process
+REFRESH_S = 0.01  # shared rows and in-flight sums → this worker's table, while a stream is open
+IDLE_S = 0.5  # the same with no stream open (a stream that starts refreshes the table first if it is older)
+METRICS_S = 0.5  # at most this often, and only when something changed: this worker's metrics → the control process
 INFLIGHT, PICKS, TOKENS = 0, 1, 2  # the in-flight matrix's columns: picks in flight, picks since scrape, tokens
 MATRIX_COLUMNS = 3
 STATS_COLUMNS = 4  # streams started, pid, picks learned from the pick log, picks lost from it (lapped)
@@ -89,8 +95,10 @@ class Members:
 
 @dataclass(frozen=True, slots=True)
 class Metrics:
-    """Worker → control, every `METRICS_S`: this worker's exposition text."""
+    """Worker → control, when a number changed: the request series that moved (a `SeriesDelta`), and the
+    exposition text of the worker's other families."""
 
+    series: SeriesDelta
     exposition: bytes
 
 
@@ -185,15 +193,24 @@ class MirrorTable(EndpointTable):
 
 
 class _CountingObserver:
-    """The worker's metrics as the ext_proc server's observer, counting started streams in the shared stats row."""
+    """The worker's metrics as the ext_proc server's observer, counting started streams in the shared stats row
+    and the streams open now; `on_start` runs as a stream starts (before its request is decided)."""
 
-    def __init__(self, inner: Any, stats: np.ndarray) -> None:
+    def __init__(self, inner: Any, stats: np.ndarray, on_start: Callable[[], None]) -> None:
         self._inner = inner
         self._stats = stats
+        self._on_start = on_start
+        self.open = 0
 
     def stream_started(self) -> None:
         self._stats[0] += 1
+        self.open += 1
+        self._on_start()
         self._inner.stream_started()
+
+    def stream_finished(self, code: str, seconds: float) -> None:
+        self.open -= 1
+        self._inner.stream_finished(code, seconds)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -235,12 +252,41 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
 
     namespace = [""]
     metrics = PickerMetrics(registry, labels=objectives, endpoint_name=endpoint_name)
+    registry.unregister(metrics)  # its series travel as deltas (`Metrics.series`), rendered by the control process
+    deltas = DeltaSource(metrics)
+
+    def send_metrics() -> None:
+        delta = deltas.delta()
+        if delta is not None:
+            end.send(Metrics(delta, generate_latest(registry)))
+
     director = build_director(
         settings, scheduler, table, objectives, failure_mode=lambda: failure[0], observer=metrics, flow=flow
     )
-    processor = build_processor(settings, config, director, _CountingObserver(metrics, stats[index]))
-    server = extproc_server(settings, processor, reuse_port=True)
+    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    wake = asyncio.Event()  # a stream started, or the worker must stop: the loop below runs now
+    refreshed_at = [-1.0]
+
+    def refresh() -> None:
+        """The shared rows and in-flight sums into our table, the other workers' picks into our prefix scorers."""
+        refreshed_at[0] = loop.time()
+        table.refresh()
+        _learn(pick_log, table, scorers, stats[index])
+
+    def stream_began() -> None:
+        """While no stream is open the loop below ticks slowly: a stream's decision gets what it would have read."""
+        if loop.time() - refreshed_at[0] >= REFRESH_S:
+            refresh()
+        wake.set()
+
+    def halt() -> None:
+        stop.set()
+        wake.set()
+
+    observer = _CountingObserver(metrics, stats[index], stream_began)
+    processor = build_processor(settings, config, director, observer)
+    server = extproc_server(settings, processor, reuse_port=True)
 
     conn = end.conn
 
@@ -259,15 +305,14 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
                     if flow is not None:
                         flow.receive(msg)
                 elif isinstance(msg, Stop):
-                    stop.set()
+                    halt()
         except (EOFError, OSError):
             if flow is not None:
                 flow.close()  # its queued requests are answered 503 shutting down
-            stop.set()  # the control process is gone: drain and exit
+            halt()  # the control process is gone: drain and exit
 
-    loop = asyncio.get_running_loop()
     watch_pipe(loop, conn, on_message)
-    end.on_parent_gone(stop.set, loop)  # the group's SIGTERM is the control process's; its death is ours
+    end.on_parent_gone(halt, loop)  # the group's SIGTERM is the control process's; its death is ours
     # Nothing is served before the control process's view is ours: its membership (sent right after "init") and
     # the rows scraped so far. A stream taken earlier would see the endpoints without their data (all unusable:
     # e.g. no prefill stage, or a saturated pool).
@@ -277,20 +322,21 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
     settle_garbage_collector()
     await server.start()
     # The metrics first: from the moment a worker counts as serving, /metrics shows every family it exports.
-    end.send(Metrics(generate_latest(registry)))
+    send_metrics()
     end.ready()
     beating = asyncio.ensure_future(end.keep_alive())
     next_metrics = 0.0
     try:
         while not stop.is_set():
+            # Every REFRESH_S while a stream is open; idle, every IDLE_S (a new stream refreshes first, above).
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), REFRESH_S)
-            table.refresh()
-            _learn(pick_log, table, scorers, stats[index])
+                await asyncio.wait_for(wake.wait(), REFRESH_S if observer.open else IDLE_S)
+            wake.clear()
+            refresh()
             if loop.time() >= next_metrics:
                 next_metrics = loop.time() + METRICS_S
                 with contextlib.suppress(OSError):
-                    end.send(Metrics(generate_latest(registry)))
+                    send_metrics()
     finally:
         beating.cancel()
         loop.remove_reader(conn.fileno())
