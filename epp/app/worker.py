@@ -17,6 +17,11 @@ it decides on comes through memory it shares with the control process:
 - the shared log of picks (epp.app.pick_log): each worker's prefix scorers learn their own picks at once and the
   other workers' picks every `REFRESH_S`, so a repeat of a prompt finds its endpoint whichever worker takes it.
 
+With federation, the sites come as a `Sites` message whenever the control process's FederatedCluster watch
+changes them (the watch runs once, there); the worker's router reads its own copy, empty until the first message,
+so a worker that has not heard the sites routes nothing remote. With `--tracing`, the worker exports its own spans
+(its OTLP exporter, the control process's resource plus `epp.worker`).
+
 The worker's own metrics go to the control process as exposition text every `METRICS_S`, summed there.
 The worker is a child of the child-process kit (epp.supervision): started by `child_main`, it ignores the
 process group's SIGTERM and SIGINT while the control process lives (that process stops it with `Stop`), and drains
@@ -42,6 +47,7 @@ from epp.app.runtime import run_loop
 from epp.app.settings import ServeSettings
 from epp.app.tls import tls_policy
 from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, read_rows
+from epp.datastore.sites import Site
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.scheduling.prefix import PrefixCacheScorer
 from epp.scheduling.producers import ApproxPrefixCacheProducer
@@ -80,6 +86,15 @@ class Members:
     objectives: Any
     rewrites: Any
     namespace: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sites:
+    """Control → worker, with federation, whenever the watch changed them: every site (heartbeats on
+    CLOCK_MONOTONIC, which every process of the host shares) and whether the watch has listed them yet."""
+
+    sites: tuple[Site, ...]
+    synced: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +214,15 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
     # first.
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from epp.app.build import build_decisions, build_director, build_processor, extproc_server, load_picker_config
+    from epp.app.build import (
+        build_decisions,
+        build_director,
+        build_processor,
+        build_tracing,
+        extproc_server,
+        load_picker_config,
+    )
+    from epp.app.federation import worker_federation
     from epp.app.runtime import settle_garbage_collector
     from epp.datastore.objectives import ObjectiveStore
     from epp.datastore.pool import FailureMode
@@ -227,8 +250,27 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
 
     namespace = [""]
     metrics = PickerMetrics(registry, labels=objectives, endpoint_name=endpoint_name)
-    director = build_director(settings, scheduler, table, objectives, failure_mode=lambda: failure[0], observer=metrics)
-    processor = build_processor(settings, config, director, _CountingObserver(metrics, stats[index]))
+    tracer_provider, tracer = build_tracing(settings.tracing, worker=index)
+    if tracer is not None:
+        from epp.app.tracing import traced_scheduler
+
+        scheduler = traced_scheduler(scheduler, tracer)
+    federation = worker_federation(settings.federation, config, scheduler.saturation.saturated)
+    director = build_director(
+        settings,
+        scheduler,
+        table,
+        objectives,
+        failure_mode=lambda: failure[0],
+        observer=metrics,
+        federation=federation[0] if federation is not None else None,
+    )
+    decider: Any = director
+    if tracer is not None:
+        from epp.app.tracing import TracingDirector
+
+        decider = TracingDirector(director, tracer)
+    processor = build_processor(settings, config, decider, _CountingObserver(metrics, stats[index]))
     server = extproc_server(settings, processor, reuse_port=True)
     stop = asyncio.Event()
 
@@ -245,6 +287,9 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
                     objectives.replace_rewrites(msg.rewrites)
                     namespace[0] = msg.namespace
                     table.synced = True
+                elif isinstance(msg, Sites) and federation is not None:
+                    federation[1].replace_all(msg.sites)
+                    federation[1].synced = msg.synced
                 elif isinstance(msg, Stop):
                     stop.set()
         except (EOFError, OSError):
@@ -281,6 +326,8 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
         loop.remove_reader(conn.fileno())
         await server.stop(settings.grace_period_s)
         matrix[index] = 0  # nothing of ours is in flight any more
+        if tracer_provider is not None:  # the spans still batched
+            await loop.run_in_executor(None, tracer_provider.shutdown)
     return 0
 
 
