@@ -6,7 +6,7 @@ that share the ext_proc port through SO_REUSEPORT (the kernel spreads connection
 them, each piece with a single writer:
 
 - the endpoint rows, into one seqlocked block by the control slot (the shared-row layout, epp.datastore.rows),
-  every `PUBLISH_S`, only rows whose scrape moved;
+  as soon as a scrape lands in the control process's table, only rows whose scrape moved;
 - membership (with a token per slot, so a reused slot's late rows are ignored), the pool's failure mode and the
   objectives, as a message to every worker when any of them changes;
 - the in-flight matrix (worker × endpoint) is written by the workers, each its own row; the control process only
@@ -49,7 +49,7 @@ from epp.supervision.memory import map_array, new_memfd
 
 log = logging.getLogger(__name__)
 
-PUBLISH_S = 0.005
+CHECK_S = 0.05  # membership, failure mode, objectives and the workers' bookings are compared this often
 MAX_ENDPOINTS = 16384
 
 
@@ -112,6 +112,7 @@ class WorkerPool:
         self.stats = map_array(self._fds[2], shapes[2], np.int64)
         self._workers = [_Worker(self, i) for i in range(count)]
         self._task: asyncio.Task[None] | None = None
+        self._scraped = asyncio.Event()  # a scrape landed in the table: rows to publish
         # publication state
         self._members_key: tuple[Any, ...] | None = None
         self._tokens = np.full(self.rows, -1.0)
@@ -133,6 +134,7 @@ class WorkerPool:
         self._publish()
         for worker in self._workers:
             worker.child.start()
+        self._table.add_scrape_listener(self._scraped.set)
         self._task = asyncio.create_task(self._run(), name="serving-workers")
 
     def begin_shutdown(self) -> None:
@@ -173,8 +175,12 @@ class WorkerPool:
             worker.exposition = msg.exposition
 
     async def _run(self) -> None:
+        """Publish when a scrape lands (the rows), and every `CHECK_S` whatever happens (membership and the rest,
+        which change rarely): an idle picker's control process wakes for what changed, not 200 times a second."""
         while True:
-            await asyncio.sleep(PUBLISH_S)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._scraped.wait(), CHECK_S)
+            self._scraped.clear()
             try:
                 self._publish()
             except Exception:  # the publisher must outlive any surprise, or the workers decide on frozen rows

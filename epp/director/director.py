@@ -38,6 +38,7 @@ from epp.scheduling.scheduler import Routing, Scheduler
 
 log = logging.getLogger(__name__)
 _NO_ENDPOINTS = wire.REJECTED_NO_ENDPOINTS  # upstream's reason when no candidate endpoint exists at all
+_PREFER = wire.PREFER_HEADER
 
 
 class Federation(Protocol):
@@ -199,7 +200,7 @@ class Director:
             self._admit(request, snapshot, candidates, now)
         degraded = False
         headers = request.headers
-        conditional = wire.PREFER_HEADER in headers and wire.prefers_if_available(headers)
+        conditional = _PREFER in headers and wire.prefers_if_available(headers)
         detail: PickDetail | None = None
         try:
             if (conditional or self._emit_scores) and self._detailed is not None:

@@ -217,13 +217,13 @@ class DisaggScheduler:
         self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
     ) -> tuple[StagedPick, PickDetail]:
         """`pick`, with the decode (primary) profile's scores and its endpoint's cached prefix."""
-        pick, state = self._staged(snapshot, candidates, request, now)
+        pick, state = self._staged(snapshot, candidates, request, now, detailed=True)
         return pick, (self.decode.detail(state, int(pick[0])) if pick else EMPTY)
 
     def _staged(
-        self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
+        self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float, detailed: bool = False
     ) -> tuple[StagedPick, CycleState]:
-        slots, state = self.decode.run(snapshot, candidates, request, now)
+        slots, state = self.decode.run(snapshot, candidates, request, now, detailed)
         if not slots:
             return StagedPick(()), state
         decode_slot = int(slots[0])

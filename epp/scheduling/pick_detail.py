@@ -6,9 +6,8 @@
   `prefix-cache-scorer` that matches by itself (`Prefer: if-available`: upstream reads the picked endpoint's
   PrefixCacheMatchInfo).
 
-The profile runner stores its candidates and totals in the pick's state under `SCORED` (one dict write per pick,
-the arrays not copied, so the common path pays nothing more); `detail_of` reads them back only when the director
-asks for them.
+The profile runner stores its candidates and totals in the pick's state under `SCORED` only for a detailed run
+(the director asks for one only then: the common path pays one flag test); `detail_of` reads them back.
 """
 
 from __future__ import annotations

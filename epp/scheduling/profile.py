@@ -152,7 +152,7 @@ class ProfileScheduler:
         self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
     ) -> tuple[Sequence[int], PickDetail]:
         """`pick`, with the scores and the picked endpoint's cached prefix (`PickDetail`), for the director."""
-        slots, state = self.run(snapshot, candidates, request, now)
+        slots, state = self.run(snapshot, candidates, request, now, detailed=True)
         return slots, (self.detail(state, int(slots[0])) if slots else EMPTY)
 
     def detail(self, state: CycleState, primary: int) -> PickDetail:
@@ -160,9 +160,15 @@ class ProfileScheduler:
         return detail_of(state, primary, self._cached_blocks)
 
     def run(
-        self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
+        self,
+        snapshot: Snapshot,
+        candidates: IntArray,
+        request: SchedulingRequest,
+        now: float,
+        detailed: bool = False,
     ) -> tuple[Sequence[int], CycleState]:
-        """`pick`, with the pick's state (what its producers published): a profile handler's deciders read it."""
+        """`pick`, with the pick's state (what its producers published): a profile handler's deciders read it;
+        `detailed` also keeps the scored candidates and totals in it, for `detail`."""
         state = CycleState(snapshot, candidates, request, now, self.freshness)
         filters, scorers, pick = self._plain
         if self._every:
@@ -203,7 +209,8 @@ class ProfileScheduler:
             if offset:
                 total += offset
             np.fmax(total, 0.0, out=total)  # a NaN that slipped through counts as 0, not as "best"
-        state.scratch[SCORED] = (candidates, total)  # for `pick_detailed` (scores, the cached prefix)
+        if detailed:
+            state.scratch[SCORED] = (candidates, total)  # for `detail`: the scores
         slots = pick(state, candidates, total)
         if slots:
             primary = int(slots[0])

@@ -1,6 +1,6 @@
 """The scrape child (`child_main`, spawned by `epp.scrape.process.ScrapeProcess` through the
 child-process kit): the ordinary `ScrapeService` on a private table that mirrors the parent's membership, publishing
-changed rows every `PUBLISH_S` into the parent's block (the shared-row layout, epp.datastore.rows), and the messages
+changed rows into the parent's block (the shared-row layout, epp.datastore.rows), and the messages
 between the two.
 
 Parent → child: `ScrapeStart` (the kit's `Start` payload), `Members` whenever the membership changes (each slot
@@ -28,7 +28,7 @@ from epp.supervision.memory import map_array
 from epp.supervision.messages import Stop
 from epp.supervision.pipe import watch_pipe
 
-PUBLISH_S = 0.005  # child → shared memory
+PUBLISH_S = 0.005  # after a scrape lands, the rest of its round gets this long to land too: one pass for all
 STATUS_S = 1.0
 
 
@@ -62,6 +62,13 @@ async def run(end: ChildEnd, block: np.ndarray) -> None:
     table = EndpointTable()
     svc = ScrapeService(table, start.settings, start.engines)
     stop = asyncio.Event()
+    landed = asyncio.Event()  # a scrape (or failure) was recorded, the membership changed, or we are to stop
+    table.add_scrape_listener(landed.set)
+
+    def finish() -> None:
+        stop.set()
+        landed.set()
+
     by_address: dict[str, tuple[int, float]] = {}  # address → (parent slot, token)
 
     def on_message() -> None:
@@ -73,13 +80,14 @@ async def run(end: ChildEnd, block: np.ndarray) -> None:
                     by_address = {info.address: (slot, token) for slot, token, info in msg.members}
                     table.replace_all(info for _, _, info in msg.members)
                     table.version += 1  # a token may change with the same membership: remap
+                    landed.set()
                 elif isinstance(msg, Stop):
-                    stop.set()
+                    finish()
         except (EOFError, OSError):
-            stop.set()
+            finish()
 
     watch_pipe(loop, end.conn, on_message)
-    end.on_parent_gone(stop.set, loop)
+    end.on_parent_gone(finish, loop)
     await svc.start()
     end.ready()
     beating = asyncio.ensure_future(end.keep_alive())
@@ -93,7 +101,13 @@ async def run(end: ChildEnd, block: np.ndarray) -> None:
     try:
         published = -1
         while not stop.is_set():
+            # Woken by what changed, not by a clock: an idle pool costs a wake-up per scrape, not 200 a second.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(landed.wait(), max(0.0, next_status - loop.time()))
+            landed.clear()
             await asyncio.sleep(PUBLISH_S)
+            if stop.is_set():
+                break
             if loop.time() >= next_status:
                 next_status = loop.time() + STATUS_S
                 end.send(Status(svc.status(), dict(svc.rejected_values), dict(svc.poll_errors)))

@@ -1,0 +1,98 @@
+"""What an idle picker costs, process by process: `epp serve --workers N` with its scrape child, no traffic.
+
+Issue 25 asks that every process of an idle picker stay below 2 % of a core. This measures each one's CPU
+(utime + stime from /proc, 10 ms ticks) over a window after the picker is up (every worker serving, the scrape
+child running, 5 s to settle), for this checkout and, with `--root DIR` (repeatable), other checkouts of the
+repository (a git worktree of an older commit), alternating run by run so the machine's load falls on all alike.
+
+    .venv/bin/python -m benchmarks.idle_children [--root DIR ...] [--workers 2] [--seconds 20] [--runs 2]
+
+Bounded: no requests at all; one endpoint on loopback that does not answer (its scrapes fail fast); each picker
+runs `--seconds` plus its start, and is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from epp.demo.processes import free_port, serve_argv
+
+ROOT = Path(__file__).resolve().parents[1]
+START_S = 60.0  # the picker's start, every worker serving
+SETTLE_S = 5.0
+
+
+def _ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+def _report(metrics_port: int) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/debug/pool", timeout=2) as r:
+            report: dict[str, Any] = json.loads(r.read())
+    except OSError:
+        return None
+    return report
+
+
+def measure(root: Path, workers: int, seconds: float) -> dict[str, float]:
+    """% of a core per process of one idle picker run from `root` (its own `epp`, this interpreter)."""
+    grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
+    argv = serve_argv(grpc_port, health_port, metrics_port, "--static-endpoints", "127.10.0.1:8000",
+                      "--workers", str(workers))  # fmt: skip
+    argv[0] = sys.executable
+    proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + START_S
+        while True:
+            report = _report(metrics_port)
+            workers_up = report is not None and all(w["serving"] for w in report.get("workers", []))
+            if report is not None and workers_up and report.get("scrapeProcess", {}).get("pid"):
+                break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"the picker from {root} did not start")
+            time.sleep(0.5)
+        time.sleep(SETTLE_S)
+        pids = {"control": proc.pid, "scrape child": int(report["scrapeProcess"]["pid"])}
+        pids.update({f"worker {w['worker']}": int(w["pid"]) for w in report.get("workers", [])})
+        before = {name: _ticks(pid) for name, pid in pids.items()}
+        time.sleep(seconds)
+        after = {name: _ticks(pid) for name, pid in pids.items()}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    hz = os.sysconf("SC_CLK_TCK")
+    return {name: round(100 * (after[name] - before[name]) / hz / seconds, 2) for name in pids}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", action="append", type=Path, default=[], help="another checkout to measure")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args()
+    roots = [ROOT, *args.root]
+    print(f"# benchmarks/idle_children.py on {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}: % of a core")
+    for run in range(args.runs):
+        for root in roots if run % 2 == 0 else reversed(roots):
+            print(json.dumps({"root": str(root), "run": run, **measure(root, args.workers, args.seconds)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
