@@ -100,7 +100,7 @@ async def build(settings: ServeSettings) -> Picker:
     grpc_server = extproc_server(settings, processor, reuse_port=False) if parts.workers == 1 else None
     if parts.workers > 1:
         state.workers = _worker_pool(settings, parts.workers, state, parts.federation)
-        state.registry.register(WorkerCollector(state.workers))
+        state.registry.register(WorkerCollector(state.workers, metrics.families))
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
     bind(health_server, settings.listen.bind_address, settings.listen.grpc_health_port, "--grpc-health-port")
@@ -177,8 +177,8 @@ def _request_path(
     settings: ServeSettings, config: EndpointPickerConfig | None, state: PickerState, parts: _DecisionParts
 ) -> tuple[PickerMetrics, ExternalProcessor]:
     """The request metrics, the Director (traced with --tracing) and the ext_proc servicer of this process."""
-    # With workers, the request metrics are theirs (summed into /metrics by WorkerCollector): the control process's
-    # own would only show zeros under the same names.
+    # With workers, the request metrics are theirs (folded by WorkerCollector, rendered by `metrics.families`): the
+    # control process's own would only show zeros under the same names.
     metrics_registry = state.registry if parts.workers == 1 else CollectorRegistry(auto_describe=True)
     metrics_registry.register(parts.prefix)  # the prefix index too: with workers, the indexes that pick are theirs
     metrics = PickerMetrics(metrics_registry, labels=state.objectives, endpoint_name=state.endpoint_labels)

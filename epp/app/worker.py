@@ -22,7 +22,10 @@ changes them (the watch runs once, there); the worker's router reads its own cop
 so a worker that has not heard the sites routes nothing remote. With `--tracing`, the worker exports its own spans
 (its OTLP exporter, the control process's resource plus `epp.worker`).
 
-The worker's own metrics go to the control process as exposition text every `METRICS_S`, summed there.
+The worker's own metrics go to the control process at most every `METRICS_S` and only when a number changed
+(an idle worker sends nothing): its request series as a delta of the series that moved
+(epp.observability.worker_series), which the control process folds under the picker's label caps and renders on a
+scrape, and the exposition text of its few other families (the prefix index, refusal counters), summed there.
 The worker is a child of the child-process kit (epp.supervision): started by `child_main`, it ignores the
 process group's SIGTERM and SIGINT while the control process lives (that process stops it with `Stop`), and drains
 and exits within a second of the control process's end, however it ended (the pipe's EOF, the parent-death
@@ -49,6 +52,7 @@ from epp.app.tls import tls_policy
 from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, read_rows
 from epp.datastore.sites import Site
 from epp.datastore.table import EndpointInfo, EndpointTable
+from epp.observability.worker_series import DeltaSource, SeriesDelta
 from epp.scheduling.prefix import PrefixCacheScorer
 from epp.scheduling.producers import ApproxPrefixCacheProducer
 from epp.supervision.child_end import ChildEnd
@@ -59,7 +63,7 @@ from epp.supervision.pipe import watch_pipe
 log = logging.getLogger(__name__)
 
 REFRESH_S = 0.01  # shared rows and in-flight sums → this worker's table
-METRICS_S = 0.5  # this worker's exposition → the control process
+METRICS_S = 0.5  # at most this often, and only when something changed: this worker's metrics → the control process
 INFLIGHT, PICKS, TOKENS = 0, 1, 2  # the in-flight matrix's columns: picks in flight, picks since scrape, tokens
 MATRIX_COLUMNS = 3
 STATS_COLUMNS = 4  # streams started, pid, picks learned from the pick log, picks lost from it (lapped)
@@ -99,8 +103,10 @@ class Sites:
 
 @dataclass(frozen=True, slots=True)
 class Metrics:
-    """Worker → control, every `METRICS_S`: this worker's exposition text."""
+    """Worker → control, when a number changed: the request series that moved (a `SeriesDelta`), and the
+    exposition text of the worker's other families."""
 
+    series: SeriesDelta
     exposition: bytes
 
 
@@ -250,6 +256,14 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
 
     namespace = [""]
     metrics = PickerMetrics(registry, labels=objectives, endpoint_name=endpoint_name)
+    registry.unregister(metrics)  # its series travel as deltas (`Metrics.series`), rendered by the control process
+    deltas = DeltaSource(metrics)
+
+    def send_metrics() -> None:
+        delta = deltas.delta()
+        if delta is not None:
+            end.send(Metrics(delta, generate_latest(registry)))
+
     tracer_provider, tracer = build_tracing(settings.tracing, worker=index)
     if tracer is not None:
         from epp.app.tracing import traced_scheduler
@@ -307,7 +321,7 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
     settle_garbage_collector()
     await server.start()
     # The metrics first: from the moment a worker counts as serving, /metrics shows every family it exports.
-    end.send(Metrics(generate_latest(registry)))
+    send_metrics()
     end.ready()
     beating = asyncio.ensure_future(end.keep_alive())
     next_metrics = 0.0
@@ -320,7 +334,7 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
             if loop.time() >= next_metrics:
                 next_metrics = loop.time() + METRICS_S
                 with contextlib.suppress(OSError):
-                    end.send(Metrics(generate_latest(registry)))
+                    send_metrics()
     finally:
         beating.cancel()
         loop.remove_reader(conn.fileno())

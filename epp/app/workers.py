@@ -44,6 +44,8 @@ from epp.datastore.pool import FailureMode
 from epp.datastore.rows import NCOL, TOKEN, scrape_values, write_rows
 from epp.datastore.sites import SiteRegistry
 from epp.datastore.table import EndpointTable
+from epp.observability.request_series import MetricsState
+from epp.observability.worker_series import SeriesFold
 from epp.supervision.child import Child
 from epp.supervision.memory import map_array, new_memfd
 
@@ -54,7 +56,7 @@ MAX_ENDPOINTS = 16384
 
 
 class _Worker:
-    """One serving worker: its supervised child, and the last exposition it sent."""
+    """One serving worker: its supervised child, and the exposition of its other families it sent last."""
 
     def __init__(self, pool: WorkerPool, index: int) -> None:
         self.index = index
@@ -111,6 +113,7 @@ class WorkerPool:
         self._slots = np.arange(self.rows)
         self.stats = map_array(self._fds[2], shapes[2], np.int64)
         self._workers = [_Worker(self, i) for i in range(count)]
+        self.series = SeriesFold(objectives)  # the workers' request series, under the picker's label caps
         self._task: asyncio.Task[None] | None = None
         self._scraped = asyncio.Event()  # a scrape landed in the table: rows to publish
         # publication state
@@ -167,11 +170,13 @@ class WorkerPool:
 
     def _ended(self, worker: _Worker) -> None:
         worker.exposition = b""
+        self.series.forget(worker.index)
         self.inflight[worker.index] = 0  # its picks are no longer anyone's load
         self._on_change()  # readiness: it may have been the last one serving
 
     def _on_message(self, worker: _Worker, msg: Any) -> None:
         if isinstance(msg, Metrics):
+            self.series.receive(worker.index, msg.series)
             worker.exposition = msg.exposition
 
     async def _run(self) -> None:
@@ -273,10 +278,13 @@ class WorkerPool:
 
 
 class WorkerCollector:
-    """/metrics of a picker with workers: per-worker counters, and every worker's own metrics summed."""
+    """/metrics of a picker with workers: per-worker counters, the workers' request series folded and rendered
+    by `render` (the control process's `PickerMetrics.families`: the families of one process), and their other
+    metrics summed."""
 
-    def __init__(self, pool: WorkerPool) -> None:
+    def __init__(self, pool: WorkerPool, render: Callable[[MetricsState], Iterable[Metric]]) -> None:
         self._pool = pool
+        self._render = render
 
     def collect(self) -> Iterable[Metric]:
         pool = self._pool
@@ -290,6 +298,7 @@ class WorkerCollector:
             up.add_metric([worker], 1.0 if row["serving"] else 0.0)
             restarts.add_metric([worker], row["restarts"])
         yield from (streams, up, restarts)
+        yield from self._render(pool.series.state())
         yield from merge_expositions(pool.expositions())
 
 

@@ -15,7 +15,8 @@ counted at once: they add only ints, whose sums do not depend on the order of th
 implementation, two spellings).
 
 Cardinality: model names and fairness ids come from clients, so they pass through `labels.BoundedLabel`; label
-sets beyond `MAX_SERIES` collapse into one `other` series. `/metrics` stays bounded whatever clients send.
+sets beyond `MAX_SERIES`, or past the client series' share of the page (`labels.CLIENT_SERIES_BYTES`), collapse
+into one `other` series. `/metrics` stays bounded whatever clients send.
 """
 
 from __future__ import annotations
@@ -29,7 +30,15 @@ from prometheus_client.core import Metric
 from epp.errors import ErrorCode
 from epp.observability.collector import FreezableCollector
 from epp.observability.families import counter_family, gauge_family, histogram_family
-from epp.observability.labels import FAIRNESS_LIMIT, MODEL_LIMIT, OVERFLOW, BoundedLabel
+from epp.observability.labels import (
+    CLIENT_SERIES_BYTES,
+    FAIRNESS_LIMIT,
+    MODEL_LIMIT,
+    OVERFLOW,
+    BoundedLabel,
+    client_series_cost,
+    without_client_values,
+)
 from epp.observability.request_families import legacy_request_families, request_families
 from epp.observability.request_series import MetricsState, RequestRecord, Route, Series, fold_routed
 
@@ -75,6 +84,7 @@ class PickerMetrics(FreezableCollector):
         self._endpoint_name = endpoint_name or (lambda address: (address, "", address.rpartition(":")[2]))
         self.model_label = BoundedLabel(MODEL_LIMIT)
         self.fairness_label = BoundedLabel(FAIRNESS_LIMIT)
+        self._client_bytes = 0  # the client series' estimated share of /metrics (labels.CLIENT_SERIES_BYTES)
         self._state = MetricsState()
         self._resolved: dict[tuple[str, str, str | None, str | None, str], Route] = {}
         self._fold_every = fold_every
@@ -82,6 +92,7 @@ class PickerMetrics(FreezableCollector):
         self._processing: list[float] = []  # request processing times, likewise
         self._touched: list[Route] = []  # routes with decisions not yet folded
         self._done: list[RequestRecord] = []  # routed requests that ended, not yet folded
+        self.activity = 0  # grows with every report that changes a number: a serving worker's cue to send them
         registry.register(self)
         self.degraded = Counter(
             "epp_degraded_decisions",
@@ -132,9 +143,15 @@ class PickerMetrics(FreezableCollector):
         state = self._state
         series = state.series.get(key)
         if series is None:
+            cost = client_series_cost(bound, key, DEFAULT_FAIRNESS_ID)
             if len(state.series) >= MAX_SERIES:
                 key = (OVERFLOW, OVERFLOW, OVERFLOW, priority if len(priority) <= 11 else OVERFLOW)
                 series = state.series.get(key)
+            elif self._client_bytes + cost > CLIENT_SERIES_BYTES:
+                key = without_client_values(bound, key, DEFAULT_FAIRNESS_ID)
+                series = state.series.get(key)
+            else:
+                self._client_bytes += cost
             if series is None:
                 series = state.series[key] = Series()
         rewrite = (bound(model), bound(target)) if target != model and model else None
@@ -177,6 +194,7 @@ class PickerMetrics(FreezableCollector):
         source = self._labels
         if source is not None and source.version != self._labels_version:
             route = self._route(model, target, fairness_id, objective, address)
+        self.activity += 1
         if not route.decided:
             self._touched.append(route)
         route.decided += 1
@@ -199,6 +217,7 @@ class PickerMetrics(FreezableCollector):
         objective: str | None = None,
     ) -> None:
         """The request ended: routed and answered (`code` None) or refused with `code`."""
+        self.activity += 1
         if code is None and record is not None and record.series is not None:  # routed: folded later
             record.done_at = now
             done = self._done
@@ -238,6 +257,7 @@ class PickerMetrics(FreezableCollector):
             record.response_bytes += size
             if record.streaming and record.series is not None:
                 record.series.itl.observe(now - record.last_chunk_at)
+                self.activity += 1
         record.last_chunk_at = now
 
     def usage(
@@ -250,6 +270,7 @@ class PickerMetrics(FreezableCollector):
     ) -> None:
         """Token counts as the model server reported them in `usage`; recorded when the request ends."""
         if record is None:  # a caller without a record: count it now, under the model's default labels (ints)
+            self.activity += 1
             series = self._route(model, model, None, None, "").series
             if prompt_tokens > 0:
                 series.input.observe(prompt_tokens)
@@ -284,20 +305,25 @@ class PickerMetrics(FreezableCollector):
             fold_routed(done, state.response_processing)
 
     def usage_invalid(self) -> None:
+        self.activity += 1
         self.usage_invalid_total.inc()
 
     def served_mismatch(self) -> None:
+        self.activity += 1
         self.mismatches.inc()
 
     def stream_refused(self, reason: str) -> None:
+        self.activity += 1
         self.stream_refusals.labels(reason).inc()
 
     # -- ext_proc streams ------------------------------------------------------------------------------------
 
     def stream_started(self) -> None:
+        self.activity += 1
         self._state.streams_inflight += 1
 
     def stream_finished(self, code: str, seconds: float) -> None:
+        self.activity += 1
         state = self._state
         state.streams_inflight -= 1
         state.stream_duration.observe(seconds)
@@ -306,9 +332,15 @@ class PickerMetrics(FreezableCollector):
     # -- DecisionObserver -----------------------------------------------------------------------------------
 
     def degraded_decision(self, reason: str) -> None:
+        self.activity += 1
         self.degraded.labels(reason).inc()
 
     # -- collection -------------------------------------------------------------------------------------------
+
+    def folded(self) -> MetricsState:
+        """The live numbers, everything held raw folded in; read on the loop that writes them (`snapshot`: a copy)."""
+        self._fold()
+        return self._state
 
     def snapshot(self) -> MetricsState:
         self._fold()

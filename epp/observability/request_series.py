@@ -130,9 +130,11 @@ class MetricsState:
         self.stream_duration = PlainHistogram(b.STREAM_DURATION)
         self.streams: dict[str, int] = {}  # gRPC status code → completed streams
 
-    def copy(self) -> MetricsState:
+    def copy(self, series: bool = True) -> MetricsState:
+        """A copy whose numbers the original's later writes do not change; `series=False`: the totals only."""
         new = MetricsState()
-        new.series = {k: s.copy() for k, s in self.series.items()}
+        if series:
+            new.series = {k: s.copy() for k, s in self.series.items()}
         new.by_outcome = dict(self.by_outcome)
         for name in ("scheduler", "request_processing", "response_processing", "stream_duration"):
             getattr(new, name).add(getattr(self, name))

@@ -29,7 +29,40 @@ class HandlerSpec:
     primary_port: int = 0
 
 
+# disagg-profile-handler's older flat parameters, which upstream still accepts (one format or the other, not both)
+_FLAT = ("decodeProfile", "prefillProfile", "encodeProfile", "prefillDeciderPluginName", "encodeDeciderPluginName")
+
+
+def _stage_order(params: Params) -> None:
+    """Upstream's `stageOrder`: decode-first (the default, and the one order run here) or prefill-first."""
+    raw = params.text("stageOrder", "")
+    order = raw.lower().replace("-", "").replace("_", "")
+    if order in ("", "decodefirst", "decode"):
+        return
+    if order in ("prefillfirst", "prefill"):
+        raise params.error("stageOrder", "prefill-first is not implemented here: decode runs first (decode-first)")
+    raise params.error("stageOrder", f"invalid stage order {raw!r}, must be 'decode-first' or 'prefill-first'")
+
+
 def disagg_handler(name: str, params: Params, ctx: BuildContext) -> object:
+    _stage_order(params)
+    flat = [f for f in (*_FLAT, "deciderPluginName") if params.present(f)]
+    if flat:  # upstream's deprecated flat format: the same settings, logged as deprecated there and here
+        nested = [f for f in ("profiles", "deciders") if params.present(f)]
+        if nested:
+            raise params.error(flat[0], f"use one format: the flat fields or {' and '.join(nested)}, not both")
+        ctx.warn(
+            f"plugin '{name}' (disagg-profile-handler)",
+            f"deprecated parameter(s) {', '.join(flat)}: use profiles.{{decode,prefill,encode}} and deciders",
+        )
+        decode = params.text("decodeProfile", "") or "decode"
+        prefill = params.text("prefillProfile", "") or "prefill"
+        encode = params.text("encodeProfile", "") or "encode"
+        named, alias = params.text("prefillDeciderPluginName", ""), params.text("deciderPluginName", "")
+        prefill_decider = named or alias or None  # deciderPluginName: pd-profile-handler's name, the lower priority
+        encode_decider = params.text("encodeDeciderPluginName", "") or None
+        params.finish()
+        return HandlerSpec("disagg-profile-handler", name, decode, prefill, encode, prefill_decider, encode_decider)
     profiles = Params(params.section("profiles"), f"{params.where}: profiles")
     decode = profiles.text("decode", "decode")
     prefill = profiles.text("prefill", "prefill")

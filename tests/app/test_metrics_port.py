@@ -20,7 +20,14 @@ from epp.app.metrics_auth import MetricsAuth
 from epp.discovery.kubernetes.rest import KubeRest, load_api_client
 from epp.discovery.kubernetes.review import AccessReviewer
 from epp.extproc.stream import StreamSettings
-from epp.observability.labels import MAX_LABEL_BYTES, MODEL_LIMIT, OVERFLOW
+from epp.observability.labels import (
+    CLIENT_SERIES_BYTES,
+    MAX_LABEL_BYTES,
+    MODEL_LIMIT,
+    OVERFLOW,
+    SERIES_LINE_BYTES,
+    SERIES_LINES,
+)
 from epp.observability.metrics import PickerMetrics
 from tests.extproc.envoy import DecidingStream
 from tests.extproc.test_stream import body_msg, headers_msg, make_director
@@ -65,9 +72,18 @@ def test_distinct_short_model_names_beyond_the_bound_share_the_other_label() -> 
     models = {
         s.labels["model_name"] for f in metrics.registry.collect() if f.name == "llm_d_epp_request" for s in f.samples
     }
-    assert len(models) == MODEL_LIMIT + 1 and OVERFLOW in models
+    # the first names, while the client series' estimated share of the page lasts; every later one is `other`
+    admitted, spent = [], 0
+    for i in range(MODEL_LIMIT * 3):
+        cost = SERIES_LINES * (SERIES_LINE_BYTES + 2 * len(f"model-{i}"))
+        if spent + cost > CLIENT_SERIES_BYTES:
+            break
+        admitted.append(f"model-{i}")
+        spent += cost
+    assert 0 < len(admitted) < MODEL_LIMIT
+    assert models == {*admitted, OVERFLOW}
     other = {"model_name": OVERFLOW, "target_model_name": OVERFLOW, "fairness_id": "default-flow", "priority": "0"}
-    assert metrics.registry.get_sample_value("llm_d_epp_request_total", other) == MODEL_LIMIT * 2 + 1
+    assert metrics.registry.get_sample_value("llm_d_epp_request_total", other) == MODEL_LIMIT * 3 - len(admitted) + 1
 
 
 class _ThreadRecorder:

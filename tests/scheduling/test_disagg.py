@@ -307,3 +307,33 @@ def test_a_prefill_endpoint_with_unusable_data_is_not_named() -> None:
     rows: list[dict[str, object]] = [{"scraped": False}, {"scraped": False}, {}, {}]
     result = _pick(pd_config(ALWAYS), ROLES_2P2D, rows=rows)
     assert int(result[0]) in (2, 3) and result.prefill == -1
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"prefillDeciderPluginName": "decider"},
+        {"deciderPluginName": "decider", "decodeProfile": "decode", "prefillProfile": "prefill"},
+        {"stageOrder": "decode-first", "deciders": {"prefill": "decider"}},
+    ],
+)
+def test_the_handler_takes_upstreams_flat_parameters_and_its_stage_order(parameters) -> None:
+    """disagg_profile_handler.go: the deprecated flat format still loads (one warning), and stageOrder decode-first."""
+    doc = pd_config(ALWAYS, {"type": "disagg-profile-handler", "parameters": parameters})
+    scheduler = build_scheduler(doc, seed=0)
+    assert isinstance(scheduler.handler, DisaggScheduler) and scheduler.handler.prefill is not None
+    flat = [w for w in deprecations(doc) if "deprecated parameter" in w]
+    assert len(flat) == (0 if "deciders" in parameters else 1)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "words"),
+    [
+        ({"prefillDeciderPluginName": "decider", "deciders": {"prefill": "decider"}}, "use one format"),
+        ({"stageOrder": "prefill-first"}, "prefill-first is not implemented here"),
+        ({"stageOrder": "sideways"}, "invalid stage order"),
+    ],
+)
+def test_the_handler_refuses_mixed_formats_and_an_unknown_stage_order(parameters, words) -> None:
+    with pytest.raises(ConfigError, match=words):
+        build_scheduler(pd_config(ALWAYS, {"type": "disagg-profile-handler", "parameters": parameters}))
