@@ -11,11 +11,12 @@ it decides on comes through memory it shares with the control process:
 - the in-flight matrix: one row per worker, one column per endpoint, (in flight, picks since the last scrape,
   prompt tokens in flight).
   Each worker writes its own row when it books or releases a pick; every decision reads the sum over all rows,
-  refreshed every `REFRESH_S`, so a burst split over workers is seen whole, as one process would see it;
+  refreshed every `REFRESH_S` while a stream is open and as one starts (idle, every `IDLE_S`: an idle worker
+  costs next to no CPU), so a burst split over workers is seen whole, as one process would see it;
 - a stats row (streams started, pid, picks learned from the other workers, picks of theirs lost) the control
   process shows per worker in /metrics and /debug/pool;
 - the shared log of picks (epp.app.pick_log): each worker's prefix scorers learn their own picks at once and the
-  other workers' picks every `REFRESH_S`, so a repeat of a prompt finds its endpoint whichever worker takes it.
+  other workers' picks at the same refresh, so a repeat of a prompt finds its endpoint whichever worker takes it.
 
 With federation, the sites come as a `Sites` message whenever the control process's FederatedCluster watch
 changes them (the watch runs once, there); the worker's router reads its own copy, empty until the first message,
@@ -62,7 +63,8 @@ from epp.supervision.pipe import watch_pipe
 
 log = logging.getLogger(__name__)
 
-REFRESH_S = 0.01  # shared rows and in-flight sums → this worker's table
+REFRESH_S = 0.01  # shared rows and in-flight sums → this worker's table, while a stream is open
+IDLE_S = 0.5  # the same with no stream open (a stream that starts refreshes the table first if it is older)
 METRICS_S = 0.5  # at most this often, and only when something changed: this worker's metrics → the control process
 INFLIGHT, PICKS, TOKENS = 0, 1, 2  # the in-flight matrix's columns: picks in flight, picks since scrape, tokens
 MATRIX_COLUMNS = 3
@@ -201,15 +203,24 @@ class MirrorTable(EndpointTable):
 
 
 class _CountingObserver:
-    """The worker's metrics as the ext_proc server's observer, counting started streams in the shared stats row."""
+    """The worker's metrics as the ext_proc server's observer, counting started streams in the shared stats row
+    and the streams open now; `on_start` runs as a stream starts (before its request is decided)."""
 
-    def __init__(self, inner: Any, stats: np.ndarray) -> None:
+    def __init__(self, inner: Any, stats: np.ndarray, on_start: Callable[[], None]) -> None:
         self._inner = inner
         self._stats = stats
+        self._on_start = on_start
+        self.open = 0
 
     def stream_started(self) -> None:
         self._stats[0] += 1
+        self.open += 1
+        self._on_start()
         self._inner.stream_started()
+
+    def stream_finished(self, code: str, seconds: float) -> None:
+        self.open -= 1
+        self._inner.stream_finished(code, seconds)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -284,9 +295,30 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
         from epp.app.tracing import TracingDirector
 
         decider = TracingDirector(director, tracer)
-    processor = build_processor(settings, config, decider, _CountingObserver(metrics, stats[index]))
-    server = extproc_server(settings, processor, reuse_port=True)
+    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    wake = asyncio.Event()  # a stream started, or the worker must stop: the loop below runs now
+    refreshed_at = [-1.0]
+
+    def refresh() -> None:
+        """The shared rows and in-flight sums into our table, the other workers' picks into our prefix scorers."""
+        refreshed_at[0] = loop.time()
+        table.refresh()
+        _learn(pick_log, table, scorers, stats[index])
+
+    def stream_began() -> None:
+        """While no stream is open the loop below ticks slowly: a stream's decision gets what it would have read."""
+        if loop.time() - refreshed_at[0] >= REFRESH_S:
+            refresh()
+        wake.set()
+
+    def halt() -> None:
+        stop.set()
+        wake.set()
+
+    observer = _CountingObserver(metrics, stats[index], stream_began)
+    processor = build_processor(settings, config, decider, observer)
+    server = extproc_server(settings, processor, reuse_port=True)
 
     conn = end.conn
 
@@ -305,13 +337,12 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
                     federation[1].replace_all(msg.sites)
                     federation[1].synced = msg.synced
                 elif isinstance(msg, Stop):
-                    stop.set()
+                    halt()
         except (EOFError, OSError):
-            stop.set()  # the control process is gone: drain and exit
+            halt()  # the control process is gone: drain and exit
 
-    loop = asyncio.get_running_loop()
     watch_pipe(loop, conn, on_message)
-    end.on_parent_gone(stop.set, loop)  # the group's SIGTERM is the control process's; its death is ours
+    end.on_parent_gone(halt, loop)  # the group's SIGTERM is the control process's; its death is ours
     # Nothing is served before the control process's view is ours: its membership (sent right after "init") and
     # the rows scraped so far. A stream taken earlier would see the endpoints without their data (all unusable:
     # e.g. no prefill stage, or a saturated pool).
@@ -327,10 +358,11 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
     next_metrics = 0.0
     try:
         while not stop.is_set():
+            # Every REFRESH_S while a stream is open; idle, every IDLE_S (a new stream refreshes first, above).
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), REFRESH_S)
-            table.refresh()
-            _learn(pick_log, table, scorers, stats[index])
+                await asyncio.wait_for(wake.wait(), REFRESH_S if observer.open else IDLE_S)
+            wake.clear()
+            refresh()
             if loop.time() >= next_metrics:
                 next_metrics = loop.time() + METRICS_S
                 with contextlib.suppress(OSError):
