@@ -157,8 +157,9 @@ def inprocess_driver() -> tuple[Callable[[int], None], Callable[[], dict[str, An
         for msg in (headers_message(i, len(body)), body_message(body)):
             answers = stream.handle(decode(msg.SerializeToString()))
             if not isinstance(answers, list):  # the body asks for its decision: the pipeline, as the adapter runs it
-                assert server.pipeline.decide_now(answers), "no render call, no flow control: nothing waits"
-                answers = stream.resume(answers)
+                decide = server.pipeline.immediate
+                assert decide is not None, "no render call, no flow control: nothing waits"
+                answers = stream.resume(decide(answers, stream.subset))
             for answer in answers:
                 answer.SerializeToString()
         stream.close()

@@ -130,7 +130,9 @@ def build(config_path: str | None) -> Callable[[], None]:
     decode = pb.ProcessingRequest.FromString
     count = 0
     scrape()
-    pipeline = getattr(server, "pipeline", None)  # an older checkout's stream decides itself
+    # Where the stream asks for its decision, the adapter calls the pipeline's `immediate` (the director's decide
+    # when no stage waits); an older checkout's stream decides itself.
+    decide = server.pipeline.immediate if hasattr(server, "pipeline") else None
 
     def one() -> None:
         nonlocal count
@@ -142,9 +144,11 @@ def build(config_path: str | None) -> Callable[[], None]:
         for data in wire:
             answers = stream.handle(decode(data))
             if answers.__class__ is not list:  # the stream asks for its decision (NeedDecision): as the adapter does
-                if not pipeline.decide_now(answers):
-                    raise RuntimeError("the pipeline waits: this picker has no render call and no flow control")
-                answers = stream.resume(answers)
+                try:
+                    outcome = decide(answers, stream.subset)
+                except Exception as exc:
+                    outcome = exc
+                answers = stream.resume(outcome, 0.0)
             for answer in answers:
                 answer.SerializeToString()
         stream.close()

@@ -60,6 +60,7 @@ from epp.observability.flow import FlowControlMetrics
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import PickerMetrics
 from epp.observability.plugins import PluginTimer
+from epp.observability.stderr_json import route_stderr_as_json
 from epp.scheduling.build import deprecations
 from epp.scheduling.scheduler import Scheduler
 from epp.scrape.engines import engines_of_config
@@ -447,6 +448,8 @@ async def _main(settings: ServeSettings) -> int:
 
 def serve_from_settings(settings: ServeSettings) -> int:
     logs = settings.logging
+    if logs.encoder == "json":  # every line JSON: gRPC core's own lines and the children's stderr too
+        route_stderr_as_json(logs.time_encoding)
     configure_logging(logs.verbosity, logs.encoder, logs.level, logs.time_encoding)
     with contextlib.suppress(KeyboardInterrupt):
         return run_loop(_main(settings))

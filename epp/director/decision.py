@@ -1,13 +1,12 @@
-"""The two values that cross between the protocol and the director: what a stream asks to have decided
-(`NeedDecision`) and where its request goes (`Decision`).
+"""The values that cross between the protocol and the director: what a stream asks to have decided
+(`NeedDecision`), where its request goes (`Decision`) or why it does not (`Outcome`).
 
-Pure values, no behaviour: the ext_proc stream (which may do no I/O) builds the first and reads the second, the
-director's pipeline (`epp.director.pipeline`) fills the one with the other.
+Pure values, no behaviour: the ext_proc stream (which may do no I/O) hands out the first and reads the others, the
+director's pipeline (`epp.director.pipeline`) turns the one into the other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import NamedTuple
 
 from epp.requests import InferenceRequest
@@ -36,20 +35,20 @@ class Decision(NamedTuple):
         return ",".join(self.addresses)
 
 
-class NeedDecision:
-    """A stream's request, parsed once, waiting for its decision: the stream returns it from the message that
-    completes what the decision reads, the adapter runs the director's pipeline on it, and the pipeline leaves
-    exactly one of `decision` or `error` set before the stream is resumed with it (`StreamProcessor.resume`).
+# What a stream asks to have decided is the request itself, parsed once: `StreamProcessor.handle` returns it (in
+# place of answers) from the message that completes what the decision reads, with the gateway's subset hint beside
+# it (`StreamProcessor.subset`) and the body's length on it (`body_size`: flow control's queue accounting). No
+# wrapper is built per request (an object's construction costs about as much as the call that decides it).
+NeedDecision = InferenceRequest
 
-    `size` is the body's length in bytes (flow control's queue accounting); `waited_s` the seconds the pipeline
-    spent on I/O and in the flow-control queue, left out of the scheduling latency the stream reports."""
+# What the pipeline hands back for the stream to answer: the decision, or the refusal (EppError) or failure that
+# stands in for one.
+Outcome = Decision | Exception
 
-    __slots__ = ("decision", "error", "request", "size", "subset", "waited_s")
 
-    def __init__(self, request: InferenceRequest, subset: Sequence[str] | None, size: int) -> None:
-        self.request = request
-        self.subset = subset
-        self.size = size
-        self.decision: Decision | None = None
-        self.error: Exception | None = None
-        self.waited_s = 0.0
+class Decided(NamedTuple):
+    """The last item `DecisionPipeline.run` yields: the outcome, and the seconds spent on I/O and in the
+    flow-control queue (left out of the scheduling latency the stream reports)."""
+
+    outcome: Outcome
+    waited_s: float

@@ -2,7 +2,7 @@
 
 The ext_proc stream is pure; when a message completes what the decision reads it returns a `NeedDecision`, and its
 adapter runs the pipeline on it before resuming the stream. Each stage is skipped when it is not configured, so the
-default path is one synchronous `decide` (`decide_now`, no coroutine); otherwise the adapter iterates `run`:
+default path is one synchronous `decide` (`immediate`, no coroutine); otherwise the adapter iterates `run`:
 
 1. tokenize: a vllm token-producer's render call (`epp.director.tokens`, I/O, bounded by its timeout, never
    raises) puts the engine's token ids on the request;
@@ -13,7 +13,8 @@ default path is one synchronous `decide` (`decide_now`, no coroutine); otherwise
    control learns that the pick is booked (`decided`) and, with eviction on, tracks a sheddable request in
    flight until the stream completes its decision (`complete`).
 
-Whatever a stage refuses or breaks lands in `NeedDecision.error`; nothing escapes `run` but cancellation.
+Whatever a stage refuses or breaks is the outcome (an EppError, or the failure the stream answers as internal);
+nothing escapes `run` but cancellation (nor the adapter's call of `immediate`, which catches the same).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 
-from epp.director.decision import Decision, NeedDecision
+from epp.director.decision import Decided, Decision, NeedDecision
 from epp.director.flow import FlowGate
 from epp.director.tokens import RenderTokenizer
 from epp.flowcontrol.eviction import InFlight
@@ -35,7 +36,7 @@ class DecisionPipeline:
     """One instance per director (`Director.pipeline`), shared by every stream; `around` gives the same stages
     over another decide and complete (the tracing director's spans)."""
 
-    __slots__ = ("_clock", "_complete", "_decide", "_gate", "_tokenizer", "_tracked", "_waits", "complete")
+    __slots__ = ("_clock", "_complete", "_decide", "_gate", "_tokenizer", "_tracked", "complete", "immediate")
 
     def __init__(
         self,
@@ -51,7 +52,9 @@ class DecisionPipeline:
         self._tokenizer = tokenizer
         self._gate = gate
         self._tracked: dict[int, InFlight] = {}  # id(decision) → its eviction handle, while in flight
-        self._waits = tokenizer is not None or gate is not None
+        # The director's decide itself when no stage waits (no render call, no flow control: the default), so the
+        # adapter decides at once, with no coroutine and no call in between; None: the adapter iterates `run`.
+        self.immediate: DecideFn | None = decide if tokenizer is None and gate is None else None
         # What a stream calls when it is done with its decision (response ended, refused, evicted or closed): the
         # director's `complete`, which releases the booking; with flow control, also the eviction bookkeeping.
         self.complete: CompleteFn = complete if gate is None else self._complete_tracked
@@ -67,41 +70,28 @@ class DecisionPipeline:
     def around(self, decide: DecideFn, complete: CompleteFn) -> DecisionPipeline:
         return DecisionPipeline(decide, complete, self._clock, self._tokenizer, self._gate)
 
-    def decide_now(self, need: NeedDecision) -> bool:
-        """With no stage that waits (no render call, no flow control: the default), decide `need` at once and
-        say True; else False: the caller runs `run`, which has something to await."""
-        if self._waits:
-            return False
-        try:
-            need.decision = self._decide(need.request, need.subset)
-        except Exception as exc:  # an EppError is a refusal; anything else the stream answers as internal
-            need.error = exc
-        return True
-
-    async def run(self, need: NeedDecision, evict: Callable[[], None] | None = None) -> AsyncIterator[float]:
-        """Decide `need`, leaving its `decision` or its `error` set. Yields, while flow control holds the request,
-        the seconds Envoy should keep waiting. `evict` is how flow control ends the request in flight later (with
+    async def run(
+        self, request: NeedDecision, subset: Sequence[str] | None, evict: Callable[[], None] | None = None
+    ) -> AsyncIterator[float | Decided]:
+        """Every stage for `request`: yields, while flow control holds it, the seconds Envoy should keep waiting,
+        and last its outcome (`Decided`). `evict` is how flow control ends the request in flight later (with
         eviction on): the adapter's way to answer the stream 429 at once."""
         tokenizer = self._tokenizer
         gate = self._gate
+        started = self._clock()
         try:
-            if tokenizer is None and gate is None:  # the default path: nothing to wait for
-                need.decision = self._decide(need.request, need.subset)
-                return
-            started = self._clock()
-            request = need.request
             if tokenizer is not None:
                 request = await tokenizer.tokenize(request)
             if gate is None:
-                need.waited_s = self._clock() - started
-                need.decision = self._decide(request, need.subset)
+                waited = self._clock() - started
+                yield Decided(self._decide(request, subset), waited)
                 return
-            async with aclosing(gate.hold(request.headers, need.size)) as holds:
+            async with aclosing(gate.hold(request.headers, request.body_size)) as holds:
                 async for seconds in holds:
                     yield seconds
-            need.waited_s = self._clock() - started
+            waited = self._clock() - started
             try:
-                decision = need.decision = self._decide(request, need.subset)
+                decision = self._decide(request, subset)
             finally:
                 gate.decided()
             if evict is not None and gate.evicting:
@@ -109,7 +99,9 @@ class DecisionPipeline:
                 if handle is not None:
                     self._tracked[id(decision)] = handle
         except Exception as exc:  # an EppError is a refusal; anything else the stream answers as internal
-            need.error = exc
+            yield Decided(exc, self._clock() - started)
+            return
+        yield Decided(decision, waited)
 
     def _complete_tracked(self, decision: Decision) -> None:
         """`complete` with flow control: release the booking, then, for a request flow control tracked in flight

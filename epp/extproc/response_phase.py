@@ -1,26 +1,27 @@
-"""An ext_proc stream from its decision on, as a base of `StreamProcessor`: the answer that carries the decision,
-then the response's transitions.
+"""An ext_proc stream from its decision on, as a base of `StreamProcessor`: `resume` with the decision, then the
+response's transitions.
 
-`_decision_answer` builds the answer that carries the pipeline's decision (`StreamProcessor.resume` sends it with
-whatever the deciding message held back). Then the request went on: the stream reads the response's usage in the
-dialect of the request's parser, puts a rewritten model name back, echoes the headers a plugin asked for, and ends
-the request (its booking released, counted) when the response ends. A failure of ours here never breaks a good
-response: the message is answered unchanged (`_unchanged`). Pure: no I/O.
+`resume` answers with the pipeline's outcome: the answer that carries the decision, with whatever the deciding
+message held back (or the ImmediateResponse of a refusal). Then the request went on: the stream reads the
+response's usage in the dialect of the request's parser, puts a rewritten model name back, echoes the headers a
+plugin asked for, and ends the request (its booking released, counted) when the response ends. A failure of ours
+here never breaks a good response: the message is answered unchanged (`_unchanged`). Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from epp import wire
-from epp.director.decision import Decision
+from epp.director.decision import Decision, Outcome
+from epp.errors import EppError, ErrorCode
 from epp.extproc import messages as m
 from epp.extproc.observer import StreamObserver
 from epp.extproc.phases import Phase
 from epp.extproc.response import ResponseTracker, Usage, model_restorer
-from epp.requests import UsageDialect
+from epp.requests import InferenceRequest, UsageDialect
 
-_RESPONSE_BODY, _RESPONSE_DONE = Phase.RESPONSE_BODY, Phase.RESPONSE_DONE
+_DECIDING, _RESPONSE_BODY, _RESPONSE_DONE = Phase.DECIDING, Phase.RESPONSE_BODY, Phase.RESPONSE_DONE
 FULL_DUPLEX = m.FULL_DUPLEX
 NONE = m.NONE
 
@@ -30,6 +31,7 @@ _Answers = list[m.ProcessingResponse]
 # buffered body's answer; on the headers answer followed by the body streamed back (FULL_DUPLEX); on the headers
 # answer followed by one answer per held chunk (STREAMED with early body).
 ON_HEADERS, ON_BODY, DUPLEX, HELD_CHUNKS = range(4)
+Then = tuple[int, bytes | None, Phase, bool]  # what to answer, the body, the phase after, trailers to answer too
 
 
 class Bookings(Protocol):
@@ -41,11 +43,25 @@ class Bookings(Protocol):
 class ResponsePhases:
     """The response transitions and the request's ending; the state lives in `StreamProcessor`'s slots."""
 
-    __slots__ = ("_decision", "_held_chunks", "_response", "_response_body_mode", "_rewrite", "_usage")
+    __slots__ = (
+        "_decision",
+        "_held_chunks",
+        "_response",
+        "_response_body_mode",
+        "_rewrite",
+        "_started",
+        "_then",
+        "_usage",
+        "phase",
+    )
 
     _answers: m.DecisionAnswers
     _bookings: Bookings
     _generated_id: str
+    _started: float
+    _then: Then
+    phase: Phase
+    _request: InferenceRequest | None
     _held_chunks: int
     _observer: StreamObserver[Any]
     _clock: Any
@@ -56,21 +72,82 @@ class ResponsePhases:
     _rewrite: tuple[bytes, bytes] | None
     _usage: UsageDialect
 
-    def _decision_answer(self, decision: Decision, on_body: bool) -> m.ProcessingResponse:
-        """The answer that carries the decision: on the headers, or on the (buffered) body."""
-        destination = decision.header_value
-        set_headers: tuple[tuple[str, str], ...] = ((wire.DESTINATION_HEADER, destination), *decision.headers)
-        generated = self._generated_id
-        if generated:
-            set_headers = (("x-request-id", generated), *set_headers)
-        if decision.body is not None:
-            set_headers = (*set_headers, ("content-length", str(len(decision.body))))
-        if decision.target_model and decision.target_model != decision.original_model:
-            self._rewrite = model_restorer(decision.target_model, decision.original_model)
-        replaced = decision.body if on_body else None
-        cacheable = not generated and decision.body is None  # a fresh request id or body length is one request's
-        phase = "body" if on_body else "headers"
-        return self._answers.decision(phase, set_headers, destination, replaced, cacheable, decision.scores)
+    def resume(self, outcome: Outcome | None, waited_s: float = 0.0) -> _Answers:
+        """The answers that were waiting for the decision: the pipeline's outcome (the decision, or the refusal or
+        failure that stands in for one; `waited_s`, its time on I/O and in the queue). Never raises."""
+        if self.phase is not _DECIDING:  # the stream ended meanwhile (or never asked): keep no booking
+            if outcome.__class__ is Decision:
+                self._bookings.complete(outcome)
+            return []
+        try:
+            if outcome.__class__ is not Decision:
+                if isinstance(outcome, Exception):
+                    raise outcome
+                raise RuntimeError("the decision pipeline gave no outcome")
+            decision: Decision = outcome
+            self._decision = decision
+            request = self._request  # set with `_then` when the stream asked
+            self._observer.decided(
+                self._record,
+                self._started + waited_s,  # the scheduling latency leaves out the render call and the queue
+                self._clock(),
+                decision.original_model,
+                decision.target_model,
+                request.fairness_id,  # type: ignore[union-attr]
+                request.objective,  # type: ignore[union-attr]
+                decision.addresses[0] if decision.addresses else "",
+            )
+            how, body, next_phase, trailers = self._then  # set in the DECIDING phase
+            # The answer that carries the decision: on the headers, or (BUFFERED) on the body.
+            new_body = decision.body  # a rewritten body, or None
+            destination = ",".join(decision.addresses)  # `header_value`, without a property's call
+            set_headers: tuple[tuple[str, str], ...] = ((wire.DESTINATION_HEADER, destination), *decision.headers)
+            generated = self._generated_id
+            if generated:
+                set_headers = (("x-request-id", generated), *set_headers)
+            if new_body is not None:
+                set_headers = (*set_headers, ("content-length", str(len(new_body))))
+            if decision.target_model and decision.target_model != decision.original_model:
+                self._rewrite = model_restorer(decision.target_model, decision.original_model)
+            on_body = how == ON_BODY
+            cacheable = not generated and new_body is None  # a fresh request id or body length is one request's
+            answer = self._answers.decision(
+                "body" if on_body else "headers",
+                set_headers,
+                destination,
+                new_body if on_body else None,
+                cacheable,
+                decision.scores,
+            )
+            if how == DUPLEX:
+                out_body = new_body if new_body is not None else body
+                assert out_body is not None
+                out = [answer, *m.streamed_body_responses(out_body, not trailers)]
+            elif how == HELD_CHUNKS:
+                out = [answer]
+                replaced = new_body
+                for i in range(self._held_chunks):
+                    out.append(
+                        m.request_body_chunk_response(replaced if i == 0 else None, replace=replaced is not None)
+                    )
+                self._held_chunks = 0
+            else:
+                out = [answer]
+            if trailers:
+                out.append(m.request_trailers_response())
+            self.phase = next_phase
+            return out
+        except EppError as err:
+            return [self._refuse(err)]
+        except Exception:
+            self._log_failure("the decision", _DECIDING)
+            return [self._refuse(EppError(ErrorCode.INTERNAL, "internal error in the endpoint picker"))]
+
+    if TYPE_CHECKING:  # StreamProcessor's
+
+        def _refuse(self, err: EppError) -> m.ProcessingResponse: ...
+
+        def _log_failure(self, kind: str | None, phase: Phase) -> None: ...
 
     def _on_response_headers(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
         response_headers = msg.response_headers

@@ -29,7 +29,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from epp.director.decision import NeedDecision
+from epp.director.decision import Decided, NeedDecision, Outcome
 from epp.director.flow import EVICTED
 from epp.director.pipeline import DecisionPipeline
 from epp.errors import EppError, ErrorCode
@@ -97,6 +97,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         watch = _StreamWatch(self._limits.idle_timeout_s)
         messages = aiter(request_iterator)
         pipeline = self.pipeline
+        decide = pipeline.immediate
         started = self._clock()
         self._observer.stream_started()
         code = "Unknown"  # an exception out of the stream (a broken stream), unless it ends or is cancelled
@@ -140,16 +141,25 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 watch.reading = False
                 watch.touch()
                 answers = stream.handle(message)
-                if answers.__class__ is NeedDecision:
-                    need: NeedDecision = answers
-                    if not pipeline.decide_now(need):  # a stage waits: a render call, the flow-control queue
+                if answers.__class__ is NeedDecision:  # the request, parsed: its decision first
+                    waited = 0.0
+                    if decide is not None:  # no stage waits (the default): the director decides at once
+                        try:
+                            outcome: Outcome | None = decide(answers, stream.subset)
+                        except Exception as exc:  # a refusal (EppError) or a failure: the stream answers it
+                            outcome = exc
+                    else:  # a stage waits: a render call, the flow-control queue
+                        outcome = None
                         watch.hold = True  # not idleness
-                        async for seconds in pipeline.run(need, watch.evict):
-                            yield m.hold_response(seconds)  # queued: Envoy's per-message timer runs meanwhile
+                        async for step in pipeline.run(answers, stream.subset, watch.evict):
+                            if step.__class__ is Decided:
+                                outcome, waited = step
+                            else:  # queued: Envoy's per-message timer runs meanwhile
+                                yield m.hold_response(step)  # type: ignore[arg-type]
                         watch.hold = False
                         watch.touch()
-                    answers = stream.resume(need)
-                for response in answers:  # type: ignore[union-attr]
+                    answers = stream.resume(outcome, waited)
+                for response in answers:
                     yield response
                 if stream.finished:
                     code = "OK"

@@ -24,9 +24,10 @@ Request body modes (read from `protocol_config` on the first message):
 
 The stream never decides itself: the message that completes what the decision reads (headers with end_of_stream,
 STREAMED or NONE headers, the end of a buffered, duplex or early STREAMED body, request trailers) is parsed, once,
-and answered with a `NeedDecision` (the phase becomes DECIDING). The adapter runs the director's pipeline on it
-(tokenize → flow-control hold → decide, `epp.director.pipeline`) and hands it back with `resume`, which answers
-what that message and the ones it held wait for. The request's path is `:path`, else `x-original-path`, else
+and answered with its `NeedDecision` — the parsed request itself, the gateway's subset hint in `subset` — (the
+phase becomes DECIDING). The adapter runs the director's pipeline on it (tokenize → flow-control hold → decide,
+`epp.director.pipeline`) and hands the outcome back with `resume`, which answers what that message and the ones it
+held wait for. The request's path is `:path`, else `x-original-path`, else
 `x-forwarded-path`, else `/v1/completions` (upstream's order).
 
 Whatever goes wrong — bad JSON, an oversized body, no endpoint, a bug — becomes an ImmediateResponse with a clear
@@ -51,7 +52,7 @@ from epp.extproc.observer import StreamObserver, Warnings
 from epp.extproc.phases import Phase, out_of_order
 from epp.extproc.response import ResponseTracker
 from epp.extproc.response_phase import DUPLEX, HELD_CHUNKS, ON_BODY, ON_HEADERS, Bookings, ResponsePhases
-from epp.requests import DEFAULT_PARSERS, InferenceRequest, ParserChain, UsageDialect, request_path
+from epp.requests import DEFAULT_PARSERS, InferenceRequest, ParserChain, request_path
 
 __all__ = ["TRANSITIONS", "Bookings", "Phase", "StreamProcessor", "StreamSettings", "Transition"]
 
@@ -79,7 +80,6 @@ _Answers = list[m.ProcessingResponse]
 _Action = Callable[["StreamProcessor", m.ProcessingRequest], tuple["_Answers | NeedDecision", Phase]]
 
 _ON_HEADERS, _ON_BODY, _DUPLEX, _HELD_CHUNKS = ON_HEADERS, ON_BODY, DUPLEX, HELD_CHUNKS
-_new = object.__new__
 
 
 class Transition(NamedTuple):
@@ -97,7 +97,6 @@ class StreamProcessor(ResponsePhases):
         "_budget",
         "_clock",
         "_config_seen",
-        "_decided",
         "_early_body",
         "_generated_id",
         "_headers",
@@ -107,11 +106,8 @@ class StreamProcessor(ResponsePhases):
         "_request_body_mode",
         "_reserved",
         "_settings",
-        "_started",
-        "_subset",
-        "_then",
         "_warn",
-        "phase",
+        "subset",
     )
 
     def __init__(
@@ -136,19 +132,16 @@ class StreamProcessor(ResponsePhases):
         self._request_body_mode = BUFFERED  # Envoy's default when no protocol_config is sent
         self._response_body_mode = NONE
         self._early_body = False
-        self._headers: dict[str, str] = {}
+        # `_headers` (request headers) and `_usage` (the parser's usage dialect) are set before any read: the
+        # table lets no message that reads them come before the request headers and the decision.
         self._body = bytearray()
         self._reserved = 0  # bytes of `_body` taken from the server's budget
         self._held_chunks = 0  # STREAMED with early body: chunks whose answers wait for the decision
-        self._subset: list[str] | None = None
-        self._decided = False
+        self.subset: list[str] | None = None  # the gateway's endpoint subset hint, read with the request
         self._decision: Decision | None = None
-        self._then: tuple[int, bytes | None, Phase, bool] | None = None  # (what to answer, body, next, trailers)
-        self._started = 0.0
         self._generated_id = ""  # the request id we made up for a request without one (sent on as a header)
         self._rewrite: tuple[bytes, bytes] | None = None
         self._response: ResponseTracker | None = None
-        self._usage = UsageDialect.OPENAI  # how the response reports usage: the request's parser says
         self._record: Any = None  # what the metrics learn about this request, from its headers on
         self._request: InferenceRequest | None = None  # parsed (labels of a refusal after parsing)
         self.phase = _REQUEST_HEADERS
@@ -178,8 +171,8 @@ class StreamProcessor(ResponsePhases):
                 self._request_body_mode = config.request_body_mode
                 self._response_body_mode = config.response_body_mode
                 self._early_body = config.send_body_without_waiting_for_header_response
-            if self._subset is None and _has_field(msg, "metadata_context"):
-                self._subset = m.subset_hint(msg)
+            if self.subset is None and _has_field(msg, "metadata_context"):
+                self.subset = m.subset_hint(msg)
             kind = _which_oneof(msg, "request")
             transition = _BY_PHASE[phase].get(kind) if kind is not None else None
             if transition is None:
@@ -193,59 +186,6 @@ class StreamProcessor(ResponsePhases):
             if phase >= _RESPONSE_HEADERS and kind is not None and kind.startswith("response_"):
                 answers, self.phase = self._unchanged(msg, kind)
                 return answers
-            return [self._refuse(EppError(ErrorCode.INTERNAL, "internal error in the endpoint picker"))]
-
-    def resume(self, need: NeedDecision) -> _Answers:
-        """The answers that were waiting for the decision: `need` as the pipeline left it (its decision, or the
-        refusal or failure that stands in for one). Never raises."""
-        then = self._then
-        if self.phase is not _DECIDING or then is None:  # the stream ended meanwhile: keep no booking
-            if need.decision is not None:
-                self._bookings.complete(need.decision)
-            return []
-        self._then = None
-        try:
-            error = need.error
-            if error is not None:
-                raise error
-            decision = need.decision
-            if decision is None:
-                raise RuntimeError("the decision pipeline left neither a decision nor an error")
-            self._decision = decision
-            request = need.request
-            self._observer.decided(
-                self._record,
-                self._started + need.waited_s,  # the scheduling latency leaves out the render call and the queue
-                self._clock(),
-                decision.original_model,
-                decision.target_model,
-                request.fairness_id,
-                request.objective,
-                decision.addresses[0] if decision.addresses else "",
-            )
-            how, body, next_phase, trailers = then
-            if how == _DUPLEX:
-                out_body = decision.body if decision.body is not None else body
-                assert out_body is not None
-                out = [self._decision_answer(decision, False), *m.streamed_body_responses(out_body, not trailers)]
-            elif how == _HELD_CHUNKS:
-                out = [self._decision_answer(decision, False)]
-                replaced = decision.body
-                for i in range(self._held_chunks):
-                    out.append(
-                        m.request_body_chunk_response(replaced if i == 0 else None, replace=replaced is not None)
-                    )
-                self._held_chunks = 0
-            else:
-                out = [self._decision_answer(decision, how == _ON_BODY)]
-            if trailers:
-                out.append(m.request_trailers_response())
-            self.phase = next_phase
-            return out
-        except EppError as err:
-            return [self._refuse(err)]
-        except Exception:
-            self._log_failure("the decision", _DECIDING)
             return [self._refuse(EppError(ErrorCode.INTERNAL, "internal error in the endpoint picker"))]
 
     def refuse(self, err: EppError) -> _Answers:
@@ -307,8 +247,8 @@ class StreamProcessor(ResponsePhases):
                 self._buffer(data)
                 data = bytes(self._body)
                 self._release_body()
-            else:
-                self._check_size(len(data))  # the usual one-chunk body: not copied into the buffer and out again
+            elif len(data) > self._settings.max_body_bytes:  # the usual one-chunk body: not copied, checked here
+                self._check_size(len(data))
             return self._need(_DUPLEX, data, _RESPONSE_HEADERS), _DECIDING
         if mode == STREAMED:  # with early body (otherwise the phase would be REQUEST_PASS)
             self._buffer(data)
@@ -391,10 +331,8 @@ class StreamProcessor(ResponsePhases):
         body_unseen: bool = False,
         no_body: bool = False,
     ) -> NeedDecision:
-        """Parse the request, once, and ask for its decision; `resume` answers `then` and moves to `next_phase`."""
-        if self._decided:  # the table makes this unreachable; a second booking would never be released
-            raise EppError(ErrorCode.INTERNAL, "a second decision on one ext_proc stream")
-        self._decided = True
+        """Parse the request, once, and ask for its decision; `resume` answers `then` and moves to `next_phase`.
+        Once per stream: every transition that comes here leaves the request phases (the fuzz test checks it)."""
         self._started = self._clock()
         headers = self._headers
         request_id = headers.get("x-request-id") or ""
@@ -412,13 +350,7 @@ class StreamProcessor(ResponsePhases):
         self._usage = request.usage
         self._request = request
         self._then = (then, body, next_phase, trailers)
-        need = _new(NeedDecision)  # its __init__ unrun: a Python call costs more than the six writes
-        need.request = request
-        need.subset = self._subset
-        need.size = len(body) if body is not None else 0
-        need.decision = need.error = None
-        need.waited_s = 0.0
-        return need
+        return request
 
     # -- endings ----------------------------------------------------------------------------------------------
 
@@ -432,7 +364,6 @@ class StreamProcessor(ResponsePhases):
 
     def _refuse(self, err: EppError) -> m.ProcessingResponse:
         self.phase = _FINISHED
-        self._then = None
         self._release_body()
         if self._decision is not None:
             self._bookings.complete(self._decision)

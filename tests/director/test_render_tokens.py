@@ -10,7 +10,8 @@ import numpy as np
 
 from epp.config.decode import parse_config
 from epp.datastore import EndpointInfo, EndpointTable
-from epp.director import Director, NeedDecision
+from epp.director import Decision, Director
+from epp.director.decision import Decided
 from epp.director.tokens import RenderTokenizer
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import build_scheduler
@@ -127,10 +128,12 @@ async def test_the_director_passes_the_engine_tokens_to_the_scheduler() -> None:
         scheduler, table, director = _rendering_director(server.port)
         tokenizer = director.pipeline.tokenizer
         assert tokenizer is not None
-        need = NeedDecision(_completion("one two three four"), None, 0)
-        assert [s async for s in director.pipeline.run(need)] == []  # no hold: no flow control
-        assert need.error is None and need.decision is not None
-        assert need.decision.tokens == len(token_ids("one two three four"))
+        assert director.pipeline.immediate is None  # a stage waits: the render call
+        steps = [s async for s in director.pipeline.run(_completion("one two three four"), None)]
+        assert len(steps) == 1 and isinstance(steps[0], Decided)  # no hold: no flow control
+        decision = steps[0].outcome
+        assert isinstance(decision, Decision)
+        assert decision.tokens == len(token_ids("one two three four"))
         # and what the producer publishes for such a request: the exact ids
         snap = table.snapshot()
         request = await tokenizer.tokenize(_completion("one two three four"))

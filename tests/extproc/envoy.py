@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.datastore import EndpointInfo, EndpointTable
 from epp.director import Decision, Director
-from epp.director.decision import NeedDecision
+from epp.director.decision import NeedDecision, Outcome
 from epp.director.pipeline import DecisionPipeline
 from epp.extproc.messages import MAX_CHUNK
 from epp.extproc.stream import StreamProcessor, StreamSettings
@@ -51,20 +51,25 @@ class CountingDecider:
         self.inner.complete(decision)
 
 
-def decide_now(need: NeedDecision, decider: object) -> NeedDecision:
-    """What the adapter's pipeline does without a render call or flow control: the decider's `decide`, its
-    refusal or failure left on `need` in place of a decision."""
+def decide_now(decider: object, request: NeedDecision, subset: Sequence[str] | None) -> Outcome:
+    """What the adapter's pipeline does without a render call or flow control: the decider's `decide`, or its
+    refusal or failure in place of a decision."""
     try:
-        need.decision = decider.decide(need.request, need.subset)  # type: ignore[attr-defined]
+        return decider.decide(request, subset)  # type: ignore[attr-defined,no-any-return]
     except Exception as exc:
-        need.error = exc
-    return need
+        return exc
 
 
-def decide_through(pipeline: DecisionPipeline, need: NeedDecision) -> NeedDecision:
+def decide_through(pipeline: DecisionPipeline, request: NeedDecision, subset: Sequence[str] | None) -> Outcome:
     """The pipeline as the adapter runs it when no stage waits (no render call, no flow control): at once."""
-    assert pipeline.decide_now(need), "the pipeline has a stage that waits"
-    return need
+    decide = pipeline.immediate
+    assert decide is not None, "the pipeline has a stage that waits"
+    return decide_now(_Deciding(decide), request, subset)
+
+
+class _Deciding:
+    def __init__(self, decide: object) -> None:
+        self.decide = decide
 
 
 class DecidingStream(StreamProcessor):
@@ -77,7 +82,7 @@ class DecidingStream(StreamProcessor):
     def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:  # type: ignore[override]
         out = super().handle(msg)
         if isinstance(out, NeedDecision):
-            return self.resume(decide_now(out, self._bookings))
+            return self.resume(decide_now(self._bookings, out, self.subset))
         return out
 
 

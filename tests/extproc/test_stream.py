@@ -299,7 +299,7 @@ def _decision_answer(server: ExternalProcessor, extra: dict[str, str] | None = N
     assert stream.handle(headers_msg(extra=extra)) == []
     need = stream.handle(body_msg(BODY, True))
     assert isinstance(need, NeedDecision)
-    answer = stream.resume(decide_through(server.pipeline, need))[0]
+    answer = stream.resume(decide_through(server.pipeline, need, stream.subset))[0]
     stream.close()
     return answer
 

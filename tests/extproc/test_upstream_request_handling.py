@@ -151,10 +151,10 @@ def test_the_stream_asks_for_its_decision_once_with_the_request_parsed() -> None
     stream = DecidingStream(director, PickerMetrics(CollectorRegistry()), lambda: 0.0)
     assert super(DecidingStream, stream).handle(headers_msg()) == []
     need = super(DecidingStream, stream).handle(body_msg(BODY, True))
-    assert isinstance(need, NeedDecision)
-    assert need.request.model == "m1" and need.size == len(BODY) and need.decision is None
+    assert isinstance(need, NeedDecision)  # the request itself, parsed
+    assert need.model == "m1" and need.body_size == len(BODY)
     assert stream.phase.name == "DECIDING"
-    out = stream.resume(decide_through(director.pipeline, need))
+    out = stream.resume(decide_through(director.pipeline, need, stream.subset))
     assert [r.WhichOneof("response") for r in out] == ["request_headers", "request_body"]
     assert destination(out[0]) in POOL
     assert stream.in_flight
@@ -167,7 +167,7 @@ def test_a_refusal_the_pipeline_leaves_is_answered_by_resume() -> None:
     super(DecidingStream, stream).handle(headers_msg())
     need = super(DecidingStream, stream).handle(body_msg(BODY, True))
     assert isinstance(need, NeedDecision)
-    need.error = EppError(ErrorCode.RESOURCE_EXHAUSTED, "flow-control queue full", "rejected-capacity")
-    status, body = immediate(stream.resume(need))
+    refusal = EppError(ErrorCode.RESOURCE_EXHAUSTED, "flow-control queue full", "rejected-capacity")
+    status, body = immediate(stream.resume(refusal))
     assert status == 429 and body == "inference error: ResourceExhausted - flow-control queue full"
     assert stream.finished
