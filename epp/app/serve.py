@@ -28,6 +28,7 @@ from epp.app.build import (
     build_decisions,
     build_director,
     build_processor,
+    build_tracing,
     extproc_server,
     load_picker_config,
 )
@@ -60,6 +61,7 @@ from epp.observability.flow import FlowControlMetrics
 from epp.observability.logs import configure_logging
 from epp.observability.metrics import PickerMetrics
 from epp.observability.plugins import PluginTimer
+from epp.observability.stderr_json import route_stderr_as_json
 from epp.scheduling.build import deprecations
 from epp.scheduling.scheduler import Scheduler
 from epp.scrape.engines import engines_of_config
@@ -99,7 +101,7 @@ async def build(settings: ServeSettings) -> Picker:
     metrics, processor = _request_path(settings, config, state, parts)
     grpc_server = extproc_server(settings, processor, reuse_port=False) if parts.workers == 1 else None
     if parts.workers > 1:
-        state.workers = _worker_pool(settings, parts.workers, state)
+        state.workers = _worker_pool(settings, parts.workers, state, parts.federation)
         state.registry.register(WorkerCollector(state.workers, metrics.families))
         if parts.flow is not None:  # the picker's one set of queues, here; the workers' requests wait in them
             host = FlowHost(parts.flow, state.workers.send, state.workers.sync_bookings, time.monotonic)
@@ -150,25 +152,18 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
     auth = _metrics_auth(settings)
     for warning in settings.startup_warnings:  # after the checks that refuse to start: errors stand alone
         log.warning("%s", warning)
-    tracer_provider, tracer = _tracing(settings.tracing)
-    if tracer is not None:
-        from epp.app.tracing import traced_scheduler
-
-        scheduler = traced_scheduler(scheduler, tracer)
     federation = build_federation(settings.federation, state.failure_mode(), config, scheduler.saturation.saturated)
     for warning in deprecations(config) if config is not None else ():  # after every check that refuses to start
         log.warning("%s: %s", config.source if config is not None else "", warning)
     flow = _flow_gate(scheduler, state, decisions.scrape.interval_s)
-    one_process = [
-        what
-        for what, used in (
-            ("federation", federation is not None),
-            ("--tracing", tracer is not None),
-            ("precise-prefix-cache-producer", kv_feeder is not None),
-        )
-        if used
-    ]
+    one_process = [what for what, used in (("precise-prefix-cache-producer", kv_feeder is not None),) if used]
     workers = serving_workers(settings.workers, one_process)
+    # With workers, each exports its own spans (epp.app.worker): the control process decides nothing to trace.
+    tracer_provider, tracer = build_tracing(settings.tracing) if workers == 1 else (None, None)
+    if tracer is not None:
+        from epp.app.tracing import traced_scheduler
+
+        scheduler = traced_scheduler(scheduler, tracer)
     if federation is not None:
         federation.connect(settings.kubeconfig)
     return _DecisionParts(
@@ -337,9 +332,11 @@ async def _serve(settings: ServeSettings, stop_requested: asyncio.Event) -> int:
     return 0
 
 
-def _worker_pool(settings: ServeSettings, workers: int, state: PickerState) -> WorkerPool:
+def _worker_pool(
+    settings: ServeSettings, workers: int, state: PickerState, federation: FederationParts | None
+) -> WorkerPool:
     """The serving workers; without --cert-path, one self-signed certificate on the port, whichever worker a
-    connection reaches."""
+    connection reaches; the sites the federation watch keeps, sent to every worker."""
     tls = settings.tls
     if tls.enabled and not tls.cert_dir:
         settings = replace(
@@ -353,6 +350,7 @@ def _worker_pool(settings: ServeSettings, workers: int, state: PickerState) -> W
         state.failure_mode,
         state.namespace,
         lambda: follow_readiness(state),
+        sites=federation.sites if federation is not None else None,
     )
 
 
@@ -437,19 +435,6 @@ def _metrics_auth(settings: ServeSettings) -> MetricsAuth | None:
     return MetricsAuth(AccessReviewer(KubeRest(client)))
 
 
-def _tracing(enabled: bool) -> tuple[Any, Any]:
-    """(provider, tracer) with `--tracing` and OpenTelemetry installed (the `tracing` extra); (None, None) else."""
-    if not enabled:
-        return None, None
-    try:
-        from epp.app.tracing import provider_from_env
-    except ImportError:
-        log.warning("--tracing: OpenTelemetry is not installed (pip install 'epp-picker[tracing]'); no traces are sent")
-        return None, None
-    provider = provider_from_env()
-    return provider, provider.get_tracer("epp")
-
-
 async def _main(settings: ServeSettings) -> int:
     stop_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -460,6 +445,8 @@ async def _main(settings: ServeSettings) -> int:
 
 def serve_from_settings(settings: ServeSettings) -> int:
     logs = settings.logging
+    if logs.encoder == "json":  # every line JSON: gRPC core's own lines and the children's stderr too
+        route_stderr_as_json(logs.time_encoding)
     configure_logging(logs.verbosity, logs.encoder, logs.level, logs.time_encoding)
     with contextlib.suppress(KeyboardInterrupt):
         return run_loop(_main(settings))

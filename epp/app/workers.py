@@ -11,7 +11,10 @@ them, each piece with a single writer:
   objectives, as a message to every worker when any of them changes;
 - the in-flight matrix (worker × endpoint) is written by the workers, each its own row; the control process only
   clears the row of a worker that died, so its picks stop counting as load;
-- the shared log of picks (epp.app.pick_log): a ring per worker, written by that worker, read by the others.
+- the shared log of picks (epp.app.pick_log): a ring per worker, written by that worker, read by the others;
+- with federation, the sites the FederatedCluster watch (run here, once) keeps, as a `Sites` message to every
+  worker when they change: a worker that has not heard them yet knows no site, so it routes nothing remote
+  (residency holds: fail-closed).
 
 Each worker is a `Child` of the child-process kit (epp.supervision.child), supervised as every child is: one that
 exits or hangs is logged with its exit code or signal and started again after the backoff, none once the picker
@@ -35,10 +38,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.app.pick_log import ring_words
 from epp.app.settings import ServeSettings
-from epp.app.worker import MATRIX_COLUMNS, STATS_COLUMNS, Members, Metrics, WorkerStart
+from epp.app.worker import MATRIX_COLUMNS, STATS_COLUMNS, Members, Metrics, Sites, WorkerStart
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.datastore.rows import NCOL, TOKEN, scrape_values, write_rows
+from epp.datastore.sites import SiteRegistry
 from epp.datastore.table import EndpointTable
 from epp.observability.request_series import MetricsState
 from epp.observability.worker_series import SeriesFold
@@ -87,6 +91,7 @@ class WorkerPool:
         namespace: Callable[[], str],
         on_change: Callable[[], None],
         *,
+        sites: SiteRegistry | None = None,
         max_endpoints: int = MAX_ENDPOINTS,
     ) -> None:
         self.count = count
@@ -96,6 +101,8 @@ class WorkerPool:
         self._failure_mode = failure_mode
         self._namespace = namespace
         self._on_change = on_change
+        self._sites = sites
+        self._sites_sent: tuple[int, bool] | None = None  # (registry version, synced) last sent
         self.rows = max_endpoints
         shapes = ((self.rows, NCOL), (count, self.rows, MATRIX_COLUMNS), (count, STATS_COLUMNS), (ring_words(count),))
         names = ("rows", "inflight", "stats", "picks")
@@ -184,6 +191,8 @@ class WorkerPool:
     def _started(self, worker: _Worker) -> None:
         self.inflight[worker.index] = 0
         worker.child.send(self._members_msg)
+        if self._sites is not None:
+            worker.child.send(self._sites_msg())
 
     def _ready(self, worker: _Worker) -> None:
         log.info("worker %d serving (pid %s)", worker.index, worker.child.pid)
@@ -225,6 +234,11 @@ class WorkerPool:
         if key != self._members_key:
             self._members_key = key
             self._remap(table)
+        sites = self._sites
+        if sites is not None and (sites.version, sites.synced) != self._sites_sent:
+            msg = self._sites_msg()
+            for worker in self._workers:
+                worker.child.send(msg)
         n = min(len(view.present), self.rows)
         if n == 0:
             return
@@ -266,6 +280,12 @@ class WorkerPool:
         )
         for worker in self._workers:
             worker.child.send(self._members_msg)
+
+    def _sites_msg(self) -> Sites:
+        sites = self._sites
+        assert sites is not None
+        self._sites_sent = (sites.version, sites.synced)
+        return Sites(sites.sites(), sites.synced)
 
     # -- reporting ------------------------------------------------------------------------------------------
 

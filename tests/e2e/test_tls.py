@@ -4,7 +4,10 @@ disk served to new connections without a restart and without a failed request, a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
+import ssl
 import time
 import urllib.request
 from collections import Counter
@@ -155,3 +158,49 @@ async def test_secure_serving_false_keeps_plaintext(e2e_tmp: Path, backends: Bac
                 assert response.status == 200
                 assert response.headers["x-served-by"] in backends.pool
     assert "ext_proc (plaintext)" in (e2e_tmp / "picker-plaintext.log").read_text()
+
+
+def _every_line_json(log: Path) -> list[dict[str, Any]]:
+    records = []
+    for line in log.read_bytes().splitlines():
+        record = json.loads(line)  # raises on the first line that is not JSON
+        assert isinstance(record, dict), line
+        records.append(record)
+    return records
+
+
+async def test_with_the_json_encoder_every_line_the_picker_writes_is_json(
+    e2e_tmp: Path, backends: Backends, envoy_available: None
+) -> None:
+    """`--zap-encoder json`, serving workers and TLS: a client whose SNI the certificate does not name (gRPC core
+    logs that itself, in C++), a plaintext client, then requests through Envoy; every line of the picker's stdout
+    and stderr, its workers' and gRPC core's included, parses as a JSON object, gRPC core's errors kept as
+    records."""
+    log = e2e_tmp / "picker-json-logs.log"
+    argv, picker = start_picker(e2e_tmp, ",".join(backends.pool), "--zap-encoder", "json", "--workers", "2")
+    with running(argv, log) as proc:
+        wait_until(lambda: http_ok(picker.url("/readyz")), 60, "epp serve", proc)
+        for _ in range(3):
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+            with (
+                socket.create_connection(("127.0.0.1", picker.grpc_port), timeout=5) as raw,
+                context.wrap_socket(raw, server_hostname="epp") as tls,
+            ):
+                tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            with socket.create_connection(("127.0.0.1", picker.grpc_port), timeout=5) as plain:
+                plain.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+                with contextlib.suppress(OSError):
+                    plain.recv(100)
+        with envoy(e2e_tmp, picker.grpc_port, "FULL_DUPLEX_STREAMED") as port:
+            async with aiohttp.ClientSession() as session:
+                for i in range(5):
+                    async with session.post(
+                        f"http://127.0.0.1:{port}{CHAT}", data=_body(i), headers={"content-type": "application/json"}
+                    ) as response:
+                        assert response.status == 200
+        time.sleep(0.5)
+    records = _every_line_json(log)
+    assert any(r.get("logger") == "grpc" and "server name" in str(r.get("msg")) for r in records), records[-5:]
+    assert any("serving" in str(r.get("msg")) for r in records)
