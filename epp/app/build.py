@@ -2,12 +2,14 @@
 serving worker of `--workers N` (`epp.app.worker`) build their config, scheduler, Director, ExternalProcessor and
 ext_proc server here, from the same `ServeSettings`, so the two cannot drift apart.
 
-What only the control process has (discovery, federation, flow control, tracing, the scrapers, the HTTP port) is
-passed in as parts; a worker passes none of them.
+What only the control process has (discovery, the federation watch, flow control, the scrapers, the HTTP port) is
+passed in as parts; a worker passes its own federation router (over the sites the control process sends it) and
+builds its own tracer here (`build_tracing`), so each process that decides exports its own spans.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -24,12 +26,14 @@ from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.director import Director
-from epp.director.flow import FlowGate
+from epp.director.flow import FlowHold
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.federation.policy.router import FederationRouter
 from epp.scheduling import Scheduler, build_scheduler
 from epp.scrape.scraper import ScrapeSettings
+
+log = logging.getLogger("epp")
 
 _WORKER_CONNECTION_AGE_MS = 30_000  # with workers: GOAWAY after this, open streams finish, the next connects anew
 _MESSAGE_OVERHEAD = 1 << 20  # an ext_proc message's headers and framing around a body, with plenty of room
@@ -73,10 +77,11 @@ def build_director(
     failure_mode: Callable[[], FailureMode],
     observer: Any,
     federation: FederationRouter | None = None,
-    flow: FlowGate | None = None,
+    flow: FlowHold | None = None,
 ) -> Director:
     """The Director over `table`: priorities and rewrites from `objectives` as the watches (or the control process)
-    last saw them; federation and flow control only where the control process serves alone."""
+    last saw them; the federation router of this process; `flow` is this process's gate, or a serving worker's
+    link to the control process's (`epp.director.flow_link`)."""
     return Director(
         table,
         scheduler,
@@ -123,3 +128,21 @@ def extproc_server(settings: ServeSettings, processor: ExternalProcessor, *, reu
     credentials = server_credentials(tls, hostnames(listen.bind_address)) if tls.enabled else None
     bind(server, listen.bind_address, listen.grpc_port, "--grpc-port", credentials)
     return server
+
+
+def build_tracing(enabled: bool, worker: int | None = None) -> tuple[Any, Any]:
+    """(provider, tracer) with `--tracing` and OpenTelemetry installed (the `tracing` extra); (None, None) else.
+    Every process that decides exports its own spans: the control process alone, or each serving worker (`worker`,
+    its index, among the resource attributes)."""
+    if not enabled:
+        return None, None
+    try:
+        from epp.app.tracing import provider_from_env
+    except ImportError:
+        if not worker:  # said once, by the control process or the first worker
+            log.warning(
+                "--tracing: OpenTelemetry is not installed (pip install 'epp-picker[tracing]'); no traces are sent"
+            )
+        return None, None
+    provider = provider_from_env(worker=worker)
+    return provider, provider.get_tracer("epp")

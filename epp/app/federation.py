@@ -88,6 +88,22 @@ def _log_crash(task: asyncio.Task[None]) -> None:
         log.error("the FederatedCluster watch stopped; sites are no longer updated", exc_info=task.exception())
 
 
+def worker_federation(
+    flags: FederationFlags,
+    picker_config: EndpointPickerConfig | None,
+    saturated: SaturationCheck | None,
+) -> tuple[FederationRouter, SiteRegistry] | None:
+    """A serving worker's router, over a registry of its own that the control process fills (`Sites` messages,
+    epp.app.worker): the same rules and tier as the control process's, checked and logged there. Until the first
+    message the registry is empty and unsynced, so the worker routes nothing remote: residency fails closed."""
+    raw = picker_config.federation if picker_config is not None else None
+    if raw is None and not flags.tier and not flags.watch:
+        return None
+    config = parse_federation(raw, picker_config.source if picker_config is not None else "--config-file")
+    sites = SiteRegistry()
+    return FederationRouter(config, sites, local_tier=flags.tier, saturated=saturated), sites
+
+
 def build_federation(
     flags: FederationFlags,
     failure_mode: FailureMode,

@@ -28,12 +28,14 @@ from epp.app.build import (
     build_decisions,
     build_director,
     build_processor,
+    build_tracing,
     extproc_server,
     load_picker_config,
 )
 from epp.app.cores import default_workers
 from epp.app.endpoints import endpoint_source
 from epp.app.federation import FederationParts, build_federation
+from epp.app.flow_host import FlowHost
 from epp.app.http import build_http_app, pool_report
 from epp.app.kv_feeder import KvFeederProcess
 from epp.app.kv_metrics import KvEventsCollector
@@ -99,8 +101,11 @@ async def build(settings: ServeSettings) -> Picker:
     metrics, processor = _request_path(settings, config, state, parts)
     grpc_server = extproc_server(settings, processor, reuse_port=False) if parts.workers == 1 else None
     if parts.workers > 1:
-        state.workers = _worker_pool(settings, parts.workers, state)
+        state.workers = _worker_pool(settings, parts.workers, state, parts.federation)
         state.registry.register(WorkerCollector(state.workers, metrics.families))
+        if parts.flow is not None:  # the picker's one set of queues, here; the workers' requests wait in them
+            host = FlowHost(parts.flow, state.workers.send, state.workers.sync_bookings, time.monotonic)
+            state.workers.attach_flow(host.receive, host.worker_gone, parts.flow.wake)
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
     bind(health_server, settings.listen.bind_address, settings.listen.grpc_health_port, "--grpc-health-port")
@@ -147,26 +152,18 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
     auth = _metrics_auth(settings)
     for warning in settings.startup_warnings:  # after the checks that refuse to start: errors stand alone
         log.warning("%s", warning)
-    tracer_provider, tracer = _tracing(settings.tracing)
-    if tracer is not None:
-        from epp.app.tracing import traced_scheduler
-
-        scheduler = traced_scheduler(scheduler, tracer)
     federation = build_federation(settings.federation, state.failure_mode(), config, scheduler.saturation.saturated)
     for warning in deprecations(config) if config is not None else ():  # after every check that refuses to start
         log.warning("%s: %s", config.source if config is not None else "", warning)
     flow = _flow_gate(scheduler, state, decisions.scrape.interval_s)
-    one_process = [
-        what
-        for what, used in (
-            ("federation", federation is not None),
-            ("--tracing", tracer is not None),
-            ("the flowControl feature gate", flow is not None),
-            ("precise-prefix-cache-producer", kv_feeder is not None),
-        )
-        if used
-    ]
+    one_process = [what for what, used in (("precise-prefix-cache-producer", kv_feeder is not None),) if used]
     workers = serving_workers(settings.workers, one_process)
+    # With workers, each exports its own spans (epp.app.worker): the control process decides nothing to trace.
+    tracer_provider, tracer = build_tracing(settings.tracing) if workers == 1 else (None, None)
+    if tracer is not None:
+        from epp.app.tracing import traced_scheduler
+
+        scheduler = traced_scheduler(scheduler, tracer)
     if federation is not None:
         federation.connect(settings.kubeconfig)
     return _DecisionParts(
@@ -335,9 +332,11 @@ async def _serve(settings: ServeSettings, stop_requested: asyncio.Event) -> int:
     return 0
 
 
-def _worker_pool(settings: ServeSettings, workers: int, state: PickerState) -> WorkerPool:
+def _worker_pool(
+    settings: ServeSettings, workers: int, state: PickerState, federation: FederationParts | None
+) -> WorkerPool:
     """The serving workers; without --cert-path, one self-signed certificate on the port, whichever worker a
-    connection reaches."""
+    connection reaches; the sites the federation watch keeps, sent to every worker."""
     tls = settings.tls
     if tls.enabled and not tls.cert_dir:
         settings = replace(
@@ -351,6 +350,7 @@ def _worker_pool(settings: ServeSettings, workers: int, state: PickerState) -> W
         state.failure_mode,
         state.namespace,
         lambda: follow_readiness(state),
+        sites=federation.sites if federation is not None else None,
     )
 
 
@@ -433,19 +433,6 @@ def _metrics_auth(settings: ServeSettings) -> MetricsAuth | None:
     except Exception as exc:
         raise ConfigError(f"--metrics-endpoint-auth needs the API server (kubeconfig or in-cluster): {exc}") from None
     return MetricsAuth(AccessReviewer(KubeRest(client)))
-
-
-def _tracing(enabled: bool) -> tuple[Any, Any]:
-    """(provider, tracer) with `--tracing` and OpenTelemetry installed (the `tracing` extra); (None, None) else."""
-    if not enabled:
-        return None, None
-    try:
-        from epp.app.tracing import provider_from_env
-    except ImportError:
-        log.warning("--tracing: OpenTelemetry is not installed (pip install 'epp-picker[tracing]'); no traces are sent")
-        return None, None
-    provider = provider_from_env()
-    return provider, provider.get_tracer("epp")
 
 
 async def _main(settings: ServeSettings) -> int:

@@ -53,9 +53,13 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _MAX_OPEN = 100_000  # request spans awaiting their stream's end; a safety bound, streams always complete
 
 
-def provider_from_env(exporter: SpanExporter | None = None) -> TracerProvider:
-    """A tracer provider configured from the OTEL_* variables (see the module docstring)."""
-    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "epp"}
+def provider_from_env(exporter: SpanExporter | None = None, worker: int | None = None) -> TracerProvider:
+    """A tracer provider configured from the OTEL_* variables (see the module docstring). A serving worker of
+    `--workers N` exports its own spans with the same resource plus `epp.worker` (its index) and `process.pid`
+    (OpenTelemetry's resource convention for the process), so a trace backend tells the workers apart."""
+    attributes: dict[str, str | int] = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "epp"}
+    if worker is not None:
+        attributes.update({"epp.worker": worker, "process.pid": os.getpid()})
     provider = TracerProvider(resource=Resource.create(attributes))  # sampler: OTEL_TRACES_SAMPLER(_ARG)
     if exporter is None:
         exporter = _exporter_from_env()

@@ -18,6 +18,14 @@ it decides on comes through memory it shares with the control process:
 - the shared log of picks (epp.app.pick_log): each worker's prefix scorers learn their own picks at once and the
   other workers' picks at the same refresh, so a repeat of a prompt finds its endpoint whichever worker takes it.
 
+With the flowControl gate the worker's requests wait in the control process's queues, the picker's one set
+(epp.director.flow_link: enqueue, verdict, decided, abandon, and eviction's track, untrack and evict messages on
+the kit's pipe).
+With federation, the sites come as a `Sites` message whenever the control process's FederatedCluster watch
+changes them (the watch runs once, there); the worker's router reads its own copy, empty until the first message,
+so a worker that has not heard the sites routes nothing remote. With `--tracing`, the worker exports its own spans
+(its OTLP exporter, the control process's resource plus `epp.worker`).
+
 The worker's own metrics go to the control process at most every `METRICS_S` and only when a number changed
 (an idle worker sends nothing): its request series as a delta of the series that moved
 (epp.observability.worker_series), which the control process folds under the picker's label caps and renders on a
@@ -34,6 +42,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +55,9 @@ from epp.app.runtime import run_loop
 from epp.app.settings import ServeSettings
 from epp.app.tls import tls_policy
 from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, read_rows
+from epp.datastore.sites import Site
 from epp.datastore.table import EndpointInfo, EndpointTable
+from epp.director.flow_link import CONTROL_MESSAGES, RemoteFlowGate
 from epp.observability.worker_series import DeltaSource, SeriesDelta
 from epp.scheduling.prefix import PrefixCacheScorer
 from epp.scheduling.producers import ApproxPrefixCacheProducer
@@ -86,6 +97,15 @@ class Members:
     objectives: Any
     rewrites: Any
     namespace: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sites:
+    """Control → worker, with federation, whenever the watch changed them: every site (heartbeats on
+    CLOCK_MONOTONIC, which every process of the host shares) and whether the watch has listed them yet."""
+
+    sites: tuple[Site, ...]
+    synced: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +236,15 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
     # first.
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from epp.app.build import build_decisions, build_director, build_processor, extproc_server, load_picker_config
+    from epp.app.build import (
+        build_decisions,
+        build_director,
+        build_processor,
+        build_tracing,
+        extproc_server,
+        load_picker_config,
+    )
+    from epp.app.federation import worker_federation
     from epp.app.runtime import settle_garbage_collector
     from epp.datastore.objectives import ObjectiveStore
     from epp.datastore.pool import FailureMode
@@ -232,6 +260,9 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
     for position, scorer in enumerate(scorers):
         scorer.on_pick = _sharing(pick_log, table, position)
     objectives = ObjectiveStore()
+    flow = None
+    if scheduler.flow is not None:  # the picker's queues are the control process's (epp.app.flow_host)
+        flow = RemoteFlowGate(end.send, time.monotonic, objectives, scheduler.flow.spec.enable_eviction)
     failure = [FailureMode.FAIL_CLOSE]
     registry = CollectorRegistry(auto_describe=True)
     registry.register(PrefixCollector.of(scheduler))  # this worker's prefix index, summed by the control process
@@ -252,7 +283,27 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
         if delta is not None:
             end.send(Metrics(delta, generate_latest(registry)))
 
-    director = build_director(settings, scheduler, table, objectives, failure_mode=lambda: failure[0], observer=metrics)
+    tracer_provider, tracer = build_tracing(settings.tracing, worker=index)
+    if tracer is not None:
+        from epp.app.tracing import traced_scheduler
+
+        scheduler = traced_scheduler(scheduler, tracer)
+    federation = worker_federation(settings.federation, config, scheduler.saturation.saturated)
+    director = build_director(
+        settings,
+        scheduler,
+        table,
+        objectives,
+        failure_mode=lambda: failure[0],
+        observer=metrics,
+        federation=federation[0] if federation is not None else None,
+        flow=flow,
+    )
+    decider: Any = director
+    if tracer is not None:
+        from epp.app.tracing import TracingDirector
+
+        decider = TracingDirector(director, tracer)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     wake = asyncio.Event()  # a stream started, or the worker must stop: the loop below runs now
@@ -275,7 +326,7 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
         wake.set()
 
     observer = _CountingObserver(metrics, stats[index], stream_began)
-    processor = build_processor(settings, config, director, observer)
+    processor = build_processor(settings, config, decider, observer)
     server = extproc_server(settings, processor, reuse_port=True)
 
     conn = end.conn
@@ -291,9 +342,17 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
                     objectives.replace_rewrites(msg.rewrites)
                     namespace[0] = msg.namespace
                     table.synced = True
+                elif isinstance(msg, CONTROL_MESSAGES):
+                    if flow is not None:
+                        flow.receive(msg)
+                elif isinstance(msg, Sites) and federation is not None:
+                    federation[1].replace_all(msg.sites)
+                    federation[1].synced = msg.synced
                 elif isinstance(msg, Stop):
                     halt()
         except (EOFError, OSError):
+            if flow is not None:
+                flow.close()  # its queued requests are answered 503 shutting down
             halt()  # the control process is gone: drain and exit
 
     watch_pipe(loop, conn, on_message)
@@ -327,6 +386,8 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
         loop.remove_reader(conn.fileno())
         await server.stop(settings.grace_period_s)
         matrix[index] = 0  # nothing of ours is in flight any more
+        if tracer_provider is not None:  # the spans still batched
+            await loop.run_in_executor(None, tracer_provider.shutdown)
     return 0
 
 

@@ -11,7 +11,10 @@ them, each piece with a single writer:
   objectives, as a message to every worker when any of them changes;
 - the in-flight matrix (worker × endpoint) is written by the workers, each its own row; the control process only
   clears the row of a worker that died, so its picks stop counting as load;
-- the shared log of picks (epp.app.pick_log): a ring per worker, written by that worker, read by the others.
+- the shared log of picks (epp.app.pick_log): a ring per worker, written by that worker, read by the others;
+- with federation, the sites the FederatedCluster watch (run here, once) keeps, as a `Sites` message to every
+  worker when they change: a worker that has not heard them yet knows no site, so it routes nothing remote
+  (residency holds: fail-closed).
 
 Each worker is a `Child` of the child-process kit (epp.supervision.child), supervised as every child is: one that
 exits or hangs is logged with its exit code or signal and started again after the backoff, none once the picker
@@ -35,10 +38,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.app.pick_log import ring_words
 from epp.app.settings import ServeSettings
-from epp.app.worker import MATRIX_COLUMNS, STATS_COLUMNS, Members, Metrics, WorkerStart
+from epp.app.worker import MATRIX_COLUMNS, STATS_COLUMNS, Members, Metrics, Sites, WorkerStart
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.datastore.rows import NCOL, TOKEN, scrape_values, write_rows
+from epp.datastore.sites import SiteRegistry
 from epp.datastore.table import EndpointTable
 from epp.observability.request_series import MetricsState
 from epp.observability.worker_series import SeriesFold
@@ -87,6 +91,7 @@ class WorkerPool:
         namespace: Callable[[], str],
         on_change: Callable[[], None],
         *,
+        sites: SiteRegistry | None = None,
         max_endpoints: int = MAX_ENDPOINTS,
     ) -> None:
         self.count = count
@@ -96,6 +101,8 @@ class WorkerPool:
         self._failure_mode = failure_mode
         self._namespace = namespace
         self._on_change = on_change
+        self._sites = sites
+        self._sites_sent: tuple[int, bool] | None = None  # (registry version, synced) last sent
         self.rows = max_endpoints
         shapes = ((self.rows, NCOL), (count, self.rows, MATRIX_COLUMNS), (count, STATS_COLUMNS), (ring_words(count),))
         names = ("rows", "inflight", "stats", "picks")
@@ -118,6 +125,36 @@ class WorkerPool:
         self._last_failures = np.full(self.rows, -1, dtype=np.int64)
         self._members_msg = Members([], FailureMode.FAIL_CLOSE.value, {}, {}, "")
         self._warned_full = False
+        # flow control (epp.app.flow_host): the workers' messages, a worker's end, a release in flight
+        self._flow_message: Callable[[int, Any], None] | None = None
+        self._flow_gone: Callable[[int], None] = lambda index: None
+        self._released: Callable[[], None] = lambda: None
+        self._in_flight = 0
+
+    def attach_flow(
+        self, message: Callable[[int, Any], None], gone: Callable[[int], None], released: Callable[[], None]
+    ) -> None:
+        """Flow control across the workers: `message(worker, msg)` gets their flow-control messages, `gone(worker)`
+        a worker's end, `released()` each publication that saw the picks in flight fall."""
+        self._flow_message, self._flow_gone, self._released = message, gone, released
+
+    def send(self, index: int, msg: Any) -> bool:
+        """A message to worker `index`: False when it is not running."""
+        return self._workers[index].child.send(msg)
+
+    def sync_bookings(self) -> None:
+        """The workers' bookings, summed into the control process's table now: /metrics
+        (llm_d_epp_inflight_requests), /debug/pool and flow control's saturation show what is in flight, as one
+        process's would."""
+        n = min(len(self._table.view().present), self.rows)
+        if n == 0:
+            return
+        summed = self.inflight[:, :n, :].sum(axis=0)
+        self._table.set_bookings(self._slots[:n], summed)
+        in_flight = int(summed[:, 0].sum())
+        if in_flight < self._in_flight:
+            self._released()
+        self._in_flight = in_flight
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -154,6 +191,8 @@ class WorkerPool:
     def _started(self, worker: _Worker) -> None:
         self.inflight[worker.index] = 0
         worker.child.send(self._members_msg)
+        if self._sites is not None:
+            worker.child.send(self._sites_msg())
 
     def _ready(self, worker: _Worker) -> None:
         log.info("worker %d serving (pid %s)", worker.index, worker.child.pid)
@@ -163,12 +202,15 @@ class WorkerPool:
         worker.exposition = b""
         self.series.forget(worker.index)
         self.inflight[worker.index] = 0  # its picks are no longer anyone's load
+        self._flow_gone(worker.index)
         self._on_change()  # readiness: it may have been the last one serving
 
     def _on_message(self, worker: _Worker, msg: Any) -> None:
         if isinstance(msg, Metrics):
             self.series.receive(worker.index, msg.series)
             worker.exposition = msg.exposition
+        elif self._flow_message is not None:
+            self._flow_message(worker.index, msg)
 
     async def _run(self) -> None:
         """Publish when a scrape lands (the rows), and every `CHECK_S` whatever happens (membership and the rest,
@@ -192,12 +234,15 @@ class WorkerPool:
         if key != self._members_key:
             self._members_key = key
             self._remap(table)
+        sites = self._sites
+        if sites is not None and (sites.version, sites.synced) != self._sites_sent:
+            msg = self._sites_msg()
+            for worker in self._workers:
+                worker.child.send(msg)
         n = min(len(view.present), self.rows)
         if n == 0:
             return
-        # The workers' bookings, summed into the control process's table: /metrics (llm_d_epp_inflight_requests)
-        # and /debug/pool show what is in flight, as one process's would.
-        table.set_bookings(self._slots[:n], self.inflight[:, :n, :].sum(axis=0))
+        self.sync_bookings()
         at = view.scraped_at[:n]
         failures = view.scrape_failures[:n]
         moved = (self._tokens[:n] >= 0) & ~((at == self._last_at[:n]) | (np.isnan(at) & np.isnan(self._last_at[:n])))
@@ -235,6 +280,12 @@ class WorkerPool:
         )
         for worker in self._workers:
             worker.child.send(self._members_msg)
+
+    def _sites_msg(self) -> Sites:
+        sites = self._sites
+        assert sites is not None
+        self._sites_sent = (sites.version, sites.synced)
+        return Sites(sites.sites(), sites.synced)
 
     # -- reporting ------------------------------------------------------------------------------------------
 

@@ -111,16 +111,31 @@ def test_a_refusal_by_the_director_is_an_error_span(traced) -> None:
 
 
 def test_the_exporter_and_service_name_come_from_the_otel_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    from epp.app.serve import _tracing
+    from epp.app.build import build_tracing
     from epp.app.tracing import provider_from_env
 
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
     monkeypatch.setenv("OTEL_SERVICE_NAME", "picker-a")
     provider = provider_from_env()
     assert provider.resource.attributes["service.name"] == "picker-a"
-    assert _tracing(False) == (None, None)  # off unless asked for
-    provider, tracer = _tracing(True)
+    assert build_tracing(False) == (None, None)  # off unless asked for
+    provider, tracer = build_tracing(True)
     assert provider is not None and tracer is not None
+    assert "epp.worker" not in provider.resource.attributes
+    provider.shutdown()
+
+
+def test_a_serving_workers_spans_name_the_worker_beside_the_same_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from epp.app.build import build_tracing
+
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
+    provider, _ = build_tracing(True, worker=1)
+    attributes = provider.resource.attributes
+    assert attributes["service.name"] == "epp" and attributes["deployment.environment"] == "test"
+    assert attributes["epp.worker"] == 1 and attributes["process.pid"] == os.getpid()
     provider.shutdown()
 
 

@@ -11,6 +11,9 @@ Every simulated server names itself in `x-sim-server`, so the test counts where 
 the picker. The model `eu-records` (a LoRA adapter every server serves) is restricted to tier eu by a residency
 rule; the base model is unrestricted. Heartbeats are pushed every 0.4 s with `heartbeatIntervalSeconds: 1` and no
 cadence clamp, so the rule says Stale 3 s after the last one.
+
+It runs twice: with one serving process, and with two serving workers (`--workers 2`: the watch runs once, in the
+control process, and every worker routes on the sites it is sent), where both workers must have taken streams.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import pytest
 from epp.gateway.testbed import bootstrap, listener, static_cluster
 from epp.sim.config import DEFAULT_MODEL
 from epp.sim.server import SERVER_HEADER
+from tests.e2e.conftest import Picker
+from tests.e2e.test_workers import worker_streams
 from tests.fakes.apiserver import DEFAULT_RESOURCES, FakeApiServer, Resource
 from tests.support.envoy import envoy, run_envoy
 from tests.support.procs import epp_argv, free_port, http_ok, running, wait_until
@@ -94,10 +99,13 @@ class World:
     debug_url: str
     heartbeats: Heartbeats
     servers: dict[str, str]  # x-sim-server name → "local" | site name
+    workers: int
+    picker: Picker  # its ports (the metrics port's /metrics tells the workers' streams)
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-workers"])
+def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    workers = int(request.param)
     tmp = tmp_path_factory.mktemp("federation-e2e")
     sim_argv = [sys.executable, "-m", "epp", "sim", "--servers", "3", "--base-port", "0"]  # ports the OS picks
     sim_argv += ["--profiles", "l4", "--lora", RESTRICTED, "--speed", "2", "--duration", "300"]
@@ -123,6 +131,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             "--tier=eu",
             "--federation-watch",
             "--grace-period=1",
+            f"--workers={workers}",
         )
         try:
             with (  # the picker boots while the sites' Envoys start
@@ -132,9 +141,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             ):
                 debug_url = f"http://127.0.0.1:{metrics_port}/debug/pool"
                 wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "epp serve", picker)
-                with envoy(tmp, grpc_port, "BUFFERED") as gateway_port:
+                # With workers: two Envoy threads, a new connection every 5 streams, so every worker gets streams.
+                with envoy(tmp, grpc_port, "BUFFERED", streams_per_connection=5, workers=2) as gateway_port:
                     servers = {"sim-0": "local", "sim-1": "site-a", "sim-2": "site-b"}
-                    yield World(f"http://127.0.0.1:{gateway_port}", debug_url, beats, servers)
+                    picker = Picker(grpc_port, metrics_port)
+                    yield World(f"http://127.0.0.1:{gateway_port}", debug_url, beats, servers, workers, picker)
         finally:
             beats.stop.set()
             thread.join(5)
@@ -240,6 +251,9 @@ async def test_overflow_residency_and_heartbeats(world: World) -> None:
             results = await _burst(world, DEFAULT_MODEL, 6)
             assert "site-a" in {where for _, where in results}, results
             assert {where for _, where in results} <= {"site-a", "site-b"}, results
+            if world.workers > 1:  # each worker routed on the sites the control process sent it
+                streams = worker_streams(world.picker)
+                assert set(streams) == {"0", "1"} and all(n > 0 for n in streams.values()), streams
         finally:
             _, pending = await asyncio.wait(load, timeout=30)
             for task in pending:
