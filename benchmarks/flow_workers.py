@@ -35,7 +35,7 @@ from epp.datastore import EndpointTable, Freshness
 from epp.datastore.table import EndpointInfo, MetricsSample
 from epp.director.flow import FlowGate
 from epp.director.flow_link import CONTROL_MESSAGES, RemoteFlowGate
-from epp.flowcontrol import FlowController, FlowSettings
+from epp.flowcontrol import FlowController, FlowSettings, Outcome
 from epp.flowcontrol.gauge import PoolGauge
 from epp.scheduling.saturation import ConcurrencyDetector
 
@@ -51,10 +51,34 @@ class Args:
     seconds: float
 
 
+class QueuedCount:
+    """The gate's observer: how many dispatched requests had waited in the queue (the rest passed through)."""
+
+    def __init__(self) -> None:
+        self.queued = 0
+
+    def flow_outcome(self, outcome: Outcome, fairness_id: str, priority: int, waited_s: float) -> None:
+        if outcome is Outcome.DISPATCHED and waited_s > 0.0:
+            self.queued += 1
+
+    def flow_cycle(self, seconds: float, saturation: float) -> None:
+        pass
+
+    def flow_revocation_confirmed(self, seconds: float) -> None:
+        pass
+
+
 def _gate(table: EndpointTable, capacity: int, clock: Any) -> FlowGate:
     detector = ConcurrencyDetector(max_concurrency=capacity)
     spec = FlowControlSpec(default_request_ttl_s=60.0)
-    return FlowGate(FlowController(FlowSettings(spec=spec)), table, PoolGauge(detector, Freshness(1e9)), clock)
+    gauge = PoolGauge(detector, Freshness(1e9))
+    return FlowGate(FlowController(FlowSettings(spec=spec)), table, gauge, clock, observer=QueuedCount())
+
+
+def _queued(gate: FlowGate) -> int:
+    observer = gate.observer
+    assert isinstance(observer, QueuedCount)
+    return observer.queued
 
 
 def _table(now: float) -> EndpointTable:
@@ -85,7 +109,7 @@ async def _streams(hold: Any, book: Any, release: Any, count: int, streams: int,
     return count - left[0]
 
 
-async def _one_process(args: Args) -> tuple[int, float, float]:
+async def _one_process(args: Args) -> tuple[int, int, float, float]:
     loop = asyncio.get_running_loop()
     table = _table(loop.time())
     gate = _gate(table, args.capacity, loop.time)
@@ -102,7 +126,7 @@ async def _one_process(args: Args) -> tuple[int, float, float]:
     )
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     await gate.shutdown(0)
-    return done, wall, cpu
+    return done, _queued(gate), wall, cpu
 
 
 def _worker(conn: Connection, index: int, shm_name: str, workers: int, args: Args, count: int) -> None:
@@ -141,7 +165,7 @@ async def _worker_loop(conn: Connection, index: int, shm_name: str, workers: int
     conn.send(("done", done, time.process_time() - cpu))
 
 
-async def _workers(args: Args, workers: int) -> tuple[int, float, float]:
+async def _workers(args: Args, workers: int) -> tuple[int, int, float, float]:
     loop = asyncio.get_running_loop()
     table = _table(loop.time())
     gate = _gate(table, args.capacity, loop.time)
@@ -204,7 +228,7 @@ async def _workers(args: Args, workers: int) -> tuple[int, float, float]:
         proc.join(10)
     await gate.shutdown(0)
     shm.unlink()  # the mapping goes with the process (the matrix still views it)
-    return sum(r[0] for r in results), wall, cpu + sum(r[1] for r in results)
+    return sum(r[0] for r in results), _queued(gate), wall, cpu + sum(r[1] for r in results)
 
 
 def main() -> None:
@@ -218,16 +242,17 @@ def main() -> None:
     ns = parser.parse_args()
     args = Args(ns.requests, ns.streams, ns.capacity, ns.service_ms / 1000.0, ns.seconds)
     print(f"pid {os.getpid()}: {args}")
-    print("| mode | round | requests | wall µs/request | CPU µs/request (all processes) |")
-    print("|---|---|---|---|---|")
+    print("| mode | round | requests | queued | wall µs/request | CPU µs/request (all processes) |")
+    print("|---|---|---|---|---|---|")
     for r in range(ns.rounds):
         for name, run in (
             ("one process", lambda: _one_process(args)),
             ("1 worker", lambda: _workers(args, 1)),
             ("2 workers", lambda: _workers(args, 2)),
         ):
-            done, wall, cpu = asyncio.run(run())
-            print(f"| {name} | {r + 1} | {done} | {wall / done * 1e6:,.0f} | {cpu / done * 1e6:,.0f} |", flush=True)
+            done, queued, wall, cpu = asyncio.run(run())
+            per = f"{wall / done * 1e6:,.0f} | {cpu / done * 1e6:,.0f}"
+            print(f"| {name} | {r + 1} | {done} | {queued / done:.0%} | {per} |", flush=True)
 
 
 if __name__ == "__main__":
