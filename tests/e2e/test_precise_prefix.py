@@ -139,8 +139,8 @@ async def world(request: pytest.FixtureRequest, envoy_available: None, e2e_tmp: 
                     await _until(
                         lambda u=pool: all(w["serving"] for w in json.loads(http_text(u))["workers"]), "workers"
                     )
-                # two Envoy threads, a new connection every 5 streams: with workers, every worker gets streams
-                gateway = envoy(e2e_tmp, grpc_port, "FULL_DUPLEX_STREAMED", streams_per_connection=5, workers=2)
+                # a new connection per stream: with workers, the kernel spreads them (and their streams) over both
+                gateway = envoy(e2e_tmp, grpc_port, "FULL_DUPLEX_STREAMED", streams_per_connection=1, workers=2)
                 port = stack.enter_context(gateway)
                 gateways.append(f"http://127.0.0.1:{port}")
                 metrics.append(f"http://127.0.0.1:{metrics_port}")
