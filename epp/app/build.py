@@ -26,7 +26,7 @@ from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.director import Director
-from epp.director.flow import FlowGate
+from epp.director.flow import FlowHold
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.federation.policy.router import FederationRouter
@@ -77,11 +77,11 @@ def build_director(
     failure_mode: Callable[[], FailureMode],
     observer: Any,
     federation: FederationRouter | None = None,
-    flow: FlowGate | None = None,
+    flow: FlowHold | None = None,
 ) -> Director:
     """The Director over `table`: priorities and rewrites from `objectives` as the watches (or the control process)
-    last saw them; the federation router of this process; flow control only where the control process serves
-    alone."""
+    last saw them; the federation router of this process; `flow` is this process's gate, or a serving worker's
+    link to the control process's (`epp.director.flow_link`)."""
     return Director(
         table,
         scheduler,

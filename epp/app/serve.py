@@ -35,6 +35,7 @@ from epp.app.build import (
 from epp.app.cores import default_workers
 from epp.app.endpoints import endpoint_source
 from epp.app.federation import FederationParts, build_federation
+from epp.app.flow_host import FlowHost
 from epp.app.http import build_http_app, pool_report
 from epp.app.kv_feeder import KvFeederProcess
 from epp.app.kv_metrics import KvEventsCollector, PreciseFallbacksCollector
@@ -102,6 +103,9 @@ async def build(settings: ServeSettings) -> Picker:
     if parts.workers > 1:
         state.workers = _worker_pool(settings, parts, state)
         state.registry.register(WorkerCollector(state.workers, metrics.families))
+        if parts.flow is not None:  # the picker's one set of queues, here; the workers' requests wait in them
+            host = FlowHost(parts.flow, state.workers.send, state.workers.sync_bookings, time.monotonic)
+            state.workers.attach_flow(host.receive, host.worker_gone, parts.flow.wake)
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
     bind(health_server, settings.listen.bind_address, settings.listen.grpc_health_port, "--grpc-health-port")
@@ -152,7 +156,7 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
     for warning in deprecations(config) if config is not None else ():  # after every check that refuses to start
         log.warning("%s: %s", config.source if config is not None else "", warning)
     flow = _flow_gate(scheduler, state, decisions.scrape.interval_s)
-    one_process = [what for what, used in (("the flowControl feature gate", flow is not None),) if used]
+    one_process: list[str] = []  # every feature serves on every worker now; a new one that cannot names itself here
     workers = serving_workers(settings.workers, one_process)
     if kv_feeder is not None and workers == 1:  # with workers, the producers that pick are theirs (summed)
         state.registry.register(PreciseFallbacksCollector(kv_feeder.producer))

@@ -18,6 +18,9 @@ it decides on comes through memory it shares with the control process:
 - the shared log of picks (epp.app.pick_log): each worker's prefix scorers learn their own picks at once and the
   other workers' picks at the same refresh, so a repeat of a prompt finds its endpoint whichever worker takes it.
 
+With the flowControl gate the worker's requests wait in the control process's queues, the picker's one set
+(epp.director.flow_link: enqueue, verdict, decided, abandon, and eviction's track, untrack and evict messages on
+the kit's pipe).
 With federation, the sites come as a `Sites` message whenever the control process's FederatedCluster watch
 changes them (the watch runs once, there); the worker's router reads its own copy, empty until the first message,
 so a worker that has not heard the sites routes nothing remote. With `--tracing`, the worker exports its own spans
@@ -39,6 +42,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -55,6 +59,7 @@ from epp.app.tls import tls_policy
 from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, read_rows
 from epp.datastore.sites import Site
 from epp.datastore.table import EndpointInfo, EndpointTable, Snapshot
+from epp.director.flow_link import CONTROL_MESSAGES, RemoteFlowGate
 from epp.observability.worker_series import DeltaSource, SeriesDelta
 from epp.scheduling.precise import PrecisePrefixCacheProducer
 from epp.supervision.child_end import ChildEnd
@@ -257,13 +262,14 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
         scorer.on_pick = _sharing(pick_log, table, position)
     kv_index = _share_precise(scheduler.kv_events, pick_log, table, scorers)
     objectives = ObjectiveStore()
+    flow = None
+    if scheduler.flow is not None:  # the picker's queues are the control process's (epp.app.flow_host)
+        flow = RemoteFlowGate(end.send, time.monotonic, objectives, scheduler.flow.spec.enable_eviction)
     failure = [FailureMode.FAIL_CLOSE]
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(PrefixCollector.of(scheduler))
+    registry.register(PrefixCollector.of(scheduler))  # this worker's prefix index, summed by the control process
     if scheduler.kv_events is not None:  # this worker's precise producer's fallbacks, summed by the control process
-        registry.register(
-            PreciseFallbacksCollector(scheduler.kv_events)
-        )  # this worker's prefix index, summed by the control process
+        registry.register(PreciseFallbacksCollector(scheduler.kv_events))
 
     def endpoint_name(address: str) -> tuple[str, str, str]:
         slot = table.slot_of(address)
@@ -295,6 +301,7 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
         failure_mode=lambda: failure[0],
         observer=metrics,
         federation=federation[0] if federation is not None else None,
+        flow=flow,
     )
     decider: Any = director
     if tracer is not None:
@@ -352,12 +359,17 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
                     kv_index.take_status(msg)
                 elif isinstance(msg, KvGone) and kv_index is not None:
                     kv_index.drop()
+                elif isinstance(msg, CONTROL_MESSAGES):
+                    if flow is not None:
+                        flow.receive(msg)
                 elif isinstance(msg, Sites) and federation is not None:
                     federation[1].replace_all(msg.sites)
                     federation[1].synced = msg.synced
                 elif isinstance(msg, Stop):
                     halt()
         except (EOFError, OSError):
+            if flow is not None:
+                flow.close()  # its queued requests are answered 503 shutting down
             halt()  # the control process is gone: drain and exit
 
     watch_pipe(loop, conn, on_message)

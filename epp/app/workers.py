@@ -147,6 +147,36 @@ class WorkerPool:
         self._last_failures = np.full(self.rows, -1, dtype=np.int64)
         self._members_msg = Members([], FailureMode.FAIL_CLOSE.value, {}, {}, "")
         self._warned_full = False
+        # flow control (epp.app.flow_host): the workers' messages, a worker's end, a release in flight
+        self._flow_message: Callable[[int, Any], None] | None = None
+        self._flow_gone: Callable[[int], None] = lambda index: None
+        self._released: Callable[[], None] = lambda: None
+        self._in_flight = 0
+
+    def attach_flow(
+        self, message: Callable[[int, Any], None], gone: Callable[[int], None], released: Callable[[], None]
+    ) -> None:
+        """Flow control across the workers: `message(worker, msg)` gets their flow-control messages, `gone(worker)`
+        a worker's end, `released()` each publication that saw the picks in flight fall."""
+        self._flow_message, self._flow_gone, self._released = message, gone, released
+
+    def send(self, index: int, msg: Any) -> bool:
+        """A message to worker `index`: False when it is not running."""
+        return self._workers[index].child.send(msg)
+
+    def sync_bookings(self) -> None:
+        """The workers' bookings, summed into the control process's table now: /metrics
+        (llm_d_epp_inflight_requests), /debug/pool and flow control's saturation show what is in flight, as one
+        process's would."""
+        n = min(len(self._table.view().present), self.rows)
+        if n == 0:
+            return
+        summed = self.inflight[:, :n, :].sum(axis=0)
+        self._table.set_bookings(self._slots[:n], summed)
+        in_flight = int(summed[:, 0].sum())
+        if in_flight < self._in_flight:
+            self._released()
+        self._in_flight = in_flight
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -196,12 +226,15 @@ class WorkerPool:
         worker.exposition = b""
         self.series.forget(worker.index)
         self.inflight[worker.index] = 0  # its picks are no longer anyone's load
+        self._flow_gone(worker.index)
         self._on_change()  # readiness: it may have been the last one serving
 
     def _on_message(self, worker: _Worker, msg: Any) -> None:
         if isinstance(msg, Metrics):
             self.series.receive(worker.index, msg.series)
             worker.exposition = msg.exposition
+        elif self._flow_message is not None:
+            self._flow_message(worker.index, msg)
 
     async def _run(self) -> None:
         """Publish when a scrape lands (the rows), and every `CHECK_S` whatever happens (membership and the rest,
@@ -235,9 +268,7 @@ class WorkerPool:
         n = min(len(view.present), self.rows)
         if n == 0:
             return
-        # The workers' bookings, summed into the control process's table: /metrics (llm_d_epp_inflight_requests)
-        # and /debug/pool show what is in flight, as one process's would.
-        table.set_bookings(self._slots[:n], self.inflight[:, :n, :].sum(axis=0))
+        self.sync_bookings()
         at = view.scraped_at[:n]
         failures = view.scrape_failures[:n]
         moved = (self._tokens[:n] >= 0) & ~((at == self._last_at[:n]) | (np.isnan(at) & np.isnan(self._last_at[:n])))

@@ -22,7 +22,7 @@ from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.datastore.table import IntArray
 from epp.director.decision import Decision
-from epp.director.flow import FlowGate
+from epp.director.flow import FlowHold
 from epp.director.pipeline import DecisionPipeline
 from epp.director.rewrite import ModelRewriter
 from epp.director.tokens import RenderTokenizer
@@ -95,7 +95,7 @@ class Director:
         federation: Federation | None = None,
         honour_subset: bool = True,
         test_selection: bool = False,
-        flow: FlowGate | None = None,
+        flow: FlowHold | None = None,
         emit_scores: bool = False,
     ) -> None:
         """`objectives` gives priorities and model rewrites (none: every request priority 0, no rewrite);

@@ -81,6 +81,39 @@ class _NullObserver:
         pass
 
 
+class FlowHold(Protocol):
+    """What the decision pipeline and the director ask of flow control: this process's `FlowGate`, or, in a serving
+    worker, the control process's gate over the kit's pipe (`epp.director.flow_link.RemoteFlowGate`)."""
+
+    def hold(self, headers: Mapping[str, str], size: int) -> AsyncGenerator[float, None]: ...
+
+    def decided(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+    @property
+    def evicting(self) -> bool: ...
+
+    def track(self, headers: Mapping[str, str], evict: Callable[[], None]) -> Any: ...
+
+    def untrack(self, item: Any) -> None: ...
+
+
+def queued_item(headers: Mapping[str, str], size: int, now: float, objectives: ObjectiveStore | None) -> QueuedRequest:
+    """The queue's view of a request: its priority (its objective's), fairness id, size, arrival and TTFT SLO."""
+    control = control_headers(headers)
+    priority = objectives.priority_of(control.objective) if objectives is not None else 0
+    slo = control.slo_ttft_ms / 1000.0 if control.slo_ttft_ms is not None else None
+    return QueuedRequest(
+        ticket=None,
+        flow_id=control.fairness_id or DEFAULT_FLOW,
+        priority=priority,
+        size=size,
+        received_at=now,
+        slo_ttft_s=slo,
+    )
+
+
 @dataclass(slots=True, eq=False)
 class Waiter:
     """A request waiting in the queue: its item, the future its outcome arrives on, and when it arrived."""
@@ -123,17 +156,7 @@ class FlowGate:
 
     # -- the request side ------------------------------------------------------------------------------------
     def item_of(self, headers: Mapping[str, str], size: int, now: float) -> QueuedRequest:
-        control = control_headers(headers)
-        priority = self._objectives.priority_of(control.objective) if self._objectives is not None else 0
-        slo = control.slo_ttft_ms / 1000.0 if control.slo_ttft_ms is not None else None
-        return QueuedRequest(
-            ticket=None,
-            flow_id=control.fairness_id or DEFAULT_FLOW,
-            priority=priority,
-            size=size,
-            received_at=now,
-            slo_ttft_s=slo,
-        )
+        return queued_item(headers, size, now, self._objectives)
 
     async def admit(self, headers: Mapping[str, str], size: int) -> None:
         """Return when the request may be scheduled (then call `decided` once it was); raise EppError when it is
@@ -163,10 +186,17 @@ class FlowGate:
         """The request arrives: None when it may be scheduled now; a Waiter when it waits in the queue (then
         `wait` on it); raises EppError when it is refused at once (capacity, admission, shutting down)."""
         now = self._clock()
-        item = self.item_of(headers, size, now)
+        arrived = self.arrive(self.item_of(headers, size, now), now)
+        if isinstance(arrived, Outcome):
+            raise outcome_error(arrived)
+        return arrived
+
+    def arrive(self, item: QueuedRequest, now: float) -> Waiter | Outcome | None:
+        """`enter` for a request already made an item (here, or by a serving worker, `epp.app.flow_host`): None
+        when it may be scheduled now, a Waiter when it waits, the Outcome when it is refused at once."""
         if self._closing:
             self.observer.flow_outcome(Outcome.REJECTED_SHUTDOWN, item.flow_id, item.priority, 0.0)
-            raise outcome_error(Outcome.REJECTED_SHUTDOWN)
+            return Outcome.REJECTED_SHUTDOWN
         fc = self.controller
         snapshot = self._table.view()
         candidates = snapshot.slots
@@ -177,7 +207,7 @@ class FlowGate:
             for admitter in self._admitters:
                 if not admitter.admit(item, snapshot, candidates, now, self._rng.random(), wait):
                     self.observer.flow_outcome(Outcome.REJECTED_ADMISSION, item.flow_id, item.priority, 0.0)
-                    raise outcome_error(Outcome.REJECTED_ADMISSION)
+                    return Outcome.REJECTED_ADMISSION
         if fc.count == 0 and self._granted == 0 and not fc.pool_empty:  # the common case: nothing waits
             saturation = self._gauge.saturation(snapshot, candidates, now)
             if fc.pass_through(item, saturation, now):
@@ -189,7 +219,7 @@ class FlowGate:
         refused = fc.enqueue(item, now)
         if refused is not None:
             self.observer.flow_outcome(refused, item.flow_id, item.priority, 0.0)
-            raise outcome_error(refused)
+            return refused
         self.wake()
         return Waiter(item, future, now)
 
@@ -204,13 +234,18 @@ class FlowGate:
             raise
         if not done:
             return False
+        outcome = self.settle(waiter)
+        if outcome is not Outcome.DISPATCHED:
+            raise outcome_error(outcome)
+        return True
+
+    def settle(self, waiter: Waiter) -> Outcome:
+        """The outcome of a waiter whose future is done, counted by the observer (then `abandon` is a no-op)."""
         waiter.settled = True
         outcome = waiter.future.result()
         item = waiter.item
         self.observer.flow_outcome(outcome, item.flow_id, item.priority, self._clock() - waiter.since)
-        if outcome is not Outcome.DISPATCHED:
-            raise outcome_error(outcome)
-        return True
+        return outcome
 
     def abandon(self, waiter: Waiter) -> None:
         """The caller stopped waiting (its stream went away): free the request's place, or, if it had just been
@@ -241,11 +276,15 @@ class FlowGate:
         """A request this gate let through is now in flight. With eviction on and a sheddable priority: its
         handle (call `untrack` when its stream ends, whatever the reason); `evict` is how the dispatch task ends
         it early. None: it cannot be evicted."""
-        reclaimer = self.reclaimer
-        if reclaimer is None:
+        if self.reclaimer is None:
             return None
         priority = self._objectives.priority_of(control_headers(headers).objective) if self._objectives else 0
-        return reclaimer.track(evict, priority, self._clock())
+        return self.track_at(priority, evict)
+
+    def track_at(self, priority: int, evict: Callable[[], None]) -> InFlight | None:
+        """`track` for a request whose priority is known (a serving worker's, `epp.app.flow_host`)."""
+        reclaimer = self.reclaimer
+        return None if reclaimer is None else reclaimer.track(evict, priority, self._clock())
 
     def untrack(self, item: InFlight) -> None:
         """The stream of a tracked request ended: for an evicted one, the revocation's confirmation."""

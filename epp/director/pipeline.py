@@ -6,7 +6,8 @@ default path is one synchronous `decide` (`immediate`, no coroutine); otherwise 
 
 1. tokenize: a vllm token-producer's render call (`epp.director.tokens`, I/O, bounded by its timeout, never
    raises) puts the engine's token ids on the request;
-2. hold: flow control (`epp.director.flow.FlowGate.hold`) admits the request, refuses it, or keeps it in its
+2. hold: flow control (`epp.director.flow.FlowHold.hold`: this process's gate, or a worker's link to the
+   control process's) admits the request, refuses it, or keeps it in its
    queue; while it waits, `run` yields the seconds Envoy should keep waiting for an answer (the adapter sends
    those as hold messages), so the stream stays open without an answer;
 3. decide: the director's synchronous decision over the endpoint table (`Director.decide`), after which flow
@@ -21,11 +22,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
+from typing import Any
 
 from epp.director.decision import Decided, Decision, NeedDecision
-from epp.director.flow import FlowGate
+from epp.director.flow import FlowHold
 from epp.director.tokens import RenderTokenizer
-from epp.flowcontrol.eviction import InFlight
 from epp.requests import InferenceRequest
 
 DecideFn = Callable[[InferenceRequest, Sequence[str] | None], Decision]
@@ -44,14 +45,14 @@ class DecisionPipeline:
         complete: CompleteFn,
         clock: Callable[[], float],
         tokenizer: RenderTokenizer | None = None,
-        gate: FlowGate | None = None,
+        gate: FlowHold | None = None,
     ) -> None:
         self._decide = decide
         self._complete = complete
         self._clock = clock
         self._tokenizer = tokenizer
         self._gate = gate
-        self._tracked: dict[int, InFlight] = {}  # id(decision) → its eviction handle, while in flight
+        self._tracked: dict[int, Any] = {}  # id(decision) → its eviction handle, while in flight
         # The director's decide itself when no stage waits (no render call, no flow control: the default), so the
         # adapter decides at once, with no coroutine and no call in between; None: the adapter iterates `run`.
         self.immediate: DecideFn | None = decide if tokenizer is None and gate is None else None
@@ -64,7 +65,7 @@ class DecisionPipeline:
         return self._tokenizer
 
     @property
-    def gate(self) -> FlowGate | None:
+    def gate(self) -> FlowHold | None:
         return self._gate
 
     def around(self, decide: DecideFn, complete: CompleteFn) -> DecisionPipeline:

@@ -2,7 +2,8 @@
 `flowControl` gate, `--objectives-file`, and a simulated model server whose long streaming requests saturate the
 pool (concurrency-detector, maxConcurrency 2). A critical request waits and is served once those requests end; a
 sheddable one gets 429 `rejected-ttl-expired` after its TTL; on SIGTERM every queued request is answered (503
-`rejected-shutting-down`) before the picker exits.
+`rejected-shutting-down`) before the picker exits. Each runs with one process and with `--workers 2`, where the
+picker's one set of queues is the control process's and the workers' streams hold on it (epp.app.flow_host).
 
 Envoy runs with the 1 s ext_proc `message_timeout` the rendered gateway config ships (and `max_message_timeout`
 30 s): every wait here is longer than that, and each is ended by the picker (served, or refused with its reason),
@@ -68,9 +69,9 @@ def _sim_address(log: Path) -> str | None:
 
 
 @contextlib.contextmanager
-def _stack(e2e_tmp: Path, body_mode: str, config: str, name: str) -> Iterator[tuple[str, object]]:
-    """The simulator, `epp serve` with `config` and the objectives, and Envoy in `body_mode`: (its URL, the
-    picker's process)."""
+def _stack(e2e_tmp: Path, body_mode: str, config: str, name: str, workers: int) -> Iterator[tuple[str, object]]:
+    """The simulator, `epp serve --workers N` with `config` and the objectives, and Envoy in `body_mode`: (its URL,
+    the picker's process)."""
     sim_argv = [sys.executable, "-m", "epp", "sim", "--servers", "1", "--base-port", "0", "--model", "m1"]
     sim_argv += ["--duration", "120"]
     (e2e_tmp / f"{name}.yaml").write_text(config)
@@ -88,6 +89,8 @@ def _stack(e2e_tmp: Path, body_mode: str, config: str, name: str) -> Iterator[tu
             str(e2e_tmp / "flow-objectives.yaml"),
             "--grace-period",
             "1",
+            "--workers",
+            str(workers),
         )
         with running(argv, e2e_tmp / f"picker-{name}.log") as proc:
             wait_until(lambda: http_ok(picker.url("/readyz")), 60, "epp serve", proc)
@@ -98,9 +101,13 @@ def _stack(e2e_tmp: Path, body_mode: str, config: str, name: str) -> Iterator[tu
                 yield f"http://127.0.0.1:{port}", proc
 
 
-@pytest.fixture(params=["FULL_DUPLEX_STREAMED", "BUFFERED"])
+MODES = [(mode, workers) for workers in (1, 2) for mode in ("FULL_DUPLEX_STREAMED", "BUFFERED")]
+IDS = [f"{mode}-{workers}w" for mode, workers in MODES]
+
+
+@pytest.fixture(params=MODES, ids=IDS)
 def stack(request: pytest.FixtureRequest, e2e_tmp: Path, envoy_available: None) -> Iterator[tuple[str, object]]:
-    with _stack(e2e_tmp, request.param, CONFIG, "flow") as running_stack:
+    with _stack(e2e_tmp, request.param[0], CONFIG, "flow", request.param[1]) as running_stack:
         yield running_stack
 
 
@@ -157,9 +164,9 @@ EVICTION_CONFIG = CONFIG.replace("maxConcurrency: 2", "maxConcurrency: 1").repla
 )
 
 
-@pytest.fixture(params=["FULL_DUPLEX_STREAMED", "BUFFERED"])
+@pytest.fixture(params=MODES, ids=IDS)
 def evicting(request: pytest.FixtureRequest, e2e_tmp: Path, envoy_available: None) -> Iterator[tuple[str, object]]:
-    with _stack(e2e_tmp, request.param, EVICTION_CONFIG, "evict") as running_stack:
+    with _stack(e2e_tmp, request.param[0], EVICTION_CONFIG, "evict", request.param[1]) as running_stack:
         yield running_stack
 
 
