@@ -110,3 +110,39 @@ def test_a_pick_that_owes_stores_makes_the_endpoint_stale_in_every_worker_from_t
         learner.learn(snap, slot, values)  # learned later than the pick: the pick's time counts
     assert other.trust(A, 5.5) is None and other.trust(A, 6.5) == "stale"
     assert producer.trust(A, 6.5) == "stale" and other.trust(B, 6.5) is None
+
+
+def test_the_control_process_passes_the_feeders_table_on_to_every_worker_and_to_one_that_starts() -> None:
+    import asyncio
+
+    from epp.app.kv_feeder import KvDirectory, KvFeederProcess, KvGone
+    from epp.app.settings import ServeSettings
+    from epp.app.workers import WorkerPool
+    from epp.datastore.objectives import ObjectiveStore
+    from epp.datastore.pool import FailureMode
+
+    table = _table()
+    feeder = KvFeederProcess(table, PrecisePrefixCacheProducer(block_size=16))
+    pool = WorkerPool(
+        2, ServeSettings(), table, ObjectiveStore(), lambda: FailureMode.FAIL_CLOSE, lambda: "", lambda: None,
+        kv=feeder, max_endpoints=8,
+    )  # fmt: skip
+    inboxes: list[list[tuple[object, bool]]] = [[], []]
+    for worker, inbox in zip(pool._workers, inboxes, strict=True):
+        worker.child.send = lambda msg, box=inbox: box.append((msg, False)) is None  # type: ignore[method-assign]
+        worker.child.send_with_fd = lambda msg, fd, box=inbox: box.append((msg, fd >= 0)) is None  # type: ignore[method-assign]
+    try:
+        feeder._new_directory()  # a feeder child about to start: its directory goes to every worker, with its fd
+        assert all(inbox[-1] == (KvDirectory(), True) for inbox in inboxes)
+        status = FeederStatus(0, [A, B], {A: 1.0}, {}, {})
+        feeder._on_message(status)
+        assert all(inbox[-1] == (status, False) for inbox in inboxes)
+        inboxes[1].clear()
+        pool._started(pool._workers[1])  # a worker (re)started: the directory and the last status, in that order
+        replayed = [msg for msg, _ in inboxes[1] if isinstance(msg, (KvDirectory, FeederStatus))]
+        assert replayed == [KvDirectory(), status]
+        feeder._drop_child()  # the feeder ended: every worker forgets its table
+        assert all(inbox[-1] == (KvGone(), False) for inbox in inboxes)
+    finally:
+        feeder._drop_child()
+        asyncio.run(pool.stop(0.0))
