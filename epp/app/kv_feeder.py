@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,39 +101,30 @@ def sources_of(addresses: list[str]) -> list[tuple[str, str, int]]:
     return sorted(out)
 
 
-class KvFeederProcess:
-    """The parent's side: starts, feeds and supervises the child; a `KvIndexView` for the producer."""
+@dataclass(frozen=True, slots=True)
+class KvDirectory:
+    """Control → serving worker: a feeder child's table directory (a new child, or a worker that just started);
+    its memfd follows on the pipe. The worker forgets the tables it had."""
 
-    def __init__(self, table: EndpointTable, producer: PrecisePrefixCacheProducer) -> None:
-        self.table = table
-        self.producer = producer
-        self.child = Child(
-            "epp.app.kv_feeder",
-            "kv-events feeder (pid {pid})",
-            payload=self._start_payload,
-            fds=self._new_directory,
-            on_start=self._started,
-            on_message=self._on_message,
-            on_exit=lambda code: self._drop_child(),
-            relay_as="epp-kv-feeder",
-            consequence="; the precise producer falls back to the approximate match until then",
-        )
+
+@dataclass(frozen=True, slots=True)
+class KvGone:
+    """Control → serving worker: the feeder child ended; until the next one every endpoint reads as absent."""
+
+
+Relay = Callable[[Any, int | None], None]  # a message for the serving workers, with the memfd that follows it
+
+
+class SharedKvIndex:
+    """A `KvIndexView` over a feeder child's shared table, as any process reads it in place: the control process
+    (the feeder's parent) and, with `--workers N`, each serving worker (told the same by the control process:
+    `KvDirectory`, `TableSegment`, `FeederStatus`, `KvGone`)."""
+
+    def __init__(self) -> None:
         self._reader: TableReader | None = None
-        self._directory_fd = -1
-        self._generation = 0
         self._slots: list[str | None] = []
         self._last: dict[str, float] = {}
         self._version = 0  # `KvIndexView.version`: bumped when the slots or the endpoints heard from change
-        self.stats: dict[str, dict[str, int]] = {}
-        self.counters: dict[str, Any] = {}
-        self._sent: list[tuple[str, str, int]] | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def restarts(self) -> int:
-        return self.child.restarts
-
-    # -- KvIndexView --------------------------------------------------------------------------------------------
 
     @property
     def version(self) -> int:
@@ -156,6 +147,64 @@ class KvFeederProcess:
     def last_event_at(self, endpoint: str) -> float:
         return self._last.get(endpoint, NEVER)
 
+    def use_directory(self, fd: int) -> None:
+        """A feeder child's directory (mapped: `fd` stays the caller's); what an earlier child left is dropped."""
+        self.drop()
+        self._reader = TableReader(fd)
+
+    def add_table(self, generation: int, fd: int) -> None:
+        """A table generation the child announced (mapped: `fd` stays the caller's)."""
+        if self._reader is not None:
+            self._reader.add(generation, fd)
+
+    def take_status(self, status: FeederStatus) -> None:
+        if status.slots != self._slots or status.last.keys() != self._last.keys():
+            self._version += 1
+        self._slots, self._last = list(status.slots), dict(status.last)
+
+    def drop(self) -> None:
+        """Forget the child's table (its memory goes with the last mapping: nothing to unlink)."""
+        if self._reader is not None:
+            with contextlib.suppress(Exception):
+                self._reader.close()
+        self._reader = None
+        self._slots, self._last = [], {}
+        self._version += 1
+
+
+class KvFeederProcess(SharedKvIndex):
+    """The parent's side: starts, feeds and supervises the child; a `KvIndexView` for the producer. With serving
+    workers, `relay` passes every workers' message on (and `replay` the current state to a worker that starts)."""
+
+    def __init__(self, table: EndpointTable, producer: PrecisePrefixCacheProducer) -> None:
+        super().__init__()
+        self.table = table
+        self.producer = producer
+        self.child = Child(
+            "epp.app.kv_feeder",
+            "kv-events feeder (pid {pid})",
+            payload=self._start_payload,
+            fds=self._new_directory,
+            on_start=self._started,
+            on_message=self._on_message,
+            on_exit=lambda code: self._drop_child(),
+            relay_as="epp-kv-feeder",
+            consequence="; the precise producer falls back to the approximate match until then",
+        )
+        self._directory_fd = -1
+        self._generation = 0
+        self._tables: dict[int, int] = {}  # generation → its memfd, kept while workers may still need it
+        self._status: FeederStatus | None = None
+        self.relay: Relay | None = None
+        self.stats: dict[str, dict[str, int]] = {}
+        self.counters: dict[str, Any] = {}
+        self._sent: list[tuple[str, str, int]] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def restarts(self) -> int:
+        return self.child.restarts
+
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
     @property
@@ -176,19 +225,31 @@ class KvFeederProcess:
         )  # fmt: skip
 
     def _new_directory(self) -> tuple[int]:
-        """A fresh table directory for the child about to start: its reader here, its writer there."""
+        """A fresh table directory for the child about to start: its reader here, its writer there (and, with
+        workers, theirs: the descriptor is kept to pass on)."""
         self._drop_child()  # what a spawn that failed left
-        if self._directory_fd >= 0:
-            os.close(self._directory_fd)
         self._directory_fd = new_directory()
-        self._reader = TableReader(self._directory_fd)
+        self.use_directory(self._directory_fd)
+        self._pass_on(KvDirectory(), self._directory_fd)
         return (self._directory_fd,)
 
     def _started(self) -> None:
-        os.close(self._directory_fd)  # mapped here, inherited there
-        self._directory_fd = -1
         self._sent = None
         log.info("kv-events feeder started (pid %s)", self.child.pid)
+
+    def _pass_on(self, msg: Any, fd: int | None = None) -> None:
+        if self.relay is not None:
+            self.relay(msg, fd)
+
+    def replay(self, send: Relay) -> None:
+        """What a serving worker that starts needs: the directory, the tables it may read, the last status."""
+        if self._directory_fd < 0:
+            return
+        send(KvDirectory(), self._directory_fd)
+        for generation, fd in sorted(self._tables.items()):
+            send(TableSegment(generation), fd)
+        if self._status is not None:
+            send(self._status, None)
 
     async def _follow_membership(self) -> None:
         while True:
@@ -200,29 +261,32 @@ class KvFeederProcess:
     def _on_message(self, status: Any) -> None:
         if isinstance(status, TableSegment):
             fd = recv_fd(self.child.conn)  # type: ignore[arg-type]  # the message came on it: it is there
-            try:
-                if self._reader is not None:
-                    self._reader.add(status.generation, fd)
-            finally:
-                os.close(fd)
+            self.add_table(status.generation, fd)
+            self._pass_on(status, fd)
+            self._tables[status.generation] = fd
             return
         if not isinstance(status, FeederStatus):
             return
         self._generation = status.generation
-        if status.slots != self._slots or status.last.keys() != self._last.keys():
-            self._version += 1
-        self._slots, self._last = list(status.slots), dict(status.last)
+        self.take_status(status)
+        self._status = status
+        self._pass_on(status)
+        for generation in [g for g in self._tables if g < status.generation]:  # superseded: no reader needs it
+            os.close(self._tables.pop(generation))
         self.stats = status.streams
         self.counters = status.index
 
     def _drop_child(self) -> None:
-        """Forget the dead child's table (its memory goes with the last mapping: nothing to unlink)."""
-        if self._reader is not None:
-            with contextlib.suppress(Exception):
-                self._reader.close()
-        self._reader = None
-        self._slots, self._last = [], {}
-        self._version += 1
+        """Forget the dead child's table, here and in the workers."""
+        self.drop()
+        for fd in self._tables.values():
+            os.close(fd)
+        self._tables.clear()
+        if self._directory_fd >= 0:
+            os.close(self._directory_fd)
+            self._directory_fd = -1
+            self._pass_on(KvGone())
+        self._status = None
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -9,7 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from epp.app.kv_feeder import KvFeederProcess
-from epp.scheduling.precise import NEVER
+from epp.scheduling.precise import NEVER, PrecisePrefixCacheProducer
 
 PREFIX = "llm_d_epp_kv_cache_events"
 
@@ -58,12 +58,22 @@ class KvEventsCollector(Collector):
         held = GaugeMetricFamily(f"{PREFIX}_indexed_blocks", "Engine blocks in the index now, all endpoints.")
         held.add_metric([], float(feeder.counters.get("blocks", 0)))
         yield held
+
+
+class PreciseFallbacksCollector(Collector):
+    """The precise producer's fallbacks, from the process whose producer picks: the control process alone, or
+    each serving worker (summed by the control process)."""
+
+    def __init__(self, producer: PrecisePrefixCacheProducer) -> None:
+        self._producer = producer
+
+    def collect(self) -> Iterator[Metric]:
         fallbacks = CounterMetricFamily(
             "llm_d_epp_precise_prefix_fallbacks",
             "Endpoint matches taken from the approximate producer instead of the KV events, by reason "
             "(absent: no events ever; stale: work sent, no event since; no_tokens: no engine token ids).",
             labels=["reason"],
         )
-        for reason, count in sorted(feeder.producer.fallbacks.items()):
+        for reason, count in sorted(self._producer.fallbacks.items()):
             fallbacks.add_metric([reason], count)
         yield fallbacks

@@ -36,14 +36,15 @@ def ring_words(workers: int) -> int:
 
 
 class PickLog:
-    """One worker's end of the shared log: it writes its own ring and reads everyone else's."""
+    """One worker's end of the shared log: it writes its own ring and reads everyone else's. `me` −1: a reader of
+    every ring that writes none (the control process, which learns the precise producer's owed stores)."""
 
     def __init__(self, block: np.ndarray, workers: int, me: int) -> None:
         self._heads = block[:workers]
         self._rings = block[workers:].reshape(workers, CAPACITY, RECORD_WORDS)
         self._hashes = self._rings.view(np.uint64)
         self._me = me
-        self._mine, self._mine_hashes = self._rings[me], self._hashes[me]
+        self._mine, self._mine_hashes = self._rings[max(me, 0)], self._hashes[max(me, 0)]  # −1 never appends
         # A worker that starts (or restarts) learns the others' last CAPACITY picks first: a warm index.
         self._next = [max(0, int(self._heads[w]) - CAPACITY) for w in range(workers)]
         self.lost = 0  # records overwritten before this worker read them

@@ -38,7 +38,7 @@ from epp.app.federation import FederationParts, build_federation
 from epp.app.flow_host import FlowHost
 from epp.app.http import build_http_app, pool_report
 from epp.app.kv_feeder import KvFeederProcess
-from epp.app.kv_metrics import KvEventsCollector
+from epp.app.kv_metrics import KvEventsCollector, PreciseFallbacksCollector
 from epp.app.listen import bind, hostnames
 from epp.app.metrics_auth import MetricsAuth
 from epp.app.pool_metrics import PoolCollector, PrefixCollector
@@ -101,7 +101,7 @@ async def build(settings: ServeSettings) -> Picker:
     metrics, processor = _request_path(settings, config, state, parts)
     grpc_server = extproc_server(settings, processor, reuse_port=False) if parts.workers == 1 else None
     if parts.workers > 1:
-        state.workers = _worker_pool(settings, parts.workers, state, parts.federation)
+        state.workers = _worker_pool(settings, parts, state)
         state.registry.register(WorkerCollector(state.workers, metrics.families))
         if parts.flow is not None:  # the picker's one set of queues, here; the workers' requests wait in them
             host = FlowHost(parts.flow, state.workers.send, state.workers.sync_bookings, time.monotonic)
@@ -156,8 +156,10 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
     for warning in deprecations(config) if config is not None else ():  # after every check that refuses to start
         log.warning("%s: %s", config.source if config is not None else "", warning)
     flow = _flow_gate(scheduler, state, decisions.scrape.interval_s)
-    one_process = [what for what, used in (("precise-prefix-cache-producer", kv_feeder is not None),) if used]
+    one_process: list[str] = []  # every feature serves on every worker now; a new one that cannot names itself here
     workers = serving_workers(settings.workers, one_process)
+    if kv_feeder is not None and workers == 1:  # with workers, the producers that pick are theirs (summed)
+        state.registry.register(PreciseFallbacksCollector(kv_feeder.producer))
     # With workers, each exports its own spans (epp.app.worker): the control process decides nothing to trace.
     tracer_provider, tracer = build_tracing(settings.tracing) if workers == 1 else (None, None)
     if tracer is not None:
@@ -332,18 +334,18 @@ async def _serve(settings: ServeSettings, stop_requested: asyncio.Event) -> int:
     return 0
 
 
-def _worker_pool(
-    settings: ServeSettings, workers: int, state: PickerState, federation: FederationParts | None
-) -> WorkerPool:
+def _worker_pool(settings: ServeSettings, parts: _DecisionParts, state: PickerState) -> WorkerPool:
     """The serving workers; without --cert-path, one self-signed certificate on the port, whichever worker a
-    connection reaches; the sites the federation watch keeps, sent to every worker."""
+    connection reaches; the sites the federation watch keeps and the KV-events feeder's table, passed to every
+    worker."""
     tls = settings.tls
     if tls.enabled and not tls.cert_dir:
         settings = replace(
             settings, tls=replace(tls, self_signed=self_signed_pair(hostnames(settings.listen.bind_address)))
         )
+    federation = parts.federation
     return WorkerPool(
-        workers,
+        parts.workers,
         settings,
         state.table,
         state.objectives,
@@ -351,6 +353,8 @@ def _worker_pool(
         state.namespace,
         lambda: follow_readiness(state),
         sites=federation.sites if federation is not None else None,
+        kv=parts.kv_feeder,
+        shared_learners=len(parts.decisions.scheduler.prefix_scorers),
     )
 
 

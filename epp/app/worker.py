@@ -45,10 +45,12 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from epp.app.kv_feeder import FeederStatus, KvDirectory, KvGone, SharedKvIndex, TableSegment
+from epp.app.kv_metrics import PreciseFallbacksCollector
 from epp.app.pick_log import PickLog, ring_words
 from epp.app.pool_metrics import PrefixCollector
 from epp.app.runtime import run_loop
@@ -56,15 +58,14 @@ from epp.app.settings import ServeSettings
 from epp.app.tls import tls_policy
 from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, read_rows
 from epp.datastore.sites import Site
-from epp.datastore.table import EndpointInfo, EndpointTable
+from epp.datastore.table import EndpointInfo, EndpointTable, Snapshot
 from epp.director.flow_link import CONTROL_MESSAGES, RemoteFlowGate
 from epp.observability.worker_series import DeltaSource, SeriesDelta
-from epp.scheduling.prefix import PrefixCacheScorer
-from epp.scheduling.producers import ApproxPrefixCacheProducer
+from epp.scheduling.precise import PrecisePrefixCacheProducer
 from epp.supervision.child_end import ChildEnd
 from epp.supervision.memory import map_array
 from epp.supervision.messages import Stop
-from epp.supervision.pipe import watch_pipe
+from epp.supervision.pipe import recv_fd, watch_pipe
 
 log = logging.getLogger(__name__)
 
@@ -256,9 +257,10 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
     scheduler = build_decisions(settings, config).scheduler
     table = MirrorTable(rows, matrix, index)
     pick_log = PickLog(picks, matrix.shape[0], index)
-    scorers = scheduler.prefix_scorers  # every profile's, in configuration order: a record names one by position
-    for position, scorer in enumerate(scorers):
+    scorers: list[Learner] = list(scheduler.prefix_scorers)  # every profile's, in order: a record names one by position
+    for position, scorer in enumerate(scheduler.prefix_scorers):
         scorer.on_pick = _sharing(pick_log, table, position)
+    kv_index = _share_precise(scheduler.kv_events, pick_log, table, scorers)
     objectives = ObjectiveStore()
     flow = None
     if scheduler.flow is not None:  # the picker's queues are the control process's (epp.app.flow_host)
@@ -266,6 +268,8 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
     failure = [FailureMode.FAIL_CLOSE]
     registry = CollectorRegistry(auto_describe=True)
     registry.register(PrefixCollector.of(scheduler))  # this worker's prefix index, summed by the control process
+    if scheduler.kv_events is not None:  # this worker's precise producer's fallbacks, summed by the control process
+        registry.register(PreciseFallbacksCollector(scheduler.kv_events))
 
     def endpoint_name(address: str) -> tuple[str, str, str]:
         slot = table.slot_of(address)
@@ -342,6 +346,19 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
                     objectives.replace_rewrites(msg.rewrites)
                     namespace[0] = msg.namespace
                     table.synced = True
+                elif isinstance(msg, (KvDirectory, TableSegment)):
+                    fd = recv_fd(conn)  # it follows its message on the pipe
+                    try:
+                        if kv_index is not None and isinstance(msg, KvDirectory):
+                            kv_index.use_directory(fd)
+                        elif kv_index is not None and isinstance(msg, TableSegment):
+                            kv_index.add_table(msg.generation, fd)
+                    finally:
+                        os.close(fd)  # mapped
+                elif isinstance(msg, FeederStatus) and kv_index is not None:
+                    kv_index.take_status(msg)
+                elif isinstance(msg, KvGone) and kv_index is not None:
+                    kv_index.drop()
                 elif isinstance(msg, CONTROL_MESSAGES):
                     if flow is not None:
                         flow.receive(msg)
@@ -391,6 +408,58 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
     return 0
 
 
+class Learner(Protocol):
+    """What learns another worker's pick from the shared log (a prefix scorer, an approximate producer)."""
+
+    def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> None: ...
+
+
+class OwedStores:
+    """The precise producer's picks that owe an endpoint's KV events, learned from the other workers' records: the
+    endpoint turns stale in this process too, as soon as in the worker that sent the request, if its events do not
+    come. A record's one value is the pick's time (`owed_record`)."""
+
+    def __init__(self, producer: PrecisePrefixCacheProducer) -> None:
+        self._producer = producer
+
+    def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> None:
+        if hashes and slot < snapshot.present.size and snapshot.present[slot]:
+            self._producer.expect_stores(snapshot.addresses[slot], owed_since(hashes))
+
+
+def owed_record(now: float) -> list[int]:
+    """An owed-stores record's values: the pick's time (CLOCK_MONOTONIC, which every process of the host shares)
+    in microseconds."""
+    return [round(now * 1e6)]
+
+
+def owed_since(values: list[int]) -> float:
+    return values[0] / 1e6
+
+
+def _share_precise(
+    producer: PrecisePrefixCacheProducer | None, pick_log: PickLog, table: MirrorTable, learners: list[Learner]
+) -> SharedKvIndex | None:
+    """The precise producer in a worker: it reads the feeder's shared table (the control process passes the
+    descriptors on), and its picks join the pick log after the prefix scorers' positions (`precise_positions`):
+    its approximate fallback's blocks, then the picks that owe stores."""
+    if producer is None:
+        return None
+    index = SharedKvIndex()
+    producer.attach(index)
+    approx, owed = precise_positions(len(learners))
+    producer.approx.on_pick = _sharing(pick_log, table, approx)
+    share_owed = _sharing(pick_log, table, owed)
+    producer.on_owed = lambda slot, now: share_owed(slot, owed_record(now))
+    learners.extend((producer.approx, OwedStores(producer)))
+    return index
+
+
+def precise_positions(prefix_scorers: int) -> tuple[int, int]:
+    """The pick log's positions of the precise producer's records: its approximate fallback's, its owed stores'."""
+    return prefix_scorers, prefix_scorers + 1
+
+
 def _sharing(pick_log: PickLog, table: MirrorTable, position: int) -> Callable[[int, list[int]], None]:
     """The prefix scorer's `on_pick`: our pick, as a record in our ring of the shared log."""
 
@@ -405,7 +474,7 @@ def _sharing(pick_log: PickLog, table: MirrorTable, position: int) -> Callable[[
 def _learn(
     pick_log: PickLog,
     table: MirrorTable,
-    scorers: Sequence[PrefixCacheScorer | ApproxPrefixCacheProducer],
+    scorers: Sequence[Learner],
     stats: np.ndarray,
 ) -> None:
     """The other workers' picks since the last call, into our prefix scorers (their counts into our stats row)."""

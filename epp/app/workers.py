@@ -14,7 +14,11 @@ them, each piece with a single writer:
 - the shared log of picks (epp.app.pick_log): a ring per worker, written by that worker, read by the others;
 - with federation, the sites the FederatedCluster watch (run here, once) keeps, as a `Sites` message to every
   worker when they change: a worker that has not heard them yet knows no site, so it routes nothing remote
-  (residency holds: fail-closed).
+  (residency holds: fail-closed);
+- with the precise producer, the KV-events feeder's table (one feeder, a child of this process): its directory and
+  table generations (memfds, passed on the pipe) and its status, relayed to every worker, each of whose producers
+  reads the table in place; the control process reads the pick log's owed-store records, so /debug/pool judges
+  an endpoint's freshness as the workers' producers do.
 
 Each worker is a `Child` of the child-process kit (epp.supervision.child), supervised as every child is: one that
 exits or hangs is logged with its exit code or signal and started again after the backoff, none once the picker
@@ -36,9 +40,19 @@ import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.app.pick_log import ring_words
+from epp.app.kv_feeder import KvFeederProcess
+from epp.app.pick_log import PickLog, ring_words
 from epp.app.settings import ServeSettings
-from epp.app.worker import MATRIX_COLUMNS, STATS_COLUMNS, Members, Metrics, Sites, WorkerStart
+from epp.app.worker import (
+    MATRIX_COLUMNS,
+    STATS_COLUMNS,
+    Members,
+    Metrics,
+    Sites,
+    WorkerStart,
+    owed_since,
+    precise_positions,
+)
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.datastore.rows import NCOL, TOKEN, scrape_values, write_rows
@@ -92,6 +106,8 @@ class WorkerPool:
         on_change: Callable[[], None],
         *,
         sites: SiteRegistry | None = None,
+        kv: KvFeederProcess | None = None,
+        shared_learners: int = 0,
         max_endpoints: int = MAX_ENDPOINTS,
     ) -> None:
         self.count = count
@@ -112,6 +128,12 @@ class WorkerPool:
         self.inflight = map_array(self._fds[1], shapes[1], np.int64)
         self._slots = np.arange(self.rows)
         self.stats = map_array(self._fds[2], shapes[2], np.int64)
+        self._kv = kv
+        self._owed: tuple[PickLog, int] | None = None  # the pick log read for the precise producer's owed stores
+        if kv is not None:
+            kv.relay = self._relay_kv
+            picks = map_array(self._fds[3], shapes[3], np.int64)
+            self._owed = (PickLog(picks, count, -1), precise_positions(shared_learners)[1])
         self._workers = [_Worker(self, i) for i in range(count)]
         self.series = SeriesFold(objectives)  # the workers' request series, under the picker's label caps
         self._task: asyncio.Task[None] | None = None
@@ -193,6 +215,8 @@ class WorkerPool:
         worker.child.send(self._members_msg)
         if self._sites is not None:
             worker.child.send(self._sites_msg())
+        if self._kv is not None:
+            self._kv.replay(lambda msg, fd: self._send_kv(worker, msg, fd))
 
     def _ready(self, worker: _Worker) -> None:
         log.info("worker %d serving (pid %s)", worker.index, worker.child.pid)
@@ -239,6 +263,8 @@ class WorkerPool:
             msg = self._sites_msg()
             for worker in self._workers:
                 worker.child.send(msg)
+        if self._owed is not None:
+            self._learn_owed()
         n = min(len(view.present), self.rows)
         if n == 0:
             return
@@ -280,6 +306,26 @@ class WorkerPool:
         )
         for worker in self._workers:
             worker.child.send(self._members_msg)
+
+    def _relay_kv(self, msg: Any, fd: int | None) -> None:
+        for worker in self._workers:
+            self._send_kv(worker, msg, fd)
+
+    @staticmethod
+    def _send_kv(worker: _Worker, msg: Any, fd: int | None) -> None:
+        if fd is None:
+            worker.child.send(msg)
+        else:
+            worker.child.send_with_fd(msg, fd)
+
+    def _learn_owed(self) -> None:
+        """The workers' precise picks that owe stores, into the control process's producer (its /debug/pool)."""
+        assert self._owed is not None and self._kv is not None
+        pick_log, owed = self._owed
+        for position, slot, token, values in pick_log.read():
+            info = self._infos.get(slot)
+            if position == owed and values and info is not None and self._tokens[slot] == token:
+                self._kv.producer.expect_stores(info.address, owed_since(values))
 
     def _sites_msg(self) -> Sites:
         sites = self._sites

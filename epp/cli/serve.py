@@ -141,8 +141,8 @@ def register(sub: Any) -> None:
         default=None,
         help="serving processes sharing the ext_proc port (SO_REUSEPORT); 1: one process serves; 'auto' (default): "
         "the cores this process may use (CPU affinity, lowered by the container's CPU limit: cgroup cpu.max or "
-        f"cfs quota, whole cores), at most {MAX_DEFAULT_WORKERS}; one process where the configuration needs it "
-        "(flowControl, precise-prefix-cache-producer); federation and --tracing run on every worker",
+        f"cfs quota, whole cores), at most {MAX_DEFAULT_WORKERS}; flow control, federation, --tracing and "
+        "precise-prefix-cache-producer run on every worker",
     )
     p.add_argument(
         "--grace-period",

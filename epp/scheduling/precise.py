@@ -26,7 +26,7 @@ feeder's shared-memory table; the virtual-time benchmark an in-process `KvBlockI
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -172,6 +172,8 @@ class PrecisePrefixCacheProducer:
         self._spec: OrderedDict[int, dict[str, float]] = OrderedDict()
         self._key = f"precise-prefix:{name}"
         self._members: _Membership | None = None
+        # told (slot, now) of each pick that owes the endpoint's stores (a serving worker shares them: the pick log)
+        self.on_owed: Callable[[int, float], None] | None = None
 
     # -- per endpoint state ------------------------------------------------------------------------------------
 
@@ -190,6 +192,11 @@ class PrecisePrefixCacheProducer:
             del self._unanswered[endpoint]
             return None
         return "stale" if now - sent > self.stale_after_s else None
+
+    def expect_stores(self, endpoint: str, now: float) -> None:
+        """Another process's pick (a serving worker's, from the shared pick log) owes `endpoint`'s stores since
+        `now`: the endpoint turns stale here too if its events do not come."""
+        self._unanswered.setdefault(endpoint, now)
 
     def freshness(self, endpoint: str, now: float) -> dict[str, object]:
         """For /debug/pool: the last event's age and whether the endpoint is trusted."""
@@ -283,6 +290,8 @@ class PrecisePrefixCacheProducer:
         keys, matched = cached
         if (len(keys) - matched[slot]) * self.block_size >= EXPECT_STORE_TOKENS:
             self._unanswered.setdefault(address, state.now)
+            if self.on_owed is not None:
+                self.on_owed(slot, state.now)
         if self.speculative and len(keys):
             self._remember(keys, address, state.now + self.speculative_ttl_s)
 

@@ -45,7 +45,7 @@ from typing import Any
 from epp.observability.relay import reemit
 from epp.supervision.backoff import RESTART_INITIAL_S, RESTART_MAX_S, STABLE_S, RestartBackoff, describe_exit
 from epp.supervision.messages import Heartbeat, Log, Ready, Start, Stop
-from epp.supervision.pipe import watch_pipe
+from epp.supervision.pipe import send_fd, watch_pipe
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,18 @@ class Child:
             return False
         try:
             self.conn.send(msg)
+        except OSError:
+            return False
+        return True
+
+    def send_with_fd(self, msg: Any, fd: int) -> bool:
+        """`send`, then a descriptor (a memfd) on the pipe right after it (epp.supervision.pipe.send_fd); the child
+        reads it with `recv_fd` once it has read the message. False if there is no child to take it."""
+        if self.conn is None:
+            return False
+        try:
+            self.conn.send(msg)
+            send_fd(self.conn, fd)
         except OSError:
             return False
         return True

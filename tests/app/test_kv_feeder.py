@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from epp.app.kv_feeder import KvFeederProcess, sources_of
-from epp.app.kv_metrics import KvEventsCollector
+from epp.app.kv_metrics import KvEventsCollector, PreciseFallbacksCollector
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.kvevents import kernels
 from epp.scheduling.framework import CycleState, produced
@@ -142,6 +142,7 @@ async def test_reset_stale_stream_and_restart_through_the_feeder_process(http: a
         producer.produce(st)
         assert producer.fallbacks["stale"] >= 1
         names = {m.name for m in KvEventsCollector(feeder).collect()}
+        names |= {m.name for m in PreciseFallbacksCollector(producer).collect()}  # the picking process's
         assert {"llm_d_epp_kv_cache_events_last_event_age_seconds", "llm_d_epp_precise_prefix_fallbacks"} <= names
 
         # the feeder dies: restarted with backoff on a fresh table (memfd: nothing in /dev/shm, ever), the index

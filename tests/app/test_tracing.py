@@ -183,3 +183,17 @@ def test_a_traced_scheduler_still_gives_scores_and_the_conditional_decode_answer
             parse_request("r", "/v1/completions", {"prefer": "if-available"}, b'{"model":"m","prompt":"x"}')
         )
     assert err.value.code is ErrorCode.PRECONDITION_FAILED
+
+
+def test_the_otlp_exporter_imports_beside_the_envoy_stubs(caplog: pytest.LogCaptureFixture, monkeypatch) -> None:
+    """xds-protos ships an older copy of opentelemetry/proto; installed over opentelemetry-proto's, the OTLP exporter
+    fails to import and `--tracing` exports nothing. The install (Makefile) puts opentelemetry-proto's files back."""
+    import logging
+
+    from epp.app.tracing import provider_from_env
+
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)  # otlp, the default
+    with caplog.at_level(logging.WARNING, logger="epp.app.tracing"):
+        provider = provider_from_env()
+    provider.shutdown()
+    assert "not installed" not in caplog.text

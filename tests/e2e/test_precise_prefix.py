@@ -9,7 +9,9 @@ its own Envoy. Which server served is read from the simulator's own `x-sim-serve
   the fallback metric) and the precise picker routes by the approximate match for it.
 
 Prompts are placed with the conformance header `test-epp-endpoint-selection` (`--enable-test-endpoint-selection`),
-so both pickers know the same history; every wait is bounded.
+so both pickers know the same history; every wait is bounded. The precise picker runs with one serving process and
+with two workers (`--workers 2`: one feeder, its table read by both workers' producers, their picks shared through
+the pick log), where both workers must take streams.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class World:
     approximate: str
     precise_metrics: str
     http: aiohttp.ClientSession
+    workers: int  # the precise picker's
 
     def metrics(self) -> str:
         return http_text(f"{self.precise_metrics}/metrics")
@@ -107,8 +110,9 @@ class World:
             return r.headers[SERVER_HEADER]
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def world(envoy_available: None, e2e_tmp: Path) -> AsyncIterator[World]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=[1, 2], ids=["one-process", "two-workers"])
+async def world(request: pytest.FixtureRequest, envoy_available: None, e2e_tmp: Path) -> AsyncIterator[World]:
+    workers = int(request.param)
     kv_port = free_port()
     sims: list[SimServer] = []
     with contextlib.ExitStack() as stack:
@@ -125,15 +129,23 @@ async def world(envoy_available: None, e2e_tmp: Path) -> AsyncIterator[World]:
                 argv = serve_argv(
                     grpc_port, free_port(), metrics_port, "--static-endpoints", endpoints,
                     "--config-file", str(cfg), "--enable-test-endpoint-selection",
+                    "--workers", str(workers if name == "precise" else 1),
                 )  # fmt: skip
-                proc = stack.enter_context(running(argv, e2e_tmp / f"picker-{name}.log"))
+                proc = stack.enter_context(running(argv, e2e_tmp / f"picker-{name}-{workers}.log"))
                 ready = f"http://127.0.0.1:{metrics_port}/readyz"
                 await _until(lambda p=proc, r=ready: p.poll() is None and http_ok(r), f"{name} picker not ready")
-                port = stack.enter_context(envoy(e2e_tmp, grpc_port, "FULL_DUPLEX_STREAMED"))
+                if name == "precise" and workers > 1:
+                    pool = f"http://127.0.0.1:{metrics_port}/debug/pool"
+                    await _until(
+                        lambda u=pool: all(w["serving"] for w in json.loads(http_text(u))["workers"]), "workers"
+                    )
+                # a new connection per stream: with workers, the kernel spreads them (and their streams) over both
+                gateway = envoy(e2e_tmp, grpc_port, "FULL_DUPLEX_STREAMED", streams_per_connection=1, workers=2)
+                port = stack.enter_context(gateway)
                 gateways.append(f"http://127.0.0.1:{port}")
                 metrics.append(f"http://127.0.0.1:{metrics_port}")
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-                w = World(*sims, precise=gateways[0], approximate=gateways[1], precise_metrics=metrics[0], http=http)
+                w = World(*sims, gateways[0], gateways[1], metrics[0], http, workers)
                 await until_every_publisher_heard(http, metrics[0], sims)
                 yield w
         finally:
@@ -189,4 +201,12 @@ async def test_a_server_whose_event_stream_stops_is_marked_stale_and_routed_by_t
     # no event ever told where the prompt lives; C's approximate match (the picker sent it there) decides
     served = [await w.complete(w.precise, prompt + _text(f"t{i}", 40)) for i in range(4)]
     assert served == ["c"] * 4
-    assert metric_value(w.metrics(), stale) >= before + 4
+    # with workers, their counters reach /metrics with their next report (at most every 0.5 s)
+    await _until(lambda: metric_value(w.metrics(), stale) >= before + 4, "the stale fallbacks were not counted", 5)
+    if w.workers > 1:
+        streams = {
+            line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+            for line in w.metrics().splitlines()
+            if line.startswith("epp_worker_streams_total{")
+        }
+        assert set(streams) == {"0", "1"} and all(n > 0 for n in streams.values()), streams

@@ -141,8 +141,8 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
             ):
                 debug_url = f"http://127.0.0.1:{metrics_port}/debug/pool"
                 wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "epp serve", picker)
-                # With workers: two Envoy threads, a new connection every 5 streams, so every worker gets streams.
-                with envoy(tmp, grpc_port, "BUFFERED", streams_per_connection=5, workers=2) as gateway_port:
+                # A new connection per stream: with workers, the kernel spreads them (and their streams) over both.
+                with envoy(tmp, grpc_port, "BUFFERED", streams_per_connection=1, workers=2) as gateway_port:
                     servers = {"sim-0": "local", "sim-1": "site-a", "sim-2": "site-b"}
                     picker = Picker(grpc_port, metrics_port)
                     yield World(f"http://127.0.0.1:{gateway_port}", debug_url, beats, servers, workers, picker)
