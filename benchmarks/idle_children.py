@@ -6,21 +6,29 @@ child running, 5 s to settle), for this checkout and, with `--root DIR` (repeata
 repository (a git worktree of an older commit), alternating run by run so the machine's load falls on all alike.
 
     .venv/bin/python -m benchmarks.idle_children [--root DIR ...] [--workers 2] [--seconds 20] [--runs 2]
+        [--endpoints 2] [--refusing]
 
-Bounded: no requests at all; one endpoint on loopback that does not answer (its scrapes fail fast); each picker
-runs `--seconds` plus its start, and is stopped by its PID.
+The endpoints answer: `--endpoints` simulated vLLM servers (`epp sim`, this checkout's, one process, on loopback)
+that the picker scrapes at its default interval, so the scrape's cost is seen; `--refusing` measures instead with
+one loopback endpoint that does not answer (its scrapes fail fast), which hides that cost.
+
+Bounded: no requests at all; each picker runs `--seconds` plus its start, and it and the simulator are stopped by
+their PIDs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +37,7 @@ from epp.demo.processes import free_port, serve_argv
 ROOT = Path(__file__).resolve().parents[1]
 START_S = 60.0  # the picker's start, every worker serving
 SETTLE_S = 5.0
+REFUSING = "127.10.0.1:8000"  # loopback, nothing listens: each scrape fails at once
 
 
 def _ticks(pid: int) -> int:
@@ -46,10 +55,10 @@ def _report(metrics_port: int) -> dict[str, Any] | None:
     return report
 
 
-def measure(root: Path, workers: int, seconds: float) -> dict[str, float]:
+def measure(root: Path, workers: int, seconds: float, endpoints: str) -> dict[str, float]:
     """% of a core per process of one idle picker run from `root` (its own `epp`, this interpreter)."""
     grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
-    argv = serve_argv(grpc_port, health_port, metrics_port, "--static-endpoints", "127.10.0.1:8000",
+    argv = serve_argv(grpc_port, health_port, metrics_port, "--static-endpoints", endpoints,
                       "--workers", str(workers))  # fmt: skip
     argv[0] = sys.executable
     proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -80,18 +89,64 @@ def measure(root: Path, workers: int, seconds: float) -> dict[str, float]:
     return {name: round(100 * (after[name] - before[name]) / hz / seconds, 2) for name in pids}
 
 
+@contextlib.contextmanager
+def simulators(count: int) -> Iterator[str]:
+    """`count` answering vLLM simulators on loopback (one `epp sim` process); their addresses, comma-joined."""
+    base = free_port()
+    while not all(_port_free(base + i) for i in range(count)):
+        base = free_port()
+    argv = [sys.executable, "-m", "epp", "sim", "--servers", str(count), "--base-port", str(base),
+            "--host", "127.0.0.1"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    addresses = [f"127.0.0.1:{base + i}" for i in range(count)]
+    try:
+        deadline = time.monotonic() + START_S
+        while not all(_answers(a) for a in addresses):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("the simulators did not start")
+            time.sleep(0.2)
+        yield ",".join(addresses)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _answers(address: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", action="append", type=Path, default=[], help="another checkout to measure")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--endpoints", type=int, default=2, help="answering simulated endpoints")
+    parser.add_argument("--refusing", action="store_true", help="one endpoint that does not answer instead")
     args = parser.parse_args()
     roots = [ROOT, *args.root]
-    print(f"# benchmarks/idle_children.py on {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}: % of a core")
-    for run in range(args.runs):
-        for root in roots if run % 2 == 0 else reversed(roots):
-            print(json.dumps({"root": str(root), "run": run, **measure(root, args.workers, args.seconds)}), flush=True)
+    pool = "one refusing endpoint" if args.refusing else f"{args.endpoints} answering endpoints"
+    print(f"# benchmarks/idle_children.py on {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, {pool}: "
+          "% of a core")  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        endpoints = REFUSING if args.refusing else stack.enter_context(simulators(args.endpoints))
+        for run in range(args.runs):
+            for root in roots if run % 2 == 0 else reversed(roots):
+                cost = measure(root, args.workers, args.seconds, endpoints)
+                print(json.dumps({"root": str(root), "run": run, **cost}), flush=True)
 
 
 if __name__ == "__main__":
