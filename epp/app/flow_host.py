@@ -75,6 +75,7 @@ class FlowHost:
 
     def _enqueue(self, key: Key, msg: Enqueue) -> None:
         item = QueuedRequest(None, msg.flow_id, msg.priority, msg.size, msg.received_at, msg.slo_ttft_s)
+        self._sync()  # the pool's load as the workers' bookings say it now, not as the last publication pass read it
         arrived = self._gate.arrive(item, self._clock())
         if arrived is None:
             self._granted.add(key)

@@ -65,7 +65,7 @@ from epp.supervision.memory import map_array, new_memfd
 
 log = logging.getLogger(__name__)
 
-CHECK_S = 0.05  # membership, failure mode, objectives and the workers' bookings are compared this often
+CHECK_S = 0.25  # failure mode, objectives and the workers' bookings are compared this often (membership: on change)
 MAX_ENDPOINTS = 16384
 
 
@@ -190,6 +190,7 @@ class WorkerPool:
         for worker in self._workers:
             worker.child.start()
         self._table.add_scrape_listener(self._scraped.set)
+        self._table.add_membership_listener(self._scraped.set)
         self._task = asyncio.create_task(self._run(), name="serving-workers")
 
     def begin_shutdown(self) -> None:
@@ -237,8 +238,9 @@ class WorkerPool:
             self._flow_message(worker.index, msg)
 
     async def _run(self) -> None:
-        """Publish when a scrape lands (the rows), and every `CHECK_S` whatever happens (membership and the rest,
-        which change rarely): an idle picker's control process wakes for what changed, not 200 times a second."""
+        """Publish when a scrape lands (the rows) or the membership changes, and every `CHECK_S` whatever happens
+        (the failure mode, objectives and bookings, which change rarely; flow control reads the bookings itself
+        when it needs them): an idle picker's control process wakes for what changed, not 200 times a second."""
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._scraped.wait(), CHECK_S)

@@ -130,6 +130,7 @@ class EndpointTable:
         self.version = 0  # bumps on every membership change
         self.scrape_version = 0  # bumps on every recorded scrape or failure: a reader can skip an unchanged table
         self._scrape_listeners: list[Callable[[], None]] = []
+        self._membership_listeners: list[Callable[[], None]] = []
         self._members_cache: tuple[int, tuple[str, ...], tuple[EndpointInfo | None, ...]] | None = None
         self._adapters_cache: tuple[tuple[frozenset[str], ...], tuple[frozenset[str], ...]] | None = None
         self._view_cache: tuple[tuple[int, int, int], object, Snapshot] | None = None
@@ -173,14 +174,14 @@ class EndpointTable:
         if slot is not None:
             if self._infos[slot] != info:
                 self._infos[slot] = info
-                self.version += 1
+                self._membership_changed()
             return slot
         slot = self._free.pop() if self._free else self._next_slot()
         self._slot_of[info.address] = slot
         self._infos[slot] = info
         self._reset_row(slot)
         self._cols["present"][slot] = True
-        self.version += 1
+        self._membership_changed()
         return slot
 
     def remove(self, address: str) -> bool:
@@ -190,7 +191,7 @@ class EndpointTable:
         self._infos[slot] = None
         self._reset_row(slot)
         self._free.append(slot)
-        self.version += 1
+        self._membership_changed()
         return True
 
     def replace_all(self, infos: Iterable[EndpointInfo]) -> tuple[int, int]:
@@ -247,6 +248,16 @@ class EndpointTable:
         """Called (synchronously, cheaply) after every recorded scrape or failure: flow control's dispatch task
         re-evaluates the pool on new data instead of polling."""
         self._scrape_listeners.append(listener)
+
+    def add_membership_listener(self, listener: Callable[[], None]) -> None:
+        """Called (synchronously, cheaply) after every membership change (an endpoint added, removed or described
+        anew): the control process's scrape and publication passes wake for it instead of polling the version."""
+        self._membership_listeners.append(listener)
+
+    def _membership_changed(self) -> None:
+        self.version += 1
+        for listener in self._membership_listeners:
+            listener()
 
     def _scraped(self) -> None:
         for listener in self._scrape_listeners:

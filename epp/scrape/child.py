@@ -50,6 +50,11 @@ class Adapters:
 
 
 @dataclass(frozen=True, slots=True)
+class Landed:
+    """Rows were written to the block: the parent copies them in now, instead of looking on a clock."""
+
+
+@dataclass(frozen=True, slots=True)
 class Status:
     statuses: dict[str, EndpointStatus]
     rejected: dict[tuple[str, str], int]  # the child's `ScrapeService.rejected_values`
@@ -135,6 +140,7 @@ async def run(end: ChildEnd, block: np.ndarray) -> None:
                 write_rows(block, rows, tokens[changed], values, snap.scrape_ok[changed], snap.scrape_failures[changed])
                 last_at[changed] = at[changed]
                 last_failures[changed] = snap.scrape_failures[changed]
+                end.send(Landed())
                 news = []
                 for local in changed.tolist():
                     pair = (snap.running_adapters[local], snap.waiting_adapters[local])

@@ -41,7 +41,7 @@ import numpy as np
 
 from epp.datastore.rows import FAILURES, NCOL, OK, TOKEN, VALUES, VERSION, read_rows
 from epp.datastore.table import EndpointInfo, EndpointTable
-from epp.scrape.child import Adapters, Members, ScrapeStart, Status
+from epp.scrape.child import Adapters, Landed, Members, ScrapeStart, Status
 from epp.scrape.engines import EngineRegistry
 from epp.scrape.scraper import EndpointStatus, ScrapeService, ScrapeSettings
 from epp.supervision.backoff import RESTART_INITIAL_S, RESTART_MAX_S
@@ -50,9 +50,9 @@ from epp.supervision.memory import map_array, new_memfd
 
 log = logging.getLogger(__name__)
 
-# Shared memory → table, every half scrape interval within these bounds: data ages by at most that much more,
-# and the serving loop wakes 40 times a second at the default 50 ms interval instead of 100.
-APPLY_MIN_S, APPLY_MAX_S = 0.01, 0.1
+# Shared memory → table when the child says rows landed (it gathers a scrape round into one pass), and the membership
+# sent when the table's changes; this look whatever happens only guards against a lost wake-up.
+APPLY_SAFETY_S = 1.0
 
 
 class ScrapeProcess:
@@ -76,6 +76,8 @@ class ScrapeProcess:
         self._fd = -1  # the new block's memfd, between its creation and the spawn that hands it over
         self._block: np.ndarray = np.zeros((0, NCOL))
         self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()  # rows landed in the block, or the table's membership changed
+        table.add_membership_listener(self._wake.set)
         self._tokens = np.full(max_endpoints, -1.0)
         self._applied = np.zeros(max_endpoints)
         self._members: dict[int, tuple[EndpointInfo, int]] = {}
@@ -243,10 +245,14 @@ class ScrapeProcess:
         return int(slots.size)
 
     async def _run(self) -> None:
-        s = self.settings
-        every = min(APPLY_MAX_S, max(APPLY_MIN_S, s.interval_s / 2))
+        """Copy rows in when the child says it wrote some (`Landed`) and sync the membership when the table's
+        changes (its listener); a look every `APPLY_SAFETY_S` whatever happens. An idle pool costs a wake-up per
+        landed scrape round, not one per tick of a clock."""
+        wake = self._wake
         while True:
-            await asyncio.sleep(every)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(wake.wait(), APPLY_SAFETY_S)
+            wake.clear()
             try:
                 self._sync()
                 self.apply()
@@ -254,7 +260,9 @@ class ScrapeProcess:
                 log.exception("scrape apply pass failed")
 
     def _handle(self, msg: Any) -> None:
-        if isinstance(msg, Adapters):
+        if msg.__class__ is Landed:
+            self._wake.set()
+        elif isinstance(msg, Adapters):
             for slot, token, running, waiting in msg.changes:
                 if self._tokens[slot] == token:
                     self.table.set_adapters(slot, running, waiting)

@@ -101,6 +101,9 @@ class EndpointStatus:
 
 
 # Why an endpoint's data cannot be used, in the words its log lines, /debug/pool and metrics use.
+# How often the supervisor looks for endpoints gone stale (their verdict and log line); a membership change wakes it
+# at once, so new endpoints get their pollers without waiting.
+SUPERVISE_S = 0.25
 FAILURE_REASONS = ("refused", "timeout", "http_error", "too_large", "parse_error", "internal", "stale")
 
 
@@ -147,6 +150,8 @@ class ScrapeService:
         self._status: dict[str, EndpointStatus] = {}
         self._seen_version = -1
         self._supervisor: asyncio.Task[None] | None = None
+        self._members_changed = asyncio.Event()
+        table.add_membership_listener(self._members_changed.set)
         self._sem: asyncio.Semaphore | None = None
         self.rejected_values: dict[tuple[str, str], int] = {}  # (signal, reason) → scraped values refused
         self.poll_errors: dict[str, int] = {}  # failure reason → failed scrapes
@@ -209,8 +214,11 @@ class ScrapeService:
 
     async def _supervise(self) -> None:
         s = self.settings
+        changed = self._members_changed
         while True:
-            await asyncio.sleep(min(s.interval_s, 0.05))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(changed.wait(), SUPERVISE_S)
+            changed.clear()
             self.sync()
             now = self._clock()
             snap = self.table.view()
