@@ -249,9 +249,15 @@ class ScrapeProcess:
         changes (its listener); a look every `APPLY_SAFETY_S` whatever happens. An idle pool costs a wake-up per
         landed scrape round, not one per tick of a clock."""
         wake = self._wake
+        loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(wake.wait(), APPLY_SAFETY_S)
+            # A timer sets the event rather than wait_for: on Python 3.11 wait_for can swallow a cancel that lands
+            # as the event is set (the apply task then never ends and stop() waits on it for ever).
+            timer = loop.call_later(APPLY_SAFETY_S, wake.set)
+            try:
+                await wake.wait()
+            finally:
+                timer.cancel()
             wake.clear()
             try:
                 self._sync()

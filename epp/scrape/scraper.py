@@ -215,9 +215,13 @@ class ScrapeService:
     async def _supervise(self) -> None:
         s = self.settings
         changed = self._members_changed
+        loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(changed.wait(), SUPERVISE_S)
+            timer = loop.call_later(SUPERVISE_S, changed.set)  # not wait_for: see ScrapeProcess._run
+            try:
+                await changed.wait()
+            finally:
+                timer.cancel()
             changed.clear()
             self.sync()
             now = self._clock()
