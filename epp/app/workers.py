@@ -241,10 +241,17 @@ class WorkerPool:
         """Publish when a scrape lands (the rows) or the membership changes, and every `CHECK_S` whatever happens
         (the failure mode, objectives and bookings, which change rarely; flow control reads the bookings itself
         when it needs them): an idle picker's control process wakes for what changed, not 200 times a second."""
+        scraped = self._scraped
+        loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._scraped.wait(), CHECK_S)
-            self._scraped.clear()
+            # A timer sets the event rather than wait_for: on Python 3.11 wait_for can swallow a cancel that lands
+            # as the event is set, and stop() would wait for this task for ever.
+            timer = loop.call_later(CHECK_S, scraped.set)
+            try:
+                await scraped.wait()
+            finally:
+                timer.cancel()
+            scraped.clear()
             try:
                 self._publish()
             except Exception:  # the publisher must outlive any surprise, or the workers decide on frozen rows
