@@ -148,6 +148,28 @@ class PrefixIndex:
             self._young[slot] = set()
 
 
+def slot_capacity(index: PrefixIndex, snapshot: Snapshot, slot: int, auto_tune: bool) -> int:
+    """How many blocks `slot` may hold in `index`: its engine's GPU blocks when auto-tuned and reported (capped),
+    else the index's default. One rule for the prefix scorer and the approximate producer."""
+    if auto_tune:
+        gpu_blocks = float(snapshot.num_blocks[slot])
+        if math.isfinite(gpu_blocks) and gpu_blocks > 0:
+            return min(int(gpu_blocks), MAX_TUNED_CAPACITY)
+    return index.default_capacity
+
+
+def learn_pick(index: PrefixIndex, snapshot: Snapshot, slot: int, hashes: list[int], auto_tune: bool) -> None:
+    """A pick another decider of this picker made (a serving worker's, from the shared pick log): `slot` now holds
+    `hashes`, recorded in `index` as if this decider had picked it. A slot not in `snapshot` is ignored."""
+    if not hashes or slot >= snapshot.present.size or not snapshot.present[slot]:
+        return
+    index.sync(snapshot)
+    held = int(index.match(hashes, slot + 1)[slot])
+    index.add(
+        slot, snapshot.addresses[slot], hashes, held, slot_capacity(index, snapshot, slot, auto_tune), index.reach
+    )
+
+
 class PrefixCacheScorer(LinearScorer):
     """`prefix-cache-scorer`: score = leading blocks the endpoint is believed to hold / blocks in the prompt.
 
@@ -235,19 +257,10 @@ class PrefixCacheScorer(LinearScorer):
     def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> None:
         """A pick another decider of this picker made (a serving worker's, from the shared pick log): `slot` now
         holds `hashes`, recorded as if this scorer had picked it. A slot not in `snapshot` is ignored."""
-        if not hashes or slot >= snapshot.present.size or not snapshot.present[slot]:
-            return
-        index = self.index
-        index.sync(snapshot)
-        held = int(index.match(hashes, slot + 1)[slot])
-        index.add(slot, snapshot.addresses[slot], hashes, held, self._capacity(snapshot, slot), index.reach)
+        learn_pick(self.index, snapshot, slot, hashes, self.auto_tune)
 
     def _capacity(self, snapshot: Snapshot, slot: int) -> int:
-        if self.auto_tune:
-            gpu_blocks = float(snapshot.num_blocks[slot])
-            if math.isfinite(gpu_blocks) and gpu_blocks > 0:
-                return min(int(gpu_blocks), MAX_TUNED_CAPACITY)
-        return self.index.default_capacity
+        return slot_capacity(self.index, snapshot, slot, self.auto_tune)
 
 
 _NO_MATCH: FloatArray = np.zeros(0)

@@ -38,7 +38,7 @@ from epp.scheduling.framework import (
     publish,
 )
 from epp.scheduling.hashing import BlockHasher
-from epp.scheduling.prefix import MAX_TUNED_CAPACITY, PrefixIndex
+from epp.scheduling.prefix import PrefixIndex, learn_pick, slot_capacity
 
 BYTES_PER_TOKEN = 4  # upstream's estimate backend: about 4 bytes per token
 TOKEN_PRODUCER = "token-producer"
@@ -203,19 +203,10 @@ class ApproxPrefixCacheProducer:
     def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> None:
         """A pick another serving worker made (from the shared pick log): `slot` now holds `hashes`, recorded as if
         this producer had seen it. A slot not in `snapshot` is ignored."""
-        if not hashes or slot >= snapshot.present.size or not snapshot.present[slot]:
-            return
-        index = self.index
-        index.sync(snapshot)
-        held = int(index.match(hashes, slot + 1)[slot])
-        index.add(slot, snapshot.addresses[slot], hashes, held, self._capacity(snapshot, slot), index.reach)
+        learn_pick(self.index, snapshot, slot, hashes, self.auto_tune)
 
     def _capacity(self, snapshot: Snapshot, slot: int) -> int:
-        if self.auto_tune:
-            gpu_blocks = float(snapshot.num_blocks[slot])
-            if math.isfinite(gpu_blocks) and gpu_blocks > 0:
-                return min(int(gpu_blocks), MAX_TUNED_CAPACITY)
-        return self.index.default_capacity
+        return slot_capacity(self.index, snapshot, slot, self.auto_tune)
 
 
 class InflightLoadProducer:
