@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from epp import wire
 from epp.datastore.pools import pool_key, split_key
-from epp.director.decision import Decision
+from epp.director.decision import Decision, Timing
 from epp.director.pipeline import DecisionPipeline
 from epp.errors import EppError, ErrorCode
 from epp.requests import InferenceRequest
@@ -46,7 +46,7 @@ class PoolRoute(NamedTuple):
     observer: Any
 
 
-def _no_booking(_decision: Decision) -> None:
+def _no_booking(decision: Decision, timing: Timing | None = None) -> None:
     pass
 
 
