@@ -45,7 +45,7 @@ from epp.app.pool_metrics import PoolCollector, PrefixCollector
 from epp.app.pool_path import check_pools, pools_processor
 from epp.app.pools import pools_report
 from epp.app.process_metrics import register_process_metrics
-from epp.app.runtime import run_loop, settle_garbage_collector
+from epp.app.runtime import settle_garbage_collector
 from epp.app.scrape_metrics import ScrapeCollector
 from epp.app.settings import ServeSettings
 from epp.app.state import PickerState, follow_readiness, start_kubernetes
@@ -69,6 +69,7 @@ from epp.scheduling.scheduler import Scheduler
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
 from epp.scrape.scraper import ScrapeService
+from epp.supervision.loop import run_loop
 
 log = logging.getLogger("epp")
 
