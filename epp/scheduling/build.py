@@ -43,6 +43,7 @@ from epp.scheduling.disagg import Decider, DisaggScheduler, Stage
 from epp.scheduling.flow_plugins import flow_settings
 from epp.scheduling.framework import Filter, Picker, PickObserver, Producer
 from epp.scheduling.handler_factories import HandlerSpec
+from epp.scheduling.knee import KneeDetector
 from epp.scheduling.params import Params
 from epp.scheduling.pickers import MaxScorePicker
 from epp.scheduling.plugin_type import BuildContext, Built, Kind, Stability
@@ -193,7 +194,7 @@ def _check_references(config: EndpointPickerConfig, built: Built) -> None:
     if (
         detector is not None
         and detector in built
-        and not isinstance(built[detector][1], SaturationFilter | ConcurrencyDetector)
+        and not isinstance(built[detector][1], SaturationFilter | ConcurrencyDetector | KneeDetector)
     ):
         raise ConfigError(
             f"{source}: saturationDetector, plugin '{detector}' ({built[detector][2].type}): is not a detector"
@@ -260,8 +261,8 @@ def _build(
     _check_references(config, built)
     thresholds = config.saturation
     detector = built.get(config.saturation_detector_ref or "")
-    pool_detector: SaturationDetector | ConcurrencyDetector
-    if detector is not None and isinstance(detector[1], ConcurrencyDetector):
+    pool_detector: SaturationDetector | ConcurrencyDetector | KneeDetector
+    if detector is not None and isinstance(detector[1], ConcurrencyDetector | KneeDetector):
         pool_detector = detector[1]
         pool_detector.freshness = freshness
     else:
