@@ -38,6 +38,7 @@ from epp.config.model import (
     ProfileSpec,
 )
 from epp.datastore import Freshness
+from epp.datastore.observations import ObservationSink
 from epp.errors import ConfigError
 from epp.scheduling.disagg import Decider, DisaggScheduler, Stage
 from epp.scheduling.flow_plugins import flow_settings
@@ -60,6 +61,7 @@ from epp.scheduling.saturation import (
     SaturationFilter,
 )
 from epp.scheduling.scheduler import RenderSettings, Router, Scheduler
+from epp.scheduling.slo import PredictedLatencyProducer
 from epp.scheduling.upstream_types import describe_unimplemented
 
 DEFAULT_SCORER_WEIGHT = 1.0
@@ -312,6 +314,10 @@ def _scheduler(
     prefix.update(  # the producers that learn from picks: shared between workers and counted, as the scorers
         (id(p), p) for r in profiles for p in r.profile.producers if isinstance(p, ApproxPrefixCacheProducer)
     )
+    latency = {id(p): p for r in profiles for p in r.profile.producers if isinstance(p, PredictedLatencyProducer)}
+    knees = [plugin for _, plugin, _, _ in built.values() if isinstance(plugin, KneeDetector)]
+    # the observation feed's sinks (epp.datastore.observations): the latency model, self-calibrating-detector
+    learners: tuple[ObservationSink, ...] = (*latency.values(), *knees)
     return Scheduler(
         handler=handler,
         saturation=handler.saturation,
@@ -327,6 +333,8 @@ def _scheduler(
         description=description,
         profiles=profiles,
         kv_events=next(iter(precise.values()), None),
+        learners=learners,
+        uncached=next(iter(latency.values())).model.uncached if latency else None,
     )
 
 
