@@ -27,6 +27,7 @@ from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.director import Director
 from epp.director.flow import FlowHold
+from epp.director.models import ModelsList
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.federation.policy.router import FederationRouter
@@ -82,8 +83,9 @@ def build_director(
 ) -> Director:
     """The Director over `table`: priorities and rewrites from `objectives` as the watches (or the control process)
     last saw them; the federation router of this process; `flow` is this process's gate, or a serving worker's
-    link to the control process's (`epp.director.flow_link`)."""
-    return Director(
+    link to the control process's (`epp.director.flow_link`); with --serve-models-list its pipeline answers
+    `GET /v1/models` with the pool's models (`epp.director.models`)."""
+    director = Director(
         table,
         scheduler,
         clock=time.monotonic,
@@ -98,6 +100,18 @@ def build_director(
         flow=flow,
         pool=pool,
     )
+    if settings.serve_models_list:
+        source = (pool or _owner(settings), objectives, pool is not None)
+        director.pipeline = director.pipeline.answering(ModelsList(table, lambda: (source,)).answer)
+    return director
+
+
+def _owner(settings: ServeSettings) -> str:
+    """`owned_by` in a one-pool picker's model list: its InferencePool (`namespace/name`), else `epp`."""
+    k8s = settings.endpoints.kubernetes
+    if k8s is not None and k8s.pool_name:
+        return f"{k8s.namespace}/{k8s.pool_name}"
+    return "epp"
 
 
 def build_processor(

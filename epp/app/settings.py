@@ -107,4 +107,5 @@ class ServeSettings:
     honour_subset: bool = True  # not --disable-endpoint-subset-filter
     test_selection: bool = False  # --enable-test-endpoint-selection
     emit_scores: bool = False  # --emit-endpoint-scores
+    serve_models_list: bool = False  # --serve-models-list: GET /v1/models answered from the pools (epp.director.models)
     startup_warnings: tuple[str, ...] = ()  # logged once the checks that refuse to start have passed

@@ -167,6 +167,12 @@ def register(sub: Any) -> None:
         help="several pools: a request whose pool cannot be told gets 503 (FailClose, default) or 400 (Reject)",
     )
     p.add_argument(
+        "--serve-models-list",
+        action="store_true",
+        help="answer GET /v1/models from the pools served (objectives, rewrites, LoRA adapters) instead of "
+        "routing it to an endpoint (docs/kubernetes.md)",
+    )
+    p.add_argument(
         "--max-body-bytes",
         type=_positive_bytes,
         default=16 * 1024 * 1024,

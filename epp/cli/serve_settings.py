@@ -80,6 +80,7 @@ def serve_settings(args: argparse.Namespace, startup_warnings: list[str]) -> Ser
         honour_subset=not args.disable_endpoint_subset_filter,
         test_selection=bool(args.enable_test_endpoint_selection),
         emit_scores=bool(args.emit_endpoint_scores),
+        serve_models_list=bool(args.serve_models_list),
         startup_warnings=tuple(startup_warnings),
     )
 
