@@ -43,12 +43,13 @@ from epp.app.listen import bind, hostnames
 from epp.app.metrics_auth import MetricsAuth
 from epp.app.pool_metrics import PoolCollector, PrefixCollector
 from epp.app.process_metrics import register_process_metrics
+from epp.app.receipt_metrics import ReceiptMetrics, active_in
 from epp.app.runtime import run_loop, settle_garbage_collector
 from epp.app.scrape_metrics import ScrapeCollector
 from epp.app.settings import ServeSettings
 from epp.app.state import PickerState, follow_readiness, start_kubernetes
 from epp.app.tls import self_signed_pair
-from epp.app.workers import WorkerCollector, WorkerPool
+from epp.app.workers import WorkerCollector, WorkerPool, merge_expositions
 from epp.config.model import EndpointPickerConfig
 from epp.director.flow import FlowGate
 from epp.errors import ConfigError
@@ -129,6 +130,7 @@ class _DecisionParts:
     scheduler: Scheduler  # decisions.scheduler, traced with --tracing
     plugin_timer: PluginTimer
     prefix: PrefixCollector
+    receipts: ReceiptMetrics
     kv_feeder: KvFeederProcess | None
     federation: FederationParts | None
     flow: FlowGate | None
@@ -169,8 +171,9 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
     if federation is not None:
         federation.connect(settings.kubeconfig)
     return _DecisionParts(
-        decisions, scheduler, plugin_timer, prefix, kv_feeder, federation, flow, tracer_provider, tracer, auth, workers
-    )
+        decisions, scheduler, plugin_timer, prefix, ReceiptMetrics(), kv_feeder, federation, flow, tracer_provider,
+        tracer, auth, workers,
+    )  # fmt: skip
 
 
 def _request_path(
@@ -182,6 +185,7 @@ def _request_path(
     metrics_registry = state.registry if parts.workers == 1 else CollectorRegistry(auto_describe=True)
     metrics_registry.register(parts.prefix)  # the prefix index too: with workers, the indexes that pick are theirs
     metrics = PickerMetrics(metrics_registry, labels=state.objectives, endpoint_name=state.endpoint_labels)
+    metrics_registry.register(parts.receipts)  # with workers, theirs (the alarms' max, the rest summed)
     director = build_director(
         settings,
         parts.scheduler,
@@ -191,6 +195,7 @@ def _request_path(
         observer=metrics,
         federation=parts.federation.router if parts.federation is not None else None,
         flow=parts.flow,
+        receipts=parts.receipts,
     )
     decider: Any = director
     if parts.tracer is not None:
@@ -209,7 +214,9 @@ def _collectors(
     state.registry.register(scrape_collector)
     pool_collector = PoolCollector(state.table, state.pool_name, _poll_errors(scraper))
     state.registry.register(pool_collector)
-    collectors: list[FreezableCollector] = [metrics, pool_collector, parts.plugin_timer, parts.prefix, scrape_collector]
+    collectors: list[FreezableCollector] = [
+        metrics, pool_collector, parts.plugin_timer, parts.prefix, parts.receipts, scrape_collector,
+    ]  # fmt: skip
     if parts.flow is not None:
         flow_metrics = FlowControlMetrics(state.registry, state.pool_name, parts.flow.queue_state)
         parts.flow.observer = flow_metrics
@@ -238,6 +245,10 @@ def _pool_report(
             extra["flowControl"] = flow.report(now)
         if kv_feeder is not None:
             extra["kvEvents"] = kv_feeder.supervision(now)
+        if state.workers is not None:  # the workers' alarms, as their expositions last said (any worker's counts)
+            extra["degraded"] = active_in(merge_expositions(state.workers.expositions()))
+        else:
+            extra["degraded"] = parts.receipts.active(now)
         return pool_report(state.table, state.pool, now, state.ready(), freshness, extra or None, statuses)
 
     return report

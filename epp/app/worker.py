@@ -53,6 +53,7 @@ from epp.app.kv_feeder import FeederStatus, KvDirectory, KvGone, SharedKvIndex, 
 from epp.app.kv_metrics import PreciseFallbacksCollector
 from epp.app.pick_log import PickLog, ring_words
 from epp.app.pool_metrics import PrefixCollector
+from epp.app.receipt_metrics import ReceiptMetrics
 from epp.app.runtime import run_loop
 from epp.app.settings import ServeSettings
 from epp.app.tls import tls_policy
@@ -268,6 +269,8 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
     failure = [FailureMode.FAIL_CLOSE]
     registry = CollectorRegistry(auto_describe=True)
     registry.register(PrefixCollector.of(scheduler))  # this worker's prefix index, summed by the control process
+    receipts = ReceiptMetrics()  # this worker's receipts and alarms: summed (alarms: max) by the control process
+    registry.register(receipts)
     if scheduler.kv_events is not None:  # this worker's precise producer's fallbacks, summed by the control process
         registry.register(PreciseFallbacksCollector(scheduler.kv_events))
 
@@ -302,6 +305,7 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
         observer=metrics,
         federation=federation[0] if federation is not None else None,
         flow=flow,
+        receipts=receipts,
     )
     decider: Any = director
     if tracer is not None:

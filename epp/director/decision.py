@@ -29,6 +29,7 @@ class Decision(NamedTuple):
     booked: str = ""  # the address booked on `slot` when the destination differs (data parallelism's port)
     response_headers: tuple[tuple[str, str], ...] = ()  # headers the response carries back (session tokens)
     scores: tuple[tuple[str, float], ...] = ()  # --emit-endpoint-scores: (address, weighted score), each scored one
+    receipt: str | None = None  # --emit-route-receipts: the pick's route receipt, JSON (epp.scheduling.receipt)
 
     @property
     def header_value(self) -> str:
