@@ -150,11 +150,7 @@ class Director:
         profiles = scheduler.profiles
         self._reader = profiles[0].receipts if profiles and scheduler.detailed is not None else None
         self._profile_names = tuple(p.profile.name for p in profiles)
-        self.watch = (
-            DegradationWatch(profiles[0].receipts.watched(profiles[0].scorer_names))
-            if self._reader is not None
-            else None
-        )
+        self.watch = DegradationWatch(profiles[0].receipts.watched()) if self._reader is not None else None
         self._sink = receipts
         self._watch_every = watch_every if self._reader is not None and watch_every > 0 else 0
         self._log_every = receipt_log_every

@@ -47,24 +47,16 @@ class Transition(NamedTuple):
 
 
 class _Condition:
-    __slots__ = ("active", "bad", "episodes", "seen", "since")
+    __slots__ = ("active", "bad", "episodes", "plugin", "reason", "seen", "since")
 
-    def __init__(self) -> None:
+    def __init__(self, plugin: str, reason: str) -> None:
+        self.plugin = plugin
+        self.reason = reason
         self.active = False
         self.bad = 0
         self.seen = 0
         self.episodes = 0
         self.since = math.nan
-
-    def observe(self, bad: bool, window: int, now: float) -> float | None:
-        """Adds one observation; at a window's end returns its bad share (and starts the next), else None."""
-        self.seen += 1
-        self.bad += bad
-        if self.seen < window:
-            return None
-        ratio = self.bad / self.seen
-        self.seen = self.bad = 0
-        return ratio
 
 
 class DegradationWatch:
@@ -80,11 +72,15 @@ class DegradationWatch:
         self.window = window
         self.raise_ratio = raise_ratio
         self.clear_ratio = clear_ratio
-        self._conditions: dict[tuple[str, str], _Condition] = {pair: _Condition() for pair in watched}
+        self._conditions: dict[tuple[str, str], _Condition] = {pair: _Condition(*pair) for pair in watched}
         unknown = {reason for _, reason in self._conditions} - set(REASONS)
         if unknown:  # the reason label's values are a fixed set: dashboards and alert rules name them
             raise ValueError(f"unknown degradation reasons: {sorted(unknown)}")
         self._recent: dict[str, dict[int, None]] = {}
+        self._stale = self._conditions.get((METRICS_SOURCE, "stale_signal"))
+        self._missing = self._conditions.get((METRICS_SOURCE, "missing_signal"))
+        self._scorers_key: tuple[str, ...] | None = None
+        self._by_scorer: tuple[_Condition | None, ...] = ()
 
     @property
     def pairs(self) -> tuple[tuple[str, str], ...]:
@@ -103,24 +99,51 @@ class DegradationWatch:
         ]
 
     def observe(self, receipt: Receipt, now: float) -> list[Transition]:
-        """One receipt's observations; the episodes that began or ended with it."""
-        out: list[Transition] = []
+        """One receipt's observations; the episodes that began or ended with it (usually none: the shared empty
+        list, not to be changed). Called on every receipt read: written for few bytecodes."""
+        out = _NONE
+        window = self.window
+        by_scorer = self._scorer_conditions(receipt.scorers)
+        for condition, inert in zip(by_scorer, receipt.constant, strict=False):
+            if condition is not None:
+                condition.seen += 1
+                condition.bad += inert
+                if condition.seen >= window:
+                    out = self._verdict(condition, now, out)
+        for condition, bad in (
+            (self._stale, receipt.stale > 0),
+            (self._missing, receipt.missing > 0),
+        ):
+            if condition is not None:
+                condition.seen += 1
+                condition.bad += bad
+                if condition.seen >= window:
+                    out = self._verdict(condition, now, out)
+        if receipt.kv or receipt.tokens or receipt.prefix:
+            out = self._producers(receipt, now, out)
+        return out
+
+    def _producers(self, receipt: Receipt, now: float, out: list[Transition]) -> list[Transition]:
         see = self._see
-        for name, constant in zip(receipt.scorers, receipt.constant, strict=False):
-            see(name, "constant_output", constant, now, out)
-        see(METRICS_SOURCE, "stale_signal", receipt.stale > 0, now, out)
-        see(METRICS_SOURCE, "missing_signal", receipt.missing > 0, now, out)
         for name, mode, stale, absent in receipt.kv:
-            see(name, "stale_signal", stale > 0, now, out)
+            out = see(name, "stale_signal", stale > 0, now, out)
             # "No endpoint heard from" is the feed's silence; one quiet endpoint (no traffic yet) is not.
-            see(name, "missing_signal", mode != "no_tokens" and absent > 0 and absent >= receipt.candidates, now, out)
-            see(name, "always_fallback", mode == "no_tokens", now, out)
+            silent = mode != "no_tokens" and absent > 0 and absent >= receipt.candidates
+            out = see(name, "missing_signal", silent, now, out)
+            out = see(name, "always_fallback", mode == "no_tokens", now, out)
         for name, exact in receipt.tokens:
-            see(name, "always_fallback", not exact, now, out)
+            out = see(name, "always_fallback", not exact, now, out)
         for name, first, reach in receipt.prefix:
             if first and self._repeated(name, first):
-                see(name, "prefix_never_hits", reach == 0, now, out)
+                out = see(name, "prefix_never_hits", reach == 0, now, out)
         return out
+
+    def _scorer_conditions(self, scorers: tuple[str, ...]) -> tuple[_Condition | None, ...]:
+        """The scorers' `constant_output` conditions, in the receipt's order (the same tuple object every pick)."""
+        if scorers is not self._scorers_key:
+            self._scorers_key = scorers
+            self._by_scorer = tuple(self._conditions.get((name, "constant_output")) for name in scorers)
+        return self._by_scorer
 
     def _repeated(self, plugin: str, first: int) -> bool:
         recent = self._recent.get(plugin)
@@ -133,18 +156,28 @@ class DegradationWatch:
         recent[first] = None
         return False
 
-    def _see(self, plugin: str, reason: str, bad: bool, now: float, out: list[Transition]) -> None:
+    def _see(self, plugin: str, reason: str, bad: bool, now: float, out: list[Transition]) -> list[Transition]:
         condition = self._conditions.get((plugin, reason))
         if condition is None:
-            return
-        ratio = condition.observe(bad, self.window, now)
-        if ratio is None:
-            return
+            return out
+        condition.seen += 1
+        condition.bad += bad
+        return self._verdict(condition, now, out) if condition.seen >= self.window else out
+
+    def _verdict(self, condition: _Condition, now: float, out: list[Transition]) -> list[Transition]:
+        """A window ended: its bad share decides whether an episode begins or ends; the next window starts."""
+        ratio = condition.bad / condition.seen
+        condition.seen = condition.bad = 0
         if not condition.active and ratio >= self.raise_ratio:
             condition.active = True
             condition.episodes += 1
             condition.since = now
-            out.append(Transition(plugin, reason, True, now, ratio))
         elif condition.active and ratio <= self.clear_ratio:
             condition.active = False
-            out.append(Transition(plugin, reason, False, now, ratio))
+        else:
+            return out
+        transition = Transition(condition.plugin, condition.reason, condition.active, now, ratio)
+        return [*out, transition]
+
+
+_NONE: list[Transition] = []

@@ -85,9 +85,13 @@ class ProfileScheduler:
             if s.weight > 0
         )
         self._picker = profile.picker
-        # What a detailed pick's route receipt reads (`epp.scheduling.receipt`), and the scorers it accounts for.
-        self.receipts = ReceiptReader(profile.name, [s.scorer for s in profile.scorers], profile.producers)
-        self.scorer_names = tuple(plugin.name for *_, plugin in self._scorers)
+        # What a detailed pick's route receipt reads (`epp.scheduling.receipt`): the weighted scorers' terms, in order.
+        self.receipts = ReceiptReader(
+            profile.name,
+            [s.scorer for s in profile.scorers],
+            profile.producers,
+            tuple(plugin.name for *_, plugin in self._scorers),
+        )
         self._cached_blocks = tuple(
             s.scorer.cached_blocks for s in profile.scorers if hasattr(s.scorer, "cached_blocks")
         )

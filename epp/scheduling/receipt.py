@@ -41,7 +41,7 @@ class Receipt(NamedTuple):
     scorers: tuple[str, ...]  # weighted scorers, in the profile's order
     chosen_terms: tuple[float, ...]  # weight × score each gave the chosen endpoint
     runner_terms: tuple[float, ...]  # … and the runner-up (empty without one)
-    constant: tuple[bool, ...]  # per scorer: a term of 0 for every scored candidate (empty: fewer than 2)
+    constant: tuple[bool, ...]  # per scorer, inert: a term of 0 for every scored candidate (empty: fewer than 2)
     metrics_age_s: float  # the chosen endpoint's metrics row
     stale: int  # candidates whose metrics rows were scraped but are not usable now (too old, failing)
     missing: int  # candidates never scraped
@@ -53,15 +53,14 @@ class Receipt(NamedTuple):
     flow_wait_s: float = 0.0
 
     def json(self) -> str:
-        """The receipt as one compact JSON object (the `envoy.lb` field and the sampled log line)."""
+        """The receipt as one compact JSON object (the `envoy.lb` field and the sampled log line); floats as they
+        are (rounding each costs more than the rest of the encoding)."""
+        runner = self.runner_terms or (None,) * len(self.chosen_terms)
         out: dict[str, object] = {
-            "profiles": list(self.profiles),
+            "profiles": self.profiles,
             "chosen": self.chosen,
             "runnerUp": self.runner_up or None,
-            "scorers": {
-                name: [round(c, 4), round(self.runner_terms[i], 4) if self.runner_terms else None]
-                for i, (name, c) in enumerate(zip(self.scorers, self.chosen_terms, strict=True))
-            },
+            "scorers": dict(zip(self.scorers, zip(self.chosen_terms, runner, strict=True), strict=True)),
             "metricsAgeS": _age(self.metrics_age_s),
         }
         if self.kv:
@@ -72,29 +71,24 @@ class Receipt(NamedTuple):
         if self.prefix:
             out["prefixHit"] = {name: reach > 0 for name, _, reach in self.prefix}
         if self.flow_wait_s:
-            out["flowWaitS"] = round(self.flow_wait_s, 6)
+            out["flowWaitS"] = self.flow_wait_s
         return orjson.dumps(out).decode()
 
 
 def _age(seconds: float) -> float | None:
-    return round(seconds, 3) if math.isfinite(seconds) else None
-
-
-def _inert(values: FloatArray | None, constant: float) -> bool:
-    """The scorer gave no candidate anything (0 everywhere): it could not tell them apart and added nothing. Equal
-    non-zero terms are not inert: an idle pool's load scorers give every endpoint full marks, rightly."""
-    if values is None:
-        return constant == 0.0
-    listed: list[float] = values.tolist()
-    return constant + max(listed) == 0.0 and constant + min(listed) == 0.0
+    return seconds if seconds < math.inf else None
 
 
 class ReceiptReader:
     """What one profile's picks are read for: its scorers (by the runner's terms), its precise producer, its vllm
     token producers, its prefix plugins that look blocks up themselves."""
 
-    def __init__(self, profile: str, scorers: Sequence[object], producers: Sequence[Producer]) -> None:
+    def __init__(
+        self, profile: str, scorers: Sequence[object], producers: Sequence[Producer], weighted: tuple[str, ...]
+    ) -> None:
+        """`weighted`: the names of the scorers the runner weighs (weight > 0), in its order: the terms' order."""
         self.profile = profile
+        self.scorers = weighted
         self._precise = tuple(p for p in producers if isinstance(p, PrecisePrefixCacheProducer))
         self._tokens = tuple(p.name for p in producers if isinstance(p, TokenProducer) and p.backend == "vllm")
         lookups: list[PrefixCacheScorer | ApproxPrefixCacheProducer] = [
@@ -102,10 +96,11 @@ class ReceiptReader:
         ]
         lookups += [p for p in producers if isinstance(p, ApproxPrefixCacheProducer)]
         self._lookups = tuple(lookups)
+        self._profiles = (profile,)
 
-    def watched(self, scorers: Sequence[str]) -> list[tuple[str, str]]:
+    def watched(self) -> list[tuple[str, str]]:
         """The (plugin, reason) pairs the degradation watch follows for this profile."""
-        pairs = [(name, "constant_output") for name in scorers]
+        pairs = [(name, "constant_output") for name in self.scorers]
         pairs += [(METRICS_SOURCE, "stale_signal"), (METRICS_SOURCE, "missing_signal")]
         for p in self._precise:
             pairs += [(p.name, "stale_signal"), (p.name, "missing_signal"), (p.name, "always_fallback")]
@@ -114,72 +109,82 @@ class ReceiptReader:
         return pairs
 
     def read(self, state: CycleState, primary: int, flow_wait_s: float = 0.0) -> Receipt:
-        """The receipt of a detailed pick whose primary slot is `primary`."""
+        """The receipt of a detailed pick whose primary slot is `primary`. One pass over the scorers' terms (a
+        receipt is read on one pick in `WATCH_EVERY`, or on every pick with receipts emitted: each bytecode counts)."""
         snapshot = state.snapshot
         addresses = snapshot.addresses
-        now = state.now
-        scored, total = state.scratch.get(SCORED, (None, None))
-        terms: list[tuple[str, FloatArray | None, float]] = state.scratch.get(TERMS) or []
-        runner = -1
-        chosen_at = -1
-        if scored is not None and total is not None and scored.size:
+        scratch = state.scratch
+        scored, total = scratch.get(SCORED, _NOT_SCORED)
+        terms: list[tuple[str, FloatArray | None, float]] = scratch.get(TERMS) or []
+        chosen_at = runner = -1
+        if scored is not None and scored.size:
             listed: list[int] = scored.tolist()
             chosen_at = bisect_left(listed, primary)
             if chosen_at >= len(listed) or listed[chosen_at] != primary:
                 chosen_at = -1
-            if chosen_at >= 0 and len(listed) > 1:
+            elif len(listed) > 1:
                 totals: list[float] = total.tolist()
                 totals[chosen_at] = -math.inf
-                runner = max(range(len(totals)), key=totals.__getitem__)
-        names = tuple(name for name, _, _ in terms)
-        chosen_terms = tuple(_term(t, c, chosen_at) for _, t, c in terms)
-        runner_terms = tuple(_term(t, c, runner) for _, t, c in terms) if runner >= 0 else ()
-        constant = tuple(_inert(t, c) for _, t, c in terms) if runner >= 0 else ()
+                runner = totals.index(max(totals))
+        chosen_terms: list[float] = []
+        runner_terms: list[float] = []
+        inert: list[bool] = []
+        if chosen_at >= 0:
+            for _, values, constant in terms:
+                if values is None:
+                    chosen_terms.append(constant)
+                    if runner >= 0:
+                        runner_terms.append(constant)
+                        inert.append(constant == 0.0)
+                    continue
+                listed_terms: list[float] = values.tolist()
+                chosen_terms.append(constant + listed_terms[chosen_at])
+                if runner >= 0:
+                    runner_terms.append(constant + listed_terms[runner])
+                    inert.append(constant + max(listed_terms) == 0.0 and constant + min(listed_terms) == 0.0)
         scraped = float(snapshot.scraped_at[primary])
-        metrics_age = now - scraped if scraped == scraped else math.inf
+        now = state.now
         stale = missing = 0
         mask = state.usable(state.candidates)
         if mask is not None:
+            scraped_at = snapshot.scraped_at
             for slot, ok in zip(state.candidates.tolist(), mask.tolist(), strict=True):
                 if not ok:
-                    if snapshot.scraped_at[slot] == snapshot.scraped_at[slot]:
+                    if scraped_at[slot] == scraped_at[slot]:
                         stale += 1
                     else:
                         missing += 1
-        kv: list[tuple[str, str, int, int]] = []
+        kv: tuple[tuple[str, str, int, int], ...] = ()
         kv_age = math.nan
         for p in self._precise:
-            kv.append((p.name, *p.untrusted(state)))
+            kv += ((p.name, *p.untrusted(state)),)
             last = p.view.last_event_at(addresses[primary])
             kv_age = math.inf if last == NEVER else max(0.0, now - last)
         tokens = tuple((name, bool(getattr(produced(state, name), "exact", False))) for name in self._tokens)
-        prefix = []
+        prefix: tuple[tuple[str, int, int], ...] = ()
         for plugin in self._lookups:
             found = plugin.lookup(state)
             if found is not None:
-                hashes, _, reach = found
-                prefix.append((plugin.name, hashes[0] if hashes else 0, reach))
+                hashes = found[0]
+                prefix += ((plugin.name, hashes[0] if hashes else 0, found[2]),)
         return Receipt(
-            (self.profile,),
+            self._profiles,
             addresses[primary],
-            addresses[int(scored[runner])] if runner >= 0 and scored is not None else "",
-            names,
-            chosen_terms,
-            runner_terms,
-            constant,
-            metrics_age,
+            addresses[listed[runner]] if runner >= 0 else "",
+            self.scorers if len(terms) == len(self.scorers) else tuple(t[0] for t in terms),
+            tuple(chosen_terms),
+            tuple(runner_terms),
+            tuple(inert),
+            now - scraped if scraped == scraped else math.inf,
             stale,
             missing,
-            tuple(kv),
+            kv,
             kv_age,
             tokens,
-            tuple(prefix),
+            prefix,
             int(state.candidates.size),
             flow_wait_s,
         )
 
 
-def _term(values: FloatArray | None, constant: float, at: int) -> float:
-    if at < 0:
-        return 0.0
-    return constant + (float(values[at]) if values is not None else 0.0)
+_NOT_SCORED: tuple[None, None] = (None, None)

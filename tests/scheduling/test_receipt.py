@@ -81,6 +81,7 @@ def test_receipts_off_by_default_and_read_on_a_sample_for_the_watch() -> None:
     director = _director(receipts=sink, watch_every=4)
     decisions = [director.decide(_request()) for _ in range(8)]
     assert all(d.receipt is None and d.scores == () for d in decisions)
+    sink.snapshot()  # held raw until a read folds them
     assert sink.receipts == 2  # one pick in 4
     assert set(sink.contribution) == {
         "queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer", "inflight-load-scorer",
