@@ -79,6 +79,7 @@ def build_director(
     observer: Any,
     federation: FederationRouter | None = None,
     flow: FlowHold | None = None,
+    pool: str | None = None,
     receipts: ReceiptMetrics | None = None,
 ) -> Director:
     """The Director over `table`: priorities and rewrites from `objectives` as the watches (or the control process)
@@ -101,6 +102,7 @@ def build_director(
         receipt_log_every=settings.receipt_log_every,
         receipts=receipts,
         flow=flow,
+        pool=pool,
     )
     if receipts is not None:
         receipts.watch = director.watch
@@ -108,11 +110,12 @@ def build_director(
 
 
 def build_processor(
-    settings: ServeSettings, config: EndpointPickerConfig | None, decider: Any, observer: Any
+    settings: ServeSettings, config: EndpointPickerConfig | None, decider: Any, observer: Any, pools: Any = None
 ) -> ExternalProcessor:
-    """The ext_proc servicer: the config's parsers, the body and stream bounds of the flags."""
+    """The ext_proc servicer: the config's parsers, the body and stream bounds of the flags; `pools`, with several
+    pools, the router that gives each stream its pool's pipeline."""
     stream = StreamSettings(max_body_bytes=settings.limits.max_body_bytes, parsers=parser_chain_of(config))
-    return ExternalProcessor(decider, observer, stream, limits=settings.limits.streams)
+    return ExternalProcessor(decider, observer, stream, limits=settings.limits.streams, pools=pools)
 
 
 def extproc_server(settings: ServeSettings, processor: ExternalProcessor, *, reuse_port: bool) -> grpc.aio.Server:

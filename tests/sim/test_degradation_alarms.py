@@ -64,8 +64,8 @@ class _Phased:
         self.active.append({(p, r) for p, r, up, _ in watch.states() if up})
         return server
 
-    def done(self, server: int, index: int) -> None:
-        self.inner.done(server, index)
+    def done(self, server: int, index: int, fin: Any = None) -> None:
+        self.inner.done(server, index, fin)
 
     def scrape(self, engines: Sequence[Engine], now: float) -> None:
         self.inner.scrape(engines, now)
