@@ -1,6 +1,6 @@
-"""A real `epp serve --workers 2` behind a real Envoy, over backends that serve no /metrics page: every pick is
-judged on data it never had, and the picker says so in /metrics (`llm_d_epp_degraded`, the max over the workers)
-and /debug/pool within 1,000 requests; the receipts' aggregates are there too."""
+"""A real `epp serve --workers 2` behind a real Envoy, every prompt unique: the prefix scorer matches nothing and adds
+nothing to any pick, and the picker says so in /metrics (`llm_d_epp_degraded`, the max over the workers) and in
+/debug/pool within 1,000 requests; the receipts' aggregates are there too."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tests.e2e.conftest import Picker, start_picker
 from tests.support.envoy import envoy
 from tests.support.procs import echo_backends, http_ok, running, wait_until
 
-MISSING = ("metrics-data-source", "missing_signal")
+INERT = ("prefix-cache-scorer", "constant_output")
 
 
 def _families(picker: Picker) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def _degraded(picker: Picker) -> dict[tuple[str, str], float]:
 
 @pytest.fixture(scope="module")
 def unscraped_gateway(envoy_available: None, e2e_tmp: Path) -> Iterator[tuple[Picker, str]]:
-    with echo_backends(2, e2e_tmp / "alarm-backends.log") as addresses:
+    with echo_backends(2, e2e_tmp / "alarm-backends.log") as addresses:  # /metrics: a page without engine metrics
         argv, picker = start_picker(e2e_tmp, ",".join(addresses), "--workers", "2")
         with running(argv, e2e_tmp / "picker-alarms.log") as proc:
             wait_until(lambda: http_ok(picker.url("/readyz")), 60, "epp serve --workers 2", proc)
@@ -42,11 +42,11 @@ def unscraped_gateway(envoy_available: None, e2e_tmp: Path) -> Iterator[tuple[Pi
                 yield picker, f"http://127.0.0.1:{port}"
 
 
-async def test_endpoints_never_scraped_raise_missing_signal_within_1000_requests(
+async def test_unique_prompts_raise_the_prefix_scorers_constant_output_within_1000_requests(
     unscraped_gateway: tuple[Picker, str],
 ) -> None:
     picker, gateway = unscraped_gateway
-    assert _degraded(picker).get(MISSING) == 0.0  # exported before anything happened
+    assert _degraded(picker).get(INERT) == 0.0  # exported before anything happened
     sent = 0
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
 
@@ -56,20 +56,20 @@ async def test_endpoints_never_scraped_raise_missing_signal_within_1000_requests
                 await r.read()
                 assert r.status == 200
 
-        while sent < 1000 and _degraded(picker).get(MISSING) != 1.0:
+        while sent < 1000 and _degraded(picker).get(INERT) != 1.0:
             await asyncio.gather(*(one(sent + i) for i in range(50)))
             sent += 50
             await asyncio.sleep(0.6)  # a worker's numbers reach the control process every 0.5 s
-    assert _degraded(picker)[MISSING] == 1.0, f"not raised after {sent} requests"
+    assert _degraded(picker)[INERT] == 1.0, f"not raised after {sent} requests: {_degraded(picker)}"
     families = _families(picker)
     episodes = {
         (s.labels["plugin"], s.labels["reason"]): s.value
         for s in families["llm_d_epp_degraded_episodes"].samples
         if s.name.endswith("_total")
     }
-    assert episodes[MISSING] >= 1
+    assert episodes[INERT] >= 1
     receipts = sum(s.value for s in families["llm_d_epp_route_receipts"].samples if s.name.endswith("_total"))
     assert 0.15 * sent <= receipts <= 0.35 * sent + 8  # one pick in 4 is read, in each worker
     with urllib.request.urlopen(picker.url("/debug/pool"), timeout=5) as r:
         report = json.loads(r.read())
-    assert {"plugin": MISSING[0], "reason": MISSING[1]} in report["degraded"]
+    assert {"plugin": INERT[0], "reason": INERT[1]} in report["degraded"]
