@@ -41,7 +41,7 @@ from epp.app.kv_feeder import KvFeederProcess
 from epp.app.kv_metrics import KvEventsCollector, PreciseFallbacksCollector
 from epp.app.listen import bind, hostnames
 from epp.app.metrics_auth import MetricsAuth
-from epp.app.pool_metrics import PoolCollector, PrefixCollector
+from epp.app.pool_metrics import LatencyCollector, PoolCollector, PrefixCollector
 from epp.app.process_metrics import register_process_metrics
 from epp.app.runtime import run_loop, settle_garbage_collector
 from epp.app.scrape_metrics import ScrapeCollector
@@ -64,6 +64,7 @@ from epp.observability.plugins import PluginTimer
 from epp.observability.stderr_json import route_stderr_as_json
 from epp.scheduling.build import deprecations
 from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.slo import PredictedLatencyProducer
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
 from epp.scrape.scraper import ScrapeService
@@ -149,6 +150,8 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
     if kv_feeder is not None:
         state.registry.register(KvEventsCollector(kv_feeder))
     prefix = PrefixCollector.of(scheduler)
+    if scheduler.learners:
+        state.registry.register(LatencyCollector.of(scheduler))  # with workers: the workers' own, not this one
     auth = _metrics_auth(settings)
     for warning in settings.startup_warnings:  # after the checks that refuse to start: errors stand alone
         log.warning("%s", warning)
@@ -223,6 +226,7 @@ def _pool_report(
     """/debug/pool: the table as decisions see it, with what each running part says of itself."""
     federation, flow, kv_feeder = parts.federation, parts.flow, parts.kv_feeder
     freshness = parts.scheduler.freshness
+    learners = [p for p in parts.scheduler.learners if isinstance(p, PredictedLatencyProducer)]
 
     def report() -> dict[str, Any]:
         now = time.monotonic()
@@ -238,6 +242,9 @@ def _pool_report(
             extra["flowControl"] = flow.report(now)
         if kv_feeder is not None:
             extra["kvEvents"] = kv_feeder.supervision(now)
+        models = {p.name: p.model.report() for p in learners}
+        if models:
+            extra["latencyModels"] = models
         return pool_report(state.table, state.pool, now, state.ready(), freshness, extra or None, statuses)
 
     return report

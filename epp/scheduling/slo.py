@@ -81,8 +81,10 @@ class PredictedLatencyProducer:
         queue, _ = state.signal(Signal.EFFECTIVE_QUEUE, candidates)
         running, _ = state.signal(Signal.RUNNING, candidates)
         kv, _ = state.signal(Signal.KV_USAGE, candidates)
-        inflight = state.take(state.snapshot.inflight, candidates)
-        ttft, tpot = self.model.predict(candidates, features(uncached, queue, running, kv, inflight))
+        snapshot = state.snapshot
+        inflight = state.take(snapshot.inflight, candidates)
+        held = state.take(snapshot.inflight_tokens, candidates)
+        ttft, tpot = self.model.predict(candidates, features(uncached, queue, running, kv, inflight, held))
         ttft_slo = _slo(state.request, "slo_ttft_ms") * self.buffer
         tpot_slo = _slo(state.request, "slo_tpot_ms") * self.buffer
         ttft_room = (ttft_slo - ttft) if ttft_slo == ttft_slo else -ttft
@@ -261,6 +263,7 @@ class PredictiveSloAdmitter:
             snapshot.running[candidates],
             snapshot.kv_usage[candidates],
             snapshot.inflight[candidates],
+            snapshot.inflight_tokens[candidates],
         )
         ttft, _ = producer.model.predict(candidates, x)
         waited_ms = max(0.0, now - item.received_at) * 1000.0
