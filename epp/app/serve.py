@@ -149,8 +149,6 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
     if kv_feeder is not None:
         state.registry.register(KvEventsCollector(kv_feeder))
     prefix = PrefixCollector.of(scheduler)
-    if scheduler.learners:
-        state.registry.register(LatencyCollector.of(scheduler))  # with workers: the workers' own, not this one
     auth = _metrics_auth(settings)
     for warning in settings.startup_warnings:  # after the checks that refuse to start: errors stand alone
         log.warning("%s", warning)
@@ -162,6 +160,8 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
     workers = serving_workers(settings.workers, one_process)
     if kv_feeder is not None and workers == 1:  # with workers, the producers that pick are theirs (summed)
         state.registry.register(PreciseFallbacksCollector(kv_feeder.producer))
+    if scheduler.learners and workers == 1:  # with workers, the models that learn are the workers' (not exported)
+        state.registry.register(LatencyCollector.of(scheduler))
     # With workers, each exports its own spans (epp.app.worker): the control process decides nothing to trace.
     tracer_provider, tracer = build_tracing(settings.tracing) if workers == 1 else (None, None)
     if tracer is not None:
@@ -226,7 +226,10 @@ def _pool_report(
     """/debug/pool: the table as decisions see it, with what each running part says of itself."""
     federation, flow, kv_feeder = parts.federation, parts.flow, parts.kv_feeder
     freshness = parts.scheduler.freshness
+    # The latency models that learn: this process's when it serves alone (with workers, the workers' own).
     learners = [p for p in parts.scheduler.learners if isinstance(p, PredictedLatencyProducer)]
+    if parts.workers > 1:
+        learners = []
 
     def report() -> dict[str, Any]:
         now = time.monotonic()

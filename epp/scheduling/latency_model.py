@@ -44,14 +44,15 @@ def features(
     known, so a stale endpoint is still told apart by the load we sent it)."""
     x = np.empty((len(queue), D))
     x[:, 0] = 1.0
-    x[:, 1] = uncached
-    x[:, 2] = queue
-    x[:, 3] = running
-    x[:, 4] = kv_usage
-    x[:, 5] = inflight
-    x[:, 6] = inflight_tokens  # the prompt work we sent ahead of this request: what its prefill queues behind
-    np.copyto(x, 0.0, where=x != x)  # `nan_to_num` without its Python-level checks (a pick's fixed cost)
-    x *= _SCALE
+    np.multiply(uncached, _SCALE[1], out=x[:, 1])
+    # fmax(NaN, 0) is 0: the scraped signals' unknowns become 0 in the same call that scales them (none is negative)
+    np.fmax(queue, 0.0, out=x[:, 2])
+    np.fmax(running, 0.0, out=x[:, 3])
+    np.fmax(kv_usage, 0.0, out=x[:, 4])
+    np.multiply(inflight, _SCALE[5], out=x[:, 5])
+    np.multiply(inflight_tokens, _SCALE[6], out=x[:, 6])  # the prompt work sent ahead: what its prefill queues behind
+    x[:, 2] *= _SCALE[2]
+    x[:, 3] *= _SCALE[3]
     return x
 
 
