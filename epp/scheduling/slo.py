@@ -28,7 +28,7 @@ from epp.datastore.observations import Observation
 from epp.datastore.table import FloatArray, IntArray
 from epp.flowcontrol.admission import COLD_KV, LatencySloAdmitter
 from epp.flowcontrol.types import QueuedRequest
-from epp.scheduling.framework import CycleState, PrefixMatch, Signal, produced, publish
+from epp.scheduling.framework import CycleState, PrefixMatch, Signal, produced, publish, sanitize
 from epp.scheduling.latency_model import LatencyModel, features
 from epp.scheduling.producers import tokenized
 
@@ -193,7 +193,7 @@ class LatencyScorer:
         if total <= 0:
             return np.zeros(candidates.size)
         out: FloatArray = (w_kv * free + w_queue * short + w_prefix * prefix) / total
-        return out
+        return sanitize(out)  # a KV use above 1 (an engine's own rounding) must not score below 0
 
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
         found = prediction_of(state, self.producer, candidates)
@@ -227,7 +227,7 @@ class LatencyScorer:
         if not most and bool(positive.any()):  # `least`: the smallest headroom that meets the SLO
             nt, np_ = 1.0 - nt, 1.0 - np_
         out[chosen] = (wt * nt + wp * np_) / total
-        return out
+        return sanitize(out)
 
 
 class PredictiveSloAdmitter:
