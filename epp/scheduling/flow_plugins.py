@@ -22,8 +22,10 @@ from epp.config.model import SaturationThresholds
 from epp.errors import ConfigError
 from epp.flowcontrol import FlowSettings
 from epp.flowcontrol import policies as fp
-from epp.flowcontrol.admission import Admitter, LatencySloAdmitter, ProbabilisticAdmitter
+from epp.flowcontrol.admission import Admitter, ProbabilisticAdmitter
+from epp.scheduling.knee import KneeDetector
 from epp.scheduling.params import Params
+from epp.scheduling.plugin_type import BuildContext
 from epp.scheduling.saturation import CONCURRENCY_MODES, ConcurrencyDetector, SaturationDetector
 
 
@@ -110,6 +112,12 @@ def concurrency_detector(name: str, params: Params) -> ConcurrencyDetector:
     return ConcurrencyDetector(name, limit, headroom, mode, token_limit)
 
 
+def self_calibrating_detector(name: str, params: Params, ctx: BuildContext) -> KneeDetector:
+    """Ours: no parameter to tune (its rules and constants: `epp.scheduling.knee`); the pool's staleness rule."""
+    params.finish()
+    return KneeDetector(name, ctx.freshness)
+
+
 def probabilistic_admitter(name: str, params: Params) -> object:
     thresholds = SaturationThresholds(
         queue_depth=params.number("queueDepthThreshold", 5.0, minimum=1e-9),
@@ -119,11 +127,6 @@ def probabilistic_admitter(name: str, params: Params) -> object:
     k = params.number("k", 300.0, minimum=1e-9)
     params.finish()
     return ProbabilisticAdmitter(SaturationDetector(thresholds), power=power, k=k, name=name)
-
-
-def latency_slo_admitter(name: str, params: Params) -> object:
-    params.finish()
-    return LatencySloAdmitter(name=name)
 
 
 def flow_settings(spec_source: str, flow: FlowControlSpec, policies: dict[str, FlowPolicy]) -> FlowSettings:

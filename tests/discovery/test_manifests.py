@@ -58,9 +58,12 @@ CORE_MODELS = {
     ("policy/v1", "PodDisruptionBudget"): k8s.V1PodDisruptionBudget,
     ("v1", "Secret"): k8s.V1Secret,
 }
-# The Prometheus Operator's ServiceMonitor (manifests/monitoring, optional): no CRD vendored here; its fields are
-# checked by test_the_monitoring_overlay_scrapes_with_an_authorized_token.
-OPERATOR_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+# The Prometheus Operator's ServiceMonitor and PrometheusRule (manifests/monitoring, optional): no CRD vendored here;
+# their fields are checked by test_the_monitoring_overlay_scrapes_with_an_authorized_token and
+# tests/observability/test_alert_rules.py.
+OPERATOR_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
+# Prometheus's own files next to them (a rules file and its promtool test), not Kubernetes objects.
+PROMETHEUS_FILES = {"epp-alerts.rules.yaml", "epp-alerts.test.yaml"}
 # Gateway vendors' policy kinds live in manifests/gateways/ and are checked by tests/gateway/test_manifests.py.
 VENDOR_GROUPS = {"gateway.envoyproxy.io", "networking.istio.io", "gateway.kgateway.dev"}
 GATEWAY_KINDS = {("gateway.networking.k8s.io/v1", "Gateway"), ("gateway.networking.k8s.io/v1", "HTTPRoute")}
@@ -107,7 +110,7 @@ def all_objects() -> list[tuple[str, dict[str, Any]]]:
     return [
         (f"{path.relative_to(MANIFESTS)}#{i}", doc)
         for path in sorted(MANIFESTS.rglob("*.yaml"))
-        if path.name not in ("kustomization.yaml", "deployment-patch.yaml")
+        if path.name not in ("kustomization.yaml", "deployment-patch.yaml") and path.name not in PROMETHEUS_FILES
         for i, doc in enumerate(yaml.safe_load_all(path.read_text()))
         if doc
     ]
@@ -405,3 +408,23 @@ def test_the_monitoring_overlay_scrapes_with_an_authorized_token() -> None:
     binding = by_kind(objects, "ClusterRoleBinding", "epp-metrics-reader")
     assert binding["roleRef"]["name"] == "epp-metrics-reader"
     assert [s["name"] for s in binding["subjects"]] == [reader]
+
+
+def test_the_pools_overlay_serves_every_labelled_pool_from_one_picker_behind_one_gateway() -> None:
+    objects = build(MANIFESTS / "pools")
+    container = by_kind(objects, "Deployment", "epp")["spec"]["template"]["spec"]["containers"][0]
+    service = by_kind(objects, "Service", "epp")
+    gateway = by_kind(objects, "Gateway")
+    pools = [o for o in objects if o["kind"] == "InferencePool"]
+    routes = [o for o in objects if o["kind"] == "HTTPRoute"]
+    assert len(pools) == len(routes) == 3
+    [selector] = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--pool-selector=")]
+    assert not any(a.startswith("--pool-name") for a in container["args"])
+    key, value = selector.split("=")
+    for served in pools:
+        assert served["metadata"]["labels"][key] == value
+        assert served["spec"]["endpointPickerRef"]["name"] == service["metadata"]["name"]
+    backends = sorted(r["spec"]["rules"][0]["backendRefs"][0]["name"] for r in routes)
+    assert backends == sorted(p["metadata"]["name"] for p in pools)
+    assert {r["spec"]["parentRefs"][0]["name"] for r in routes} == {gateway["metadata"]["name"]}
+    assert grants(objects) == grants(build(MANIFESTS / "base"))  # RBAC unchanged in kind
