@@ -7,13 +7,16 @@ Side by side in one run, the same Envoy, backend and load generator:
 The ratio (c)/(b) is the figure of merit: (b) is what any Python ext_proc server pays; the rest is ours.
 With `--workers 1,2,4` (c) runs once per count (`epp serve --workers W`, column `epp-wW`), each with the picker's
 processes' CPU time per request (control process + workers, from /proc): on a machine whose cores Envoy and the
-load generator share, req/s cannot show the scaling, but CPU-ms per request × cores bounds it.
+load generator share, req/s cannot show the scaling, but CPU-ms per request × cores bounds it. With
+`--transports grpc,native` each count runs once per ext_proc transport (`--extproc-transport`; columns
+`epp-grpc-wW`, `epp-native-wW`). The no-op server's CPU and Envoy's are measured the same way, per request.
 The pool is 8 Envoy direct-response listeners, each also serving a realistic vLLM `/metrics` page, so the
 picker scrapes, scores and picks as in production, and the backends never limit the run.
 
 Needs `hey` (Debian package `hey`). Run:
     .venv/bin/python -m benchmarks.extproc_overhead [--seconds 10] [--rounds 3] [--concurrency 16,64]
         [--modes request,full] [--epp-args '--config-file FILE'] [--workers 1,2] [--envoy-concurrency 2]
+        [--transports grpc,native]
 """
 
 from __future__ import annotations
@@ -122,6 +125,16 @@ def _picker_pids(proc_pid: int, metrics_port: int) -> list[int]:
     return [proc_pid, *(w["pid"] for w in workers if w.get("pid"))]
 
 
+def _pid_of(marker: str) -> int | None:
+    """The process whose command line contains `marker` (Envoy's bootstrap path: unique to this run)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    return int(entry.name)
+    return None
+
+
 def run(
     seconds: float,
     concurrencies: list[int],
@@ -130,7 +143,9 @@ def run(
     rounds: int = 3,
     workers: tuple[int, ...] = (1,),
     envoy_concurrency: int = 1,
+    transports: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
+    """`transports` empty: the picker's default transport, columns named by worker count alone."""
     if shutil.which("hey") is None:
         sys.exit("needs `hey` (apt-get install hey)")
     results: list[dict[str, Any]] = []
@@ -141,27 +156,31 @@ def run(
         backends = [free_port() for _ in range(ENDPOINTS)]
         backend = backends[0]  # (a) and (b) send everything to the first; (c) lets the picker choose
         noop_port = free_port()
-        pickers = {w: (free_port(), free_port()) for w in workers}  # workers → (ext_proc port, metrics port)
-        names = {w: "epp" if w == 1 else f"epp-w{w}" for w in workers}
+        variants = [(t, w) for t in transports or ("",) for w in workers]  # (transport, workers)
+        # each variant → (ext_proc port, metrics port)
+        pickers = {v: (free_port(), free_port()) for v in variants}
+        names = {v: f"epp-{v[0]}-w{v[1]}" if v[0] else ("epp" if v[1] == 1 else f"epp-w{v[1]}") for v in variants}
         with contextlib.ExitStack() as stack:
             noop_proc = stack.enter_context(
                 running([sys.executable, "-m", "benchmarks.noop_extproc", str(noop_port)], tmp / "noop.log")
             )
             procs = {}
-            for w, (epp_port, metrics_port) in pickers.items():
+            for (t, w), (epp_port, metrics_port) in pickers.items():
+                transport = ("--extproc-transport", t) if t else ()
                 argv = serve_argv(epp_port, free_port(), metrics_port, "--static-endpoints",
                                   ",".join(f"127.0.0.1:{p}" for p in backends), "-v", "0", "--workers", str(w),
-                                  *extra_epp_args)  # fmt: skip
-                procs[w] = stack.enter_context(running(argv, tmp / f"epp-{w}.log"))
+                                  *transport, *extra_epp_args)  # fmt: skip
+                procs[t, w] = stack.enter_context(running(argv, tmp / f"epp-{t}-{w}.log"))
             wait_until(lambda: port_open(noop_port), 20, "noop ext_proc", noop_proc)
-            for w, (_, metrics_port) in pickers.items():
+            for (t, w), (_, metrics_port) in pickers.items():
                 url = f"http://127.0.0.1:{metrics_port}/readyz"
-                wait_until(lambda url=url: http_ok(url), 60, f"epp --workers {w}", procs[w])
+                wait_until(lambda url=url: http_ok(url), 60, f"epp --workers {w}", procs[t, w])
                 if w > 1:
-                    wait_until(lambda w=w: len(_picker_pids(procs[w].pid, pickers[w][1])) == w + 1, 60, "workers")
+                    v = (t, w)
+                    wait_until(lambda v=v: len(_picker_pids(procs[v].pid, pickers[v][1])) == v[1] + 1, 60, "workers")
             for mode_name in modes:
                 mode = MODES[mode_name]
-                ports = {"none": free_port(), "noop": free_port(), **{names[w]: free_port() for w in workers}}
+                ports = {"none": free_port(), "noop": free_port(), **{names[v]: free_port() for v in variants}}
                 pool_listeners = [
                     _backend_listener(f"backend{i}", port, ANSWER, vllm_page(waiting=i % 3, running=4 + i))
                     for i, port in enumerate(backends)
@@ -174,8 +193,8 @@ def run(
                         listener("none", ports["none"], to_backend, []),
                         listener("noop", ports["noop"], to_backend, [ext_proc_filter("noop", mode)]),
                         *(
-                            listener(names[w], ports[names[w]], to_pool, [ext_proc_filter(names[w], mode)])
-                            for w in workers
+                            listener(names[v], ports[names[v]], to_pool, [ext_proc_filter(names[v], mode)])
+                            for v in variants
                         ),
                     ],
                     [
@@ -185,19 +204,21 @@ def run(
                         # the picker's default: TLS; connections renewed as `epp envoy-config` renders them
                         *(
                             static_cluster(
-                                names[w], pickers[w][0], http2=True, tls=True, streams_per_connection=STREAMS
+                                names[v], pickers[v][0], http2=True, tls=True, streams_per_connection=STREAMS
                             )
-                            for w in workers
+                            for v in variants
                         ),
                     ],
                     free_port(),
                 )
                 with run_envoy(tmp, config, mode_name, envoy_concurrency):
+                    envoy_pid = _pid_of(str(tmp / f"envoy-{mode_name}.yaml"))
                     for c in concurrencies:
-                        row: dict[str, Any] = {"mode": mode_name, "concurrency": c}
+                        row: dict[str, Any] = {"mode": mode_name, "concurrency": c, "pickers": list(names.values())}
                         runs: dict[str, list[dict[str, float]]] = {name: [] for name in ports}
-                        cpu: dict[str, float] = {names[w]: 0.0 for w in workers}
-                        done: dict[str, float] = {names[w]: 0.0 for w in workers}
+                        cpu: dict[str, float] = {name: 0.0 for name in ports}  # the ext_proc server's processes
+                        envoy_cpu: dict[str, float] = {name: 0.0 for name in ports}
+                        done: dict[str, float] = {name: 0.0 for name in ports}
                         for port in ports.values():
                             hey(f"http://127.0.0.1:{port}/v1/chat/completions", 2, c, body_file)  # warm-up
                         # Rounds interleave (a), (b), (c) so that a burst of noise from elsewhere on the machine
@@ -209,9 +230,12 @@ def run(
                         for _ in range(rounds):
                             for name, port in ports.items():
                                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                                w = next((k for k, v in names.items() if v == name), 0)
-                                pids = _picker_pids(procs[w].pid, pickers[w][1]) if w else []
-                                before = _cpu_seconds(pids)
+                                v = next((k for k, n in names.items() if n == name), None)
+                                pids = _picker_pids(procs[v].pid, pickers[v][1]) if v else []
+                                if name == "noop":
+                                    pids = [noop_proc.pid]
+                                envoy_pids = [envoy_pid] if envoy_pid else []
+                                before, envoy_before = _cpu_seconds(pids), _cpu_seconds(envoy_pids)
                                 loads.append(_load_1m())
                                 machine_before = _machine_jiffies()
                                 runs[name].append(hey(url, seconds, c, body_file))
@@ -220,9 +244,9 @@ def run(
                                     (machine_after[0] - machine_before[0])
                                     / max(1, machine_after[1] - machine_before[1])
                                 )
-                                if w:
-                                    cpu[name] += _cpu_seconds(pids) - before
-                                    done[name] += runs[name][-1]["rps"] * seconds
+                                cpu[name] += _cpu_seconds(pids) - before
+                                envoy_cpu[name] += _cpu_seconds(envoy_pids) - envoy_before
+                                done[name] += runs[name][-1]["rps"] * seconds
                         row["load_1m"] = [min(loads), statistics.median(loads), max(loads)]
                         row["machine_busy"] = statistics.median(busy)
                         row["cores"] = os.cpu_count()
@@ -230,9 +254,15 @@ def run(
                             row[name] = {k: statistics.median(r[k] for r in results_of) for k in results_of[0]}
                             row[name]["rps_all"] = [r["rps"] for r in results_of]
                         for name in cpu:
-                            row[name]["cpu_ms_per_request"] = 1000 * cpu[name] / max(1.0, done[name])
+                            if name != "none":
+                                row[name]["cpu_ms_per_request"] = 1000 * cpu[name] / max(1.0, done[name])
+                            row[name]["envoy_cpu_ms_per_request"] = 1000 * envoy_cpu[name] / max(1.0, done[name])
                             row[name]["ratio_to_noop"] = row[name]["rps"] / row["noop"]["rps"]
-                        first = names[workers[0]]
+                        for name in names.values():
+                            row[name]["cpu_ratio_to_noop"] = (
+                                row[name]["cpu_ms_per_request"] / row["noop"]["cpu_ms_per_request"]
+                            )
+                        first = names[variants[0]]
                         row["ratio_c_b"] = row[first]["rps"] / row["noop"]["rps"]
                         results.append(row)
                         print(json.dumps(row), flush=True)
@@ -240,7 +270,7 @@ def run(
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    pickers = [k for k in results[0] if k == "epp" or k.startswith("epp-w")] if results else ["epp"]
+    pickers = results[0]["pickers"] if results else ["epp"]
     head = " | ".join(f"(c) {k} req/s (CPU ms/req)" for k in pickers)
     lines = [
         f"| modes | c | (a) no ext_proc req/s (p50/p99 ms) | (b) no-op ext_proc | {head} | (c)/(b) |",
@@ -250,6 +280,20 @@ def table(results: list[dict[str, Any]]) -> str:
         cells = [f"{r[k]['rps']:,.0f} ({r[k]['p50_ms']:.1f}/{r[k]['p99_ms']:.1f})" for k in ("none", "noop")]
         cells += [f"{r[k]['rps']:,.0f} ({r[k].get('cpu_ms_per_request', float('nan')):.2f})" for k in pickers]
         lines.append(f"| {r['mode']} | {r['concurrency']} | {' | '.join(cells)} | {r['ratio_c_b']:.2f} |")
+    lines += [
+        "",
+        "| modes | c | setting | req/s | ext_proc CPU µs/req | Envoy CPU µs/req | ext_proc CPU / no-op's |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        for k in ("none", "noop", *pickers):
+            us = r[k].get("cpu_ms_per_request")
+            own = f"{1000 * us:,.0f}" if us is not None else "—"
+            ratio = f"{r[k]['cpu_ratio_to_noop']:.2f}" if "cpu_ratio_to_noop" in r[k] else "—"
+            envoy = 1000 * r[k]["envoy_cpu_ms_per_request"]
+            lines.append(
+                f"| {r['mode']} | {r['concurrency']} | {k} | {r[k]['rps']:,.0f} | {own} | {envoy:,.0f} | {ratio} |"
+            )
     for r in results:
         low, mid, high = r["load_1m"]
         lines.append(
@@ -277,6 +321,11 @@ def main() -> None:
     parser.add_argument("--epp-args", default="", help="extra `epp serve` flags, e.g. '--config-file FILE'")
     parser.add_argument("--workers", default="1", help="epp serve --workers counts to compare, e.g. 1,2,4")
     parser.add_argument("--envoy-concurrency", type=int, default=2, help="Envoy worker threads (default 2)")
+    parser.add_argument(
+        "--transports",
+        default="",
+        help="--extproc-transport values to compare, e.g. grpc,native (default: the default)",
+    )
     args = parser.parse_args()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     workers = tuple(int(w) for w in args.workers.split(","))
@@ -288,6 +337,7 @@ def main() -> None:
         args.rounds,
         workers,
         args.envoy_concurrency,
+        tuple(t for t in args.transports.split(",") if t),
     )
     print(table(results))
     if args.json:

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.app.build import (
     Decisions,
+    ExtprocServer,
     build_decisions,
     build_director,
     build_processor,
@@ -79,7 +80,7 @@ class Picker:
     state: PickerState
     workers: int
     processor: ExternalProcessor
-    grpc_server: grpc.aio.Server | None  # None with workers: each has its own on the shared port
+    grpc_server: ExtprocServer | None  # None with workers: each has its own on the shared port
     health_server: grpc.aio.Server
     scraper: ScrapeService | ScrapeProcess
     http_runner: web.AppRunner

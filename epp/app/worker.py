@@ -60,6 +60,7 @@ from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, 
 from epp.datastore.sites import Site
 from epp.datastore.table import EndpointInfo, EndpointTable, Snapshot
 from epp.director.flow_link import CONTROL_MESSAGES, RemoteFlowGate
+from epp.extproc.native import native_front_built
 from epp.observability.worker_series import DeltaSource, SeriesDelta
 from epp.scheduling.precise import PrecisePrefixCacheProducer
 from epp.supervision.child_end import ChildEnd
@@ -506,7 +507,7 @@ def child_main(end: ChildEnd) -> int:
         os.close(fd)
     settings: ServeSettings = start.settings
     if settings.tls.enabled:  # before gRPC's first import, as `epp serve` does: it reads its cipher list then
-        tls_policy(settings.tls)
+        tls_policy(settings.tls, native=settings.listen.transport == "native" and native_front_built())
     with contextlib.suppress(KeyboardInterrupt):
         return run_loop(_worker(end, settings, index, arrays))
     return 0

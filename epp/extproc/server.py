@@ -84,11 +84,14 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         )
 
     async def Process(
-        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: grpc.aio.ServicerContext[Any, Any] | None = None,
     ) -> AsyncIterator[pb.ProcessingResponse]:
         """Each message to the stream, each answer back; a message that completes the request goes through the
         director's pipeline (holding Envoy with hold messages while flow control queues it) before the stream
-        answers it."""
+        answers it. The one definition of a stream's life for both transports: grpc.aio calls it with its context,
+        the native front (`epp.extproc.native`) without one."""
         if self.open_streams >= self._limits.max_streams:
             yield self._over_cap()
             return
