@@ -5,13 +5,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 ENVOY := $(VENV)/tools/envoy/_bin/envoy
 STAMP := $(VENV)/.installed
+# Debian's prometheus package (the server and promtool) for the monitoring tests, unpacked here rather than
+# installed: nothing registers or starts a service, and the tests start their own Prometheus and stop it by PID.
+PROMETHEUS := $(VENV)/prometheus/usr/bin/prometheus
 PYTEST_ARGS ?=
 
 IMAGE ?= ghcr.io/llmkube/epp:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' epp/__init__.py)
 BASE ?= python:3.11-slim-bookworm
 CONTAINER ?= $(shell command -v podman || command -v docker)
 
-.PHONY: image all install test lint types imports deadcode unit fuzz demo bench clean lock
+.PHONY: image all install prometheus test lint types imports deadcode unit fuzz demo bench clean lock
 
 all: test
 
@@ -27,7 +30,20 @@ $(STAMP): pyproject.toml constraints.txt setup.py epp/kvevents/_native.c $(wildc
 	$(ENVOY) --version >/dev/null
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) prometheus
+
+# `apt-get download` needs the package lists: on a clean machine (no lists yet) they are fetched first, which needs
+# root. Where it cannot work the step says so and the tests that need Prometheus skip (fail with
+# EPP_REQUIRE_PROMETHEUS set, as .ci/run sets it).
+$(PROMETHEUS):
+	rm -rf $(VENV)/prometheus && mkdir -p $(VENV)/prometheus
+	cd $(VENV)/prometheus && { apt-get download -q prometheus 2>/dev/null || \
+		{ apt-get update -q >/dev/null && apt-get download -q prometheus; }; } && \
+		dpkg-deb -x prometheus_*.deb . && rm -f prometheus_*.deb || \
+		echo "*** prometheus: Debian's package could not be unpacked under $(VENV)/prometheus; the monitoring tests skip"
+	-$(PROMETHEUS) --version 2>&1 | head -1
+
+prometheus: $(PROMETHEUS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check epp tests benchmarks
@@ -49,7 +65,7 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -m "not e2e and not process" -n auto --maxprocesses 4 $(PYTEST_ARGS)
 
 # Everything: static checks, then every test tier, with the 15 slowest steps listed.
-test: lint types imports deadcode
+test: lint types imports deadcode prometheus
 	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
 
 # A long run of the stateful ext_proc fuzz test: 100,000 sequences (`make test` runs 2,000 of them).

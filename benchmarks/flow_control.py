@@ -208,7 +208,7 @@ def simulate(
                 i = fin.request_id
                 run.ttft[i] = fin.first_token_at - items[i].arrival
                 run.finished_at[i] = fin.finished_at
-                picker.done(arg, i)
+                picker.done(arg, i, fin)
                 remaining -= 1
             if engine.busy:
                 heapq.heappush(heap, (now + engine.begin_step(now), next(seq), _STEP, arg))

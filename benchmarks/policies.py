@@ -11,6 +11,7 @@ are yardsticks, not features.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,12 +24,13 @@ from epp.config.decode import parse_config
 from epp.config.model import EndpointPickerConfig
 from epp.datastore import EndpointInfo, EndpointTable, MetricsSample
 from epp.director import Director
+from epp.director.decision import Timing
 from epp.kvevents.decode import Event
 from epp.kvevents.index import KvBlockIndex
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import Scheduler, build_scheduler, upstream_default_config
 from epp.scheduling.precise import LocalIndexView
-from epp.sim.engine import Engine, KvRecord, SimRequest
+from epp.sim.engine import Engine, Finished, KvRecord, SimRequest
 from epp.sim.kvevents import records_to_events
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -41,6 +43,15 @@ def picker_scheduler(config: Path | None, seed: int, upstream: bool = False) -> 
     return build_scheduler(upstream_default_config() if upstream else None, seed=seed)
 
 
+def timing_of(fin: Finished | None) -> Timing | None:
+    """The engine's measurement of a finished request as the stream would time it (streaming, no queue before the
+    pick): the observation feed's input in virtual time."""
+    if fin is None:
+        return None
+    tpot = (fin.finished_at - fin.first_token_at) / (fin.output_tokens - 1) if fin.output_tokens > 1 else math.nan
+    return Timing(fin.first_token_at - fin.arrived, tpot, fin.output_tokens, True, 0.0)
+
+
 class Policy:
     """One routing policy. `pick` returns a server index; `done` is called when a request finishes there."""
 
@@ -50,8 +61,8 @@ class Policy:
     def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
         raise NotImplementedError
 
-    def done(self, server: int, index: int) -> None:
-        pass
+    def done(self, server: int, index: int, fin: Finished | None = None) -> None:
+        """`fin`: what the engine measured (the observation feed's timing)."""
 
     def scrape(self, engines: Sequence[Engine], now: float) -> None:
         pass
@@ -99,7 +110,7 @@ class LeastQueue(Policy):
         self._inflight[server] += 1
         return server
 
-    def done(self, server: int, index: int) -> None:
+    def done(self, server: int, index: int, fin: Finished | None = None) -> None:
         self._inflight[server] -= 1
 
 
@@ -151,8 +162,8 @@ class Picker(Policy):
         self._decisions[index] = decision
         return self._server_of[decision.slot]
 
-    def done(self, server: int, index: int) -> None:
-        self.director.complete(self._decisions.pop(index))  # type: ignore[arg-type]
+    def done(self, server: int, index: int, fin: Finished | None = None) -> None:
+        self.director.complete(self._decisions.pop(index), timing_of(fin))  # type: ignore[arg-type]
 
     def server_of(self, slot: int) -> int:
         return self._server_of[slot]
@@ -222,9 +233,9 @@ class Split(Policy):
         self._owner[index] = (director, decision)
         return self.replicas[r].server_of(decision.slot)
 
-    def done(self, server: int, index: int) -> None:
+    def done(self, server: int, index: int, fin: Finished | None = None) -> None:
         director, decision = self._owner.pop(index)
-        director.complete(decision)  # type: ignore[arg-type]
+        director.complete(decision, timing_of(fin))  # type: ignore[arg-type]
 
     def scrape(self, engines: Sequence[Engine], now: float) -> None:
         """Called R times per scrape interval: one replica's scrape each time, in turn (the phase offset)."""

@@ -75,7 +75,7 @@ def simulate(
                 ttft[i] = fin.first_token_at - fin.arrived
                 e2e[i] = fin.finished_at - fin.arrived
                 out_tokens[i] = fin.output_tokens
-                policy.done(arg, i)
+                policy.done(arg, i, fin)
                 remaining -= 1
                 last = now
             if events and engine.kv_events:

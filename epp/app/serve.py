@@ -142,8 +142,7 @@ class _DecisionParts:
 def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None, state: PickerState) -> _DecisionParts:
     decisions = build_decisions(settings, config)
     scheduler = decisions.scheduler
-    plugin_timer = PluginTimer()
-    state.registry.register(plugin_timer)
+    plugin_timer = PluginTimer()  # registered with the request metrics (`_request_path`): with workers, theirs
     scheduler.instrument(plugin_timer)
     # precise-prefix-cache-producer: the KV-events feeder in its own supervised process, membership from discovery
     kv_feeder = KvFeederProcess(state.table, scheduler.kv_events) if scheduler.kv_events is not None else None
@@ -182,6 +181,7 @@ def _request_path(
     # control process's own would only show zeros under the same names.
     metrics_registry = state.registry if parts.workers == 1 else CollectorRegistry(auto_describe=True)
     metrics_registry.register(parts.prefix)  # the prefix index too: with workers, the indexes that pick are theirs
+    metrics_registry.register(parts.plugin_timer)  # and the plugin timings: the workers' picks are the timed ones
     metrics = PickerMetrics(metrics_registry, labels=state.objectives, endpoint_name=state.endpoint_labels)
     director = build_director(
         settings,

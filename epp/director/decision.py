@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from epp.datastore.observations import PickFeatures
 from epp.requests import InferenceRequest
 
 
@@ -29,10 +30,22 @@ class Decision(NamedTuple):
     booked: str = ""  # the address booked on `slot` when the destination differs (data parallelism's port)
     response_headers: tuple[tuple[str, str], ...] = ()  # headers the response carries back (session tokens)
     scores: tuple[tuple[str, float], ...] = ()  # --emit-endpoint-scores: (address, weighted score), each scored one
+    pick: PickFeatures | None = None  # the primary endpoint as the pick saw it (the observation feed's features)
 
     @property
     def header_value(self) -> str:
         return ",".join(self.addresses)
+
+
+class Timing(NamedTuple):
+    """What the response cost, as the stream timed it on its own clock (durations only, so the stream's clock and
+    the director's never mix): the observation feed's measured half (`epp.datastore.observations`)."""
+
+    ttft_s: float  # the decision → the first response byte (NaN: none came)
+    tpot_s: float  # (last chunk − first chunk) / (output tokens − 1); NaN unless streaming with > 1 token
+    output_tokens: int  # -1: the response reported no usage
+    streaming: bool
+    waited_s: float  # received → decided
 
 
 # What a stream asks to have decided is the request itself, parsed once: `StreamProcessor.handle` returns it (in

@@ -19,9 +19,10 @@ import numpy as np
 from epp import wire
 from epp.datastore import EndpointTable, Snapshot, usable
 from epp.datastore.objectives import ObjectiveStore
+from epp.datastore.observations import Observation, PickFeatures
 from epp.datastore.pool import FailureMode
 from epp.datastore.table import IntArray
-from epp.director.decision import Decision
+from epp.director.decision import Decision, Timing
 from epp.director.flow import FlowHold
 from epp.director.pipeline import DecisionPipeline
 from epp.director.rewrite import ModelRewriter
@@ -134,6 +135,8 @@ class Director:
             else None
         )
         self._freshness = scheduler.freshness  # what FailOpen's fallback counts as a usable candidate
+        self._learners = scheduler.learners  # the observation feed's sinks; none: no pick features are built
+        self._uncached = scheduler.uncached
         # The stages before `decide` (the render call, flow control's hold) and after `complete`, which the
         # ext_proc adapter runs for every stream (epp.director.pipeline).
         self.pipeline = DecisionPipeline(self.decide, self.complete, clock, tokenizer, flow)
@@ -224,12 +227,15 @@ class Director:
             raise EppError(ErrorCode.PRECONDITION_FAILED, "no decode worker has the requested KV cache")
         primary = int(slots[0])
         tokens = len(request.token_ids) if request.token_ids else estimate_tokens(request.prompt)
+        pick = self._features(snapshot, primary, tokens, now) if self._learners else None
         self._table.book_pick(primary, tokens)
         addresses = snapshot.addresses
         scores = _scores(addresses, detail) if self._emit_scores and detail is not None else ()
         routing = self._routing(slots, addresses) if self._routing is not None else None
         if routing is not None:
             decision = self._routed(routing, primary, degraded, body, original_model, request.model, tokens)
+            if pick is not None:
+                decision = decision._replace(pick=pick)
             if self._response_headers:
                 decision = decision._replace(response_headers=self._response_headers(snapshot, primary))
             return decision._replace(scores=scores) if scores else decision
@@ -242,8 +248,24 @@ class Director:
             target_model=request.model,
             tokens=tokens,
             response_headers=self._response_headers(snapshot, primary) if self._response_headers else (),
+            pick=pick,
         )
         return decision._replace(scores=scores) if scores else decision
+
+    def _features(self, snapshot: Snapshot, slot: int, tokens: int, now: float) -> PickFeatures:
+        """The picked endpoint as this pick saw it, before its booking: the observation feed's features."""
+        uncached = self._uncached(slot, tokens) if self._uncached is not None else tokens
+        scraped = snapshot.scraped_at.item(slot)
+        return PickFeatures(
+            tokens,
+            uncached,
+            snapshot.waiting.item(slot) + snapshot.picks_since_scrape.item(slot),
+            snapshot.running.item(slot),
+            snapshot.kv_usage.item(slot),
+            snapshot.inflight.item(slot),
+            now,
+            now - scraped if scraped == scraped else float("inf"),
+        )
 
     def _fallback(self, snapshot: Snapshot, candidates: IntArray, now: float) -> int:
         """FailOpen's pick when the scheduler broke: a random candidate among those with fresh metrics (the
@@ -314,8 +336,9 @@ class Director:
                     wire.REJECTED_SATURATED,
                 )
 
-    def complete(self, decision: Decision) -> None:
-        """The request ended (response done, stream closed or failed): release its in-flight booking."""
+    def complete(self, decision: Decision, timing: Timing | None = None) -> None:
+        """The request ended (response done, stream closed or failed): release its in-flight booking; with the
+        response's `timing` (it ended normally), every learner of the feed observes what it cost."""
         if decision.site is not None:
             if self._federation is not None:
                 self._federation.release(decision.site)
@@ -329,3 +352,18 @@ class Director:
                 self._table.release_pick(slot, decision.tokens)
         if self.flow is not None:
             self.flow.wake()  # room may have opened for a queued request
+        pick = decision.pick
+        if timing is not None and pick is not None:
+            observation = Observation(
+                decision.slot,
+                decision.booked or decision.addresses[0],
+                pick,
+                timing.ttft_s,
+                timing.tpot_s,
+                timing.output_tokens,
+                timing.streaming,
+                timing.waited_s,
+                self._clock(),
+            )
+            for learner in self._learners:
+                learner.observe(observation)

@@ -22,15 +22,20 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
-from typing import Any
+from typing import Any, Protocol
 
-from epp.director.decision import Decided, Decision, NeedDecision
+from epp.director.decision import Decided, Decision, NeedDecision, Timing
 from epp.director.flow import FlowHold
 from epp.director.tokens import RenderTokenizer
 from epp.requests import InferenceRequest
 
 DecideFn = Callable[[InferenceRequest, Sequence[str] | None], Decision]
-CompleteFn = Callable[[Decision], None]
+
+
+class CompleteFn(Protocol):
+    """The request ended: release its booking; `timing`, what its response cost (None: it did not end normally)."""
+
+    def __call__(self, decision: Decision, timing: Timing | None = None) -> None: ...
 
 
 class DecisionPipeline:
@@ -104,10 +109,10 @@ class DecisionPipeline:
             return
         yield Decided(decision, waited)
 
-    def _complete_tracked(self, decision: Decision) -> None:
+    def _complete_tracked(self, decision: Decision, timing: Timing | None = None) -> None:
         """`complete` with flow control: release the booking, then, for a request flow control tracked in flight
         (eviction on), confirm that it is gone."""
-        self._complete(decision)  # the director wakes flow control: room may have opened for a queued request
+        self._complete(decision, timing)  # the director wakes flow control: room may have opened for a queued request
         if self._tracked:
             handle = self._tracked.pop(id(decision), None)
             if handle is not None:

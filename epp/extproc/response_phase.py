@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from epp import wire
-from epp.director.decision import Decision, Outcome
+from epp.director.decision import Decision, Outcome, Timing
 from epp.errors import EppError, ErrorCode
 from epp.extproc import messages as m
 from epp.extproc.observer import StreamObserver
@@ -31,19 +31,21 @@ _Answers = list[m.ProcessingResponse]
 # buffered body's answer; on the headers answer followed by the body streamed back (FULL_DUPLEX); on the headers
 # answer followed by one answer per held chunk (STREAMED with early body).
 ON_HEADERS, ON_BODY, DUPLEX, HELD_CHUNKS = range(4)
+_NAN = float("nan")
 Then = tuple[int, bytes | None, Phase, bool]  # what to answer, the body, the phase after, trailers to answer too
 
 
 class Bookings(Protocol):
     """Who releases a decision's booking when its request ends (the director's pipeline on the serving path)."""
 
-    def complete(self, decision: Decision) -> None: ...
+    def complete(self, decision: Decision, timing: Timing | None = None) -> None: ...
 
 
 class ResponsePhases:
     """The response transitions and the request's ending; the state lives in `StreamProcessor`'s slots."""
 
     __slots__ = (
+        "_decided_at",
         "_decision",
         "_held_chunks",
         "_response",
@@ -59,6 +61,7 @@ class ResponsePhases:
     _bookings: Bookings
     _generated_id: str
     _started: float
+    _decided_at: float  # the stream's clock when the decision came back
     _then: Then
     phase: Phase
     _request: InferenceRequest | None
@@ -87,10 +90,11 @@ class ResponsePhases:
             decision: Decision = outcome
             self._decision = decision
             request = self._request  # set with `_then` when the stream asked
+            self._decided_at = decided_at = self._clock()
             self._observer.decided(
                 self._record,
                 self._started + waited_s,  # the scheduling latency leaves out the render call and the queue
-                self._clock(),
+                decided_at,
                 decision.original_model,
                 decision.target_model,
                 request.fairness_id,  # type: ignore[union-attr]
@@ -227,11 +231,27 @@ class ResponsePhases:
         self._complete()
         return [m.response_trailers_response()], _RESPONSE_DONE
 
-    def _complete(self) -> None:
-        """The request ended: release its booking and count it, exactly once."""
+    def _complete(self, ended: bool = True) -> None:
+        """The request ended (`ended`: its response did, not the stream under it): release its booking with what
+        the response cost (the observation feed's timing), and count it, exactly once."""
         decision = self._decision
         if decision is None:
             return
         self._decision = None
-        self._bookings.complete(decision)
-        self._observer.request_done(None, decision.original_model, decision.target_model, self._record, self._clock())
+        now = self._clock()
+        record = self._record
+        timing = self._timing(record) if ended and record is not None and decision.pick is not None else None
+        self._bookings.complete(decision, timing)
+        self._observer.request_done(None, decision.original_model, decision.target_model, record, now)
+
+    def _timing(self, record: Any) -> Timing:
+        """The response's cost from what the metrics' record holds (first byte, last chunk, usage), durations from
+        the decision on."""
+        decided = self._decided_at
+        first: float = record.first_byte_at
+        tokens = record.tokens
+        output = tokens[1] if tokens is not None else -1
+        streaming: bool = record.streaming
+        ttft = first - decided if first >= 0 else _NAN
+        tpot = (record.last_chunk_at - first) / (output - 1) if streaming and first >= 0 and output > 1 else _NAN
+        return Timing(ttft, tpot, output, streaming, max(0.0, decided - record.received_at))

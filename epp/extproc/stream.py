@@ -139,6 +139,7 @@ class StreamProcessor(ResponsePhases):
         self._held_chunks = 0  # STREAMED with early body: chunks whose answers wait for the decision
         self.subset: list[str] | None = None  # the gateway's endpoint subset hint, read with the request
         self._decision: Decision | None = None
+        self._decided_at = 0.0
         self._generated_id = ""  # the request id we made up for a request without one (sent on as a header)
         self._rewrite: tuple[bytes, bytes] | None = None
         self._response: ResponseTracker | None = None
@@ -209,14 +210,15 @@ class StreamProcessor(ResponsePhases):
             )
             return [self._refuse(err)]
         self.phase = _FINISHED
-        self._complete()
+        self._complete(False)
         return []
 
     def close(self) -> None:
-        """The stream ended, normally or not: release the in-flight booking and buffered bytes exactly once."""
+        """The stream ended, normally or not: release the in-flight booking and buffered bytes exactly once (a
+        response still going is no observation of what it costs)."""
         if self._reserved or self._body:
             self._release_body()
-        self._complete()
+        self._complete(False)
 
     # -- request phase ----------------------------------------------------------------------------------------
 

@@ -59,6 +59,7 @@ from epp.scheduling.saturation import (
     SaturationFilter,
 )
 from epp.scheduling.scheduler import RenderSettings, Router, Scheduler
+from epp.scheduling.slo import PredictedLatencyProducer
 from epp.scheduling.upstream_types import describe_unimplemented
 
 DEFAULT_SCORER_WEIGHT = 1.0
@@ -311,6 +312,8 @@ def _scheduler(
     prefix.update(  # the producers that learn from picks: shared between workers and counted, as the scorers
         (id(p), p) for r in profiles for p in r.profile.producers if isinstance(p, ApproxPrefixCacheProducer)
     )
+    latency = {id(p): p for r in profiles for p in r.profile.producers if isinstance(p, PredictedLatencyProducer)}
+    learners = tuple(latency.values())  # the observation feed's sinks (epp.datastore.observations)
     return Scheduler(
         handler=handler,
         saturation=handler.saturation,
@@ -326,6 +329,8 @@ def _scheduler(
         description=description,
         profiles=profiles,
         kv_events=next(iter(precise.values()), None),
+        learners=learners,
+        uncached=learners[0].model.uncached if learners else None,
     )
 
 

@@ -22,7 +22,7 @@ from epp.config.model import SaturationThresholds
 from epp.errors import ConfigError
 from epp.flowcontrol import FlowSettings
 from epp.flowcontrol import policies as fp
-from epp.flowcontrol.admission import Admitter, LatencySloAdmitter, ProbabilisticAdmitter
+from epp.flowcontrol.admission import Admitter, ProbabilisticAdmitter
 from epp.scheduling.params import Params
 from epp.scheduling.saturation import CONCURRENCY_MODES, ConcurrencyDetector, SaturationDetector
 
@@ -119,11 +119,6 @@ def probabilistic_admitter(name: str, params: Params) -> object:
     k = params.number("k", 300.0, minimum=1e-9)
     params.finish()
     return ProbabilisticAdmitter(SaturationDetector(thresholds), power=power, k=k, name=name)
-
-
-def latency_slo_admitter(name: str, params: Params) -> object:
-    params.finish()
-    return LatencySloAdmitter(name=name)
 
 
 def flow_settings(spec_source: str, flow: FlowControlSpec, policies: dict[str, FlowPolicy]) -> FlowSettings:

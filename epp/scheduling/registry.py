@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from epp.scheduling import affinity, disagg, filters, flow_plugins, pickers, producers, scorers, stand_ins
+from epp.scheduling import (
+    affinity,
+    disagg,
+    filters,
+    flow_plugins,
+    pickers,
+    producers,
+    scorers,
+    slo_factories,
+    stand_ins,
+)
 from epp.scheduling.config_plugins import data_layer, file_discovery, marker
 from epp.scheduling.handler_factories import data_parallel_handler, disagg_handler, pd_handler, prefix_decider
 from epp.scheduling.params import Params
@@ -126,7 +136,15 @@ def _register_flow_control(r: Callable[..., None]) -> None:
         r(t, fc, _flow(flow_plugins.eviction_policy, t), summary, stability=Stability.ALPHA)
     r("concurrency-detector", Kind.FILTER, _named(flow_plugins.concurrency_detector), "in flight over capacity")
     r("probabilistic-admitter", Kind.ADMITTER, _named(flow_plugins.probabilistic_admitter), "sheds sheddable load")
-    r("latency-slo-admitter", Kind.ADMITTER, _named(flow_plugins.latency_slo_admitter), "refuses unmeetable SLOs")
+    r("latency-slo-admitter", Kind.ADMITTER, slo_factories.latency_slo_admitter, "refuses unmeetable SLOs")
+    r("slo-headroom-tier-filter", Kind.FILTER, slo_factories.headroom_filter, "endpoints with SLO headroom first")
+    r("latency-scorer", Kind.SCORER, slo_factories.latency_scorer, "predicted TTFT/TPOT headroom")
+    r(
+        "predicted-latency-producer",
+        Kind.PRODUCER,
+        slo_factories.latency_producer,
+        "per-endpoint TTFT/TPOT predictions, learned online",
+    )
 
 
 def _register_stand_ins(r: Callable[..., None]) -> None:
@@ -134,7 +152,6 @@ def _register_stand_ins(r: Callable[..., None]) -> None:
     alpha = Stability.ALPHA
     gpu = "GPU utilisation (DCGM) is not collected here: this plugin collects nothing"
     topology = "topology labels are not collected here: "
-    latency = "latency prediction (upstream's trained-model sidecar) is not implemented here: "
     mm = "multimodal requests are not recognised here: "
     for t, kind, factory, summary, stability, limitation in (
         (
@@ -180,30 +197,6 @@ def _register_stand_ins(r: Callable[..., None]) -> None:
         ),
         ("dcgm-data-source", Kind.DATA_LAYER, stand_ins.dcgm_source, "DCGM exporter scrape", alpha, gpu),
         ("dcgm-extractor", Kind.DATA_LAYER, stand_ins.dcgm_extractor, "GPU utilisation", alpha, gpu),
-        (
-            "slo-headroom-tier-filter",
-            Kind.FILTER,
-            stand_ins.headroom_filter,
-            "endpoints with SLO headroom first",
-            Stability.BETA,
-            latency + "keeps every candidate",
-        ),
-        (
-            "latency-scorer",
-            Kind.SCORER,
-            stand_ins.latency_scorer,
-            "predicted TTFT/TPOT headroom",
-            Stability.BETA,
-            latency + "scores 0 for every endpoint (the other scorers decide; alone, every endpoint ties)",
-        ),
-        (
-            "predicted-latency-producer",
-            Kind.PRODUCER,
-            stand_ins.latency_producer,
-            "per-endpoint TTFT/TPOT predictions",
-            Stability.BETA,
-            latency + "publishes no prediction",
-        ),
         (
             "mm-embeddings-cache-producer",
             Kind.PRODUCER,

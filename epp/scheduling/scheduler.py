@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from epp.datastore import Freshness, Snapshot
+from epp.datastore.observations import ObservationSink
 from epp.datastore.table import IntArray
 from epp.flowcontrol import FlowSettings
 from epp.flowcontrol.admission import Admitter
@@ -71,6 +72,8 @@ class Routing(NamedTuple):
 Router = Callable[[Sequence[int], Sequence[str]], Routing | None]
 # The handler's pick with what it knew beyond its slots (scores, the picked endpoint's cached prefix).
 DetailedPick = Callable[[Snapshot, IntArray, SchedulingRequest, float], tuple[Sequence[int], PickDetail]]
+# (picked slot, prompt tokens) → the prompt tokens that endpoint does not hold, as the pick just reckoned them.
+UncachedTokens = Callable[[int, int], int]
 # A pick's first slot → the headers the response carries back to the client (session tokens).
 ResponseHeaders = Callable[[Snapshot, int], tuple[tuple[str, str], ...]]
 
@@ -113,6 +116,10 @@ class Scheduler:
     description: str = ""
     profiles: tuple[ProfileScheduler, ...] = ()
     kv_events: PrecisePrefixCacheProducer | None = None
+    # The observation feed's learners (epp.datastore.observations): each finished request's Observation goes to
+    # every one; empty: the director builds no pick features at all.
+    learners: tuple[ObservationSink, ...] = ()
+    uncached: UncachedTokens | None = None  # None: every prompt token counts as uncached
 
     def instrument(self, wrapper: PluginWrapper) -> None:
         """Time every profile's plugins in one pick of `wrapper.every` (`ProfileScheduler.instrument`)."""

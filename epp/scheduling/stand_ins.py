@@ -1,7 +1,7 @@
 """Upstream plugin types that load here but cannot do their job: each has one safe, documented behaviour.
 
 A config that upstream runs must load here too (its own tests say which ones must). Some of its plugin types need
-what this picker does not have: GPU utilisation from DCGM, topology labels, a latency-prediction sidecar, multimodal
+what this picker does not have: GPU utilisation from DCGM, topology labels, multimodal
 request parsing, CEL expressions. Refusing such a config would stop a working upstream deployment from moving over,
 so each of these types loads, reads and checks upstream's parameters, logs one warning naming the plugin (its
 `LIMITATION`, through the registry) and behaves as upstream does when the data it needs is missing:
@@ -9,9 +9,9 @@ so each of these types loads, reads and checks upstream's parameters, logs one w
 | type | here |
 |---|---|
 | endpoint-attribute-filter | no endpoint has the attribute: `onMissing` decides (Pass: keep all; Fail: drop all) |
-| topology-affinity-filter, slo-headroom-tier-filter | keep every candidate |
-| endpoint-attribute-scorer, topology-affinity-scorer, latency-scorer, mm-embeddings-cache-scorer | score 0 |
-| predicted-latency-producer, mm-embeddings-cache-producer | publish nothing |
+| topology-affinity-filter | keeps every candidate |
+| endpoint-attribute-scorer, topology-affinity-scorer, mm-embeddings-cache-scorer | score 0 |
+| mm-embeddings-cache-producer | publishes nothing |
 | always-disagg-multimodal-decider | never (no request is recognised as multimodal) |
 | request-attribute-reporter | reports nothing (its CEL expressions are not evaluated) |
 | dcgm-data-source, dcgm-extractor, topology-extractor | nothing is collected |
@@ -171,41 +171,6 @@ def topology_scorer(name: str, params: Params) -> ZeroScorer:
     params.text("topologyProducerName", "")
     params.finish()
     return ZeroScorer("topology-affinity-scorer", name)
-
-
-def headroom_filter(name: str, params: Params) -> PassFilter:
-    params.number("epsilonExploreNeg", 0.01, minimum=0.0, maximum=1.0)
-    params.text("latencyPredictionInfoProducerName", "")
-    params.finish()
-    return PassFilter("slo-headroom-tier-filter", name)
-
-
-def latency_scorer(name: str, params: Params) -> ZeroScorer:
-    params.number("ttftWeight", 0.8, minimum=0.0)
-    params.number("tpotWeight", 0.2, minimum=0.0)
-    strategy = params.text("headroomSelectionStrategy", "least") or "least"
-    for weight in ("compositeKVWeight", "compositeQueueWeight", "compositePrefixWeight"):
-        params.number(weight, 1.0, minimum=0.0)
-    params.text("latencyPredictionInfoProducerName", "")
-    params.text("prefixMatchInfoProducerName", "")
-    params.finish()
-    if strategy not in ("least", "most"):
-        raise params.error("headroomSelectionStrategy", f"expected least or most, got {strategy!r}")
-    return ZeroScorer("latency-scorer", name)
-
-
-def latency_producer(name: str, params: Params) -> SilentProducer:
-    params.ignore("samplingMean", "maxDecodeTokenSamplesForPrediction")  # deprecated upstream and ignored there
-    params.number("sloBufferFactor", 1.0, minimum=0.0)
-    params.duration("contextTTL", 0.0)
-    params.flag("streamingMode", False)
-    params.text("endpointRoleLabel", "")
-    params.flag("predictInProduce", True)
-    for producer in ("prefixMatchInfoProducerName", "inFlightLoadProducerName", "encoderCacheMatchInfoProducerName"):
-        params.text(producer, "")
-    params.flag("useEncoderCacheFeatures", False)
-    params.finish()
-    return SilentProducer("predicted-latency-producer", name)
 
 
 def mm_producer(name: str, params: Params) -> SilentProducer:

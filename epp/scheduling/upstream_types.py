@@ -33,7 +33,7 @@ _S, _A, _W, _R = Status.SUPPORTED, Status.ALIAS, Status.STAND_IN, Status.REFUSED
 _FC = "always used with enableEviction, listed or not (as upstream)"
 _HEADERS = "deprecated upstream; nothing to do: the profile handler sets the P/D headers itself; warns on load"
 _MC = "multi-cluster through InferencePoolImport is not implemented; epp federates sites instead (docs/federation.md)"
-_LAT = "latency prediction (a trained-model sidecar) is not implemented: "
+_LAT = "the picker's own online latency model, no sidecar: "
 _MM = "multimodal requests are not recognised: "
 _TOPO = "topology labels are not collected: "
 _GPU = "GPU utilisation is not collected: collects nothing"
@@ -65,7 +65,7 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
         _S,
         "ttftSource prefillThroughput only; calibration files are not read",
     ),
-    UpstreamType("slo-headroom-tier-filter", "filter", False, _W, _LAT + "keeps every candidate"),
+    UpstreamType("slo-headroom-tier-filter", "filter", False, _S, _LAT + "both SLOs met first; epsilonExploreNeg"),
     UpstreamType(
         "session-affinity-filter", "filter", True, _R, "session affinity is a scorer here (session-affinity-scorer)"
     ),
@@ -120,7 +120,7 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     UpstreamType("token-load-scorer", "scorer", False, _S, ""),
     UpstreamType("no-hit-lru-scorer", "scorer", False, _S, ""),
     UpstreamType("mm-embeddings-cache-scorer", "scorer", False, _W, _MM + "scores 0"),
-    UpstreamType("latency-scorer", "scorer", False, _W, _LAT + "scores 0"),
+    UpstreamType("latency-scorer", "scorer", False, _S, _LAT + "upstream's headroom rules, least or most"),
     UpstreamType(
         "precise-prefix-cache-scorer",
         "scorer",
@@ -197,13 +197,13 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
     ),
     # admission
     UpstreamType(
-        "latency-slo-admitter", "admitter", False, _S, "without a latency predictor: idle, cold, or the queue wait"
+        "latency-slo-admitter", "admitter", False, _S, _LAT + "idle, cold, or an endpoint predicted to meet it"
     ),
     UpstreamType("probabilistic-admitter", "admitter", False, _S, ""),
     # producers
     UpstreamType("approx-prefix-cache-producer", "producer", False, _S, "token blocks; estimate tokens by default"),
     UpstreamType("inflight-load-producer", "producer", False, _S, ""),
-    UpstreamType("predicted-latency-producer", "producer", False, _W, _LAT + "publishes no prediction"),
+    UpstreamType("predicted-latency-producer", "producer", False, _S, _LAT + "sidecar parameters noted as not needed"),
     UpstreamType("mm-embeddings-cache-producer", "producer", False, _W, _MM + "publishes no match"),
     UpstreamType("token-producer", "producer", False, _S, "estimate; vllm render endpoints, estimate on failure"),
     UpstreamType("tokenizer", "producer", False, _A, "deprecated upstream for token-producer; warns on load"),

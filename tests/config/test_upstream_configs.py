@@ -197,7 +197,6 @@ STAND_INS = {
     "deploy/epp-mm-embeddings-cache-config": ("mm-embeddings-cache-producer", "mm-embeddings-cache-scorer"),
     "deploy/sim-epp-kvcache-config": ("precise-prefix-cache-producer",),
     "deploy/sim-epp-no-hit-lru": ("precise-prefix-cache-producer",),
-    "wellknown/predicted-latency-slo": ("predicted-latency-producer", "latency-scorer", "slo-headroom-tier-filter"),
     "integration/request-attribute-reporter-config": ("total-tokens-cost-reporter",),
 }
 

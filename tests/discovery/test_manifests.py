@@ -58,9 +58,12 @@ CORE_MODELS = {
     ("policy/v1", "PodDisruptionBudget"): k8s.V1PodDisruptionBudget,
     ("v1", "Secret"): k8s.V1Secret,
 }
-# The Prometheus Operator's ServiceMonitor (manifests/monitoring, optional): no CRD vendored here; its fields are
-# checked by test_the_monitoring_overlay_scrapes_with_an_authorized_token.
-OPERATOR_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+# The Prometheus Operator's ServiceMonitor and PrometheusRule (manifests/monitoring, optional): no CRD vendored here;
+# their fields are checked by test_the_monitoring_overlay_scrapes_with_an_authorized_token and
+# tests/observability/test_alert_rules.py.
+OPERATOR_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
+# Prometheus's own files next to them (a rules file and its promtool test), not Kubernetes objects.
+PROMETHEUS_FILES = {"epp-alerts.rules.yaml", "epp-alerts.test.yaml"}
 # Gateway vendors' policy kinds live in manifests/gateways/ and are checked by tests/gateway/test_manifests.py.
 VENDOR_GROUPS = {"gateway.envoyproxy.io", "networking.istio.io", "gateway.kgateway.dev"}
 GATEWAY_KINDS = {("gateway.networking.k8s.io/v1", "Gateway"), ("gateway.networking.k8s.io/v1", "HTTPRoute")}
@@ -107,7 +110,7 @@ def all_objects() -> list[tuple[str, dict[str, Any]]]:
     return [
         (f"{path.relative_to(MANIFESTS)}#{i}", doc)
         for path in sorted(MANIFESTS.rglob("*.yaml"))
-        if path.name not in ("kustomization.yaml", "deployment-patch.yaml")
+        if path.name not in ("kustomization.yaml", "deployment-patch.yaml") and path.name not in PROMETHEUS_FILES
         for i, doc in enumerate(yaml.safe_load_all(path.read_text()))
         if doc
     ]

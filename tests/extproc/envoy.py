@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.datastore import EndpointInfo, EndpointTable
 from epp.director import Decision, Director
-from epp.director.decision import NeedDecision, Outcome
+from epp.director.decision import NeedDecision, Outcome, Timing
 from epp.director.pipeline import DecisionPipeline
 from epp.extproc.messages import MAX_CHUNK
 from epp.extproc.stream import StreamProcessor, StreamSettings
@@ -46,9 +46,9 @@ class CountingDecider:
         self.decided += 1
         return self.inner.decide(request, subset)
 
-    def complete(self, decision: Decision) -> None:
+    def complete(self, decision: Decision, timing: Timing | None = None) -> None:
         self.completed += 1
-        self.inner.complete(decision)
+        self.inner.complete(decision, timing)
 
 
 def decide_now(decider: object, request: NeedDecision, subset: Sequence[str] | None) -> Outcome:

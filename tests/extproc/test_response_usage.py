@@ -111,7 +111,7 @@ class _FailingRelease:
     def decide(self, request, subset=None):  # type: ignore[no-untyped-def]
         return self.inner.decide(request, subset)
 
-    def complete(self, decision) -> None:  # type: ignore[no-untyped-def]
+    def complete(self, decision, timing=None) -> None:  # type: ignore[no-untyped-def]
         raise RuntimeError("bug")
 
 

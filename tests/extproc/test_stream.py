@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.datastore import EndpointInfo, EndpointTable
 from epp.director import Decision, Director
-from epp.director.decision import NeedDecision
+from epp.director.decision import NeedDecision, Timing
 from epp.errors import ErrorCode
 from epp.extproc.server import ExternalProcessor
 from epp.extproc.stream import StreamSettings
@@ -178,7 +178,7 @@ class _Exploding:
     def decide(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> Decision:
         raise RuntimeError("bug")
 
-    def complete(self, decision: Decision) -> None:
+    def complete(self, decision: Decision, timing: Timing | None = None) -> None:
         raise AssertionError("nothing was decided")
 
 
@@ -258,8 +258,8 @@ class _Rewriting:
         body = json.dumps({**request.body, "model": "m1-lora"}).encode()
         return decision._replace(body=body, target_model="m1-lora")
 
-    def complete(self, decision: Decision) -> None:
-        self.inner.complete(decision)
+    def complete(self, decision: Decision, timing: Timing | None = None) -> None:
+        self.inner.complete(decision, timing)
 
 
 def test_model_rewrite_resends_the_new_body_with_its_length_and_restores_the_name_in_the_response() -> None:

@@ -7,21 +7,17 @@ this test reads every query of every panel and checks each metric it names again
 
 from __future__ import annotations
 
-import json
 import re
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.procs import ROOT, free_port, http_ok, running, serve_argv, wait_until
+from tests.support.dashboard import load, metrics_named, panels, queries
+from tests.support.procs import free_port, http_ok, running, serve_argv, wait_until
 
 pytestmark = pytest.mark.process
 
-DASHBOARD = ROOT / "manifests" / "dashboards" / "epp-grafana.json"
-_SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
-_LABEL_VALUES = re.compile(r"label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)")
 _SUFFIXES = {
     "counter": ("_total", "_created"),
     "histogram": ("_bucket", "_sum", "_count", "_created"),
@@ -30,47 +26,40 @@ _SUFFIXES = {
 
 
 def exported_series(text: str) -> set[str]:
-    """Every series name a scrape of this page can return, from its TYPE lines and its samples."""
+    """Every series name a scrape of this page can return, from its TYPE lines and its samples. A histogram's or a
+    summary's own name is no series (only its `_bucket`, `_sum`, `_count` are): a query of it never has data."""
     names: set[str] = set()
     for line in text.splitlines():
         if line.startswith("# TYPE "):
             _, _, name, kind = line.split(" ", 3)
             base = name.removesuffix("_total") if kind == "counter" else name
-            names |= {name, base, *(base + s for s in _SUFFIXES.get(kind, ()))}
+            names |= {base + s for s in _SUFFIXES.get(kind, ())} if kind in ("histogram", "summary") else {name}
+            if kind == "counter":
+                names |= {base + s for s in _SUFFIXES["counter"]}
         elif line and not line.startswith("#"):
             names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
     return names
 
 
-def queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
-    """(panel title, query) for every target of every panel, rows' nested panels included, and the variables."""
-    out: list[tuple[str, str]] = []
-
-    def walk(panels: list[dict[str, Any]]) -> None:
-        for panel in panels:
-            for target in panel.get("targets", []):
-                out.append((panel["title"], target["expr"]))
-            walk(panel.get("panels", []))
-
-    walk(dashboard["panels"])
-    for variable in dashboard.get("templating", {}).get("list", []):
-        if variable.get("type") == "query":
-            out.append((f"variable {variable['name']}", variable["definition"]))
-    return out
-
-
-def metrics_named(query: str) -> set[str]:
-    return set(_SELECTOR.findall(query)) | set(_LABEL_VALUES.findall(query))
-
-
 def test_the_dashboard_is_well_formed() -> None:
-    dashboard = json.loads(DASHBOARD.read_text())
+    dashboard = load()
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     found = queries(dashboard)
     assert len(found) >= 15
     for title, query in found:
         assert metrics_named(query), f"{title}: no metric selector in {query!r}"
+
+
+def test_every_panel_has_a_query_a_title_and_a_unit() -> None:
+    dashboard = load()
+    rows = [p for p in dashboard["panels"] if p["type"] == "row"]
+    graphs = panels(dashboard)
+    assert len(graphs) + len(rows) == len(dashboard["panels"]), "a panel without a query"
+    for panel in graphs:
+        assert panel.title and panel.unit, panel
+        for target in panel.targets:
+            assert 'job=~"$job"' in target.expr, f"{panel.title}: {target.expr} ignores the job variable"
 
 
 def test_every_panel_query_names_only_exported_series(tmp_path: Path) -> None:
@@ -83,9 +72,6 @@ def test_every_panel_query_names_only_exported_series(tmp_path: Path) -> None:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
             exported = exported_series(response.read().decode())
     missing = {
-        (title, name)
-        for title, query in queries(json.loads(DASHBOARD.read_text()))
-        for name in metrics_named(query)
-        if name not in exported
+        (title, name) for title, query in queries(load()) for name in metrics_named(query) if name not in exported
     }
     assert not missing, f"panels query series /metrics does not export: {sorted(missing)}"

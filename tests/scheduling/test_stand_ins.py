@@ -3,12 +3,9 @@ checks (a config upstream refuses is refused here too)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from epp.config.decode import parse_config
 from epp.errors import ConfigError
-from epp.scheduling import build_scheduler
 from epp.scheduling.framework import produced
 from epp.scheduling.params import Params
 from epp.scheduling.stand_ins import (
@@ -18,7 +15,6 @@ from epp.scheduling.stand_ins import (
     ZeroScorer,
     attribute_filter,
     attribute_scorer,
-    latency_scorer,
 )
 from tests.scheduling.tables import request, state, table_with
 
@@ -37,9 +33,9 @@ def _state(n: int = 3):
 def test_pass_filters_keep_every_candidate_and_zero_scorers_score_nothing() -> None:
     st, slots = _state()
     assert PassFilter("topology-affinity-filter", "t").filter(st, slots).tolist() == slots.tolist()
-    assert ZeroScorer("latency-scorer", "l").score(st, slots).tolist() == [0.0, 0.0, 0.0]
+    assert ZeroScorer("topology-affinity-scorer", "l").score(st, slots).tolist() == [0.0, 0.0, 0.0]
     assert NeverDecider("mm").disaggregate(st, 0) is False
-    SilentProducer("predicted-latency-producer", "p").produce(st)
+    SilentProducer("mm-embeddings-cache-producer", "p").produce(st)
     assert produced(st, "p") is None
 
 
@@ -86,34 +82,3 @@ def test_the_scorers_check_upstreams_parameters() -> None:
         )
     with pytest.raises(ConfigError, match="linear_lower_is_better"):
         attribute_scorer("s", Params({"algorithm": {"type": "log"}}, "cfg"))
-    with pytest.raises(ConfigError, match="headroomSelectionStrategy"):
-        latency_scorer("l", Params({"headroomSelectionStrategy": "random"}, "cfg"))
-
-
-def test_a_profile_of_stand_ins_alone_still_picks_an_endpoint() -> None:
-    """predicted-latency-slo's shape: a pass filter, a zero scorer and a weighted-random picker pick uniformly."""
-    doc = {
-        "apiVersion": "llm-d.ai/v1alpha1",
-        "kind": "EndpointPickerConfig",
-        "plugins": [
-            {"type": "predicted-latency-producer"},
-            {"type": "slo-headroom-tier-filter"},
-            {"type": "latency-scorer"},
-            {"type": "weighted-random-picker"},
-        ],
-        "schedulingProfiles": [
-            {
-                "name": "default",
-                "plugins": [
-                    {"pluginRef": "predicted-latency-producer"},
-                    {"pluginRef": "slo-headroom-tier-filter"},
-                    {"pluginRef": "latency-scorer"},
-                    {"pluginRef": "weighted-random-picker"},
-                ],
-            }
-        ],
-    }
-    scheduler = build_scheduler(parse_config(doc, "cfg.yaml"), seed=1)
-    snap = table_with([{}] * 4).snapshot()
-    picks = {int(scheduler.handler.pick(snap, snap.slots, request(f"p{i}"), 1000.0)[0]) for i in range(40)}
-    assert picks <= set(np.asarray(snap.slots).tolist()) and len(picks) > 1

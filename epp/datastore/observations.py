@@ -1,0 +1,48 @@
+"""The picker's own observations of finished requests: what an endpoint looked like when a request was picked onto
+it, and what the request then cost there (TTFT, TPOT). The learners (the online latency model, saturation that
+calibrates itself) read nothing else, so they need no sidecar and no training job: every routed request is a
+sample, taken in the process that decides.
+
+Values only. The director makes one `PickFeatures` per pick (`Decision.pick`) and one `Observation` when the request
+ends (`Director.complete`), and hands it to every `ObservationSink` of the scheduler; times are the director's
+clock (virtual time in the benchmarks), durations the stream's, so no learner reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+
+class PickFeatures(NamedTuple):
+    """The picked endpoint as the pick saw it (a NamedTuple: one is built per request)."""
+
+    prompt_tokens: int  # the request's prompt tokens (engine ids when rendered, else the estimate)
+    uncached_tokens: int  # prompt tokens the endpoint does not hold by the prefix producers' reckoning
+    queue: float  # effective queue: scraped waiting + our picks since that scrape (NaN: no usable scrape)
+    running: float  # scraped running requests (NaN: none)
+    kv_usage: float  # scraped KV-cache use, 0..1 (NaN: none)
+    inflight: int  # our own requests in flight there before this one was booked
+    picked_at: float  # the director's clock
+    scrape_age_s: float  # picked_at − the endpoint's last scrape (inf: never scraped)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One finished, routed request on one endpoint."""
+
+    slot: int
+    address: str  # the slot's address at pick: a slot reused for another endpoint changes it
+    pick: PickFeatures
+    ttft_s: float  # first response byte − the decision (a non-streaming response: its whole time); NaN: no byte
+    tpot_s: float  # (last chunk − first chunk) / (output tokens − 1); NaN unless streaming with > 1 token
+    output_tokens: int  # from the response's usage; -1: not reported
+    streaming: bool
+    waited_s: float  # received → decided (flow-control queue, render call)
+    finished_at: float  # the director's clock when the request ended
+
+
+class ObservationSink(Protocol):
+    """A learner of the feed: pure, bounded state; `obs.finished_at` is its only notion of time."""
+
+    def observe(self, obs: Observation) -> None: ...

@@ -1,0 +1,214 @@
+"""Online latency prediction from the picker's own observations: per endpoint, TTFT and TPOT as linear functions
+of what the pick sees (uncached prompt tokens, queue, running, KV use, our requests in flight), learned by
+exponentially-forgetting ridge regression.
+
+Why this shape. Upstream trains a model in a sidecar from the same inputs; here every routed request already is a
+sample in the deciding process (`epp.datastore.observations`), so a few numbers per endpoint suffice:
+
+- per endpoint and target (TTFT, TPOT) the forgetting sums A = Σ λᵏ x xᵀ and b = Σ λᵏ x y, and the weights
+  θ = (A + ρI)⁻¹ (b + ρ θ_pool): with no data an endpoint predicts as the pool does (the pool-wide prior for cold
+  endpoints), and with data its own samples outweigh the prior;
+- λ < 1 forgets: after a model-server change the old samples fade within ~1/(1 − λ) requests, and the ridge term
+  keeps the solve well-posed however little an input varies (no covariance wind-up, which plain RLS has);
+- a prediction is one row-wise dot product over the candidates (numpy, no Python loop per endpoint); the solves
+  happen on observations (one d×d solve per finished request, a batched solve of every endpoint now and then).
+
+Pure: no clock, no I/O; time is only what the observations carry.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from epp.datastore.observations import Observation
+from epp.datastore.table import FloatArray, IntArray
+
+D = 6  # features: 1, uncached k-tokens, queue/10, running/100, KV use, our in-flight/10
+TTFT, TPOT = 0, 1
+_SCALE = np.array([1.0, 1e-3, 0.1, 0.01, 1.0, 0.1])
+_REFRESH_EVERY = 64  # observations between batched solves of every endpoint (pool prior moves for cold ones)
+_ERROR_DECAY = 0.05  # weight of a new error in the exponentially-weighted mean error
+
+
+def features(
+    uncached: FloatArray | IntArray,
+    queue: FloatArray,
+    running: FloatArray,
+    kv_usage: FloatArray,
+    inflight: IntArray | FloatArray,
+) -> FloatArray:
+    """The (n, D) design matrix of n picks; an unknown (NaN) scraped signal counts as 0 (our in-flight is always
+    known, so a stale endpoint is still told apart by the load we sent it)."""
+    x = np.empty((len(queue), D))
+    x[:, 0] = 1.0
+    x[:, 1] = uncached
+    x[:, 2] = queue
+    x[:, 3] = running
+    x[:, 4] = kv_usage
+    x[:, 5] = inflight
+    np.nan_to_num(x, copy=False, nan=0.0)
+    x *= _SCALE
+    return x
+
+
+def _monotone(theta: FloatArray) -> FloatArray:
+    """Weights with no negative load coefficient: more tokens, queue or load never predicts a faster answer. The
+    load features move together (our in-flight, the queue), and an unconstrained fit trades one against another;
+    a pick that then predicts lower latency after booking a request herds every request onto one endpoint."""
+    np.fmax(theta[..., 1:], 0.0, out=theta[..., 1:])
+    return theta
+
+
+class LatencyModel:
+    """Per-slot TTFT and TPOT predictors (milliseconds) with a pool-wide prior; bounded state: O(slots × D²)."""
+
+    def __init__(self, forget: float = 0.99, pool_forget: float = 0.998, ridge: float = 1.0) -> None:
+        if not (0.0 < forget <= 1.0 and 0.0 < pool_forget <= 1.0) or ridge <= 0:
+            raise ValueError("forget factors must be in (0, 1], ridge positive")
+        self.forget, self.pool_forget, self.ridge = forget, pool_forget, ridge
+        self._eye = np.eye(D)
+        self._cap = 0
+        self._a = np.zeros((2, 0, D, D))
+        self._b = np.zeros((2, 0, D))
+        self.theta = np.zeros((2, 0, D))
+        self.samples = np.zeros((2, 0))  # forgetting count of samples per slot (how much its own data weighs)
+        self.error = np.full((2, 0), math.nan)  # mean |predicted − observed| ms, exponentially weighted
+        self.predicted = np.full((2, 0), math.nan)  # the last prediction made for each slot's observed request
+        self._address: list[str] = []
+        self._pool_a = np.zeros((2, D, D))
+        self._pool_b = np.zeros((2, D))
+        self.pool_theta = np.zeros((2, D))
+        self.pool_error = np.full(2, math.nan)
+        self.observations = 0
+        self._since_refresh = 0
+        self._noted: dict[int, int] = {}  # slot → uncached tokens of its last pick (the director asks once)
+
+    # -- the pick's side ----------------------------------------------------------------------------------------
+
+    def predict(self, slots: IntArray, x: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """Predicted (TTFT ms, TPOT ms) per row of `x` (`features`) on `slots`; a slot never seen predicts with
+        the pool's weights. Never negative."""
+        theta = self.theta
+        if theta.shape[1] == 0:
+            ttft = x @ self.pool_theta[TTFT]
+            tpot = x @ self.pool_theta[TPOT]
+        else:
+            inside = slots < self._cap
+            if bool(inside.all()):
+                ttft = np.einsum("ij,ij->i", x, theta[TTFT, slots])
+                tpot = np.einsum("ij,ij->i", x, theta[TPOT, slots])
+            else:
+                safe = np.where(inside, slots, 0)
+                own_t, own_p = theta[TTFT, safe], theta[TPOT, safe]
+                own_t[~inside] = self.pool_theta[TTFT]
+                own_p[~inside] = self.pool_theta[TPOT]
+                ttft = np.einsum("ij,ij->i", x, own_t)
+                tpot = np.einsum("ij,ij->i", x, own_p)
+        np.fmax(ttft, 0.0, out=ttft)
+        np.fmax(tpot, 0.0, out=tpot)
+        return ttft, tpot
+
+    def note_pick(self, slot: int, uncached_tokens: int) -> None:
+        """The pick just made put a request with this many uncached prompt tokens on `slot` (the director reads it
+        back for the request's observation, in the same call: bounded to one entry per slot)."""
+        self._noted[slot] = uncached_tokens
+
+    def uncached(self, slot: int, prompt_tokens: int) -> int:
+        """`Scheduler.uncached`: what `note_pick` said of this pick, else every prompt token."""
+        return self._noted.pop(slot, prompt_tokens)
+
+    # -- the feed's side ----------------------------------------------------------------------------------------
+
+    def observe(self, obs: Observation) -> None:
+        """Learn one finished request (ObservationSink)."""
+        slot = obs.slot
+        if slot < 0:
+            return
+        self._ensure(slot)
+        if slot >= len(self._address) or self._address[slot] != obs.address:
+            self._reset(slot, obs.address)
+        p = obs.pick
+        x = features(
+            np.array([p.uncached_tokens], dtype=np.float64),
+            np.array([p.queue]),
+            np.array([p.running]),
+            np.array([p.kv_usage]),
+            np.array([p.inflight], dtype=np.float64),
+        )[0]
+        outer = np.outer(x, x)
+        learned = False
+        for target, value in ((TTFT, obs.ttft_s), (TPOT, obs.tpot_s)):
+            if value != value or value < 0:
+                continue
+            y = value * 1000.0
+            guess = max(float(x @ self.theta[target, slot]), 0.0)
+            self.predicted[target, slot] = guess
+            err = abs(guess - y)
+            old = self.error[target, slot]
+            self.error[target, slot] = err if old != old else old + _ERROR_DECAY * (err - old)
+            pool_old = self.pool_error[target]
+            self.pool_error[target] = err if pool_old != pool_old else pool_old + _ERROR_DECAY * (err - pool_old)
+            lam, pool_lam = self.forget, self.pool_forget
+            self._a[target, slot] = lam * self._a[target, slot] + outer
+            self._b[target, slot] = lam * self._b[target, slot] + x * y
+            self.samples[target, slot] = lam * self.samples[target, slot] + 1.0
+            self._pool_a[target] = pool_lam * self._pool_a[target] + outer
+            self._pool_b[target] = pool_lam * self._pool_b[target] + x * y
+            self.pool_theta[target] = _monotone(
+                np.linalg.solve(self._pool_a[target] + 0.1 * self.ridge * self._eye, self._pool_b[target])
+            )
+            self.theta[target, slot] = self._solve(target, slot)
+            learned = True
+        if not learned:
+            return
+        self.observations += 1
+        self._since_refresh += 1
+        if self._since_refresh >= _REFRESH_EVERY:
+            self._refresh()
+
+    def _solve(self, target: int, slot: int) -> FloatArray:
+        ridge = self.ridge
+        out: FloatArray = np.linalg.solve(
+            self._a[target, slot] + ridge * self._eye, self._b[target, slot] + ridge * self.pool_theta[target]
+        )
+        return _monotone(out)
+
+    def _refresh(self) -> None:
+        """Every slot's weights again, against the pool prior as it is now (cold slots follow the pool)."""
+        self._since_refresh = 0
+        ridge = self.ridge
+        for target in (TTFT, TPOT):
+            lhs = self._a[target] + ridge * self._eye
+            rhs = self._b[target] + ridge * self.pool_theta[target]
+            self.theta[target] = _monotone(np.linalg.solve(lhs, rhs[..., None])[..., 0])
+
+    def _ensure(self, slot: int) -> None:
+        if slot < self._cap:
+            return
+        cap = max(slot + 1, 2 * self._cap, 8)
+        grow = cap - self._cap
+        self._a = np.concatenate([self._a, np.zeros((2, grow, D, D))], axis=1)
+        self._b = np.concatenate([self._b, np.zeros((2, grow, D))], axis=1)
+        self.theta = np.concatenate([self.theta, np.repeat(self.pool_theta[:, None, :], grow, axis=1)], axis=1)
+        self.samples = np.concatenate([self.samples, np.zeros((2, grow))], axis=1)
+        self.error = np.concatenate([self.error, np.full((2, grow), math.nan)], axis=1)
+        self.predicted = np.concatenate([self.predicted, np.full((2, grow), math.nan)], axis=1)
+        self._cap = cap
+
+    def _reset(self, slot: int, address: str) -> None:
+        """A slot now holding another endpoint (or seen for the first time) starts from the pool prior."""
+        while len(self._address) <= slot:
+            self._address.append("")
+        self._address[slot] = address
+        self._a[:, slot] = 0.0
+        self._b[:, slot] = 0.0
+        self.theta[:, slot] = self.pool_theta
+        self.samples[:, slot] = 0.0
+        self.error[:, slot] = math.nan
+        self.predicted[:, slot] = math.nan
+
+    def addresses(self) -> list[tuple[int, str]]:
+        """(slot, address) of every slot that has learned (for /metrics and /debug/pool)."""
+        return [(slot, address) for slot, address in enumerate(self._address) if address]

@@ -1,0 +1,73 @@
+"""The online latency model: learns each endpoint's TTFT/TPOT from observations, forgets, and predicts a cold
+endpoint with the pool's weights."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from epp.datastore.observations import Observation, PickFeatures
+from epp.scheduling.latency_model import LatencyModel, features
+
+
+def _obs(slot: int, uncached: int, queue: float, ttft_ms: float, tpot_ms: float, address: str = "") -> Observation:
+    pick = PickFeatures(uncached, uncached, queue, 4.0, 0.3, int(queue), 0.0, 0.0)
+    return Observation(
+        slot, address or f"127.10.0.{slot + 1}:8000", pick, ttft_ms / 1e3, tpot_ms / 1e3, 100, True, 0.0, 0.0
+    )
+
+
+def _predict(model: LatencyModel, slot: int, uncached: int, queue: float) -> tuple[float, float]:
+    x = features(np.array([float(uncached)]), np.array([queue]), np.array([4.0]), np.array([0.3]), np.array([queue]))
+    ttft, tpot = model.predict(np.array([slot]), x)
+    return float(ttft[0]), float(tpot[0])
+
+
+def _train(model: LatencyModel, slot: int, ttft, n: int, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        uncached, queue = int(rng.integers(100, 4000)), float(rng.integers(0, 20))
+        model.observe(_obs(slot, uncached, queue, ttft(uncached, queue), 8.0 + 0.5 * queue))
+
+
+def test_it_learns_an_endpoints_ttft_and_tpot() -> None:
+    model = LatencyModel()
+    _train(model, 0, lambda u, q: 20.0 + 0.05 * u + 15.0 * q, 400)
+    ttft, tpot = _predict(model, 0, 2000, 10.0)
+    assert math.isclose(ttft, 20.0 + 100.0 + 150.0, rel_tol=0.05)
+    assert math.isclose(tpot, 13.0, rel_tol=0.05)
+    assert model.error[0, 0] < 5.0  # the mean error of its recent predictions, in ms
+
+
+def test_it_forgets_when_the_model_server_changes() -> None:
+    model = LatencyModel()
+    _train(model, 0, lambda u, q: 20.0 + 0.05 * u + 15.0 * q, 400)
+    _train(model, 0, lambda u, q: 60.0 + 0.2 * u + 40.0 * q, 600, seed=1)  # a slower engine behind the same pod
+    ttft, _ = _predict(model, 0, 2000, 10.0)
+    assert math.isclose(ttft, 60.0 + 400.0 + 400.0, rel_tol=0.05)
+
+
+def test_a_cold_endpoint_predicts_with_the_pools_weights() -> None:
+    model = LatencyModel()
+    for slot in range(3):
+        _train(model, slot, lambda u, q: 20.0 + 0.05 * u + 15.0 * q, 200, seed=slot)
+    cold, _ = _predict(model, 40, 2000, 10.0)  # a slot never observed
+    assert math.isclose(cold, 270.0, rel_tol=0.1)
+
+
+def test_a_reused_slot_starts_again_from_the_pool() -> None:
+    model = LatencyModel()
+    _train(model, 0, lambda u, q: 500.0, 300)
+    _train(model, 1, lambda u, q: 10.0, 2000, seed=1)
+    model.observe(_obs(0, 1000, 1.0, 10.0, 8.0, address="127.10.0.99:8000"))
+    assert model.samples[0, 0] == 1.0
+    assert _predict(model, 0, 1000, 1.0)[0] < 100.0
+
+
+def test_unknown_scraped_signals_count_as_zero_and_predictions_are_never_negative() -> None:
+    model = LatencyModel()
+    _train(model, 0, lambda u, q: 20.0 + 0.05 * u + 15.0 * q, 200)
+    x = features(np.array([0.0]), np.array([math.nan]), np.array([math.nan]), np.array([math.nan]), np.array([0]))
+    ttft, tpot = model.predict(np.array([0]), x)
+    assert np.isfinite(ttft).all() and (ttft >= 0).all() and (tpot >= 0).all()
