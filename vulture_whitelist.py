@@ -2,11 +2,13 @@
 # vulture only reads this file. Add a name here only for a use vulture cannot follow, never to hide unused code.
 # ruff: noqa
 
-# Callbacks the standard library calls: asyncio.Protocol (epp/scrape/http.py, benchmarks/scrape.py) and
-# http.server.BaseHTTPRequestHandler (test page servers).
+# Callbacks the standard library calls: asyncio.Protocol and BufferedProtocol (epp/scrape/http.py,
+# benchmarks/scrape.py) and http.server.BaseHTTPRequestHandler (test page servers).
 _.connection_made
 _.connection_lost
 _.data_received
+_.get_buffer
+_.buffer_updated
 _.do_GET
 _.log_message
 

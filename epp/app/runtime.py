@@ -1,22 +1,9 @@
-"""How a picker process runs, control process and serving worker alike: the event loop it runs on, and the
-garbage collector settled once everything long-lived is built."""
+"""How a picker process runs, control process and serving worker alike: the garbage collector settled once
+everything long-lived is built (the event loop they run on: epp.supervision.loop)."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
-from collections.abc import Coroutine
-from typing import Any
-
-
-def run_loop(main: Coroutine[Any, Any, int]) -> int:
-    """uvloop when installed (a runtime dependency on Linux): grpc.aio's callbacks and the stream tasks cost
-    measurably less per request on it (benchmarks/RESULTS.md); plain asyncio otherwise."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 
 def settle_garbage_collector() -> None:

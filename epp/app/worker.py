@@ -54,7 +54,6 @@ from epp.app.kv_feeder import FeederStatus, KvDirectory, KvGone, SharedKvIndex, 
 from epp.app.kv_metrics import PreciseFallbacksCollector
 from epp.app.pick_log import PickLog, ring_words
 from epp.app.pool_metrics import PrefixCollector
-from epp.app.runtime import run_loop
 from epp.app.settings import ServeSettings
 from epp.app.tls import tls_policy
 from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, read_rows
@@ -66,6 +65,7 @@ from epp.observability.plugins import PluginTimer
 from epp.observability.worker_series import DeltaSource, SeriesDelta
 from epp.scheduling.precise import PrecisePrefixCacheProducer
 from epp.supervision.child_end import ChildEnd
+from epp.supervision.loop import run_loop
 from epp.supervision.memory import map_array
 from epp.supervision.messages import Stop
 from epp.supervision.pipe import recv_fd, watch_pipe

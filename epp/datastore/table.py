@@ -38,6 +38,8 @@ class EndpointInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     pod_name: str = ""
     metrics_path: str = "/metrics"
+    # The pool it belongs to (`namespace/name`) when the picker serves several pools; "" with one pool.
+    pool: str = ""
 
     @property
     def host(self) -> str:

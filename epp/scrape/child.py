@@ -24,11 +24,12 @@ from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.scrape.engines import EngineRegistry
 from epp.scrape.scraper import EndpointStatus, ScrapeService, ScrapeSettings
 from epp.supervision.child_end import ChildEnd
+from epp.supervision.loop import run_loop
 from epp.supervision.memory import map_array
 from epp.supervision.messages import Stop
 from epp.supervision.pipe import watch_pipe
 
-PUBLISH_S = 0.005  # after a scrape lands, the rest of its round gets this long to land too: one pass for all
+PUBLISH_S = 0.005  # after a scrape lands, the rest of its round (still under way) gets this long to land too
 STATUS_S = 1.0
 
 
@@ -106,11 +107,13 @@ async def run(end: ChildEnd, block: np.ndarray) -> None:
     try:
         published = -1
         while not stop.is_set():
-            # Woken by what changed, not by a clock: an idle pool costs a wake-up per scrape, not 200 a second.
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(landed.wait(), max(0.0, next_status - loop.time()))
+            # Woken by what changed, not by a clock: an idle pool costs a wake-up per scrape round. A timer sets the
+            # event rather than wait_for, which on Python 3.11 can swallow a cancel that lands as the event is set.
+            await _wait(loop, landed, max(0.0, next_status - loop.time()))
             landed.clear()
-            await asyncio.sleep(PUBLISH_S)
+            if svc.in_flight and not stop.is_set():  # the rest of the round gets PUBLISH_S to land: one pass
+                svc.round_done.clear()
+                await _wait(loop, svc.round_done, PUBLISH_S)
             if stop.is_set():
                 break
             if loop.time() >= next_status:
@@ -157,11 +160,19 @@ async def run(end: ChildEnd, block: np.ndarray) -> None:
         await svc.stop()
 
 
+async def _wait(loop: asyncio.AbstractEventLoop, event: asyncio.Event, timeout_s: float) -> None:
+    timer = loop.call_later(timeout_s, event.set)
+    try:
+        await event.wait()
+    finally:
+        timer.cancel()
+
+
 def child_main(end: ChildEnd) -> int:
     """The kit's entry (epp.supervision.launch)."""
     start: ScrapeStart = end.payload
     block = map_array(end.fds[0], (start.rows, NCOL), np.float64)
     os.close(end.fds[0])  # the mapping stays
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(end, block))
+        run_loop(run(end, block))
     return 0

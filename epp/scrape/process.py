@@ -266,8 +266,11 @@ class ScrapeProcess:
                 log.exception("scrape apply pass failed")
 
     def _handle(self, msg: Any) -> None:
-        if msg.__class__ is Landed:
-            self._wake.set()
+        if msg.__class__ is Landed:  # copied in now, in the pipe's callback: no task to wake
+            try:
+                self.apply()
+            except Exception:  # the pipe's reader must outlive any surprise; the next pass retries
+                log.exception("scrape apply pass failed")
         elif isinstance(msg, Adapters):
             for slot, token, running, waiting in msg.changes:
                 if self._tokens[slot] == token:

@@ -1,9 +1,16 @@
 """The scraper: one async poller per endpoint, writing each page's signals into the endpoint table.
 
 Each endpoint gets its own task and its own kept-alive connection, so a server that hangs only delays itself (its
-scrape times out after `timeout_s`; the others keep their pace). Polls start at a random phase and every interval
-carries jitter, so hundreds of endpoints do not fire in lockstep. A failed scrape backs off exponentially, up to
-`backoff_max_s`. The service follows the table's membership (`EndpointTable.version`), whoever changed it.
+scrape times out after `timeout_s`; the others keep their pace). The pollers share one clock: a tick every
+interval (the interval carries jitter) starts every endpoint's scrape that is due, so an idle picker wakes once
+per interval for the whole pool, not once per endpoint, and the round's rows land together (the scrape child
+publishes them in one pass). A scrape still running at a tick (a slow endpoint) skips it; a failed scrape backs
+off exponentially, up to `backoff_max_s`, counted in ticks. The concurrency bound (`concurrency`) spreads a
+large pool's round over as many scrapes at once. The service follows the table's membership
+(`EndpointTable.version`), whoever changed it.
+
+A page identical to the endpoint's previous one (an idle server repeats itself) is not decoded or parsed again:
+its signals are the previous page's, recorded with this scrape's time.
 
 What a page turns into:
 - page parsed, all wanted lines fine: `record_scrape`;
@@ -34,12 +41,13 @@ from dataclasses import dataclass
 from epp.datastore import Freshness, usable_slots
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.observability.ratelimit import RateLimitedLog
-from epp.scrape.engines import EngineRegistry, EngineSpec, extract
+from epp.scrape.engines import EngineRegistry, EngineSpec, Extraction, extract
 from epp.scrape.http import HttpConnection, MetricsClient, ScrapeError
 
 log = logging.getLogger(__name__)
 
 ClientFactory = Callable[[EndpointInfo], MetricsClient]
+_Page = tuple[Extraction, bool]  # what a page said: its extraction, and whether it was not valid UTF-8
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +161,10 @@ class ScrapeService:
         self._members_changed = asyncio.Event()
         table.add_membership_listener(self._members_changed.set)
         self._sem: asyncio.Semaphore | None = None
+        self._tick = asyncio.Event()  # set and cleared at once on every tick: each poller waiting on it starts
+        self._ticker: asyncio.Task[None] | None = None
+        self.in_flight = 0  # scrapes under way now
+        self.round_done = asyncio.Event()  # set when the last scrape under way ends (a reader clears it)
         self.rejected_values: dict[tuple[str, str], int] = {}  # (signal, reason) → scraped values refused
         self.poll_errors: dict[str, int] = {}  # failure reason → failed scrapes
         # An endpoint flapping every few seconds gets one line per transition at most every 10 s.
@@ -168,12 +180,14 @@ class ScrapeService:
         self._sem = asyncio.Semaphore(self.settings.concurrency)
         self.sync()
         self._supervisor = asyncio.create_task(self._supervise(), name="scrape-supervisor")
+        self._ticker = asyncio.create_task(self._run_ticks(), name="scrape-ticks")
 
     async def stop(self) -> None:
         tasks = [task for _, task in self._pollers.values()]
-        if self._supervisor is not None:
-            tasks.append(self._supervisor)
-            self._supervisor = None
+        for task in (self._supervisor, self._ticker):
+            if task is not None:
+                tasks.append(task)
+        self._supervisor = self._ticker = None
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -278,6 +292,15 @@ class ScrapeService:
 
     # -- one endpoint -----------------------------------------------------------------------------------------
 
+    async def _run_ticks(self) -> None:
+        """The pool's one clock: every interval (± jitter), every poller waiting for a tick starts its scrape."""
+        s = self.settings
+        tick = self._tick
+        while True:
+            await asyncio.sleep(s.interval_s * (1 + s.jitter * self._rng.uniform(-1, 1)))
+            tick.set()  # wakes every waiter now; cleared at once, so the next wait is for the next tick
+            tick.clear()
+
     async def _poll(self, info: EndpointInfo) -> None:
         s = self.settings
         engine = self.engines.for_engine(info.engine)
@@ -285,35 +308,52 @@ class ScrapeService:
         client = self._client_factory(info)
         assert self._sem is not None
         sem = self._sem
-        delay = self._rng.uniform(0, s.interval_s)  # random phase
+        tick = self._tick
+        skip = 0  # ticks left to wait out after a failure (the backoff, in intervals)
+        last: tuple[bytes, _Page] | None = None  # the previous page and what it said
         try:
             while True:
-                await asyncio.sleep(delay)
-                started = self._clock()
-                async with sem:
-                    ok = await self._scrape_once(info, engine, client, status)
-                if ok:
-                    delay = s.interval_s * (1 + s.jitter * self._rng.uniform(-1, 1))
-                else:
+                await tick.wait()
+                if skip:
+                    skip -= 1
+                    continue
+                self.in_flight += 1
+                try:
+                    async with sem:
+                        ok, last = await self._scrape_once(info, engine, client, status, last)
+                finally:
+                    self.in_flight -= 1
+                    if not self.in_flight:
+                        self.round_done.set()
+                if not ok:  # back off: 2, 4, 8 … intervals (± jitter), at most backoff_max_s
                     backoff = min(s.backoff_max_s, s.interval_s * 2 ** min(status.streak, 16))
-                    delay = backoff * (1 + s.jitter * self._rng.uniform(-1, 1))
-                delay = max(0.0, delay - (self._clock() - started))
+                    skip = max(0, round(backoff * (1 + s.jitter * self._rng.uniform(-1, 1)) / s.interval_s) - 1)
         finally:
             client.close()
 
     async def _scrape_once(
-        self, info: EndpointInfo, engine: EngineSpec, client: MetricsClient, st: EndpointStatus
-    ) -> bool:
+        self,
+        info: EndpointInfo,
+        engine: EngineSpec,
+        client: MetricsClient,
+        st: EndpointStatus,
+        last: tuple[bytes, _Page] | None,
+    ) -> tuple[bool, tuple[bytes, _Page] | None]:
+        """One scrape; (whether it gave a page, the page and what it said, for the next scrape to compare)."""
         s = self.settings
         st.scrapes += 1
         problem: str
         try:
             body = await client.get(s.timeout_s, s.max_page_bytes)
-            try:
-                text, bad_utf8 = body.decode("utf-8"), False
-            except UnicodeDecodeError:  # keep what parses; binary garbage ends with no signal and fails below
-                text, bad_utf8 = body.decode("utf-8", errors="replace"), True
-            result = extract(text, engine)
+            if last is not None and body == last[0]:  # the same bytes say the same: no decode, no parse
+                result, bad_utf8 = last[1]
+            else:
+                try:
+                    text, bad_utf8 = body.decode("utf-8"), False
+                except UnicodeDecodeError:  # keep what parses; binary garbage ends with no signal and fails below
+                    text, bad_utf8 = body.decode("utf-8", errors="replace"), True
+                result = extract(text, engine)
+                last = (body, (result, bad_utf8))
         except ScrapeError as exc:
             problem = str(exc)
         except Exception as exc:  # a bug or a surprise must cost one scrape, never the poller
@@ -328,7 +368,7 @@ class ScrapeService:
             if result.signals_found or not problems:
                 slot = self.table.slot_of(info.address)
                 if slot is None:
-                    return True  # removed meanwhile; sync() cancels this poller
+                    return True, last  # removed meanwhile; sync() cancels this poller
                 now = self._clock()
                 self.table.record_scrape(slot, result.sample, now)
                 st.streak = 0
@@ -341,7 +381,7 @@ class ScrapeService:
                     self._turn_usable(st, now)
                 if not result.signals_found and st.scrapes == 1:
                     log.warning("%s: page has none of engine %r's metrics", info.address, engine.name)
-                return True
+                return True, last
             problem = "; ".join(problems[:3])
         slot = self.table.slot_of(info.address)
         st.failures += 1
@@ -356,4 +396,4 @@ class ScrapeService:
             log.debug("scrape of %s failed: %s", info.address, problem)
         if st.streak >= s.max_failures and st.unusable is None:
             self._turn_unusable(st, reason, f"{st.streak} failed scrapes in a row, last: {problem}", now)
-        return False
+        return False, last

@@ -204,3 +204,43 @@ async def test_follows_membership_changes(servers, service_for) -> None:
     before, b_seen = a.requests, svc.status()[b.address].scrapes
     await wait_for(lambda: svc.status()[b.address].scrapes >= b_seen + 5)
     assert a.requests <= before + 1  # at most the scrape that was in flight
+
+
+class _PageClient:
+    """A metrics client that serves whatever `page` holds now, counting its gets."""
+
+    def __init__(self, page: bytes) -> None:
+        self.page = page
+        self.gets = 0
+
+    async def get(self, timeout_s: float, max_bytes: int) -> bytes:
+        self.gets += 1
+        return self.page
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_repeated_page_is_not_parsed_again_but_still_dates_the_row(monkeypatch) -> None:
+    import epp.scrape.scraper as scraper
+
+    parsed: list[str] = []
+    real_extract = scraper.extract
+    monkeypatch.setattr(scraper, "extract", lambda text, engine: parsed.append(text) or real_extract(text, engine))
+    client = _PageClient(vllm_page(waiting=3).encode())
+    table = EndpointTable()
+    slot = table.upsert(EndpointInfo("127.0.0.1:9"))
+    svc = ScrapeService(table, FAST, seed=1, client_factory=lambda info: client)
+    await svc.start()
+    try:
+        await wait_for(lambda: client.gets >= 2)
+        first_at = table.snapshot().scraped_at[slot]
+        await wait_for(lambda: client.gets >= 5)
+        assert len(parsed) == 1  # the same bytes: parsed once
+        assert table.snapshot().scraped_at[slot] > first_at  # each scrape still dates the row
+        assert svc.status()["127.0.0.1:9"].scrapes >= 5
+        client.page = vllm_page(waiting=7).encode()
+        await wait_for(lambda: table.snapshot().waiting[slot] == 7.0)
+        assert len(parsed) == 2
+    finally:
+        await svc.stop()

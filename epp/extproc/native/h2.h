@@ -46,6 +46,8 @@ typedef struct {
     h2_event_cb cb;
     void *ctx;
     int cb_failed;         /* the callback raised: stop and report */
+    const uint8_t *meta;   /* during an EV_OPEN callback: the stream's other header fields ("name\0value\0"...) */
+    size_t meta_len;
 } h2_conn;
 
 int h2_init(h2_conn *c, uint32_t max_message);

@@ -115,6 +115,8 @@ static int on_data(h2_conn *c, uint32_t sid, uint8_t flags, const uint8_t *p, ui
 typedef struct {
     uint8_t path[512];
     size_t plen;
+    uint8_t meta[4096]; /* the other fields, "name\0value\0" each: the stream's gRPC metadata */
+    size_t mlen;
 } block_fields;
 
 static int on_field(void *ctx, const uint8_t *name, size_t nlen, const uint8_t *value, size_t vlen) {
@@ -122,6 +124,12 @@ static int on_field(void *ctx, const uint8_t *name, size_t nlen, const uint8_t *
     if (nlen == 5 && memcmp(name, ":path", 5) == 0) {
         f->plen = vlen < sizeof f->path ? vlen : sizeof f->path;
         memcpy(f->path, value, f->plen);
+    } else if (nlen > 0 && name[0] != ':' && f->mlen + nlen + vlen + 2 <= sizeof f->meta) {
+        memcpy(f->meta + f->mlen, name, nlen);
+        f->meta[f->mlen + nlen] = 0;
+        memcpy(f->meta + f->mlen + nlen + 1, value, vlen);
+        f->meta[f->mlen + nlen + 1 + vlen] = 0;
+        f->mlen += nlen + vlen + 2;
     }
     return 0;
 }
@@ -130,7 +138,8 @@ static int on_field(void *ctx, const uint8_t *name, size_t nlen, const uint8_t *
 static int on_block(h2_conn *c) {
     uint32_t sid = c->block_sid;
     int end_stream = c->block_end_stream;
-    block_fields f = {.plen = 0};
+    block_fields f;
+    f.plen = f.mlen = 0;
     c->block_sid = 0;
     int rc = hp_decode(&c->dec, c->block.p, c->block.len, on_field, &f);
     c->block.len = 0;
@@ -150,7 +159,10 @@ static int on_block(h2_conn *c) {
     if (h2_insert(c, s) < 0) return free(s), h2_conn_error(c, H2_INTERNAL_ERROR);
     s->send_window = c->peer_initial_window;
     s->recv_window = H2_STREAM_WINDOW;
-    if (h2_emit(c, EV_OPEN, sid, f.path, f.plen, 0) < 0) return -1;
+    c->meta = f.meta, c->meta_len = f.mlen;
+    rc = h2_emit(c, EV_OPEN, sid, f.path, f.plen, 0);
+    c->meta = NULL, c->meta_len = 0;
+    if (rc < 0) return -1;
     if (end_stream) remote_end(c, s);
     return 0;
 }

@@ -1,6 +1,7 @@
 /* epp.extproc.native._h2: the Python face of the h2 connection (h2.c, h2_recv.c). One `Connection` per accepted
  * socket; `receive(bytes)` returns the events of those bytes as a list of (kind, stream id, value) tuples — value
- * is the message's bytes (MESSAGE), the :path (OPEN) or an error code (RESET, GOAWAY, CLOSE), None for END —;
+ * is the message's bytes (MESSAGE), (:path, the other fields as "name\0value\0"...) for OPEN, an error code
+ * (RESET, GOAWAY, CLOSE), None for END —;
  * `send`/`finish`/`reset` queue frames, `output()` takes what must be written. No I/O, no threads: the asyncio
  * loop owns the socket and calls in. */
 #define PY_SSIZE_T_CLEAN
@@ -16,7 +17,9 @@ typedef struct {
 static int on_event(void *ctx, int kind, uint32_t sid, const uint8_t *data, size_t len, uint32_t code) {
     Conn *self = ctx;
     PyObject *value;
-    if (kind == EV_MESSAGE || kind == EV_OPEN) {
+    if (kind == EV_OPEN) {
+        value = Py_BuildValue("(y#y#)", data, (Py_ssize_t)len, self->c.meta, (Py_ssize_t)self->c.meta_len);
+    } else if (kind == EV_MESSAGE) {
         value = PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)len);
     } else if (kind == EV_END) {
         value = Py_NewRef(Py_None);

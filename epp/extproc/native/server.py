@@ -79,6 +79,22 @@ class _Inbox:
             waiter.set_result(None)
 
 
+class _Context:
+    """What `Process` reads of grpc's servicer context: the stream's metadata (its request headers, e.g. the pool a
+    gateway route names), decoded only when asked."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        parts = self._raw.split(b"\0")
+        return tuple(
+            (parts[i].decode("latin-1"), parts[i + 1].decode("utf-8", "replace")) for i in range(0, len(parts) - 1, 2)
+        )
+
+
 class _Connection(asyncio.Protocol):
     """One Envoy connection: its h2 state (in C), its streams' tasks, the coalesced writes."""
 
@@ -114,7 +130,7 @@ class _Connection(asyncio.Protocol):
                 if entry is not None:
                     entry[0].put(value)
             elif kind == _OPEN:
-                self._open(sid, value)
+                self._open(sid, *value)
             elif kind == _END:
                 entry = streams.get(sid)
                 if entry is not None:
@@ -149,20 +165,20 @@ class _Connection(asyncio.Protocol):
 
     # streams
 
-    def _open(self, sid: int, path: bytes) -> None:
+    def _open(self, sid: int, path: bytes, metadata: bytes) -> None:
         if path != PROCESS_PATH:
             self._h2.finish(sid, _UNIMPLEMENTED, "unknown method")
             return
         inbox = _Inbox()
-        task = self._loop.create_task(self._serve(sid, inbox))
+        task = self._loop.create_task(self._serve(sid, inbox, _Context(metadata)))
         self._streams[sid] = (inbox, task)
 
-    async def _serve(self, sid: int, inbox: _Inbox) -> None:
+    async def _serve(self, sid: int, inbox: _Inbox, context: _Context) -> None:
         """The stream's task: `Process` over its inbox, each answer framed as it comes, the status at the end."""
         h2 = self._h2
         status, detail = 0, ""
         try:
-            async for response in self._front.processor.Process(inbox):
+            async for response in self._front.processor.Process(inbox, context):  # type: ignore[arg-type]
                 h2.send(sid, response.SerializeToString())
                 self._want_flush()
         except asyncio.CancelledError:

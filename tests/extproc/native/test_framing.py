@@ -17,6 +17,7 @@ _h2 = pytest.importorskip("epp.extproc.native._h2")
 
 RECORDED = Path(__file__).parents[2] / "data" / "envoy-h2" / "full-duplex-3-requests.bin"
 MESSAGE, OPEN, END, RESET, GOAWAY, CLOSE = range(6)
+META = b"content-type\0application/grpc\0te\0trailers\0"  # request_block's other fields, as OPEN carries them
 
 
 def connected(**limits: int) -> object:
@@ -30,7 +31,12 @@ def test_recorded_envoy_connection_gives_three_streams_of_parsable_messages() ->
     conn = _h2.Connection()
     events = conn.receive(RECORDED.read_bytes())
     opened = [(sid, path) for kind, sid, path in events if kind == OPEN]
-    assert opened == [(1, f.PROCESS.encode()), (3, f.PROCESS.encode()), (5, f.PROCESS.encode())]
+    assert [(sid, path) for sid, (path, _) in opened] == [
+        (1, f.PROCESS.encode()),
+        (3, f.PROCESS.encode()),
+        (5, f.PROCESS.encode()),
+    ]
+    assert b"content-type\0application/grpc\0" in opened[0][1][1]
     kinds = []
     for kind, sid, value in events:
         if kind == MESSAGE:
@@ -77,7 +83,7 @@ def test_a_stream_is_answered_with_headers_data_and_trailers() -> None:
         + f.frame(f.DATA, 0, 1, message[:3])
         + f.frame(f.DATA, f.END_STREAM, 1, message[3:])
     )
-    assert events == [(OPEN, 1, f.PROCESS.encode()), (MESSAGE, 1, body), (END, 1, None)]
+    assert events == [(OPEN, 1, (f.PROCESS.encode(), META)), (MESSAGE, 1, body), (END, 1, None)]
     assert conn.send(1, b"answer")
     assert conn.finish(1, 0)
     out = f.parse(conn.output())
@@ -175,7 +181,7 @@ def test_headers_split_over_continuation_frames() -> None:
         f.frame(f.HEADERS, 0, 1, block[:5]) + f.frame(f.CONTINUATION, 0, 1, block[5:9])
         + f.frame(f.CONTINUATION, f.END_HEADERS, 1, block[9:])
     )  # fmt: skip
-    assert events == [(OPEN, 1, f.PROCESS.encode())]
+    assert events == [(OPEN, 1, (f.PROCESS.encode(), META))]
 
 
 def test_a_goaway_sent_refuses_new_streams() -> None:

@@ -176,3 +176,27 @@ def test_a_port_in_use_is_refused_naming_the_flag() -> None:
                 "127.0.0.1",
                 taken.getsockname()[1],
             )
+
+
+async def test_the_streams_metadata_reaches_the_pool_router() -> None:
+    director = make_director()
+    seen: list[object] = []
+
+    class Pools:
+        def route(self, metadata: object) -> tuple[object, object]:
+            seen.append(metadata)
+            return director.pipeline, None
+
+    processor = ExternalProcessor(director, PickerMetrics(CollectorRegistry()), StreamSettings(),
+                                  limits=ServerLimits(close_grace_s=0.0), pools=Pools())  # fmt: skip
+    server = native.NativeServer(processor, "127.0.0.1", 0)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process(
+                iter((headers_msg(), body_msg(BODY, True))), metadata=(("x-llm-d-inference-pool", "ns/pool-a"),)
+            )
+            assert len([a async for a in call]) == 2
+    finally:
+        await server.stop(1.0)
+    assert ("x-llm-d-inference-pool", "ns/pool-a") in seen[0]  # type: ignore[operator]
