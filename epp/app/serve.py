@@ -42,7 +42,7 @@ from epp.app.kv_feeder import KvFeederProcess
 from epp.app.kv_metrics import KvEventsCollector, PreciseFallbacksCollector
 from epp.app.listen import bind, hostnames
 from epp.app.metrics_auth import MetricsAuth
-from epp.app.pool_metrics import PoolCollector, PrefixCollector
+from epp.app.pool_metrics import LatencyCollector, PoolCollector, PrefixCollector
 from epp.app.pool_path import check_pools, pools_processor
 from epp.app.pools import pools_report
 from epp.app.process_metrics import register_process_metrics
@@ -67,6 +67,7 @@ from epp.observability.plugins import PluginTimer
 from epp.observability.stderr_json import route_stderr_as_json
 from epp.scheduling.build import deprecations
 from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.slo import PredictedLatencyProducer
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
 from epp.scrape.scraper import ScrapeService
@@ -166,6 +167,8 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
     workers = serving_workers(settings.workers, one_process)
     if kv_feeder is not None and workers == 1:  # with workers, the producers that pick are theirs (summed)
         state.registry.register(PreciseFallbacksCollector(kv_feeder.producer))
+    if scheduler.learners and workers == 1:  # with workers, the models that learn are the workers' (not exported)
+        state.registry.register(LatencyCollector.of(scheduler))
     # With workers, each exports its own spans (epp.app.worker): the control process decides nothing to trace.
     tracer_provider, tracer = build_tracing(settings.tracing) if workers == 1 else (None, None)
     if tracer is not None:
@@ -238,6 +241,10 @@ def _pool_report(
     """/debug/pool: the table as decisions see it, with what each running part says of itself."""
     federation, flow, kv_feeder = parts.federation, parts.flow, parts.kv_feeder
     freshness = parts.scheduler.freshness
+    # The latency models that learn: this process's when it serves alone (with workers, the workers' own).
+    learners = [p for p in parts.scheduler.learners if isinstance(p, PredictedLatencyProducer)]
+    if parts.workers > 1:
+        learners = []
 
     def report() -> dict[str, Any]:
         now = time.monotonic()
@@ -253,6 +260,9 @@ def _pool_report(
             extra["flowControl"] = flow.report(now)
         if kv_feeder is not None:
             extra["kvEvents"] = kv_feeder.supervision(now)
+        models = {p.name: p.model.report() for p in learners}
+        if models:
+            extra["latencyModels"] = models
         if state.pools is not None:
             extra["pools"] = pools_report(state.pools, state.table)
         return pool_report(state.table, state.pool, now, state.ready(), freshness, extra or None, statuses)

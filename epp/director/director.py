@@ -272,6 +272,7 @@ class Director:
             snapshot.inflight.item(slot),
             now,
             now - scraped if scraped == scraped else float("inf"),
+            snapshot.inflight_tokens.item(slot),
         )
 
     def _fallback(self, snapshot: Snapshot, candidates: IntArray, now: float) -> int:

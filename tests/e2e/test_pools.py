@@ -228,3 +228,20 @@ async def test_a_host_of_no_pool_gets_the_pool_less_answer_and_no_endpoint(world
     # No virtual host matches, so no route sets the pool's metadata: the picker's stream names no pool.
     results = await _load(world.gateway, ["elsewhere"] * 5)
     assert Counter((status, reason) for _, status, reason in results) == {(503, wire.REJECTED_UNKNOWN_POOL): 5}
+
+
+def test_a_pool_added_and_removed_at_run_time_is_served_and_dropped_within_2s(world: World) -> None:
+    ip, port = "127.0.44.1", 8000
+    world.api.apply(_pool("pool-d", [port], "FailOpen"))
+    world.api.apply(_pod("pool-d-0", ip, "pool-d"))
+    started = time.monotonic()
+    wait_until(
+        lambda: _report(world)["pools"].get("default/pool-d", {}).get("endpoints") == [f"{ip}:{port}"], 2, "pool-d"
+    )
+    added = time.monotonic() - started
+    world.api.delete("inference.networking.k8s.io/v1", "InferencePool", "default", "pool-d")
+    started = time.monotonic()
+    wait_until(lambda: "default/pool-d" not in _report(world)["pools"], 2, "pool-d gone")
+    removed = time.monotonic() - started
+    assert f"{ip}:{port}" not in {e["address"] for e in _report(world)["endpoints"]}
+    assert max(added, removed) < 2.0
