@@ -111,6 +111,8 @@ async def build(settings: ServeSettings) -> Picker:
     health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
     bind(health_server, settings.listen.bind_address, settings.listen.grpc_health_port, "--grpc-health-port")
     scraper = _scraper(settings, parts.decisions, state)
+    if state.workers is not None and isinstance(scraper, ScrapeProcess):
+        state.workers.share_stamps(scraper.shared_stamps)
     collectors = _collectors(state, metrics, parts, scraper)
     report = _pool_report(state, parts, scraper)
     http_app = build_http_app(state.registry, report, state.ready, collectors, parts.auth, settings.enable_pprof)
