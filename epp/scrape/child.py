@@ -143,7 +143,7 @@ async def run(end: ChildEnd, block: np.ndarray, stamps: np.ndarray | None = None
                 last_failures = np.full(n, -1, dtype=np.int64)  # never a row's: every row is republished
                 last_ok = np.zeros(n, dtype=np.bool_)
                 adapters = [None] * n
-            at = np.nan_to_num(snap.scraped_at, nan=-1.0)
+            at = np.where(np.isnan(snap.scraped_at), -1.0, snap.scraped_at)  # never scraped: -1, equal to itself
             failures, ok = snap.scrape_failures, snap.scrape_ok
             moved = np.flatnonzero((parent >= 0) & ((at != last_at) | (failures != last_failures)))
             if not moved.size:
