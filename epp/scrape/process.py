@@ -6,13 +6,16 @@ picker's process is GIL-bound; a second process scrapes on another core.
 
 How:
 - The child (`python -m epp.scrape.child`, started through the child-process kit, epp.supervision.child) runs the
-  ordinary `ScrapeService` on a private table that mirrors the parent's membership, and every few milliseconds
-  publishes changed rows into one shared float64 block (a memfd), indexed by the parent's slot, in the shared-row
-  layout (epp.datastore.rows: token, the scraped values, ok, failures, version).
+  ordinary `ScrapeService` on a private table that mirrors the parent's membership, and after each scrape round
+  publishes the rows whose values changed into one shared float64 block (a memfd), indexed by the parent's slot,
+  in the shared-row layout (epp.datastore.rows: token, the scraped values, ok, failures, version), and tells the
+  parent (`Landed`). A row whose page repeated its values only gets a stamp (its scrape's time, in a second memfd
+  the parent keeps for its life and shares with its serving workers): no write, no message; the parent's table
+  reads the stamps as it is read (`EndpointTable.follow_stamps`), so an idle pool costs the parent nothing.
 - Each row is a seqlock: `version` is odd while the child writes it. The parent copies the block, keeps rows whose
   version was even and unchanged across the copy, and whose `token` matches the endpoint now in that slot (a
   slot reused by another endpoint gets a new token, so late rows of the old one are ignored). Applying them is a
-  handful of vector operations (`EndpointTable.write_scrape_rows`), ~100 times a second.
+  handful of vector operations (`EndpointTable.write_scrape_rows`), done in the pipe's callback as `Landed` arrives.
 - Membership goes to the child, LoRA adapter changes, per-endpoint statuses and the child's log records come back,
   as typed messages on the kit's pipe (epp.scrape.child). If the parent dies, the child exits within a second.
 
