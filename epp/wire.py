@@ -48,6 +48,12 @@ def prefers_if_available(headers: Mapping[str, str]) -> bool:
 DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
 REJECTED_SATURATED = "rejected-saturated"
 REJECTED_NO_ENDPOINTS = "rejected-no-endpoints"
+REJECTED_UNKNOWN_POOL = "rejected-unknown-pool"  # ours: a picker of several pools could not tell the request's pool
+
+# A picker that serves several InferencePools reads the request's pool from this gRPC metadata key of the ext_proc
+# stream, `namespace/name` (or `name`, in the picker's namespace). The gateway sets it per route
+# (ExtProcPerRoute.overrides.grpc_initial_metadata), so a client cannot set or spoof it.
+POOL_METADATA = "x-llm-d-inference-pool"
 
 # While a request waits in the flow-control queue the picker asks Envoy, every QUEUE_HOLD_S / 2, to wait QUEUE_HOLD_S
 # more for its answer (ext_proc `override_message_timeout`), so the short `message_timeout` FailOpen needs does not

@@ -78,6 +78,7 @@ def build_director(
     observer: Any,
     federation: FederationRouter | None = None,
     flow: FlowHold | None = None,
+    pool: str | None = None,
 ) -> Director:
     """The Director over `table`: priorities and rewrites from `objectives` as the watches (or the control process)
     last saw them; the federation router of this process; `flow` is this process's gate, or a serving worker's
@@ -95,15 +96,17 @@ def build_director(
         test_selection=settings.test_selection,
         emit_scores=settings.emit_scores,
         flow=flow,
+        pool=pool,
     )
 
 
 def build_processor(
-    settings: ServeSettings, config: EndpointPickerConfig | None, decider: Any, observer: Any
+    settings: ServeSettings, config: EndpointPickerConfig | None, decider: Any, observer: Any, pools: Any = None
 ) -> ExternalProcessor:
-    """The ext_proc servicer: the config's parsers, the body and stream bounds of the flags."""
+    """The ext_proc servicer: the config's parsers, the body and stream bounds of the flags; `pools`, with several
+    pools, the router that gives each stream its pool's pipeline."""
     stream = StreamSettings(max_body_bytes=settings.limits.max_body_bytes, parsers=parser_chain_of(config))
-    return ExternalProcessor(decider, observer, stream, limits=settings.limits.streams)
+    return ExternalProcessor(decider, observer, stream, limits=settings.limits.streams, pools=pools)
 
 
 def extproc_server(settings: ServeSettings, processor: ExternalProcessor, *, reuse_port: bool) -> grpc.aio.Server:

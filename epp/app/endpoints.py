@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from epp.app.config_file import file_discovery_of
+from epp.app.pools import StaticPools
 from epp.app.settings import EndpointFlags
 from epp.app.state import PickerState
 from epp.config.model import EndpointPickerConfig
@@ -15,6 +16,7 @@ from epp.discovery.kubernetes.source import KubernetesSource
 from epp.discovery.objectives_file import load_objectives
 from epp.discovery.static import load_pool_file, parse_static_endpoints
 from epp.errors import ConfigError
+from epp.scheduling.config_plugins import FileDiscoveryPlugin
 
 log = logging.getLogger("epp")
 
@@ -36,6 +38,10 @@ def endpoint_source(flags: EndpointFlags, state: PickerState, config: EndpointPi
         state.kubernetes = KubernetesSource(state.table, state.objectives, k8s)
         state.kubernetes.connect()  # a bad --kubeconfig ends here, before any port is opened
         state.pool = state.kubernetes.pool_spec()
+        state.pools = state.kubernetes.pools
+        return
+    if flags.more_pool_files:
+        _pool_files(flags, state, discovery)
         return
     if flags.pool_file:
         state.pool = load_pool_file(flags.pool_file)
@@ -60,3 +66,20 @@ def endpoint_source(flags: EndpointFlags, state: PickerState, config: EndpointPi
     state.table.synced = True
     if not len(state.table):
         log.warning("the pool has no endpoints (--static-endpoints is empty): every request gets 503")
+
+
+def _pool_files(flags: EndpointFlags, state: PickerState, discovery: FileDiscoveryPlugin | None) -> None:
+    """Several `--pool-file`s, cluster-free: the endpoints come from the config's file-discovery, each to the pool
+    whose selector matches its labels (a static list has no labels to tell the pools apart)."""
+    assert flags.pool_file is not None
+    if flags.static_endpoints is not None or discovery is None:
+        raise ConfigError(
+            "several --pool-file: the endpoints come from a file-discovery plugin (dataLayer.discovery), whose "
+            "labels each pool's selector matches; --static-endpoints cannot tell the pools apart"
+        )
+    if flags.objectives_file:
+        raise ConfigError("--objectives-file is for one pool; with several --pool-file each pool has no objectives")
+    pools = StaticPools([load_pool_file(path) for path in (flags.pool_file, *flags.more_pool_files)])
+    state.pools = pools
+    state.file_discovery = FileDiscovery(state.table, discovery.path, discovery.watch_file, assign=pools.assign)
+    state.file_discovery.load()

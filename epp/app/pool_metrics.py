@@ -7,7 +7,7 @@ so `/metrics` can render in a worker thread while the loop keeps deciding.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from epp.observability.collector import FreezableCollector
 from epp.observability.families import counter_family, gauge_family, histogram_family
 from epp.observability.plain import PlainHistogram
 from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.slo import PredictedLatencyProducer
 
 SOURCE_TYPE = "metrics-data-source"  # upstream's data source type name for the /metrics poller
 
@@ -39,11 +40,14 @@ class PoolCollector(FreezableCollector):
         table: EndpointTable,
         pool_name: Callable[[], str],
         poll_errors: Callable[[], dict[str, int]] | None = None,
+        pools: Callable[[], Iterable[str]] | None = None,
     ) -> None:
-        """`poll_errors`: failed scrapes so far by reason (refused, timeout, http-status, ...), monotonic."""
+        """`poll_errors`: failed scrapes so far by reason (refused, timeout, http-status, ...), monotonic; `pools`:
+        with several pools, their keys now: the pool gauges are then one series per pool (`name` = its key)."""
         self._table = table
         self._pool_name = pool_name
         self._poll_errors = poll_errors or dict
+        self._pools = pools
 
     def snapshot(self) -> dict[str, Any]:
         snap = self._table.snapshot()
@@ -55,46 +59,62 @@ class PoolCollector(FreezableCollector):
                 continue
             waiting = float(snap.waiting[slot])
             per_endpoint.append((info.address, info.pod_name or info.address, waiting, int(snap.inflight[slot])))
+        if self._pools is None:
+            names = [self._pool_name()]
+            masks = [present]
+        else:
+            names = sorted(self._pools())
+            pool_of = np.array([info.pool if info is not None else "" for info in snap.infos], dtype=object)
+            masks = [present & (pool_of == name) for name in names]
         return {
-            "name": self._pool_name(),
-            "ready": float(np.count_nonzero(present)),
-            "kv": _stats(snap.kv_usage[present]),
-            "queue": _stats(snap.waiting[present]),
-            "running": _stats(snap.running[present]),
+            "pools": [
+                (
+                    name,
+                    float(np.count_nonzero(mask)),
+                    _stats(snap.kv_usage[mask]),
+                    _stats(snap.waiting[mask]),
+                    _stats(snap.running[mask]),
+                )
+                for name, mask in zip(names, masks, strict=True)
+            ],
+            "pool_of": {info.address: info.pool for info in snap.infos if info is not None},
             "endpoints": sorted(per_endpoint),
             "poll_errors": dict(self._poll_errors()),
         }
 
     def families(self, data: Any) -> Iterator[Metric]:
-        name = data["name"]
+        pools = data["pools"]
         one = ("name",)
         yield gauge_family(
             "llm_d_epp_ready_endpoints", "The number of ready endpoints in the inference server pool.", one,
-            [((name,), data["ready"])],
+            [((name,), ready) for name, ready, *_ in pools],
         )  # fmt: skip
         yield gauge_family(
             "inference_pool_ready_pods", "[Deprecated: use llm_d_epp_ready_endpoints] Endpoints in the pool.", one,
-            [((name,), data["ready"])],
+            [((name,), ready) for name, ready, *_ in pools],
         )  # fmt: skip
-        for key, metric, what in (
-            ("kv", "kv_cache_utilization", "kv cache utilization (0..1)"),
-            ("queue", "queue_size", "number of requests pending in the model server queue"),
-            ("running", "running_requests", "number of running requests across model servers"),
+        for index, metric, what in (
+            (2, "kv_cache_utilization", "kv cache utilization (0..1)"),
+            (3, "queue_size", "number of requests pending in the model server queue"),
+            (4, "running_requests", "number of running requests across model servers"),
         ):
-            mean, std = data[key]
-            yield gauge_family(f"llm_d_epp_average_{metric}", f"The average {what}.", one, [((name,), mean)])
+            means = [((row[0],), row[index][0]) for row in pools]
+            yield gauge_family(f"llm_d_epp_average_{metric}", f"The average {what}.", one, means)
             yield gauge_family(
-                f"llm_d_epp_std_dev_{metric}", f"The standard deviation of the {what}.", one, [((name,), std)]
-            )
+                f"llm_d_epp_std_dev_{metric}", f"The standard deviation of the {what}.", one,
+                [((row[0],), row[index][1]) for row in pools],
+            )  # fmt: skip
             yield gauge_family(
                 f"inference_pool_average_{metric}", f"[Deprecated: use llm_d_epp_average_{metric}] The average {what}.",
-                one, [((name,), mean)],
+                one, means,
             )  # fmt: skip
+        name = pools[0][0] if self._pools is None else None
+        pool_of = data["pool_of"]
         yield gauge_family(
             "llm_d_epp_per_endpoint_queue_size",
             "The total number of requests pending in the model server queue for each underlying endpoint.",
             ("name", "model_server_endpoint"),
-            [((name, address), waiting) for address, _, waiting, _ in data["endpoints"]],
+            [((name or pool_of.get(address, ""), address), waiting) for address, _, waiting, _ in data["endpoints"]],
         )
         yield gauge_family(
             "llm_d_epp_inflight_requests",
@@ -177,3 +197,39 @@ class PrefixCollector(FreezableCollector):
                                [((), ratio)])  # fmt: skip
         yield histogram_family("inference_extension_prefix_indexer_hit_bytes", deprecated + "Prefix hit bytes.", (),
                                [((), hit)])  # fmt: skip
+
+
+class LatencyCollector(FreezableCollector):
+    """The online latency model of each predicted-latency-producer: observations learned, and per endpoint (the
+    pool's members: bounded labels) and target its mean absolute prediction error and last prediction."""
+
+    def __init__(self, producers: list[Any]) -> None:
+        self._producers = producers  # objects with name and model (epp.scheduling.latency_model.LatencyModel)
+
+    @classmethod
+    def of(cls, scheduler: Scheduler) -> LatencyCollector:
+        return cls([p for p in scheduler.learners if isinstance(p, PredictedLatencyProducer)])
+
+    def snapshot(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(p.name, p.model.report()) for p in self._producers]
+
+    def families(self, data: Any) -> Iterator[Metric]:
+        yield counter_family(
+            "epp_latency_model_observations",
+            "Finished requests the online latency model learned from.",
+            ("plugin_name",),
+            [((name, ), float(report["observations"])) for name, report in data],
+        )  # fmt: skip
+        labels = ("plugin_name", "endpoint", "target")
+        for metric, key, what in (
+            ("epp_latency_prediction_error_seconds", "meanAbsErrorMs", "Mean absolute error of recent predictions"),
+            ("epp_latency_predicted_seconds", "lastPredictedMs", "The last prediction made for a finished request"),
+        ):
+            rows = [
+                ((name, address, target), values[key] / 1000.0)
+                for name, report in data
+                for address, targets in report["endpoints"].items()
+                for target, values in targets.items()
+                if values[key] is not None
+            ]
+            yield gauge_family(metric, f"{what} (TTFT or TPOT), per endpoint.", labels, rows)

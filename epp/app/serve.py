@@ -41,7 +41,9 @@ from epp.app.kv_feeder import KvFeederProcess
 from epp.app.kv_metrics import KvEventsCollector, PreciseFallbacksCollector
 from epp.app.listen import bind, hostnames
 from epp.app.metrics_auth import MetricsAuth
-from epp.app.pool_metrics import PoolCollector, PrefixCollector
+from epp.app.pool_metrics import LatencyCollector, PoolCollector, PrefixCollector
+from epp.app.pool_path import check_pools, pools_processor
+from epp.app.pools import pools_report
 from epp.app.process_metrics import register_process_metrics
 from epp.app.runtime import settle_garbage_collector
 from epp.app.scrape_metrics import ScrapeCollector
@@ -64,6 +66,7 @@ from epp.observability.plugins import PluginTimer
 from epp.observability.stderr_json import route_stderr_as_json
 from epp.scheduling.build import deprecations
 from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.slo import PredictedLatencyProducer
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
 from epp.scrape.scraper import ScrapeService
@@ -159,9 +162,14 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
         log.warning("%s: %s", config.source if config is not None else "", warning)
     flow = _flow_gate(scheduler, state, decisions.scrape.interval_s)
     one_process: list[str] = []  # every feature serves on every worker now; a new one that cannot names itself here
+    if state.pools is not None:
+        check_pools(flow, federation, kv_feeder is not None)
+        one_process.append("several pools")
     workers = serving_workers(settings.workers, one_process)
     if kv_feeder is not None and workers == 1:  # with workers, the producers that pick are theirs (summed)
         state.registry.register(PreciseFallbacksCollector(kv_feeder.producer))
+    if scheduler.learners and workers == 1:  # with workers, the models that learn are the workers' (not exported)
+        state.registry.register(LatencyCollector.of(scheduler))
     # With workers, each exports its own spans (epp.app.worker): the control process decides nothing to trace.
     tracer_provider, tracer = build_tracing(settings.tracing) if workers == 1 else (None, None)
     if tracer is not None:
@@ -185,6 +193,12 @@ def _request_path(
     metrics_registry.register(parts.prefix)  # the prefix index too: with workers, the indexes that pick are theirs
     metrics_registry.register(parts.plugin_timer)  # and the plugin timings: the workers' picks are the timed ones
     metrics = PickerMetrics(metrics_registry, labels=state.objectives, endpoint_name=state.endpoint_labels)
+    if state.pools is not None:
+        pools = state.pools
+        processor = pools_processor(
+            settings, config, pools, state.table, state.registry, parts.plugin_timer, parts.tracer, metrics
+        )
+        return metrics, processor
     director = build_director(
         settings,
         parts.scheduler,
@@ -210,7 +224,9 @@ def _collectors(
     freeze on the loop before it renders off it."""
     scrape_collector = LoopCollector(ScrapeCollector(state.table, scraper))
     state.registry.register(scrape_collector)
-    pool_collector = PoolCollector(state.table, state.pool_name, _poll_errors(scraper))
+    pools = state.pools
+    pool_keys = (lambda: list(pools.specs)) if pools is not None else None
+    pool_collector = PoolCollector(state.table, state.pool_name, _poll_errors(scraper), pool_keys)
     state.registry.register(pool_collector)
     collectors: list[FreezableCollector] = [metrics, pool_collector, parts.plugin_timer, parts.prefix, scrape_collector]
     if parts.flow is not None:
@@ -226,6 +242,10 @@ def _pool_report(
     """/debug/pool: the table as decisions see it, with what each running part says of itself."""
     federation, flow, kv_feeder = parts.federation, parts.flow, parts.kv_feeder
     freshness = parts.scheduler.freshness
+    # The latency models that learn: this process's when it serves alone (with workers, the workers' own).
+    learners = [p for p in parts.scheduler.learners if isinstance(p, PredictedLatencyProducer)]
+    if parts.workers > 1:
+        learners = []
 
     def report() -> dict[str, Any]:
         now = time.monotonic()
@@ -241,6 +261,11 @@ def _pool_report(
             extra["flowControl"] = flow.report(now)
         if kv_feeder is not None:
             extra["kvEvents"] = kv_feeder.supervision(now)
+        models = {p.name: p.model.report() for p in learners}
+        if models:
+            extra["latencyModels"] = models
+        if state.pools is not None:
+            extra["pools"] = pools_report(state.pools, state.table)
         return pool_report(state.table, state.pool, now, state.ready(), freshness, extra or None, statuses)
 
     return report

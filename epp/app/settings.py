@@ -43,6 +43,16 @@ class EndpointFlags:
     static_endpoints: str | None = None  # ip:port,... as given
     pool_file: str | None = None
     objectives_file: str | None = None
+    # Several pools (docs/kubernetes.md, "One picker for several pools"): cluster-free, the pool files beyond the
+    # first (`pool_file` is the first); each pool's own config file by key; what a request of no known pool gets.
+    more_pool_files: tuple[str, ...] = ()
+    pool_configs: tuple[tuple[str, str], ...] = ()  # (pool key or name, EndpointPickerConfig path)
+    pool_less_mode: str = "FailClose"
+
+    @property
+    def multi(self) -> bool:
+        """Several pools: from the cluster (names, a selector) or several pool files."""
+        return bool(self.more_pool_files) or (self.kubernetes is not None and self.kubernetes.multi)
 
 
 @dataclass(frozen=True, slots=True)

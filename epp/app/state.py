@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from epp.app.health import HealthState
+from epp.app.pools import PoolSet
 from epp.app.workers import WorkerPool
 from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
@@ -24,6 +25,7 @@ class PickerState:
     table: EndpointTable = field(default_factory=EndpointTable)
     objectives: ObjectiveStore = field(default_factory=ObjectiveStore)
     pool: PoolSpec | None = None
+    pools: PoolSet | None = None  # several pools (docs/kubernetes.md): `pool` is then None
     health: HealthState = field(default_factory=HealthState)
     registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
     kubernetes: KubernetesSource | None = None
@@ -50,6 +52,8 @@ class PickerState:
 
     def pool_name(self) -> str:
         """The pool's name in metrics: the InferencePool's, `standalone` for a selector, `static` without a cluster."""
+        if self.pools is not None:
+            return "pools"
         if self.kubernetes is not None:
             return self.kubernetes.settings.pool_name or "standalone"
         return self.pool.name if self.pool is not None else "static"
@@ -62,7 +66,8 @@ class PickerState:
         slot = self.table.slot_of(address)
         info = self.table.info(slot) if slot is not None else None
         name = info.pod_name if info is not None and info.pod_name else address
-        return name, self.namespace(), address.rpartition(":")[2]
+        namespace = info.pool.partition("/")[0] if info is not None and info.pool else self.namespace()
+        return name, namespace, address.rpartition(":")[2]
 
 
 _PENDING: set[asyncio.Future[None]] = set()  # strong references until each health update is done

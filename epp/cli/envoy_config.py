@@ -16,7 +16,13 @@ def register(sub: Any) -> None:
         "envoy-config",
         help="render an Envoy bootstrap (YAML) for a pool: ext_proc to the picker, FailOpen/FailClose routing",
     )
-    p.add_argument("--pool-file", required=True, help="InferencePool v1 YAML (its failureMode decides the routing)")
+    p.add_argument(
+        "--pool-file",
+        required=True,
+        action="append",
+        help="InferencePool v1 YAML (its failureMode decides the routing); repeat it for one picker of several pools: "
+        "a virtual host per pool (its name as the host), each route naming its pool to the picker",
+    )
     p.add_argument("--epp", required=True, help="the picker's ext_proc address, host:port (an IP or a DNS name)")
     tls = p.add_mutually_exclusive_group()
     tls.add_argument(
@@ -86,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     options = GatewayOptions(
-        pool=load_pool_file(args.pool_file),
+        pool=load_pool_file(args.pool_file[0]),
+        more_pools=tuple(load_pool_file(path) for path in args.pool_file[1:]),
         epp=parse_host_port(args.epp, "--epp"),
         listen=parse_host_port(args.listen, "--listen"),
         admin=parse_host_port(args.admin, "--admin"),

@@ -34,10 +34,30 @@ def _positive_bytes(text: str) -> int:
     return value
 
 
+class _PoolName(argparse.Action):
+    """`--pool-name` as upstream's single value (`args.pool_name`, the first given), every value given in
+    `args.pool_names`: a repeated flag serves several pools."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: str | None = None) -> None:
+        names = [*(getattr(namespace, "pool_names", None) or ()), str(values)]
+        namespace.pool_names = names
+        namespace.pool_name = names[0]
+
+
 def _register_kubernetes(p: argparse.ArgumentParser) -> None:
     """Upstream's names; lease tuning as client-go components name it (upstream uses client-go's defaults)."""
     k = p.add_argument_group("Kubernetes (see docs/kubernetes.md)")
-    k.add_argument("--pool-name", default="", help="name of the InferencePool this picker serves")
+    k.add_argument(
+        "--pool-name",
+        action=_PoolName,
+        default="",
+        help="name of the InferencePool this picker serves; repeat it to serve several (docs/kubernetes.md)",
+    )
+    k.add_argument(
+        "--pool-selector",
+        default="",
+        help="serve every InferencePool of the namespace whose labels match this selector, e.g. 'epp=shared'",
+    )
     k.add_argument(
         "--pool-namespace", default="", help="namespace of the InferencePool (default: env NAMESPACE, else default)"
     )
@@ -127,7 +147,25 @@ def register(sub: Any) -> None:
         help="cluster-free mode: InferenceObjective / InferenceModelRewrite YAML documents (priorities, rewrites)",
     )
     p.add_argument("--static-endpoints", help="cluster-free mode: comma list of ip:port endpoints")
-    p.add_argument("--pool-file", help="cluster-free mode: an InferencePool v1 YAML (its failureMode is honoured)")
+    p.add_argument(
+        "--pool-file",
+        action="append",
+        default=[],
+        help="cluster-free mode: an InferencePool v1 YAML (its failureMode is honoured); repeat it to serve several",
+    )
+    p.add_argument(
+        "--pool-config-file",
+        action="append",
+        default=[],
+        metavar="POOL=PATH",
+        help="several pools: an EndpointPickerConfig for one pool (namespace/name or name); others use --config-file",
+    )
+    p.add_argument(
+        "--pool-less-failure-mode",
+        choices=("FailClose", "Reject"),
+        default="FailClose",
+        help="several pools: a request whose pool cannot be told gets 503 (FailClose, default) or 400 (Reject)",
+    )
     p.add_argument(
         "--max-body-bytes",
         type=_positive_bytes,

@@ -16,6 +16,7 @@ from epp.app.settings import (
 )
 from epp.cli.scrape_flags import scrape_settings_from_args
 from epp.discovery.kubernetes.settings import settings_from_flags
+from epp.errors import ConfigError
 from epp.extproc.bounds import ServerLimits
 
 
@@ -48,8 +49,11 @@ def serve_settings(args: argparse.Namespace, startup_warnings: list[str]) -> Ser
         endpoints=EndpointFlags(
             kubernetes=settings_from_flags(args),
             static_endpoints=args.static_endpoints,
-            pool_file=args.pool_file or None,
+            pool_file=args.pool_file[0] if args.pool_file else None,
             objectives_file=args.objectives_file or None,
+            more_pool_files=tuple(args.pool_file[1:]),
+            pool_configs=tuple(_pool_config(text) for text in args.pool_config_file),
+            pool_less_mode=args.pool_less_failure_mode,
         ),
         limits=limits,
         scrape=scrape_settings_from_args(args),
@@ -78,3 +82,11 @@ def serve_settings(args: argparse.Namespace, startup_warnings: list[str]) -> Ser
         emit_scores=bool(args.emit_endpoint_scores),
         startup_warnings=tuple(startup_warnings),
     )
+
+
+def _pool_config(text: str) -> tuple[str, str]:
+    """`--pool-config-file namespace/name=path` (or `name=path`) → (pool, path)."""
+    pool, sep, path = text.partition("=")
+    if not sep or not pool.strip() or not path.strip():
+        raise ConfigError(f"--pool-config-file {text!r}: expected POOL=PATH (namespace/name=config.yaml)")
+    return pool.strip(), path.strip()

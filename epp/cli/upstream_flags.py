@@ -184,7 +184,9 @@ _ENGINE_WHY = "model-server metric names come from the engine mappings or a core
 def resolve_upstream_flags(args: argparse.Namespace) -> list[str]:
     """Fill the cluster-dependent defaults and the TLS settings into `args`; return one warning per flag that was
     given but has no effect here (upstream's names, so an operator sees which of the chart's flags did nothing)."""
-    cluster = bool(getattr(args, "pool_name", "") or getattr(args, "endpoint_selector", ""))
+    cluster = bool(
+        getattr(args, "pool_name", "") or getattr(args, "pool_selector", "") or getattr(args, "endpoint_selector", "")
+    )
     if args.metrics_endpoint_auth is None:
         args.metrics_endpoint_auth = cluster  # upstream's default (true) where there is an API server to ask
     if args.drain_timeout is None:

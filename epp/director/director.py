@@ -21,6 +21,7 @@ from epp.datastore import EndpointTable, Snapshot, usable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.observations import Observation, PickFeatures
 from epp.datastore.pool import FailureMode
+from epp.datastore.pools import PoolSlots
 from epp.datastore.table import IntArray
 from epp.director.decision import Decision, Timing
 from epp.director.flow import FlowHold
@@ -98,6 +99,7 @@ class Director:
         test_selection: bool = False,
         flow: FlowHold | None = None,
         emit_scores: bool = False,
+        pool: str | None = None,
     ) -> None:
         """`objectives` gives priorities and model rewrites (none: every request priority 0, no rewrite);
         `saturation` decides shedding (none: the scheduler's own `.saturation`);
@@ -106,7 +108,8 @@ class Director:
         `test-epp-endpoint-selection` header (--enable-test-endpoint-selection; tests only); `flow` is flow
         control (the `flowControl` gate): requests wait in its queues before they get here, and the legacy shedding
         step is off; `emit_scores` puts the primary profile's per-endpoint scores on the decision
-        (--emit-endpoint-scores)."""
+        (--emit-endpoint-scores); `pool` (a pool key, `namespace/name`) narrows the candidates to that pool's
+        endpoints when the table holds several pools (epp.datastore.pools); None: every endpoint of the table."""
         self._table = table
         self._scheduler = scheduler.handler
         self._clock = clock
@@ -125,6 +128,7 @@ class Director:
         self._response_headers = scheduler.response_headers
         self._routing = scheduler.routing  # None: every pick goes to its slots' addresses (one profile)
         self._emit_scores = emit_scores
+        self._pool = PoolSlots(pool) if pool is not None else None
         # The handler's pick with its PickDetail (scores, the picked endpoint's cached prefix), asked for only when
         # scores are emitted or a request says `Prefer: if-available`; a handler without it has no detail.
         self._detailed = scheduler.detailed
@@ -147,7 +151,7 @@ class Director:
 
     def candidates(self, snapshot: Snapshot, subset: Sequence[str] | None) -> IntArray:
         """Slots that may serve: present endpoints, narrowed to the gateway's subset hint (ip:port) if given."""
-        slots = snapshot.slots
+        slots = snapshot.slots if self._pool is None else self._pool.of(snapshot)
         if subset is None:
             return slots
         wanted = {s.strip() for s in subset}
@@ -161,7 +165,10 @@ class Director:
             subset = None
         if subset is not None and not subset:
             raise EppError(ErrorCode.SERVICE_UNAVAILABLE, "the gateway's endpoint subset is empty", _NO_ENDPOINTS)
-        candidates = snapshot.slots if subset is None else self.candidates(snapshot, subset)
+        if subset is None:
+            candidates = snapshot.slots if self._pool is None else self._pool.of(snapshot)
+        else:
+            candidates = self.candidates(snapshot, subset)
         if self._test_selection:
             named = request.headers.get(conformance_selection.HEADER, "").strip()
             if named:
@@ -265,6 +272,7 @@ class Director:
             snapshot.inflight.item(slot),
             now,
             now - scraped if scraped == scraped else float("inf"),
+            snapshot.inflight_tokens.item(slot),
         )
 
     def _fallback(self, snapshot: Snapshot, candidates: IntArray, now: float) -> int:

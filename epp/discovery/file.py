@@ -27,7 +27,7 @@ import contextlib
 import ipaddress
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -132,9 +132,17 @@ class FileDiscovery:
     """Feeds the endpoint table from one file; `load()` once at start, then `run()` while watching."""
 
     def __init__(
-        self, table: EndpointTable, path: str, watch: bool, poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
+        self,
+        table: EndpointTable,
+        path: str,
+        watch: bool,
+        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+        assign: Callable[[list[EndpointInfo]], list[EndpointInfo]] | None = None,
     ) -> None:
+        """`assign`: with several pools, the file's endpoints each given the pool whose selector matches its
+        labels (those no pool selects are left out)."""
         self._table = table
+        self._assign = assign
         self.path = path
         self.watch = watch
         self._poll_interval_s = poll_interval_s
@@ -152,6 +160,8 @@ class FileDiscovery:
     def _apply(self, endpoints: list[EndpointInfo], problems: list[str]) -> None:
         for problem in problems:
             log.warning("%s: %s; entry skipped", self.path, problem)
+        if self._assign is not None:
+            endpoints = self._assign(endpoints)
         added, removed = self._table.replace_all(endpoints)
         self._table.synced = True
         self.loads += 1

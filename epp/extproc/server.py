@@ -57,6 +57,13 @@ class Decider(Protocol):
     def pipeline(self) -> DecisionPipeline: ...
 
 
+class PoolRoutes(Protocol):
+    """A picker of several pools: the pipeline (and observer) of the pool a stream's gRPC metadata names
+    (epp.director.pools.PoolRouter)."""
+
+    def route(self, metadata: Any) -> tuple[DecisionPipeline, Any]: ...
+
+
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(
         self,
@@ -65,8 +72,12 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         settings: StreamSettings,
         clock: Callable[[], float] = time.perf_counter,
         limits: ServerLimits | None = None,
+        pools: PoolRoutes | None = None,
     ) -> None:
+        """`pools`: with several pools, each stream's pipeline is its pool's (read from the stream's metadata);
+        None: every stream uses `decider`'s."""
         self.pipeline = decider.pipeline
+        self._pools = pools
         self._observer = observer
         self._settings = settings
         self._clock = clock
@@ -76,11 +87,17 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self._warn = RateLimitedLog(log, every_s=10.0)
         self.open_streams = 0
 
-    def new_stream(self) -> StreamProcessor:
+    def new_stream(self, pipeline: DecisionPipeline | None = None, observer: Any = None) -> StreamProcessor:
         """A stream's state machine, sharing this server's answers, budget and rate-limited log; its bookings are
-        released through the pipeline."""
+        released through the pipeline (`pipeline`, `observer`: its pool's, with several pools)."""
         return StreamProcessor(
-            self.pipeline, self._observer, self._clock, self._settings, self.answers, self.budget, self._warn
+            pipeline or self.pipeline,
+            observer or self._observer,
+            self._clock,
+            self._settings,
+            self.answers,
+            self.budget,
+            self._warn,
         )
 
     async def Process(
@@ -92,11 +109,15 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         if self.open_streams >= self._limits.max_streams:
             yield self._over_cap()
             return
-        stream = self.new_stream()
+        if self._pools is None:
+            pipeline = self.pipeline
+            stream = self.new_stream()
+        else:  # the pool the gateway's route named on this stream
+            pipeline, observer = self._pools.route(context.invocation_metadata())
+            stream = self.new_stream(pipeline, observer)
         self.open_streams += 1
         watch = _StreamWatch(self._limits.idle_timeout_s)
         messages = aiter(request_iterator)
-        pipeline = self.pipeline
         decide = pipeline.immediate
         started = self._clock()
         self._observer.stream_started()

@@ -134,11 +134,27 @@ class GatewayOptions:
     # several serving workers gets connections, not streams, spread over them, so new connections now and then
     # give every worker its share (see docs/architecture.md, "Scale beyond one core").
     epp_streams_per_connection: int = 1000
+    # One picker for several pools: the pools after `pool`, each its own virtual host (domains: its name), its
+    # route setting the stream's `x-llm-d-inference-pool` metadata (ExtProcPerRoute.overrides).
+    more_pools: tuple[PoolSpec, ...] = ()
+
+    @property
+    def pools(self) -> tuple[PoolSpec, ...]:
+        return (self.pool, *self.more_pools)
 
     def __post_init__(self) -> None:
         if self.endpoints and self.endpoints_dns:
             raise ConfigError("--endpoints and --endpoints-dns exclude each other: give one")
-        if self.fail_open and not self.has_pool_endpoints:
+        if self.more_pools:
+            names = [p.name for p in self.pools]
+            if len(set(names)) != len(names):
+                raise ConfigError("--pool-file: two pools have the same name (each is the host name of its route)")
+            if self.has_pool_endpoints:
+                raise ConfigError(
+                    "--endpoints/--endpoints-dns are one pool's members; with several --pool-file the picker names "
+                    "every destination (a FailOpen pool has no fallback members in this bootstrap)"
+                )
+        elif self.fail_open and not self.has_pool_endpoints:
             raise ConfigError(
                 f"pool {self.pool.name}: failureMode FailOpen needs the pool's endpoints for the fallback cluster "
                 "used when the picker is down: pass --endpoints ip:port,... or --endpoints-dns <headless service>"
@@ -174,7 +190,9 @@ class GatewayOptions:
 
     @property
     def fail_open(self) -> bool:
-        return self.pool.failure_mode is FailureMode.FAIL_OPEN
+        """The filter's own failure mode; with several pools FailClose, and each FailOpen pool's route overrides
+        it (ExtProcOverrides.failure_mode_allow)."""
+        return not self.more_pools and self.pool.failure_mode is FailureMode.FAIL_OPEN
 
     @property
     def has_pool_endpoints(self) -> bool:

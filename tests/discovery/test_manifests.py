@@ -408,3 +408,23 @@ def test_the_monitoring_overlay_scrapes_with_an_authorized_token() -> None:
     binding = by_kind(objects, "ClusterRoleBinding", "epp-metrics-reader")
     assert binding["roleRef"]["name"] == "epp-metrics-reader"
     assert [s["name"] for s in binding["subjects"]] == [reader]
+
+
+def test_the_pools_overlay_serves_every_labelled_pool_from_one_picker_behind_one_gateway() -> None:
+    objects = build(MANIFESTS / "pools")
+    container = by_kind(objects, "Deployment", "epp")["spec"]["template"]["spec"]["containers"][0]
+    service = by_kind(objects, "Service", "epp")
+    gateway = by_kind(objects, "Gateway")
+    pools = [o for o in objects if o["kind"] == "InferencePool"]
+    routes = [o for o in objects if o["kind"] == "HTTPRoute"]
+    assert len(pools) == len(routes) == 3
+    [selector] = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--pool-selector=")]
+    assert not any(a.startswith("--pool-name") for a in container["args"])
+    key, value = selector.split("=")
+    for served in pools:
+        assert served["metadata"]["labels"][key] == value
+        assert served["spec"]["endpointPickerRef"]["name"] == service["metadata"]["name"]
+    backends = sorted(r["spec"]["rules"][0]["backendRefs"][0]["name"] for r in routes)
+    assert backends == sorted(p["metadata"]["name"] for p in pools)
+    assert {r["spec"]["parentRefs"][0]["name"] for r in routes} == {gateway["metadata"]["name"]}
+    assert grants(objects) == grants(build(MANIFESTS / "base"))  # RBAC unchanged in kind

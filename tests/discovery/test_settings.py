@@ -154,3 +154,26 @@ def test_serve_with_an_unusable_kubeconfig_exits_2_with_one_line(tmp_path) -> No
     assert done.returncode == 2
     assert done.stderr.strip().startswith(f"epp serve: error: --kubeconfig {bad}")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_one_pool_name_is_todays_single_pool_mode_and_a_repeated_one_serves_several() -> None:
+    one = settings_from_flags(flags("--pool-name", "pool"))
+    assert one is not None and (one.pool_name, one.pool_names, one.multi) == ("pool", (), False)
+    several = settings_from_flags(flags("--pool-name", "a", "--pool-name", "b", "--pool-name", "a"))
+    assert several is not None and (several.pool_name, several.pool_names, several.multi) == ("", ("a", "b"), True)
+    assert not several.standalone
+    chosen = settings_from_flags(flags("--pool-selector", "epp=shared"))
+    assert chosen is not None and (chosen.pool_selector, chosen.multi) == ("epp=shared", True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--pool-selector", "a in ("), "--pool-selector"),
+        (("--pool-name", "a", "--pool-name", "b", "--endpoint-selector", "app=x"), "exclusive"),
+        (("--pool-name", ""), "--pool-name: an empty name"),
+    ],
+)
+def test_bad_pool_sets_are_refused_with_one_line(argv: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        settings_from_flags(flags(*argv))

@@ -401,7 +401,7 @@ class FakeApiServer:
         obj["apiVersion"], obj["kind"] = res.api_version, res.kind
         meta["resourceVersion"] = self._next_rv()
         store[key] = obj
-        self._publish(res, "ADDED" if old is None else "MODIFIED", obj)
+        self._publish(res, "ADDED" if old is None else "MODIFIED", obj, old)
         return copy.deepcopy(obj)
 
     def _remove(self, res: Resource, namespace: str, name: str) -> Obj | None:
@@ -411,13 +411,22 @@ class FakeApiServer:
             self._publish(res, "DELETED", obj)
         return obj
 
-    def _publish(self, res: Resource, kind: str, obj: Obj) -> None:
+    def _publish(self, res: Resource, kind: str, obj: Obj, old: Obj | None = None) -> None:
+        """Queue the event for every watcher it concerns. As the real API server's watch cache does for a selector
+        watch, a change that takes an object out of the selection reaches the watcher as DELETED, and one that
+        brings it in as ADDED."""
         rv = int(obj["metadata"]["resourceVersion"])
         snapshot = copy.deepcopy(obj)
         self._history.setdefault((res.group, res.version, res.plural), []).append((rv, kind, snapshot))
         event = {"type": kind, "object": snapshot}
         for w in self._watchers:
-            if w.resource == res and not w.frozen and w.matches(snapshot):
+            if w.resource != res or w.frozen:
+                continue
+            now = w.matches(snapshot)
+            before = old is not None and w.matches(old)
+            if kind == "MODIFIED" and before != now:
+                w.queue.put_nowait({"type": "ADDED" if now else "DELETED", "object": snapshot})
+            elif now:
                 w.queue.put_nowait(event)
 
     def _bookmark_all(self) -> None:

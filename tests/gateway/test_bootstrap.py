@@ -248,6 +248,22 @@ VARIANTS = {
         endpoints_dns="vllm.ai.svc.cluster.local",
     ),
     "failclose-plaintext-picker": options(epp_tls=False),
+    "three-pools": GatewayOptions(
+        pool=PoolSpec("pool-a", namespace="ai", selector={"app": "a"}, target_ports=(8000,)),
+        more_pools=(
+            PoolSpec(
+                "pool-b",
+                namespace="ai",
+                selector={"app": "b"},
+                target_ports=(8000,),
+                failure_mode=FailureMode.FAIL_OPEN,
+            ),
+            PoolSpec("pool-c", namespace="ml", selector={"app": "c"}, target_ports=(9000,)),
+        ),
+        epp=HostPort("127.0.0.1", 9002),
+        listen=HostPort("127.0.0.1", 18081),
+        admin=HostPort("127.0.0.1", 19901),
+    ),
 }
 
 
@@ -289,3 +305,33 @@ def test_the_message_timeout_stays_short_and_the_picker_may_extend_it_past_its_q
     assert filter_config["message_timeout"] == "1s"  # short: a hung picker fails over quickly under FailOpen
     assert float(filter_config["max_message_timeout"].rstrip("s")) >= wire.QUEUE_HOLD_S
     assert ext_proc(bootstrap_dict(options(mode, max_message_timeout_s=90.0)))["max_message_timeout"] == "90s"
+
+
+def test_several_pools_get_a_virtual_host_each_whose_routes_name_the_pool_to_the_picker() -> None:
+    config = bootstrap_dict(VARIANTS["three-pools"])
+    hosts = hcm(config)["route_config"]["virtual_hosts"]
+    assert [(h["name"], h["domains"]) for h in hosts] == [
+        ("pool-a", ["pool-a", "pool-a:*"]),
+        ("pool-b", ["pool-b", "pool-b:*"]),
+        ("pool-c", ["pool-c", "pool-c:*"]),
+    ]
+    overrides = [h["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["overrides"] for h in hosts]
+    assert [o["grpc_initial_metadata"] for o in overrides] == [
+        [{"key": wire.POOL_METADATA, "value": "ai/pool-a"}],
+        [{"key": wire.POOL_METADATA, "value": "ai/pool-b"}],
+        [{"key": wire.POOL_METADATA, "value": "ml/pool-c"}],
+    ]
+    assert [o["failure_mode_allow"] for o in overrides] == [False, True, False]  # each pool's own failure mode
+    assert [[r["name"] for r in h["routes"]] for h in hosts] == [
+        ["decided", "undecided"],
+        ["pool"],
+        ["decided", "undecided"],
+    ]
+    assert "failure_mode_allow" not in ext_proc(config)  # the filter itself fails closed
+
+
+def test_several_pools_refuse_one_pools_members() -> None:
+    from epp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="one pool's members"):
+        options(more_pools=(PoolSpec("other", selector={"app": "o"}, target_ports=(8000,)),))

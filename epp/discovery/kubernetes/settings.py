@@ -33,6 +33,10 @@ class LeaseTiming:
 class KubernetesSettings:
     namespace: str = "default"
     pool_name: str = ""  # pool mode when set
+    # Several pools (one picker for many InferencePools): the pools named by a repeated --pool-name, or every pool
+    # of the namespace that --pool-selector matches; each pool keeps its endpoints, failure mode and objectives.
+    pool_names: tuple[str, ...] = ()
+    pool_selector: str = ""
     pool_group: str = POOL_GROUP
     endpoint_selector: tuple[Requirement, ...] = ()  # standalone mode when set (`parse_endpoint_selector`)
     endpoint_target_ports: tuple[int, ...] = ()
@@ -45,7 +49,12 @@ class KubernetesSettings:
 
     @property
     def standalone(self) -> bool:
-        return not self.pool_name
+        return not self.pool_name and not self.multi
+
+    @property
+    def multi(self) -> bool:
+        """Several pools: pool keys on the endpoints, the request's pool read from the stream (epp.director.pools)."""
+        return bool(self.pool_names or self.pool_selector)
 
     def standalone_pool(self) -> PoolSpec:
         """The PoolSpec of standalone mode: no pool object, so upstream's defaults (FailClose).
@@ -72,7 +81,7 @@ class KubernetesSettings:
     def effective_lease_name(self) -> str:
         if self.lease_name:
             return self.lease_name
-        subject = self.pool_name or "standalone"
+        subject = self.pool_name or ("pools" if self.multi else "standalone")
         return f"epp-{self.namespace}-{subject}.gateway-api-inference-extension.sigs.k8s.io"[:253]
 
     def effective_identity(self) -> str:
@@ -115,16 +124,27 @@ def settings_from_flags(args: Any) -> KubernetesSettings | None:
     endpoint_selector, endpoint_target_ports, ha_enable_leader_election, leader_elect_lease_duration,
     leader_elect_renew_deadline, leader_elect_retry_period).
     """
-    pool_name = getattr(args, "pool_name", None) or ""
+    given = getattr(args, "pool_names", None) or ([args.pool_name] if getattr(args, "pool_name", None) else [])
+    names = tuple(dict.fromkeys(str(n).strip() for n in given))
+    pool_selector = (getattr(args, "pool_selector", None) or "").strip()
+    if "" in names:
+        raise ConfigError("--pool-name: an empty name")
+    if pool_selector:
+        try:
+            parse_label_selector(pool_selector)
+        except SelectorError as exc:
+            raise ConfigError(f"--pool-selector {pool_selector!r}: {exc}") from None
+    multi = len(names) > 1 or bool(pool_selector)
+    pool_name = names[0] if len(names) == 1 and not multi else ""
     selector_text = getattr(args, "endpoint_selector", None) or ""
     ports_text = getattr(args, "endpoint_target_ports", None) or ""
-    if not pool_name and not selector_text:
+    if not pool_name and not selector_text and not multi:
         if ports_text:
             raise ConfigError("--endpoint-target-ports needs --endpoint-selector (standalone mode)")
         if getattr(args, "ha_enable_leader_election", False):
             raise ConfigError("--ha-enable-leader-election needs --pool-name or --endpoint-selector")
         return None
-    if pool_name and selector_text:
+    if (pool_name or multi) and selector_text:
         raise ConfigError("--pool-name and --endpoint-selector are exclusive: a pool object, or standalone mode")
     group = getattr(args, "pool_group", None) or POOL_GROUP
     if group != POOL_GROUP:
@@ -152,6 +172,8 @@ def settings_from_flags(args: Any) -> KubernetesSettings | None:
     return KubernetesSettings(
         namespace=namespace,
         pool_name=pool_name,
+        pool_names=names if multi else (),
+        pool_selector=pool_selector,
         pool_group=group,
         endpoint_selector=selector,
         endpoint_target_ports=ports,

@@ -36,6 +36,7 @@ from epp.discovery.kubernetes.objectives import (
     objective_priorities,
     pool_rewrites,
 )
+from epp.discovery.kubernetes.pools import PoolFollower
 from epp.discovery.kubernetes.rest import KubeRest, ResourceRef, load_api_client
 from epp.discovery.kubernetes.settings import KubernetesSettings
 from epp.discovery.kubernetes.watch import Listed, ObjectCache, WatchItem, WatchOptions, watch_objects
@@ -62,6 +63,9 @@ class KubernetesSource:
         self._api_client: Any = None
         self._pool: PoolSpec | None = settings.standalone_pool() if settings.standalone else None
         self._pool_listed = settings.standalone
+        # Several pools (--pool-name repeated, --pool-selector): each with its spec and objectives, keyed on the
+        # endpoints (epp.discovery.kubernetes.pools); None: the one pool (or standalone selector) of `_pool`.
+        self.pools = PoolFollower(settings.pool_names, settings.pool_group) if settings.multi else None
         self._pods_listed = False
         self._pods: dict[str, PodView] = {}
         self._contrib: dict[str, tuple[EndpointInfo, ...]] = {}  # pod name → the endpoints it gives now
@@ -97,12 +101,15 @@ class KubernetesSource:
         elector = self._elector
         if elector is None or elector.is_leader:
             return True
+        if self.pools is not None:
+            return elector.holding and self.pools.any_fail_close()
         pool = self._pool
         return elector.holding and pool is not None and pool.failure_mode is FailureMode.FAIL_CLOSE
 
     @property
     def ready(self) -> bool:
-        return self.table.synced and self._pool is not None and self.leader
+        has_pool = self._pool is not None if self.pools is None else self.pools.listed
+        return self.table.synced and has_pool and self.leader
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         self._listeners.append(callback)
@@ -125,7 +132,7 @@ class KubernetesSource:
             "ready": self.ready,
             "pods_seen": len(self._pods),
             "endpoints": len(self.table),
-        }
+        } | ({"pools": self.pools.status(), "mode": "pools"} if self.pools is not None else {})
 
     def _lease_status(self) -> dict[str, Any]:
         elector = self._elector
@@ -161,8 +168,12 @@ class KubernetesSource:
         self._spawn("pods", self._follow(rest, ResourceRef("", "v1", "pods", s.namespace), options, self._on_pods))
         if not s.standalone:
             pools = ResourceRef("inference.networking.k8s.io", POOL_VERSION, "inferencepools", s.namespace)
-            by_name = dataclasses.replace(options, field_selector=f"metadata.name={s.pool_name}")
-            self._spawn("pool", self._follow(rest, pools, by_name, self._on_pool))
+            if self.pools is not None:  # several pools: one watch of the namespace's (filtered by the selector)
+                matching = dataclasses.replace(options, label_selector=s.pool_selector)
+                self._spawn("pools", self._follow(rest, pools, matching, self._on_pools))
+            else:
+                by_name = dataclasses.replace(options, field_selector=f"metadata.name={s.pool_name}")
+                self._spawn("pool", self._follow(rest, pools, by_name, self._on_pool))
             if self.objectives is not None:
                 for group in OBJECTIVE_GROUPS:
                     for plural in (OBJECTIVES_PLURAL, REWRITES_PLURAL):
@@ -275,6 +286,20 @@ class KubernetesSource:
         log.info("pool spec now %s", spec)
         self._notify()
 
+    def _on_pools(self, item: WatchItem) -> None:
+        assert self.pools is not None
+        changed, rebuild = self.pools.apply(item)
+        self._pool_listed = True
+        if rebuild:
+            self._rebuild()
+        self._mark_synced()
+        if changed:
+            self._publish_objectives()  # a new pool's objectives are already in the caches
+            self._notify()
+
+    def _endpoints_of(self, view: PodView) -> tuple[EndpointInfo, ...]:
+        return endpoints_of(view, self._pool) if self.pools is None else self.pools.endpoints_of(view)
+
     # -- pods --------------------------------------------------------------------------------------------------
 
     def _on_pods(self, item: WatchItem) -> None:
@@ -295,7 +320,7 @@ class KubernetesSource:
         else:
             self._pods[name] = view
         old = self._contrib.pop(name, ())
-        new = endpoints_of(view, self._pool) if view is not None else ()
+        new = self._endpoints_of(view) if view is not None else ()
         if new:
             self._contrib[name] = new
         kept = {info.address for info in new}
@@ -317,7 +342,7 @@ class KubernetesSource:
         self._contrib = {}
         self._owners = {}
         for name, view in self._pods.items():
-            infos = endpoints_of(view, self._pool)
+            infos = self._endpoints_of(view)
             if infos:
                 self._contrib[name] = infos
                 for info in infos:
@@ -358,6 +383,9 @@ class KubernetesSource:
     def _publish_objectives(self) -> None:
         store = self.objectives
         if store is None:
+            return
+        if self.pools is not None:
+            self.pools.publish(self._in_force(OBJECTIVES_PLURAL), self._in_force(REWRITES_PLURAL))
             return
         name, group = self.settings.pool_name, self.settings.pool_group
         priorities = objective_priorities(self._in_force(OBJECTIVES_PLURAL), name, group)
