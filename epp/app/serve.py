@@ -46,12 +46,13 @@ from epp.app.pool_metrics import LatencyCollector, PoolCollector, PrefixCollecto
 from epp.app.pool_path import check_pools, pools_processor
 from epp.app.pools import pools_report
 from epp.app.process_metrics import register_process_metrics
+from epp.app.receipt_metrics import ReceiptMetrics, active_in
 from epp.app.runtime import settle_garbage_collector
 from epp.app.scrape_metrics import ScrapeCollector
 from epp.app.settings import ServeSettings
 from epp.app.state import PickerState, follow_readiness, start_kubernetes
 from epp.app.tls import self_signed_pair
-from epp.app.workers import WorkerCollector, WorkerPool
+from epp.app.workers import WorkerCollector, WorkerPool, merge_expositions
 from epp.config.model import EndpointPickerConfig
 from epp.director.flow import FlowGate
 from epp.errors import ConfigError
@@ -115,6 +116,8 @@ async def build(settings: ServeSettings) -> Picker:
     health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
     bind(health_server, settings.listen.bind_address, settings.listen.grpc_health_port, "--grpc-health-port")
     scraper = _scraper(settings, parts.decisions, state)
+    if state.workers is not None and isinstance(scraper, ScrapeProcess):
+        state.workers.share_stamps(scraper.shared_stamps)
     collectors = _collectors(state, metrics, parts, scraper)
     report = _pool_report(state, parts, scraper)
     http_app = build_http_app(state.registry, report, state.ready, collectors, parts.auth, settings.enable_pprof)
@@ -134,6 +137,7 @@ class _DecisionParts:
     scheduler: Scheduler  # decisions.scheduler, traced with --tracing
     plugin_timer: PluginTimer
     prefix: PrefixCollector
+    receipts: ReceiptMetrics
     kv_feeder: KvFeederProcess | None
     federation: FederationParts | None
     flow: FlowGate | None
@@ -178,8 +182,9 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
     if federation is not None:
         federation.connect(settings.kubeconfig)
     return _DecisionParts(
-        decisions, scheduler, plugin_timer, prefix, kv_feeder, federation, flow, tracer_provider, tracer, auth, workers
-    )
+        decisions, scheduler, plugin_timer, prefix, ReceiptMetrics(), kv_feeder, federation, flow, tracer_provider,
+        tracer, auth, workers,
+    )  # fmt: skip
 
 
 def _request_path(
@@ -192,6 +197,7 @@ def _request_path(
     metrics_registry.register(parts.prefix)  # the prefix index too: with workers, the indexes that pick are theirs
     metrics_registry.register(parts.plugin_timer)  # and the plugin timings: the workers' picks are the timed ones
     metrics = PickerMetrics(metrics_registry, labels=state.objectives, endpoint_name=state.endpoint_labels)
+    metrics_registry.register(parts.receipts)  # with workers, theirs (the alarms' max, the rest summed)
     if state.pools is not None:
         pools = state.pools
         processor = pools_processor(
@@ -207,6 +213,7 @@ def _request_path(
         observer=metrics,
         federation=parts.federation.router if parts.federation is not None else None,
         flow=parts.flow,
+        receipts=parts.receipts,
     )
     decider: Any = director
     if parts.tracer is not None:
@@ -227,7 +234,9 @@ def _collectors(
     pool_keys = (lambda: list(pools.specs)) if pools is not None else None
     pool_collector = PoolCollector(state.table, state.pool_name, _poll_errors(scraper), pool_keys)
     state.registry.register(pool_collector)
-    collectors: list[FreezableCollector] = [metrics, pool_collector, parts.plugin_timer, parts.prefix, scrape_collector]
+    collectors: list[FreezableCollector] = [
+        metrics, pool_collector, parts.plugin_timer, parts.prefix, parts.receipts, scrape_collector,
+    ]  # fmt: skip
     if parts.flow is not None:
         flow_metrics = FlowControlMetrics(state.registry, state.pool_name, parts.flow.queue_state)
         parts.flow.observer = flow_metrics
@@ -260,6 +269,10 @@ def _pool_report(
             extra["flowControl"] = flow.report(now)
         if kv_feeder is not None:
             extra["kvEvents"] = kv_feeder.supervision(now)
+        if state.workers is not None:  # the workers' alarms, as their expositions last said (any worker's counts)
+            extra["degraded"] = active_in(merge_expositions(state.workers.expositions()))
+        else:
+            extra["degraded"] = parts.receipts.active(now)
         models = {p.name: p.model.report() for p in learners}
         if models:
             extra["latencyModels"] = models

@@ -237,6 +237,11 @@ class PrefixCacheScorer(LinearScorer):
             return Linear(None, 0.0, 0.0)
         return Linear(state.take(matched, candidates), 1.0 / len(hashes), 0.0)
 
+    def lookup(self, state: CycleState) -> tuple[list[int], FloatArray, int] | None:
+        """This pick's lookup (the prompt's block hashes, blocks matched per slot, the longest match), if it ran."""
+        cached: tuple[list[int], FloatArray, int] | None = state.scratch.get(self._key)
+        return cached
+
     def cached_blocks(self, state: CycleState, slot: int) -> int:
         """Leading prompt blocks `slot` is believed to hold, as this pick scored them (0 when it did not score)."""
         cached: tuple[list[int], FloatArray, int] | None = state.scratch.get(self._key)
