@@ -24,6 +24,8 @@ class ListenSettings:
     grpc_port: int = 9002  # ext_proc
     grpc_health_port: int = 9003
     metrics_port: int = 9090  # /metrics and /debug
+    # --extproc-transport: "native" (HTTP/2 framing in C, epp.extproc.native) or "grpc" (grpcio's grpc.aio server)
+    transport: str = "grpc"
 
 
 @dataclass(frozen=True, slots=True)

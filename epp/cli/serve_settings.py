@@ -40,6 +40,7 @@ def serve_settings(args: argparse.Namespace, startup_warnings: list[str]) -> Ser
             grpc_port=args.grpc_port,
             grpc_health_port=args.grpc_health_port,
             metrics_port=args.metrics_port,
+            transport=args.extproc_transport,
         ),
         config=ConfigSource(
             path=args.config_file or None,
