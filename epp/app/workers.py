@@ -42,6 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.app.kv_feeder import KvFeederProcess
 from epp.app.pick_log import PickLog, ring_words
+from epp.app.receipt_metrics import MAX_FAMILIES
 from epp.app.settings import ServeSettings
 from epp.app.worker import (
     MATRIX_COLUMNS,
@@ -78,8 +79,8 @@ class _Worker:
         self.child = Child(
             "epp.app.worker",
             f"worker {index} (pid {{pid}})",
-            payload=lambda: WorkerStart(pool._settings, index, pool.rows, pool.count),
-            fds=lambda: tuple(pool._fds),
+            payload=lambda: WorkerStart(pool._settings, index, pool.rows, pool.count, pool._stamp_length()),
+            fds=lambda: tuple(pool._fds) + pool._stamp_fds(),
             on_start=lambda: pool._started(self),
             on_ready=lambda: pool._ready(self),
             on_message=lambda msg: pool._on_message(self, msg),
@@ -152,6 +153,20 @@ class WorkerPool:
         self._flow_gone: Callable[[int], None] = lambda index: None
         self._released: Callable[[], None] = lambda: None
         self._in_flight = 0
+        self._stamps: Callable[[], tuple[int, int] | None] = lambda: None
+
+    def share_stamps(self, stamps: Callable[[], tuple[int, int] | None]) -> None:
+        """The scrape child's stamps (epp.datastore.rows), which every worker reads to date its rows by: a page that
+        repeats a row's values is stamped, not published (`stamps()`: (descriptor, length) as a worker starts)."""
+        self._stamps = stamps
+
+    def _stamp_length(self) -> int:
+        stamps = self._stamps()
+        return stamps[1] if stamps is not None else 0
+
+    def _stamp_fds(self) -> tuple[int, ...]:
+        stamps = self._stamps()
+        return (stamps[0],) if stamps is not None else ()
 
     def attach_flow(
         self, message: Callable[[int, Any], None], gone: Callable[[int], None], released: Callable[[], None]
@@ -390,7 +405,8 @@ class WorkerCollector:
 
 def merge_expositions(texts: list[bytes]) -> list[Metric]:
     """Several processes' exposition of the same metrics → one family each, samples with equal labels summed
-    (counters, histograms, gauges such as in-flight counts); `_created` keeps the earliest."""
+    (counters, histograms, gauges such as in-flight counts); `_created` keeps the earliest, the degradation
+    alarms' gauge the largest (`receipt_metrics.MAX_FAMILIES`)."""
     families: dict[str, Metric] = {}
     sums: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
     for text in texts:
@@ -403,6 +419,8 @@ def merge_expositions(texts: list[bytes]) -> list[Metric]:
                 key = (sample.name, tuple(sorted(sample.labels.items())))
                 if sample.name.endswith("_created"):
                     acc[key] = min(acc.get(key, sample.value), sample.value)
+                elif family.name in MAX_FAMILIES:  # an alarm: the picker's is up while any worker's is
+                    acc[key] = max(acc.get(key, sample.value), sample.value)
                 else:
                     acc[key] = acc.get(key, 0.0) + sample.value
     out = []

@@ -12,6 +12,7 @@ from epp.cli.flag_types import duration, positive_duration
 from epp.cli.scrape_flags import add_scrape_flags
 from epp.cli.serve_settings import serve_settings
 from epp.cli.upstream_flags import add_upstream_flags, go_bool, resolve_upstream_flags
+from epp.extproc.native import native_front_built
 
 
 def _port(text: str) -> int:
@@ -135,9 +136,26 @@ def _workers(text: str) -> int | None:
     return value
 
 
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a share between 0 and 1, got {value}")
+    return value
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the endpoint picker (ext_proc gRPC server)")
     p.add_argument("--grpc-port", type=_port, default=9002, help="ext_proc gRPC port (default 9002)")
+    p.add_argument(
+        "--extproc-transport",
+        choices=("native", "grpc"),
+        default="grpc",
+        help="what serves the ext_proc port: 'native' (HTTP/2 and gRPC framing in C, the stream in Python; falls "
+        "back to grpc when the extension is not built) or 'grpc' (grpcio's grpc.aio server) (default grpc)",
+    )
     p.add_argument("--grpc-health-port", type=_port, default=9003, help="gRPC health port (default 9003)")
     p.add_argument("--metrics-port", type=_port, default=9090, help="Prometheus /metrics and /debug (default 9090)")
     p.add_argument("--bind-address", default="0.0.0.0", help="address the servers listen on (default 0.0.0.0)")
@@ -189,6 +207,20 @@ def register(sub: Any) -> None:
         "precise-prefix-cache-producer run on every worker",
     )
     p.add_argument(
+        "--emit-route-receipts",
+        action="store_true",
+        help="write each pick's route receipt (JSON: each scorer's weight x score for the chosen endpoint and the "
+        "runner-up, data ages, producers and fallbacks, profiles, flow-control wait) into envoy.lb metadata "
+        "(x-llm-d-route-receipt), with the endpoint scores of --emit-endpoint-scores (default off)",
+    )
+    p.add_argument(
+        "--route-receipt-log-rate",
+        type=_rate,
+        default=0.0,
+        help="share of the receipts read that are also logged as one JSON line at INFO, 0-1 (default 0: none); "
+        "without --emit-route-receipts one pick in 4 is read",
+    )
+    p.add_argument(
         "--grace-period",
         type=duration,
         default=10.0,
@@ -219,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     if args.tls.enabled:
         # Before gRPC's first import: it reads its TLS cipher list then (epp.app.serve imports it).
-        warnings += tls_policy(args.tls)
+        warnings += tls_policy(args.tls, native=args.extproc_transport == "native" and native_front_built())
     settings = serve_settings(args, warnings)
     from epp.app.serve import serve_from_settings
 
