@@ -41,11 +41,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.app.kv_feeder import KvFeederProcess
+from epp.app.mirror_table import MATRIX_COLUMNS
 from epp.app.pick_log import PickLog, ring_words
 from epp.app.receipt_metrics import MAX_FAMILIES
 from epp.app.settings import ServeSettings
 from epp.app.worker import (
-    MATRIX_COLUMNS,
     STATS_COLUMNS,
     Members,
     Metrics,

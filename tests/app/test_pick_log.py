@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from epp.app.mirror_table import MATRIX_COLUMNS, MirrorTable
 from epp.app.pick_log import CAPACITY, MAX_HASHES, PickLog, ring_words
-from epp.app.worker import MATRIX_COLUMNS, MirrorTable, _learn, _sharing
+from epp.app.worker import _learn, _sharing
 from epp.datastore.rows import NCOL, TOKEN
 from epp.datastore.table import EndpointInfo
 from epp.requests import ApiKind, InferenceRequest

@@ -7,8 +7,8 @@ import asyncio
 
 import numpy as np
 
+from epp.app.mirror_table import MATRIX_COLUMNS, MirrorTable
 from epp.app.settings import ServeSettings
-from epp.app.worker import MATRIX_COLUMNS, MirrorTable
 from epp.app.workers import WorkerPool, merge_expositions
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
