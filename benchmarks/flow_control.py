@@ -51,15 +51,19 @@ from epp.config.model import EndpointPickerConfig
 from epp.flowcontrol import FlowController, FlowSettings, Outcome, QueuedRequest
 from epp.flowcontrol.gauge import PoolGauge
 from epp.requests import ApiKind, InferenceRequest
-from epp.scheduling import build_scheduler
+from epp.scheduling import Scheduler, build_scheduler
+from epp.scheduling.knee import KneeDetector
 from epp.scheduling.saturation import SaturationDetector
 from epp.sim.engine import Engine
-from epp.sim.profiles import profile_named
+from epp.sim.profiles import EngineProfile, profile_named
 
 _STEP, _ARRIVAL, _SCRAPE, _TIMER = 0, 1, 2, 3
 SCRAPE_S = 0.05
 RECOMMENDED = Path(__file__).parent / "configs" / "flow-control.yaml"
 SHARE_CURVE = (1.0, 0.75, 0.65, 0.6, 0.58, 0.5)  # round-robin-fairness-policy overShareCeiling (1.0: no gate)
+
+
+PoolDetector = SaturationDetector | KneeDetector
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,14 +73,14 @@ class Setup:
     name: str
     config: EndpointPickerConfig | None = None
 
-    def build(self, seed: int, ttl_s: float) -> tuple[object, FlowSettings, SaturationDetector]:
+    def build(self, seed: int, ttl_s: float) -> tuple[Scheduler, FlowSettings, PoolDetector]:
         """The scheduler, the queues' settings (the workload's TTL) and the pool's detector, as `epp serve`."""
         scheduler = build_scheduler(self.config, seed=seed, allow_experimental=True)
         settings = scheduler.flow or FlowSettings()
         settings = replace(settings, spec=replace(settings.spec, default_request_ttl_s=ttl_s))
         detector = scheduler.saturation
-        if not isinstance(detector, SaturationDetector):
-            raise SystemExit(f"{self.name}: the benchmark's switch needs utilization-detector as the pool detector")
+        if not isinstance(detector, SaturationDetector | KneeDetector):
+            raise SystemExit(f"{self.name}: the benchmark needs utilization- or self-calibrating-detector")
         return scheduler, settings, detector
 
 
@@ -126,30 +130,38 @@ def simulate(
     items: Sequence[Item],
     priorities: Sequence[int],
     flows: Sequence[str],
-    endpoints: int,
+    endpoints: int | Sequence[EngineProfile],
     setup: Setup,
     ttl_s: float,
     own_picks: bool = True,
     gated: bool = True,
     seed: int = 0,
     oracle_flows: frozenset[str] = frozenset(),
+    stale: frozenset[int] = frozenset(),
+    stale_after: float = np.inf,
 ) -> Run:
-    """One run. `own_picks=False`: upstream-style dispatch on scraped metrics only; `gated=False`: no flow
-    control, every request is sent on at arrival (the engines queue it); `oracle_flows`: those flows' requests go
-    where the oracle's predicted TTFT is lowest."""
-    profile = profile_named("h100")
-    engines = [Engine(profile) for _ in range(endpoints)]
+    """One run. `endpoints`: that many reference servers (H100), or the pool's profiles; `own_picks=False`:
+    upstream-style dispatch on scraped metrics only (with a config whose detector has no thresholds, upstream's
+    default utilization-detector); `gated=False`: no flow control, every request is sent on at arrival (the engines
+    queue it); `oracle_flows`: those flows' requests go where the oracle's predicted TTFT is lowest; `stale`: these
+    servers' scrapes stop at `stale_after` (their data goes stale while they keep serving)."""
+    profiles = [profile_named("h100")] * endpoints if isinstance(endpoints, int) else list(endpoints)
+    engines = [Engine(profile) for profile in profiles]
     now = 0.0
 
     def clock() -> float:
         return now
 
     scheduler, settings, pool_detector = setup.build(seed, ttl_s)
-    picker = Picker("epp", endpoints, scheduler, clock)  # type: ignore[arg-type]
+    picker = Picker("epp", len(engines), scheduler, clock)
     oracle = Oracle(engines, seed)
     addresses = picker.table.view().addresses
     freshness = pool_detector.freshness
-    detector = SaturationDetector(pool_detector.thresholds, freshness, count_own_picks=own_picks)
+    detector: PoolDetector = pool_detector
+    if isinstance(pool_detector, SaturationDetector):
+        detector = SaturationDetector(pool_detector.thresholds, freshness, count_own_picks=own_picks)
+    elif not own_picks:
+        detector = SaturationDetector(freshness=freshness, count_own_picks=False)
     gauge = PoolGauge(detector, freshness)
     fc = FlowController(settings)
     n = len(items)
@@ -219,7 +231,7 @@ def simulate(
                 run.outcome[arg] = refused.value
                 remaining -= 1
         elif kind == _SCRAPE:
-            picker.scrape(engines, now)
+            picker.scrape(engines, now, skip=stale if now >= stale_after else frozenset())
             if remaining:
                 heapq.heappush(heap, (now + SCRAPE_S, next(seq), _SCRAPE, 0))
         else:
@@ -367,7 +379,8 @@ def overshoot(setup: Setup, endpoints: int, seed: int, n: int) -> dict[str, obje
     cap = pool_capacity(endpoints, seed)
     background = _items(n, 0.6 * cap, seed + 4)
     # What the pool holds at saturation 1.0: the engines' batch plus queueDepthThreshold waiting each.
-    queue_depth = setup.build(seed, 0.0)[2].thresholds.queue_depth
+    detector = setup.build(seed, 0.0)[2]
+    queue_depth = detector.thresholds.queue_depth if isinstance(detector, SaturationDetector) else 1.0
     holds = endpoints * (profile_named("h100").max_num_seqs + int(queue_depth))
     t_burst = background[len(background) // 2].arrival
     burst = [Item(t_burst + SCRAPE_S * k / (3 * holds), 1000, 200) for k in range(3 * holds)]

@@ -67,6 +67,8 @@ def bench_cell(n: int, kb: int, picks: int, profile: str) -> tuple[float, float]
     scheduler: Any
     if profile == "random":
         scheduler = RandomScheduler(seed=1)
+    elif profile in ("slo", "slo-base", "slo-producer"):
+        scheduler = _slo_scheduler(n, profile)
     else:
         scheduler = build_scheduler(
             default_config() if profile == "ours" else upstream_default_config(), seed=1
@@ -92,10 +94,54 @@ def bench_cell(n: int, kb: int, picks: int, profile: str) -> tuple[float, float]
     return min(samples), statistics.median(samples)
 
 
+def _slo_scheduler(n: int, variant: str) -> Any:
+    """benchmarks/slo.py's profile (ours with an approximate prefix producer, plus upstream's SLO plugins on the
+    latency model, every endpoint with observations: `slo`), the same profile without the three SLO plugins
+    (`slo-base`), or with the latency producer alone (`slo-producer`: the prediction's own cost)."""
+    from benchmarks.slo import slo_config
+    from epp.config.decode import parse_config
+    from epp.datastore.observations import Observation, PickFeatures
+
+    doc = slo_config()
+    if variant != "slo":
+        drop = {"slo-headroom-tier-filter", "latency-scorer"}
+        if variant == "slo-base":
+            drop.add("predicted-latency-producer")
+        doc["plugins"] = [p for p in doc["plugins"] if p["type"] not in drop]  # type: ignore[attr-defined]
+        profile = doc["schedulingProfiles"][0]  # type: ignore[index]
+        profile["plugins"] = [p for p in profile["plugins"] if p["pluginRef"] not in drop]
+    scheduler = build_scheduler(parse_config(doc, "<pick>"), seed=1)
+    rng = random.Random(n)
+    for learner in scheduler.learners:
+        for slot in range(n):
+            for _ in range(4):
+                pick = PickFeatures(1000, rng.randint(0, 1000), rng.random() * 8, 16.0, 0.5, 2, 0.0, 0.0, 2000)
+                obs = Observation(slot, f"127.20.{slot // 250}.{slot % 250 + 1}:8000", pick, 0.1, 0.01, 64, True, 0, 0)
+                learner.observe(obs)
+    return scheduler.handler
+
+
+def slo_cost(picks: int) -> None:
+    """The SLO plugins' cost per pick at 64 endpoints × 4 KB: the same profile with and without them."""
+    base = bench_cell(64, 4, picks, "slo-base")
+    producer = bench_cell(64, 4, picks, "slo-producer")
+    slo = bench_cell(64, 4, picks, "slo")
+    print(
+        f"64 endpoints × 4 KB: without the SLO plugins {base[0]:.1f} ({base[1]:.1f}) µs; with the latency producer "
+        f"{producer[0]:.1f} ({producer[1]:.1f}) µs: the prediction adds {producer[0] - base[0]:.1f} µs (target "
+        f"≤ 20 µs); with the tier filter and latency scorer too {slo[0]:.1f} ({slo[1]:.1f}) µs "
+        f"(+{slo[0] - base[0]:.1f})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--picks", type=int, default=2000)
+    parser.add_argument("--slo-only", action="store_true", help="only the SLO plugins' cost at 64 endpoints")
     args = parser.parse_args()
+    if args.slo_only:
+        slo_cost(args.picks)
+        return
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"python {platform.python_version()}, numpy {np.__version__}, {os.cpu_count()} CPUs, load {load:.2f}")
     print(f"µs per pick: best 10-pick batch (median in brackets); {args.picks} picks per cell and profile")
@@ -113,6 +159,7 @@ def main() -> None:
     print(f"target 64 endpoints × 4 KB ≤ 60 µs: {best[64, 4]:.1f} µs")
     for kb in PROMPTS_KB:
         print(f"{kb:>4} KB: 4096 / 64 endpoints = {best[4096, kb] / best[64, kb]:.2f}× (target ≤ 8×)")
+    slo_cost(args.picks)
 
 
 if __name__ == "__main__":

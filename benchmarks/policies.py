@@ -168,8 +168,11 @@ class Picker(Policy):
     def server_of(self, slot: int) -> int:
         return self._server_of[slot]
 
-    def scrape(self, engines: Sequence[Engine], now: float) -> None:
-        for slot, e in zip(self.slots, engines, strict=True):
+    def scrape(self, engines: Sequence[Engine], now: float, skip: frozenset[int] = frozenset()) -> None:
+        """Every server's metrics into the table, but those in `skip` (their data ages: a scrape outage)."""
+        for k, (slot, e) in enumerate(zip(self.slots, engines, strict=True)):
+            if k in skip:
+                continue
             p = e.profile
             sample = MetricsSample(
                 waiting=float(e.num_waiting),

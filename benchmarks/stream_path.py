@@ -21,7 +21,11 @@ after 300 warm-up ones, the collector settled as `epp serve` settles it; steady 
 a shared machine; needs `valgrind`; `--callgrind-out DIR` keeps the files for `callgrind_annotate`). `--root DIR`
 measures another checkout of the repository, e.g. a git worktree of an older commit, with this same driver.
 
-    .venv/bin/python -m benchmarks.stream_path [--requests N] [--instructions] [--root DIR] [--callgrind-out DIR]
+    .venv/bin/python -m benchmarks.stream_path [--requests N] [--instructions] [--receipts] [--root DIR]
+        [--callgrind-out DIR]
+
+`--receipts` measures each profile a second time with `--emit-route-receipts` (a route receipt read, aggregated and
+written into `envoy.lb` metadata for every pick), side by side in the same run.
 
 Bounded: N requests per batch (default 5,000) after 300 warm-up requests; no network.
 """
@@ -49,8 +53,9 @@ TICK_S = 0.001  # virtual seconds per request
 PROFILES = {"default": None, "random-pick": "benchmarks/configs/random-picker.yaml"}
 
 
-def build(config_path: str | None) -> Callable[[], None]:
-    """One request's worth of work as a closure, against a picker wired as `epp serve` wires it."""
+def build(config_path: str | None, receipts: bool = False) -> Callable[[], None]:
+    """One request's worth of work as a closure, against a picker wired as `epp serve` wires it; `receipts`:
+    with --emit-route-receipts (a route receipt read, aggregated and written into the metadata of every pick)."""
     import time
 
     from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -91,6 +96,14 @@ def build(config_path: str | None) -> Callable[[], None]:
 
     metrics = PickerMetrics(CollectorRegistry())
     scheduler = build_scheduler(load_config(str(ROOT / config_path)) if config_path else None, seed=1)
+    wiring: dict[str, Any] = {}
+    try:  # as `epp serve` wires it: the receipts' sink (the degradation watch's sample), receipts emitted or not
+        from epp.app.receipt_metrics import ReceiptMetrics
+
+        wiring = {"receipts": ReceiptMetrics(), "emit_receipts": receipts}
+    except ModuleNotFoundError:  # a checkout from before route receipts
+        if receipts:
+            raise
     director = Director(
         table,
         scheduler,
@@ -98,7 +111,10 @@ def build(config_path: str | None) -> Callable[[], None]:
         observer=metrics,
         objectives=ObjectiveStore(),
         saturation=scheduler.saturation,
+        **wiring,
     )
+    if wiring:
+        wiring["receipts"].watch = director.watch
     settings = StreamSettings()
     # Streams come from the server object, which owns what they share (prebuilt answers); an older checkout
     # without `new_stream` built them directly.
@@ -166,15 +182,15 @@ def _settle_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def _child(profile: str, requests: int) -> None:
+def _child(profile: str, requests: int, receipts: bool = False) -> None:
     """Run as a child (timing or under valgrind): warm up, then `requests` requests; print µs per request."""
-    one = build(PROFILES[profile])
+    one = build(PROFILES[profile], receipts)
     _settle_gc()
     for _ in range(300):
         one()
     if requests:
         best = min(timeit.repeat(one, number=requests, repeat=5)) / requests
-        print(json.dumps({"profile": profile, "us": best * 1e6}))
+        print(json.dumps({"profile": profile + (", receipts on" if receipts else ""), "us": best * 1e6}))
 
 
 def _child_argv(profile: str, requests: int, *extra: str) -> list[str]:
@@ -186,8 +202,8 @@ def _child_env(root: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0"}
 
 
-def _run_child(root: Path, profile: str, requests: int) -> str:
-    argv = _child_argv(profile, requests)
+def _run_child(root: Path, profile: str, requests: int, *extra: str) -> str:
+    argv = _child_argv(profile, requests, *extra)
     return subprocess.run(argv, cwd=root, env=_child_env(root), capture_output=True, text=True, check=True).stdout
 
 
@@ -198,17 +214,18 @@ def _measured(one: Callable[[], None], requests: int) -> None:
     functools.reduce(lambda _, __: one(), range(requests + 1))
 
 
-def _instructions(root: Path, profile: str, requests: int, out_dir: Path | None = None) -> float:
+def _instructions(root: Path, profile: str, requests: int, out_dir: Path | None = None, *extra: str) -> float:
     """Instructions per request, counted by callgrind inside the measured loop only (`_measured`). With `out_dir`
     callgrind's file is kept there (`callgrind_annotate --inclusive=yes FILE`: the cost per C function)."""
-    out_file = "/dev/null" if out_dir is None else str(out_dir.resolve() / f"callgrind.{profile}.out")
+    name = profile + ("-receipts" if extra else "")
+    out_file = "/dev/null" if out_dir is None else str(out_dir.resolve() / f"callgrind.{name}.out")
     argv = [
         "valgrind",
         "--tool=callgrind",
         "--collect-atstart=no",
         "--toggle-collect=functools_reduce",
         f"--callgrind-out-file={out_file}",
-        *_child_argv(profile, requests, "--count"),
+        *_child_argv(profile, requests, "--count", *extra),
     ]
     out = subprocess.run(
         argv, cwd=root, env=_child_env(root), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True
@@ -226,26 +243,30 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout to measure (default: this one)")
     parser.add_argument("--callgrind-out", type=Path, help="with --instructions: keep callgrind's files in this folder")
     parser.add_argument("--child", nargs=2, metavar=("PROFILE", "N"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--receipts", action="store_true", help="also measure each profile with --emit-route-receipts, side by side"
+    )
     parser.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         profile, n = args.child[0], int(args.child[1])
         if args.count:
-            one = build(PROFILES[profile])
+            one = build(PROFILES[profile], args.receipts)
             _settle_gc()
             for _ in range(300):
                 one()
             _measured(one, n)
         else:
-            _child(profile, n)
+            _child(profile, n, args.receipts)
         return
     if args.instructions and shutil.which("valgrind") is None:
         sys.exit("--instructions needs valgrind (Debian package `valgrind`)")
     rows: list[dict[str, Any]] = []
-    for profile in PROFILES:
-        row: dict[str, Any] = json.loads(_run_child(args.root, profile, args.requests))
+    variants = [(profile, extra) for profile in PROFILES for extra in ((), ("--receipts",))[: 1 + args.receipts]]
+    for profile, extra in variants:
+        row: dict[str, Any] = json.loads(_run_child(args.root, profile, args.requests, *extra))
         if args.instructions:
-            row["instructions"] = _instructions(args.root, profile, 1000, args.callgrind_out)
+            row["instructions"] = _instructions(args.root, profile, 1000, args.callgrind_out, *extra)
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(f"\nroot: {args.root}\n\n| profile | µs per request (best of 5) | instructions per request |\n|---|---|---|")

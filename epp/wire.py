@@ -10,6 +10,9 @@ LB_NAMESPACE = "envoy.lb"
 # With --emit-endpoint-scores: a struct in `envoy.lb` metadata, every endpoint the primary profile scored → its
 # weighted score (upstream's metadata.DestinationEndpointScoresKey; metadata only, never a header).
 DESTINATION_SCORES_KEY = "x-gateway-destination-endpoint-scores"
+# With --emit-route-receipts (ours): beside the scores, the pick's route receipt as a JSON string (epp.scheduling
+# .receipt: each scorer's share for the chosen endpoint and the runner-up, data ages, producers and fallbacks).
+ROUTE_RECEIPT_KEY = "x-llm-d-route-receipt"
 EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
 ACTIVE_PORTS_ANNOTATION = "inference.networking.k8s.io/active-ports"

@@ -19,6 +19,7 @@ import grpc
 
 from epp.app.config_file import load_config, parser_chain_of
 from epp.app.listen import bind, hostnames
+from epp.app.receipt_metrics import ReceiptMetrics
 from epp.app.settings import ConfigSource, ServeSettings
 from epp.app.tls import server_credentials
 from epp.config.model import EndpointPickerConfig
@@ -79,11 +80,13 @@ def build_director(
     federation: FederationRouter | None = None,
     flow: FlowHold | None = None,
     pool: str | None = None,
+    receipts: ReceiptMetrics | None = None,
 ) -> Director:
     """The Director over `table`: priorities and rewrites from `objectives` as the watches (or the control process)
     last saw them; the federation router of this process; `flow` is this process's gate, or a serving worker's
-    link to the control process's (`epp.director.flow_link`)."""
-    return Director(
+    link to the control process's (`epp.director.flow_link`); `receipts` aggregates its route receipts and shows
+    its degradation watch."""
+    director = Director(
         table,
         scheduler,
         clock=time.monotonic,
@@ -95,9 +98,15 @@ def build_director(
         honour_subset=settings.honour_subset,
         test_selection=settings.test_selection,
         emit_scores=settings.emit_scores,
+        emit_receipts=settings.emit_receipts,
+        receipt_log_every=settings.receipt_log_every,
+        receipts=receipts,
         flow=flow,
         pool=pool,
     )
+    if receipts is not None:
+        receipts.watch = director.watch
+    return director
 
 
 def build_processor(

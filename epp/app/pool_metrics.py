@@ -19,6 +19,7 @@ from epp.observability.collector import FreezableCollector
 from epp.observability.families import counter_family, gauge_family, histogram_family
 from epp.observability.plain import PlainHistogram
 from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.slo import PredictedLatencyProducer
 
 SOURCE_TYPE = "metrics-data-source"  # upstream's data source type name for the /metrics poller
 
@@ -196,3 +197,39 @@ class PrefixCollector(FreezableCollector):
                                [((), ratio)])  # fmt: skip
         yield histogram_family("inference_extension_prefix_indexer_hit_bytes", deprecated + "Prefix hit bytes.", (),
                                [((), hit)])  # fmt: skip
+
+
+class LatencyCollector(FreezableCollector):
+    """The online latency model of each predicted-latency-producer: observations learned, and per endpoint (the
+    pool's members: bounded labels) and target its mean absolute prediction error and last prediction."""
+
+    def __init__(self, producers: list[Any]) -> None:
+        self._producers = producers  # objects with name and model (epp.scheduling.latency_model.LatencyModel)
+
+    @classmethod
+    def of(cls, scheduler: Scheduler) -> LatencyCollector:
+        return cls([p for p in scheduler.learners if isinstance(p, PredictedLatencyProducer)])
+
+    def snapshot(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(p.name, p.model.report()) for p in self._producers]
+
+    def families(self, data: Any) -> Iterator[Metric]:
+        yield counter_family(
+            "epp_latency_model_observations",
+            "Finished requests the online latency model learned from.",
+            ("plugin_name",),
+            [((name, ), float(report["observations"])) for name, report in data],
+        )  # fmt: skip
+        labels = ("plugin_name", "endpoint", "target")
+        for metric, key, what in (
+            ("epp_latency_prediction_error_seconds", "meanAbsErrorMs", "Mean absolute error of recent predictions"),
+            ("epp_latency_predicted_seconds", "lastPredictedMs", "The last prediction made for a finished request"),
+        ):
+            rows = [
+                ((name, address, target), values[key] / 1000.0)
+                for name, report in data
+                for address, targets in report["endpoints"].items()
+                for target, values in targets.items()
+                if values[key] is not None
+            ]
+            yield gauge_family(metric, f"{what} (TTFT or TPOT), per endpoint.", labels, rows)

@@ -41,16 +41,17 @@ from epp.app.kv_feeder import KvFeederProcess
 from epp.app.kv_metrics import KvEventsCollector, PreciseFallbacksCollector
 from epp.app.listen import bind, hostnames
 from epp.app.metrics_auth import MetricsAuth
-from epp.app.pool_metrics import PoolCollector, PrefixCollector
+from epp.app.pool_metrics import LatencyCollector, PoolCollector, PrefixCollector
 from epp.app.pool_path import check_pools, pools_processor
 from epp.app.pools import pools_report
 from epp.app.process_metrics import register_process_metrics
+from epp.app.receipt_metrics import ReceiptMetrics, active_in
 from epp.app.runtime import settle_garbage_collector
 from epp.app.scrape_metrics import ScrapeCollector
 from epp.app.settings import ServeSettings
 from epp.app.state import PickerState, follow_readiness, start_kubernetes
 from epp.app.tls import self_signed_pair
-from epp.app.workers import WorkerCollector, WorkerPool
+from epp.app.workers import WorkerCollector, WorkerPool, merge_expositions
 from epp.config.model import EndpointPickerConfig
 from epp.director.flow import FlowGate
 from epp.errors import ConfigError
@@ -66,6 +67,7 @@ from epp.observability.plugins import PluginTimer
 from epp.observability.stderr_json import route_stderr_as_json
 from epp.scheduling.build import deprecations
 from epp.scheduling.scheduler import Scheduler
+from epp.scheduling.slo import PredictedLatencyProducer
 from epp.scrape.engines import engines_of_config
 from epp.scrape.process import ScrapeProcess
 from epp.scrape.scraper import ScrapeService
@@ -132,6 +134,7 @@ class _DecisionParts:
     scheduler: Scheduler  # decisions.scheduler, traced with --tracing
     plugin_timer: PluginTimer
     prefix: PrefixCollector
+    receipts: ReceiptMetrics
     kv_feeder: KvFeederProcess | None
     federation: FederationParts | None
     flow: FlowGate | None
@@ -165,6 +168,8 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
     workers = serving_workers(settings.workers, one_process)
     if kv_feeder is not None and workers == 1:  # with workers, the producers that pick are theirs (summed)
         state.registry.register(PreciseFallbacksCollector(kv_feeder.producer))
+    if scheduler.learners and workers == 1:  # with workers, the models that learn are the workers' (not exported)
+        state.registry.register(LatencyCollector.of(scheduler))
     # With workers, each exports its own spans (epp.app.worker): the control process decides nothing to trace.
     tracer_provider, tracer = build_tracing(settings.tracing) if workers == 1 else (None, None)
     if tracer is not None:
@@ -174,8 +179,9 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
     if federation is not None:
         federation.connect(settings.kubeconfig)
     return _DecisionParts(
-        decisions, scheduler, plugin_timer, prefix, kv_feeder, federation, flow, tracer_provider, tracer, auth, workers
-    )
+        decisions, scheduler, plugin_timer, prefix, ReceiptMetrics(), kv_feeder, federation, flow, tracer_provider,
+        tracer, auth, workers,
+    )  # fmt: skip
 
 
 def _request_path(
@@ -188,6 +194,7 @@ def _request_path(
     metrics_registry.register(parts.prefix)  # the prefix index too: with workers, the indexes that pick are theirs
     metrics_registry.register(parts.plugin_timer)  # and the plugin timings: the workers' picks are the timed ones
     metrics = PickerMetrics(metrics_registry, labels=state.objectives, endpoint_name=state.endpoint_labels)
+    metrics_registry.register(parts.receipts)  # with workers, theirs (the alarms' max, the rest summed)
     if state.pools is not None:
         pools = state.pools
         processor = pools_processor(
@@ -203,6 +210,7 @@ def _request_path(
         observer=metrics,
         federation=parts.federation.router if parts.federation is not None else None,
         flow=parts.flow,
+        receipts=parts.receipts,
     )
     decider: Any = director
     if parts.tracer is not None:
@@ -223,7 +231,9 @@ def _collectors(
     pool_keys = (lambda: list(pools.specs)) if pools is not None else None
     pool_collector = PoolCollector(state.table, state.pool_name, _poll_errors(scraper), pool_keys)
     state.registry.register(pool_collector)
-    collectors: list[FreezableCollector] = [metrics, pool_collector, parts.plugin_timer, parts.prefix, scrape_collector]
+    collectors: list[FreezableCollector] = [
+        metrics, pool_collector, parts.plugin_timer, parts.prefix, parts.receipts, scrape_collector,
+    ]  # fmt: skip
     if parts.flow is not None:
         flow_metrics = FlowControlMetrics(state.registry, state.pool_name, parts.flow.queue_state)
         parts.flow.observer = flow_metrics
@@ -237,6 +247,10 @@ def _pool_report(
     """/debug/pool: the table as decisions see it, with what each running part says of itself."""
     federation, flow, kv_feeder = parts.federation, parts.flow, parts.kv_feeder
     freshness = parts.scheduler.freshness
+    # The latency models that learn: this process's when it serves alone (with workers, the workers' own).
+    learners = [p for p in parts.scheduler.learners if isinstance(p, PredictedLatencyProducer)]
+    if parts.workers > 1:
+        learners = []
 
     def report() -> dict[str, Any]:
         now = time.monotonic()
@@ -252,6 +266,13 @@ def _pool_report(
             extra["flowControl"] = flow.report(now)
         if kv_feeder is not None:
             extra["kvEvents"] = kv_feeder.supervision(now)
+        if state.workers is not None:  # the workers' alarms, as their expositions last said (any worker's counts)
+            extra["degraded"] = active_in(merge_expositions(state.workers.expositions()))
+        else:
+            extra["degraded"] = parts.receipts.active(now)
+        models = {p.name: p.model.report() for p in learners}
+        if models:
+            extra["latencyModels"] = models
         if state.pools is not None:
             extra["pools"] = pools_report(state.pools, state.table)
         return pool_report(state.table, state.pool, now, state.ready(), freshness, extra or None, statuses)

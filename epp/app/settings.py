@@ -107,4 +107,6 @@ class ServeSettings:
     honour_subset: bool = True  # not --disable-endpoint-subset-filter
     test_selection: bool = False  # --enable-test-endpoint-selection
     emit_scores: bool = False  # --emit-endpoint-scores
+    emit_receipts: bool = False  # --emit-route-receipts
+    receipt_log_every: int = 0  # one receipt read in this many is logged (1 / --route-receipt-log-rate; 0: none)
     startup_warnings: tuple[str, ...] = ()  # logged once the checks that refuse to start have passed

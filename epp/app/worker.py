@@ -54,6 +54,7 @@ from epp.app.kv_feeder import FeederStatus, KvDirectory, KvGone, SharedKvIndex, 
 from epp.app.kv_metrics import PreciseFallbacksCollector
 from epp.app.pick_log import PickLog, ring_words
 from epp.app.pool_metrics import PrefixCollector
+from epp.app.receipt_metrics import ReceiptMetrics
 from epp.app.settings import ServeSettings
 from epp.app.tls import tls_policy
 from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, read_rows
@@ -270,6 +271,8 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
     failure = [FailureMode.FAIL_CLOSE]
     registry = CollectorRegistry(auto_describe=True)
     registry.register(PrefixCollector.of(scheduler))  # this worker's prefix index, summed by the control process
+    receipts = ReceiptMetrics()  # this worker's receipts and alarms: summed (alarms: max) by the control process
+    registry.register(receipts)
     plugin_timer = PluginTimer()  # one pick in 64 timed, as in one process; the histograms summed likewise
     registry.register(plugin_timer)
     scheduler.instrument(plugin_timer)
@@ -307,6 +310,7 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
         observer=metrics,
         federation=federation[0] if federation is not None else None,
         flow=flow,
+        receipts=receipts,
     )
     decider: Any = director
     if tracer is not None:

@@ -42,6 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.app.kv_feeder import KvFeederProcess
 from epp.app.pick_log import PickLog, ring_words
+from epp.app.receipt_metrics import MAX_FAMILIES
 from epp.app.settings import ServeSettings
 from epp.app.worker import (
     MATRIX_COLUMNS,
@@ -390,7 +391,8 @@ class WorkerCollector:
 
 def merge_expositions(texts: list[bytes]) -> list[Metric]:
     """Several processes' exposition of the same metrics → one family each, samples with equal labels summed
-    (counters, histograms, gauges such as in-flight counts); `_created` keeps the earliest."""
+    (counters, histograms, gauges such as in-flight counts); `_created` keeps the earliest, the degradation
+    alarms' gauge the largest (`receipt_metrics.MAX_FAMILIES`)."""
     families: dict[str, Metric] = {}
     sums: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
     for text in texts:
@@ -403,6 +405,8 @@ def merge_expositions(texts: list[bytes]) -> list[Metric]:
                 key = (sample.name, tuple(sorted(sample.labels.items())))
                 if sample.name.endswith("_created"):
                     acc[key] = min(acc.get(key, sample.value), sample.value)
+                elif family.name in MAX_FAMILIES:  # an alarm: the picker's is up while any worker's is
+                    acc[key] = max(acc.get(key, sample.value), sample.value)
                 else:
                     acc[key] = acc.get(key, 0.0) + sample.value
     out = []

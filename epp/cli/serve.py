@@ -135,6 +135,16 @@ def _workers(text: str) -> int | None:
     return value
 
 
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a share between 0 and 1, got {value}")
+    return value
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the endpoint picker (ext_proc gRPC server)")
     p.add_argument("--grpc-port", type=_port, default=9002, help="ext_proc gRPC port (default 9002)")
@@ -181,6 +191,20 @@ def register(sub: Any) -> None:
         "the cores this process may use (CPU affinity, lowered by the container's CPU limit: cgroup cpu.max or "
         f"cfs quota, whole cores), at most {MAX_DEFAULT_WORKERS}; flow control, federation, --tracing and "
         "precise-prefix-cache-producer run on every worker",
+    )
+    p.add_argument(
+        "--emit-route-receipts",
+        action="store_true",
+        help="write each pick's route receipt (JSON: each scorer's weight x score for the chosen endpoint and the "
+        "runner-up, data ages, producers and fallbacks, profiles, flow-control wait) into envoy.lb metadata "
+        "(x-llm-d-route-receipt), with the endpoint scores of --emit-endpoint-scores (default off)",
+    )
+    p.add_argument(
+        "--route-receipt-log-rate",
+        type=_rate,
+        default=0.0,
+        help="share of the receipts read that are also logged as one JSON line at INFO, 0-1 (default 0: none); "
+        "without --emit-route-receipts one pick in 4 is read",
     )
     p.add_argument(
         "--grace-period",

@@ -80,6 +80,8 @@ def serve_settings(args: argparse.Namespace, startup_warnings: list[str]) -> Ser
         honour_subset=not args.disable_endpoint_subset_filter,
         test_selection=bool(args.enable_test_endpoint_selection),
         emit_scores=bool(args.emit_endpoint_scores),
+        emit_receipts=bool(args.emit_route_receipts),
+        receipt_log_every=round(1.0 / args.route_receipt_log_rate) if args.route_receipt_log_rate > 0 else 0,
         startup_warnings=tuple(startup_warnings),
     )
 

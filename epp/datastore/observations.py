@@ -25,6 +25,7 @@ class PickFeatures(NamedTuple):
     inflight: int  # our own requests in flight there before this one was booked
     picked_at: float  # the director's clock
     scrape_age_s: float  # picked_at − the endpoint's last scrape (inf: never scraped)
+    inflight_tokens: int = 0  # prompt tokens of our requests in flight there before this one was booked
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,20 @@ def prefix_counters(addresses: Sequence[str], timeout_s: float = 5.0) -> tuple[f
     return queries, hits
 
 
+def degradation_alarms(metrics_address: str, timeout_s: float = 5.0) -> list[str]:
+    """The picker's degradation alarms up now (`plugin reason` each), from its /metrics: what a healthy run must not
+    raise (docs/observability.md, "Degradation alarms")."""
+    with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=timeout_s) as response:
+        page = response.read().decode()
+    return [
+        f"{sample.labels.get('plugin', '')} {sample.labels.get('reason', '')}"
+        for family in text_string_to_metric_families(page)
+        if family.name == "llm_d_epp_degraded"
+        for sample in family.samples
+        if sample.value >= 1.0
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class PhaseSummary:
     name: str

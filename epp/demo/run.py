@@ -17,7 +17,7 @@ from typing import TextIO
 
 from epp.demo.config import DemoConfig
 from epp.demo.load import run_phase
-from epp.demo.report import PhaseSummary, prefix_counters, side_by_side, summarise
+from epp.demo.report import PhaseSummary, degradation_alarms, prefix_counters, side_by_side, summarise
 from epp.demo.stack import Stack, stack, wait_idle
 from epp.demo.traffic import shared_prefix_chat
 from epp.sim.config import DEFAULT_MODEL
@@ -75,8 +75,10 @@ def run_demo(config: DemoConfig, out: TextIO = sys.stdout, progress: TextIO = sy
                     _phase(stack_, "round-robin", stack_.round_robin_url, config, progress),
                 ]
                 labels = {s.name: f"{s.name} ({s.profile.split('-')[0]})" for s in stack_.servers}
+                alarms = degradation_alarms(stack_.metrics_address) if stack_.metrics_address else []
             say("")
             say(side_by_side(phases, labels))
+            say(f"degradation alarms: {', '.join(alarms) if alarms else 'none'}")
             say(f"stopped pids {' '.join(str(p) for p in pids)}")
             return 0
         except KeyboardInterrupt:

@@ -31,6 +31,7 @@ class Decision(NamedTuple):
     response_headers: tuple[tuple[str, str], ...] = ()  # headers the response carries back (session tokens)
     scores: tuple[tuple[str, float], ...] = ()  # --emit-endpoint-scores: (address, weighted score), each scored one
     pick: PickFeatures | None = None  # the primary endpoint as the pick saw it (the observation feed's features)
+    receipt: str | None = None  # --emit-route-receipts: the pick's route receipt, JSON (epp.scheduling.receipt)
 
     @property
     def header_value(self) -> str:

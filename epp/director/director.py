@@ -34,8 +34,10 @@ from epp.flowcontrol import QueuedRequest
 from epp.flowcontrol.admission import Admitter
 from epp.requests import InferenceRequest
 from epp.scheduling import conformance_selection
+from epp.scheduling.degradation import DegradationWatch, Transition
 from epp.scheduling.pick_detail import PickDetail
 from epp.scheduling.producers import estimate_tokens
+from epp.scheduling.receipt import Receipt
 from epp.scheduling.scheduler import Routing, Scheduler
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,20 @@ class DecisionObserver(Protocol):
     def degraded_decision(self, reason: str) -> None: ...
 
 
+class ReceiptSink(Protocol):
+    """Where route receipts and the degradation watch's transitions go (epp.observability.receipts): aggregated
+    metrics, the sampled log line, the alarm's log lines."""
+
+    def receipt(self, receipt: Receipt, logged: bool) -> None: ...
+
+    def transition(self, transition: Transition) -> None: ...
+
+
+# One pick in this many is read for its receipt when receipts are not emitted: the degradation watch's sample and
+# the aggregated receipt metrics (a receipt costs a few µs; the watch needs a few hundred per episode).
+WATCH_EVERY = 4
+
+
 def _scores(addresses: Sequence[str], detail: PickDetail) -> tuple[tuple[str, float], ...]:
     """(address, weighted score) of every endpoint the primary profile scored."""
     return tuple((addresses[int(slot)], float(score)) for slot, score in zip(detail.scored, detail.scores, strict=True))
@@ -100,6 +116,10 @@ class Director:
         flow: FlowHold | None = None,
         emit_scores: bool = False,
         pool: str | None = None,
+        emit_receipts: bool = False,
+        receipt_log_every: int = 0,
+        receipts: ReceiptSink | None = None,
+        watch_every: int = WATCH_EVERY,
     ) -> None:
         """`objectives` gives priorities and model rewrites (none: every request priority 0, no rewrite);
         `saturation` decides shedding (none: the scheduler's own `.saturation`);
@@ -109,7 +129,10 @@ class Director:
         control (the `flowControl` gate): requests wait in its queues before they get here, and the legacy shedding
         step is off; `emit_scores` puts the primary profile's per-endpoint scores on the decision
         (--emit-endpoint-scores); `pool` (a pool key, `namespace/name`) narrows the candidates to that pool's
-        endpoints when the table holds several pools (epp.datastore.pools); None: every endpoint of the table."""
+        endpoints when the table holds several pools (epp.datastore.pools); None: every endpoint of the table;
+        `emit_receipts` puts a route receipt on the decision too, for every pick (--emit-route-receipts);
+        `receipts` gets every receipt read (every pick with `emit_receipts`, else one in `watch_every`, 0: none)
+        after the degradation watch has seen it, with one in `receipt_log_every` marked for the log (0: none)."""
         self._table = table
         self._scheduler = scheduler.handler
         self._clock = clock
@@ -127,8 +150,18 @@ class Director:
         # Asked per request only when a plugin writes a response header (session affinity); most profiles have none.
         self._response_headers = scheduler.response_headers
         self._routing = scheduler.routing  # None: every pick goes to its slots' addresses (one profile)
-        self._emit_scores = emit_scores
         self._pool = PoolSlots(pool) if pool is not None else None
+        self._emit_scores = emit_scores or emit_receipts  # a receipt is a superset of the scores
+        self._emit_receipts = emit_receipts
+        profiles = scheduler.profiles
+        self._reader = profiles[0].receipts if profiles and scheduler.detailed is not None else None
+        self._profile_names = tuple(p.profile.name for p in profiles)
+        self.watch = DegradationWatch(profiles[0].receipts.watched()) if self._reader is not None else None
+        self._sink = receipts
+        self._watch_every = watch_every if self._reader is not None and watch_every > 0 else 0
+        self._log_every = receipt_log_every
+        self._picks = 0  # since the last receipt read for the watch
+        self._receipts = 0  # receipts read, for the log's sample
         # The handler's pick with its PickDetail (scores, the picked endpoint's cached prefix), asked for only when
         # scores are emitted or a request says `Prefer: if-available`; a handler without it has no detail.
         self._detailed = scheduler.detailed
@@ -212,8 +245,14 @@ class Director:
         headers = request.headers
         conditional = _PREFER in headers and wire.prefers_if_available(headers)
         detail: PickDetail | None = None
+        account = self._emit_receipts
+        if self._watch_every:
+            self._picks += 1
+            if self._picks >= self._watch_every:
+                self._picks = 0
+                account = True
         try:
-            if (conditional or self._emit_scores) and self._detailed is not None:
+            if (conditional or self._emit_scores or account) and self._detailed is not None:
                 slots, detail = self._detailed(snapshot, candidates, request, now)
             else:
                 slots = self._scheduler.pick(snapshot, candidates, request, now)
@@ -239,12 +278,17 @@ class Director:
         addresses = snapshot.addresses
         scores = _scores(addresses, detail) if self._emit_scores and detail is not None else ()
         routing = self._routing(slots, addresses) if self._routing is not None else None
+        receipt = None
+        if account and detail is not None and detail.state is not None and self._reader is not None:
+            receipt = self._account(detail, primary, len(routing.stages) if routing is not None else 0, request, now)
         if routing is not None:
             decision = self._routed(routing, primary, degraded, body, original_model, request.model, tokens)
             if pick is not None:
                 decision = decision._replace(pick=pick)
             if self._response_headers:
                 decision = decision._replace(response_headers=self._response_headers(snapshot, primary))
+            if receipt is not None:
+                decision = decision._replace(receipt=receipt)
             return decision._replace(scores=scores) if scores else decision
         decision = Decision(
             addresses=(addresses[primary],) if len(slots) == 1 else tuple(addresses[s] for s in slots),
@@ -255,9 +299,32 @@ class Director:
             target_model=request.model,
             tokens=tokens,
             response_headers=self._response_headers(snapshot, primary) if self._response_headers else (),
+            scores=scores,
             pick=pick,
+            receipt=receipt,
         )
-        return decision._replace(scores=scores) if scores else decision
+        return decision
+
+    def _account(
+        self, detail: PickDetail, primary: int, stages: int, request: InferenceRequest, now: float
+    ) -> str | None:
+        """Read the pick's receipt, show it to the degradation watch and the sink; its JSON when it is emitted."""
+        assert self._reader is not None and detail.state is not None and self.watch is not None
+        receipt = self._reader.read(detail.state, primary, request.queued_s)
+        if stages and len(self._profile_names) > 1:  # P/D: the decode profile judged, the others booked too
+            receipt = receipt._replace(profiles=self._profile_names[: 1 + stages])
+        transitions = self.watch.observe(receipt, now)
+        if self._sink is not None:
+            logged = False
+            if self._log_every:
+                self._receipts += 1
+                if self._receipts >= self._log_every:
+                    self._receipts = 0
+                    logged = True
+            self._sink.receipt(receipt, logged)
+            for transition in transitions:
+                self._sink.transition(transition)
+        return receipt.json() if self._emit_receipts else None
 
     def _features(self, snapshot: Snapshot, slot: int, tokens: int, now: float) -> PickFeatures:
         """The picked endpoint as this pick saw it, before its booking: the observation feed's features."""
@@ -272,6 +339,7 @@ class Director:
             snapshot.inflight.item(slot),
             now,
             now - scraped if scraped == scraped else float("inf"),
+            snapshot.inflight_tokens.item(slot),
         )
 
     def _fallback(self, snapshot: Snapshot, candidates: IntArray, now: float) -> int:

@@ -29,6 +29,7 @@ from epp.director.flow import FlowHold
 from epp.director.tokens import RenderTokenizer
 from epp.requests import InferenceRequest
 
+QUEUED_S = 0.001  # a wait in flow control's queue shorter than this is a pass-through
 DecideFn = Callable[[InferenceRequest, Sequence[str] | None], Decision]
 
 
@@ -92,10 +93,14 @@ class DecisionPipeline:
                 waited = self._clock() - started
                 yield Decided(self._decide(request, subset), waited)
                 return
+            held_at = self._clock()
             async with aclosing(gate.hold(request.headers, request.body_size)) as holds:
                 async for seconds in holds:
                     yield seconds
             waited = self._clock() - started
+            queued = started + waited - held_at
+            if queued >= QUEUED_S:  # it really waited: its route receipt says how long (one copy, queued ones only)
+                request = request._replace(queued_s=queued)
             try:
                 decision = self._decide(request, subset)
             finally:

@@ -86,16 +86,22 @@ def header_mutation(set_headers: Iterable[tuple[str, str]], remove: Sequence[str
 
 
 def decision_metadata(
-    response: pb.ProcessingResponse, destination: str, scores: tuple[tuple[str, float], ...] = ()
+    response: pb.ProcessingResponse,
+    destination: str,
+    scores: tuple[tuple[str, float], ...] = (),
+    receipt: str | None = None,
 ) -> None:
     """Write the decision into dynamic metadata `envoy.lb` (Envoy drops it unless the filter lists the namespace);
-    with scores (--emit-endpoint-scores), also the struct address → score under DESTINATION_SCORES_KEY."""
+    with scores (--emit-endpoint-scores), also the struct address → score under DESTINATION_SCORES_KEY; with a
+    route receipt (--emit-route-receipts), its JSON under ROUTE_RECEIPT_KEY."""
     fields = response.dynamic_metadata.fields[wire.LB_NAMESPACE].struct_value.fields
     fields[wire.DESTINATION_HEADER].string_value = destination
     if scores:
         by_address = fields[wire.DESTINATION_SCORES_KEY].struct_value.fields
         for address, score in scores:
             by_address[address].number_value = score
+    if receipt:
+        fields[wire.ROUTE_RECEIPT_KEY].string_value = receipt
 
 
 # Builders fill messages through attribute paths: with the upb backend that writes in place, where nested
@@ -195,10 +201,11 @@ class DecisionAnswers:
         body: bytes | None = None,
         cacheable: bool = True,
         scores: tuple[tuple[str, float], ...] = (),
+        receipt: str | None = None,
     ) -> pb.ProcessingResponse:
-        """The answer on the request headers (`phase` "headers") or, BUFFERED, on the body; `scores` go into the
-        `envoy.lb` metadata (a request's own: such an answer is not memoized)."""
-        cacheable = cacheable and body is None and not scores
+        """The answer on the request headers (`phase` "headers") or, BUFFERED, on the body; `scores` and `receipt`
+        go into the `envoy.lb` metadata (a request's own: such an answer is not memoized)."""
+        cacheable = cacheable and body is None and not scores and not receipt
         if cacheable:
             cached = self._answers.get((phase, set_headers, destination))
             if cached is not None:
@@ -208,7 +215,7 @@ class DecisionAnswers:
             response = request_headers_response(mutation, clear_route_cache=True)
         else:
             response = request_body_response(mutation, body, clear_route_cache=True)
-        decision_metadata(response, destination, scores)
+        decision_metadata(response, destination, scores, receipt)
         if cacheable:
             if len(self._answers) >= self._limit:
                 self._answers.clear()

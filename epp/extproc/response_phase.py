@@ -122,6 +122,7 @@ class ResponsePhases:
                 new_body if on_body else None,
                 cacheable,
                 decision.scores,
+                decision.receipt,
             )
             if how == DUPLEX:
                 out_body = new_body if new_body is not None else body

@@ -11,7 +11,9 @@ scrape succeeds. `PoolGauge` instead learns, from the last fresh reading, how ma
 pool holds at saturation 1.0 (in flight / saturation), and while every endpoint is stale reads saturation as our
 in-flight count over that limit: the pool keeps serving at the concurrency it last sustained.
 
-Either detector works here: `utilization-detector` or `concurrency-detector` (`epp.scheduling.saturation`).
+Any detector works here: `utilization-detector` or `concurrency-detector` (`epp.scheduling.saturation`), or
+`self-calibrating-detector` (`epp.scheduling.knee`), which weighs stale data itself (`weighs_staleness`): the
+gauge then passes its reading on as it is.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ class PoolGauge:
         if candidates.size == 0:
             return 1.0
         value = self.detector.saturation(snapshot, candidates, now)
+        if getattr(self.detector, "weighs_staleness", False):
+            self.last_stale = False
+            return value
         fresh = usable(snapshot.scraped_at[candidates], snapshot.scrape_failures[candidates], now, self.freshness)
         inflight = float(snapshot.inflight[candidates].sum())
         self.last_stale = not bool(np.any(fresh))

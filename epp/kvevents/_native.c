@@ -1,11 +1,12 @@
-/* The two numpy-bound steps of a precise pick, compiled: a request's block keys and the shared table's per-endpoint
- * prefix counts. Built at install when a compiler is there (setup.py: optional); `epp.kvevents.kernels` decides at
- * import whether these or the numpy code run.
+/* The numpy-bound steps of a pick, compiled: a request's block keys and the shared table's per-endpoint prefix
+ * counts (precise pick), and a prompt's chained block hashes (prefix-cache scorer). Built at install when a compiler
+ * is there (setup.py: optional); `epp.kvevents.kernels` decides at import whether these or the numpy code run.
  *
- * These are not definitions of their own: `BlockKeys.request_keys` (epp/kvevents/blockkeys.py) and
- * `SharedBlockTable.prefix_blocks` (epp/kvevents/shared.py) are, and every constant (the per-position multipliers,
- * the mix's multiplier and shifts, E, M, the root, the bucket size, the probe bound, the home shift) is passed in
- * from there; property tests hold the two equal. Buffers only (the buffer protocol), no numpy C API.
+ * These are not definitions of their own: `BlockKeys.request_keys` (epp/kvevents/blockkeys.py),
+ * `SharedBlockTable.prefix_blocks` (epp/kvevents/shared.py) and `BlockHasher.hash_bytes` (epp/scheduling/hashing.py)
+ * are, and every constant (the per-position multipliers, the mix's multiplier and shifts, E, M, the root, the bucket
+ * size, the probe bound, the home shift, the hash's shift and seed) is passed in from there; property tests hold the
+ * two equal. Buffers only (the buffer protocol), no numpy C API.
  *
  * Reading the table follows its writer protocol (shared.py): a new slot's mask is written before its key and a key
  * never changes once written, so a slot's key is loaded (acquire) before its mask; mask words are aligned 8-byte
@@ -304,11 +305,81 @@ done:
     return result;
 }
 
+/* prompt_hashes(data, words, n, k, shift, seed, out) -> None
+ *
+ * The prefix scorer's chained block hashes (epp/scheduling/hashing.py, `BlockHasher.hash_bytes`): data read as
+ * little-endian uint64 words w_i (i < n·words), k the per-position multipliers; c_i = x ^ (x >> shift) with
+ * x = w_i·K_i, and out[j] = seed + Σ_{i < (j+1)·words} c_i (mod 2^64), for each of the n blocks. */
+static PyObject *
+prompt_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "prompt_hashes takes 7 arguments");
+        return NULL;
+    }
+    Py_ssize_t words, n;
+    uint64_t shift, seed;
+    if (ssize_arg(args[1], &words, "words") < 0 || ssize_arg(args[2], &n, "n") < 0 ||
+        u64_arg(args[4], &shift, "shift") < 0 || u64_arg(args[5], &seed, "seed") < 0)
+        return NULL;
+    if (words < 1 || shift > 63) {
+        PyErr_SetString(PyExc_ValueError, "words must be positive and the shift in 0..63");
+        return NULL;
+    }
+    Py_buffer data, kb, out;
+    if (PyObject_GetBuffer(args[0], &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[3], &kb, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[6], &out, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&kb);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (n > PY_SSIZE_T_MAX / words / 8 || data.len < n * words * 8 || kb.len < n * words * 8) {
+        PyErr_SetString(PyExc_ValueError, "data or k hold fewer than n blocks of words");
+        goto done;
+    }
+    if (out.len < n * 8) {
+        PyErr_SetString(PyExc_ValueError, "out holds fewer than n uint64");
+        goto done;
+    }
+    if (aligned8(&kb, "k") < 0 || aligned8(&out, "out") < 0)
+        goto done;
+    const unsigned char *w = (const unsigned char *)data.buf;
+    const uint64_t *k = (const uint64_t *)kb.buf;
+    uint64_t *h = (uint64_t *)out.buf;
+    uint64_t acc = seed;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        for (Py_ssize_t t = 0; t < words; t++) {
+            Py_ssize_t i = j * words + t;
+            uint64_t x;
+            memcpy(&x, w + 8 * i, 8);
+            x *= k[i];
+            acc += x ^ (x >> shift);
+        }
+        h[j] = acc;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&kb);
+    PyBuffer_Release(&data);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"request_keys", (PyCFunction)(void (*)(void))request_keys, METH_FASTCALL,
      "A request's block keys into `out` (blockkeys.py's recurrence, its constants as arguments)."},
     {"prefix_blocks", (PyCFunction)(void (*)(void))prefix_blocks, METH_FASTCALL,
      "Per endpoint slot, the leading keys it holds, into `out`; returns the leading keys found (shared.py)."},
+    {"prompt_hashes", (PyCFunction)(void (*)(void))prompt_hashes, METH_FASTCALL,
+     "A prompt's chained block hashes into `out` (hashing.py's prefix identifiers, its constants as arguments)."},
     {NULL, NULL, 0, NULL},
 };
 

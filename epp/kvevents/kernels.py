@@ -1,14 +1,16 @@
-"""Which code computes a request's block keys and reads the shared table: compiled kernels or numpy, chosen once.
+"""Which code computes a request's block keys, reads the shared table and hashes a prompt's blocks: compiled kernels
+or numpy, chosen once.
 
-The numpy code in `epp.kvevents.blockkeys` and `epp.kvevents.shared` is the definition; `_native` (a small C
-extension, epp/kvevents/_native.c, built at install when a compiler is there) does the same two steps in one call
-each, with every constant passed in from those modules, because about 30 numpy calls on arrays this small were the
-floor of a pick (benchmarks/RESULTS.md, kv_events: both figures side by side). Property tests hold the two equal.
+The numpy code in `epp.kvevents.blockkeys` and `epp.kvevents.shared` is the definition (and, for the prefix-cache
+scorer's block hashes, `epp.scheduling.hashing`); `_native` (a small C extension, epp/kvevents/_native.c, built at
+install when a compiler is there) does the same steps in one call each, with every constant passed in from those
+modules, because about 30 numpy calls on arrays this small were the floor of a pick (benchmarks/RESULTS.md,
+kv_events and stream_path: both figures side by side). Property tests hold the two equal.
 
 `NATIVE` is the extension when it was built and not switched off (`EPP_NATIVE=0` in the environment, read by the
 extension when it is imported) on a little-endian machine (the table's layout is little-endian and the kernels read
 it in native order), else None; `name()` says which runs ("native" or "numpy"), for the startup log and
-/debug/pool. `BlockKeys` and `SharedBlockTable` take `NATIVE` when they are built.
+/debug/pool. `BlockKeys`, `SharedBlockTable` and `BlockHasher` take `NATIVE` when they are built.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class Kernels(Protocol):
         max_probe: int,
         out: Buf,
     ) -> int: ...
+
+    def prompt_hashes(self, data: Buf, words: int, n: int, k: Buf, shift: int, seed: int, out: Buf) -> None: ...
 
 
 _compiled: Kernels | None

@@ -103,6 +103,7 @@ class InferenceRequest(NamedTuple):
     # (4 bytes per token).
     token_ids: Sequence[int] | None = None
     no_body: bool = False  # the request has no body at all (request headers with end_of_stream)
+    queued_s: float = 0.0  # seconds it waited in flow control's queue (set by the pipeline; its route receipt's)
 
 
 class ControlHeaders(NamedTuple):

@@ -6,8 +6,10 @@ Upstream's behaviour (`pkg/epp/framework/plugins/scheduling/filter/prefixcacheaf
 - TTFT load gate: estimated TTFT = in-flight tokens / peakPrefillThroughput (15928 tokens/s) × 1000 ms; when the
   best (lowest) sticky estimate exceeds the best non-sticky one by more than maxTTFTPenaltyMs (18000; 0 = always
   stick), stickiness breaks and all are kept.
-Only `ttftSource: prefillThroughput` is implemented (the latency predictor is not); calibration files are not read
-(decision code reads no file). Randomness is seeded per plugin, so a replay decides the same.
+With `ttftSource: latencyPredictor` the estimate is the predicted-latency-producer's TTFT of this request on each
+endpoint (the picker's own latency model), and the in-flight estimate above until it predicts anything;
+calibration files are not read (decision code reads no file). Randomness is seeded per plugin, so a replay decides
+the same.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from epp.datastore.table import IntArray
 from epp.scheduling.framework import CycleState, PrefixMatch, produced
 from epp.scheduling.producers import inflight_load
+from epp.scheduling.slo import prediction_of
 
 
 class PrefixCacheAffinityFilter:
@@ -32,6 +35,7 @@ class PrefixCacheAffinityFilter:
         prefix_producer: str = "approx-prefix-cache-producer",
         load_producer: str = "inflight-load-producer",
         seed: int = 0,
+        latency_producer: str = "",
     ) -> None:
         self.name = name
         self.threshold = threshold
@@ -40,6 +44,7 @@ class PrefixCacheAffinityFilter:
         self.peak_prefill_tps = peak_prefill_tps
         self.prefix_producer = prefix_producer
         self.load_producer = load_producer
+        self.latency_producer = latency_producer  # "": prefillThroughput
         self._rng = np.random.default_rng(seed)
         self.decisions = {"sticky": 0, "no_sticky": 0, "exploration": 0, "load_override": 0}
 
@@ -56,8 +61,12 @@ class PrefixCacheAffinityFilter:
             self.decisions["exploration"] += 1
             return candidates
         if self.max_penalty_ms > 0.0:
-            tokens = np.asarray(state.take(inflight_load(state, self.load_producer).tokens, candidates), dtype=float)
-            ttft_ms = tokens / self.peak_prefill_tps * 1000.0
+            predicted = prediction_of(state, self.latency_producer, candidates) if self.latency_producer else None
+            if predicted is not None:
+                ttft_ms = predicted.ttft_ms
+            else:
+                load = inflight_load(state, self.load_producer).tokens
+                ttft_ms = np.asarray(state.take(load, candidates), dtype=float) / self.peak_prefill_tps * 1000.0
             if float(ttft_ms[sticky].min()) - float(ttft_ms[~sticky].min()) > self.max_penalty_ms:
                 self.decisions["load_override"] += 1
                 return candidates

@@ -38,11 +38,13 @@ from epp.config.model import (
     ProfileSpec,
 )
 from epp.datastore import Freshness
+from epp.datastore.observations import ObservationSink
 from epp.errors import ConfigError
 from epp.scheduling.disagg import Decider, DisaggScheduler, Stage
 from epp.scheduling.flow_plugins import flow_settings
 from epp.scheduling.framework import Filter, Picker, PickObserver, Producer
 from epp.scheduling.handler_factories import HandlerSpec
+from epp.scheduling.knee import KneeDetector
 from epp.scheduling.params import Params
 from epp.scheduling.pickers import MaxScorePicker
 from epp.scheduling.plugin_type import BuildContext, Built, Kind, Stability
@@ -194,7 +196,7 @@ def _check_references(config: EndpointPickerConfig, built: Built) -> None:
     if (
         detector is not None
         and detector in built
-        and not isinstance(built[detector][1], SaturationFilter | ConcurrencyDetector)
+        and not isinstance(built[detector][1], SaturationFilter | ConcurrencyDetector | KneeDetector)
     ):
         raise ConfigError(
             f"{source}: saturationDetector, plugin '{detector}' ({built[detector][2].type}): is not a detector"
@@ -261,8 +263,8 @@ def _build(
     _check_references(config, built)
     thresholds = config.saturation
     detector = built.get(config.saturation_detector_ref or "")
-    pool_detector: SaturationDetector | ConcurrencyDetector
-    if detector is not None and isinstance(detector[1], ConcurrencyDetector):
+    pool_detector: SaturationDetector | ConcurrencyDetector | KneeDetector
+    if detector is not None and isinstance(detector[1], ConcurrencyDetector | KneeDetector):
         pool_detector = detector[1]
         pool_detector.freshness = freshness
     else:
@@ -313,7 +315,9 @@ def _scheduler(
         (id(p), p) for r in profiles for p in r.profile.producers if isinstance(p, ApproxPrefixCacheProducer)
     )
     latency = {id(p): p for r in profiles for p in r.profile.producers if isinstance(p, PredictedLatencyProducer)}
-    learners = tuple(latency.values())  # the observation feed's sinks (epp.datastore.observations)
+    knees = [plugin for _, plugin, _, _ in built.values() if isinstance(plugin, KneeDetector)]
+    # the observation feed's sinks (epp.datastore.observations): the latency model, self-calibrating-detector
+    learners: tuple[ObservationSink, ...] = (*latency.values(), *knees)
     return Scheduler(
         handler=handler,
         saturation=handler.saturation,
@@ -330,7 +334,7 @@ def _scheduler(
         profiles=profiles,
         kv_events=next(iter(precise.values()), None),
         learners=learners,
-        uncached=learners[0].model.uncached if learners else None,
+        uncached=next(iter(latency.values())).model.uncached if latency else None,
     )
 
 

@@ -23,7 +23,9 @@ from epp.errors import ConfigError
 from epp.flowcontrol import FlowSettings
 from epp.flowcontrol import policies as fp
 from epp.flowcontrol.admission import Admitter, ProbabilisticAdmitter
+from epp.scheduling.knee import KneeDetector
 from epp.scheduling.params import Params
+from epp.scheduling.plugin_type import BuildContext
 from epp.scheduling.saturation import CONCURRENCY_MODES, ConcurrencyDetector, SaturationDetector
 
 
@@ -108,6 +110,12 @@ def concurrency_detector(name: str, params: Params) -> ConcurrencyDetector:
     params.text("inFlightLoadProducerName", "")
     params.finish()
     return ConcurrencyDetector(name, limit, headroom, mode, token_limit)
+
+
+def self_calibrating_detector(name: str, params: Params, ctx: BuildContext) -> KneeDetector:
+    """Ours: no parameter to tune (its rules and constants: `epp.scheduling.knee`); the pool's staleness rule."""
+    params.finish()
+    return KneeDetector(name, ctx.freshness)
 
 
 def probabilistic_admitter(name: str, params: Params) -> object:

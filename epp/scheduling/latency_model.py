@@ -25,9 +25,9 @@ import numpy as np
 from epp.datastore.observations import Observation
 from epp.datastore.table import FloatArray, IntArray
 
-D = 6  # features: 1, uncached k-tokens, queue/10, running/100, KV use, our in-flight/10
+D = 7  # features: 1, uncached k-tokens, queue/10, running/100, KV use, our in-flight/10, its prompt 10k-tokens
 TTFT, TPOT = 0, 1
-_SCALE = np.array([1.0, 1e-3, 0.1, 0.01, 1.0, 0.1])
+_SCALE = np.array([1.0, 1e-3, 0.1, 0.01, 1.0, 0.1, 1e-4])
 _REFRESH_EVERY = 64  # observations between batched solves of every endpoint (pool prior moves for cold ones)
 _ERROR_DECAY = 0.05  # weight of a new error in the exponentially-weighted mean error
 
@@ -38,27 +38,22 @@ def features(
     running: FloatArray,
     kv_usage: FloatArray,
     inflight: IntArray | FloatArray,
+    inflight_tokens: IntArray | FloatArray | float = 0.0,
 ) -> FloatArray:
     """The (n, D) design matrix of n picks; an unknown (NaN) scraped signal counts as 0 (our in-flight is always
     known, so a stale endpoint is still told apart by the load we sent it)."""
     x = np.empty((len(queue), D))
     x[:, 0] = 1.0
-    x[:, 1] = uncached
-    x[:, 2] = queue
-    x[:, 3] = running
-    x[:, 4] = kv_usage
-    x[:, 5] = inflight
-    np.nan_to_num(x, copy=False, nan=0.0)
-    x *= _SCALE
+    np.multiply(uncached, _SCALE[1], out=x[:, 1])
+    # fmax(NaN, 0) is 0: the scraped signals' unknowns become 0 in the same call that scales them (none is negative)
+    np.fmax(queue, 0.0, out=x[:, 2])
+    np.fmax(running, 0.0, out=x[:, 3])
+    np.fmax(kv_usage, 0.0, out=x[:, 4])
+    np.multiply(inflight, _SCALE[5], out=x[:, 5])
+    np.multiply(inflight_tokens, _SCALE[6], out=x[:, 6])  # the prompt work sent ahead: what its prefill queues behind
+    x[:, 2] *= _SCALE[2]
+    x[:, 3] *= _SCALE[3]
     return x
-
-
-def _monotone(theta: FloatArray) -> FloatArray:
-    """Weights with no negative load coefficient: more tokens, queue or load never predicts a faster answer. The
-    load features move together (our in-flight, the queue), and an unconstrained fit trades one against another;
-    a pick that then predicts lower latency after booking a request herds every request onto one endpoint."""
-    np.fmax(theta[..., 1:], 0.0, out=theta[..., 1:])
-    return theta
 
 
 class LatencyModel:
@@ -89,26 +84,22 @@ class LatencyModel:
 
     def predict(self, slots: IntArray, x: FloatArray) -> tuple[FloatArray, FloatArray]:
         """Predicted (TTFT ms, TPOT ms) per row of `x` (`features`) on `slots`; a slot never seen predicts with
-        the pool's weights. Never negative."""
+        the pool's weights. Never negative. Both targets in one einsum (a pick's fixed cost is its numpy calls, not
+        their arithmetic)."""
         theta = self.theta
-        if theta.shape[1] == 0:
-            ttft = x @ self.pool_theta[TTFT]
-            tpot = x @ self.pool_theta[TPOT]
+        n = slots.size
+        if 0 < n <= self._cap and slots[0] == 0 and slots[-1] == n - 1:  # slots 0..n-1: a view, no gather
+            weights = theta[:, :n]
+        elif self._cap == 0:
+            weights = np.broadcast_to(self.pool_theta[:, None, :], (2, n, D))
         else:
             inside = slots < self._cap
-            if bool(inside.all()):
-                ttft = np.einsum("ij,ij->i", x, theta[TTFT, slots])
-                tpot = np.einsum("ij,ij->i", x, theta[TPOT, slots])
-            else:
-                safe = np.where(inside, slots, 0)
-                own_t, own_p = theta[TTFT, safe], theta[TPOT, safe]
-                own_t[~inside] = self.pool_theta[TTFT]
-                own_p[~inside] = self.pool_theta[TPOT]
-                ttft = np.einsum("ij,ij->i", x, own_t)
-                tpot = np.einsum("ij,ij->i", x, own_p)
-        np.fmax(ttft, 0.0, out=ttft)
-        np.fmax(tpot, 0.0, out=tpot)
-        return ttft, tpot
+            weights = theta[:, np.where(inside, slots, 0)]
+            if not bool(inside.all()):
+                weights[:, ~inside] = self.pool_theta[:, None, :]
+        both: FloatArray = np.einsum("tij,ij->ti", weights, x)  # one call (a multiply and a sum cost twice that)
+        np.fmax(both, 0.0, out=both)
+        return both[TTFT], both[TPOT]
 
     def note_pick(self, slot: int, uncached_tokens: int) -> None:
         """The pick just made put a request with this many uncached prompt tokens on `slot` (the director reads it
@@ -136,6 +127,7 @@ class LatencyModel:
             np.array([p.running]),
             np.array([p.kv_usage]),
             np.array([p.inflight], dtype=np.float64),
+            float(p.inflight_tokens),
         )[0]
         outer = np.outer(x, x)
         learned = False
@@ -156,8 +148,8 @@ class LatencyModel:
             self.samples[target, slot] = lam * self.samples[target, slot] + 1.0
             self._pool_a[target] = pool_lam * self._pool_a[target] + outer
             self._pool_b[target] = pool_lam * self._pool_b[target] + x * y
-            self.pool_theta[target] = _monotone(
-                np.linalg.solve(self._pool_a[target] + 0.1 * self.ridge * self._eye, self._pool_b[target])
+            self.pool_theta[target] = np.linalg.solve(
+                self._pool_a[target] + 0.1 * self.ridge * self._eye, self._pool_b[target]
             )
             self.theta[target, slot] = self._solve(target, slot)
             learned = True
@@ -173,7 +165,7 @@ class LatencyModel:
         out: FloatArray = np.linalg.solve(
             self._a[target, slot] + ridge * self._eye, self._b[target, slot] + ridge * self.pool_theta[target]
         )
-        return _monotone(out)
+        return out
 
     def _refresh(self) -> None:
         """Every slot's weights again, against the pool prior as it is now (cold slots follow the pool)."""
@@ -182,7 +174,7 @@ class LatencyModel:
         for target in (TTFT, TPOT):
             lhs = self._a[target] + ridge * self._eye
             rhs = self._b[target] + ridge * self.pool_theta[target]
-            self.theta[target] = _monotone(np.linalg.solve(lhs, rhs[..., None])[..., 0])
+            self.theta[target] = np.linalg.solve(lhs, rhs[..., None])[..., 0]
 
     def _ensure(self, slot: int) -> None:
         if slot < self._cap:
@@ -209,6 +201,27 @@ class LatencyModel:
         self.error[:, slot] = math.nan
         self.predicted[:, slot] = math.nan
 
-    def addresses(self) -> list[tuple[int, str]]:
-        """(slot, address) of every slot that has learned (for /metrics and /debug/pool)."""
-        return [(slot, address) for slot, address in enumerate(self._address) if address]
+    def report(self) -> dict[str, object]:
+        """What /debug/pool and /metrics show: per endpoint that has learned, its samples (forgetting count), mean
+        absolute error and last prediction (ms) for each target; the pool's error and the observations so far."""
+        endpoints: dict[str, object] = {}
+        for slot, address in enumerate(self._address):
+            if not address:
+                continue
+            endpoints[address] = {
+                name: {
+                    "samples": round(float(self.samples[target, slot]), 2),
+                    "meanAbsErrorMs": _rounded(self.error[target, slot]),
+                    "lastPredictedMs": _rounded(self.predicted[target, slot]),
+                }
+                for name, target in (("ttft", TTFT), ("tpot", TPOT))
+            }
+        pool = {
+            name: {"meanAbsErrorMs": _rounded(self.pool_error[target])}
+            for name, target in (("ttft", TTFT), ("tpot", TPOT))
+        }
+        return {"observations": self.observations, "pool": pool, "endpoints": endpoints}
+
+
+def _rounded(value: float) -> float | None:
+    return None if value != value else round(float(value), 3)

@@ -4,7 +4,9 @@
   `ScoredCandidates`, every candidate its filters kept, not only the ones picked);
 - how many leading prompt blocks the picked endpoint already holds by the prefix producers' reckoning, or by a
   `prefix-cache-scorer` that matches by itself (`Prefer: if-available`: upstream reads the picked endpoint's
-  PrefixCacheMatchInfo).
+  PrefixCacheMatchInfo);
+- the pick's state, with each scorer's weighted term under `TERMS`: what a route receipt is made of
+  (`epp.scheduling.receipt`).
 
 The profile runner stores its candidates and totals in the pick's state under `SCORED` only for a detailed run
 (the director asks for one only then: the common path pays one flag test); `detail_of` reads them back.
@@ -21,12 +23,14 @@ from epp.datastore.table import FloatArray, IntArray
 from epp.scheduling.framework import CycleState, PrefixMatch
 
 SCORED = "pick-detail/scored"  # scratch key: (candidates after the filters, their weighted totals)
+TERMS = "pick-detail/terms"  # scratch key: [(scorer, weighted term per candidate or None, constant part)]
 
 
 class PickDetail(NamedTuple):
     scored: IntArray  # the slots the primary profile scored (its filters' survivors)
     scores: FloatArray  # their weighted scores (upstream's sum of clamped score × weight), one per slot
     cached_blocks: int  # leading prompt blocks the picked endpoint holds (0: none, or no prefix producer ran)
+    state: CycleState | None = None  # the primary profile's pick state: what a route receipt reads
 
 
 EMPTY = PickDetail(np.zeros(0, dtype=np.int64), np.zeros(0), 0)
@@ -45,4 +49,4 @@ def detail_of(state: CycleState, primary: int, scorers: tuple[CachedBlocks, ...]
         # Any prefix producer's match counts (a tiered config runs one per tier): the most blocks wins.
         if isinstance(value, PrefixMatch) and value.total > 0 and 0 <= primary < value.matched.size:
             blocks = max(blocks, int(value.matched[primary]))
-    return PickDetail(scored, scores, blocks)
+    return PickDetail(scored, scores, blocks, state)

@@ -258,6 +258,24 @@ class PrecisePrefixCacheProducer:
         state.scratch[self._key] = (keys, matched)
         publish(state, self.name, PrefixMatch(matched, int(keys.size), self.block_size))
 
+    def untrusted(self, state: CycleState) -> tuple[str, int, int]:
+        """What this pick's match rested on, for its route receipt: "no_tokens" (no engine token ids: every match
+        approximate), "approximate" (some candidate's match came from the fallback) or "precise"; and how many
+        candidates were stale and absent (never heard from). Read after the pick: its own pick owes nothing yet."""
+        if state.scratch.get(self._key) is None:
+            return "no_tokens", 0, 0
+        members = self._membership(state.snapshot.addresses)
+        stale = absent = 0
+        if members.never or self._unanswered:
+            now = state.now
+            for slot in self._suspects(state, members):
+                reason = self.trust(members.addresses[slot], now)
+                if reason == "stale":
+                    stale += 1
+                elif reason == "absent":
+                    absent += 1
+        return ("approximate" if stale or absent else "precise"), stale, absent
+
     def _membership(self, addresses: tuple[str, ...]) -> _Membership:
         """The snapshot ↔ index mapping (kept while the membership tuple is the same object and the index's
         version holds)."""

@@ -152,7 +152,7 @@ def slot_capacity(index: PrefixIndex, snapshot: Snapshot, slot: int, auto_tune: 
     """How many blocks `slot` may hold in `index`: its engine's GPU blocks when auto-tuned and reported (capped),
     else the index's default. One rule for the prefix scorer and the approximate producer."""
     if auto_tune:
-        gpu_blocks = float(snapshot.num_blocks[slot])
+        gpu_blocks = snapshot.num_blocks.item(slot)
         if math.isfinite(gpu_blocks) and gpu_blocks > 0:
             return min(int(gpu_blocks), MAX_TUNED_CAPACITY)
     return index.default_capacity
@@ -205,7 +205,8 @@ class PrefixCacheScorer(LinearScorer):
     def _hasher(self, snapshot: Snapshot, candidates: IntArray) -> BlockHasher:
         block = self.block_size
         if self.auto_tune and candidates.size:
-            tokens = float(snapshot.block_size[candidates[0]])  # one pool, one engine config: upstream reads pod 0
+            # One pool, one engine config: upstream reads pod 0. `item` gives Python numbers, no numpy scalars.
+            tokens = snapshot.block_size.item(candidates.item(0))
             if math.isfinite(tokens) and tokens > 0:
                 block = int(tokens) * AVERAGE_BYTES_PER_TOKEN
         hasher = self._hashers.get(block)
@@ -236,6 +237,11 @@ class PrefixCacheScorer(LinearScorer):
             return Linear(None, 0.0, 0.0)
         return Linear(state.take(matched, candidates), 1.0 / len(hashes), 0.0)
 
+    def lookup(self, state: CycleState) -> tuple[list[int], FloatArray, int] | None:
+        """This pick's lookup (the prompt's block hashes, blocks matched per slot, the longest match), if it ran."""
+        cached: tuple[list[int], FloatArray, int] | None = state.scratch.get(self._key)
+        return cached
+
     def cached_blocks(self, state: CycleState, slot: int) -> int:
         """Leading prompt blocks `slot` is believed to hold, as this pick scored them (0 when it did not score)."""
         cached: tuple[list[int], FloatArray, int] | None = state.scratch.get(self._key)
@@ -249,7 +255,7 @@ class PrefixCacheScorer(LinearScorer):
             return
         snapshot = state.snapshot
         self.index.add(
-            slot, snapshot.addresses[slot], hashes, int(matched[slot]), self._capacity(snapshot, slot), reach
+            slot, snapshot.addresses[slot], hashes, int(matched.item(slot)), self._capacity(snapshot, slot), reach
         )
         if self.on_pick is not None:
             self.on_pick(slot, hashes)

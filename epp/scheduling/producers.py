@@ -188,6 +188,11 @@ class ApproxPrefixCacheProducer:
             self.hit_bytes.observe(reach * block_tokens * BYTES_PER_TOKEN)
         publish(state, self.name, PrefixMatch(matched, len(hashes), block_tokens))
 
+    def lookup(self, state: CycleState) -> tuple[list[int], FloatArray, int] | None:
+        """This pick's lookup (the prompt's block hashes, blocks matched per slot, the longest match), if it ran."""
+        cached: tuple[list[int], FloatArray, int] | None = state.scratch.get(self._key)
+        return cached
+
     def picked(self, state: CycleState, slot: int) -> None:
         cached = state.scratch.get(self._key)
         if cached is None or not cached[0]:

@@ -26,7 +26,8 @@ from epp.scheduling.framework import (
     Scorer,
     sanitize,
 )
-from epp.scheduling.pick_detail import EMPTY, SCORED, PickDetail, detail_of
+from epp.scheduling.pick_detail import EMPTY, SCORED, TERMS, PickDetail, detail_of
+from epp.scheduling.receipt import ReceiptReader
 from epp.scheduling.saturation import SaturationDetector
 
 
@@ -84,6 +85,13 @@ class ProfileScheduler:
             if s.weight > 0
         )
         self._picker = profile.picker
+        # What a detailed pick's route receipt reads (`epp.scheduling.receipt`): the weighted scorers' terms, in order.
+        self.receipts = ReceiptReader(
+            profile.name,
+            [s.scorer for s in profile.scorers],
+            profile.producers,
+            tuple(plugin.name for *_, plugin in self._scorers),
+        )
         self._cached_blocks = tuple(
             s.scorer.cached_blocks for s in profile.scorers if hasattr(s.scorer, "cached_blocks")
         )
@@ -184,11 +192,17 @@ class ProfileScheduler:
                 return (), state
         total: FloatArray | None = None
         offset = 0.0  # the linear scorers' constant parts, added once at the end
-        for score, weight, bounded, linear, _ in scorers:
+        # A detailed run keeps each scorer's weighted term (None: the same everywhere) and constant part: the
+        # receipt's contributions (`epp.scheduling.receipt`). The common run pays one test per scorer.
+        terms: list[tuple[str, FloatArray | None, float]] | None = [] if detailed else None
+        for score, weight, bounded, linear, plugin in scorers:
             if linear is not None:
                 form: Linear = linear(state, candidates)
                 offset += weight * form.offset
                 term = form.term(weight)  # a new array: `values` may be a snapshot column
+                if terms is not None:
+                    terms.append((plugin.name, term if total is not None or term is None else term.copy(),
+                                  weight * form.offset))  # fmt: skip
                 if term is None:
                     continue
                 scores = term
@@ -197,6 +211,8 @@ class ProfileScheduler:
                 if not bounded:
                     scores = sanitize(np.array(scores, dtype=np.float64))
                 scores *= weight
+                if terms is not None:
+                    terms.append((plugin.name, scores if total is not None else scores.copy(), 0.0))
             if total is None:
                 total = scores
             else:
@@ -211,6 +227,7 @@ class ProfileScheduler:
             np.fmax(total, 0.0, out=total)  # a NaN that slipped through counts as 0, not as "best"
         if detailed:
             state.scratch[SCORED] = (candidates, total)  # for `detail`: the scores
+            state.scratch[TERMS] = terms
         slots = pick(state, candidates, total)
         if slots:
             primary = int(slots[0])

@@ -135,6 +135,12 @@ def _register_flow_control(r: Callable[..., None]) -> None:
     ):
         r(t, fc, _flow(flow_plugins.eviction_policy, t), summary, stability=Stability.ALPHA)
     r("concurrency-detector", Kind.FILTER, _named(flow_plugins.concurrency_detector), "in flight over capacity")
+    r(
+        "self-calibrating-detector",
+        Kind.FILTER,
+        flow_plugins.self_calibrating_detector,
+        "load over each endpoint's learned knee (ours)",
+    )
     r("probabilistic-admitter", Kind.ADMITTER, _named(flow_plugins.probabilistic_admitter), "sheds sheddable load")
     r("latency-slo-admitter", Kind.ADMITTER, slo_factories.latency_slo_admitter, "refuses unmeetable SLOs")
     r("slo-headroom-tier-filter", Kind.FILTER, slo_factories.headroom_filter, "endpoints with SLO headroom first")

@@ -53,11 +53,20 @@ def prefix_affinity_filter(name: str, params: Params, ctx: BuildContext) -> obje
         prefix_producer=params.text("prefixMatchInfoProducerName", "") or "approx-prefix-cache-producer",
         load_producer=params.text("inFlightLoadProducerName", "") or "inflight-load-producer",
         seed=ctx.next_seed(),
+        latency_producer=_latency_producer(ctx) if source == "latencyPredictor" else "",
     )
     params.finish()
-    if source != "prefillThroughput":
-        raise params.error("ttftSource", f"{source!r}: only prefillThroughput (latency prediction is not implemented)")
+    if source not in ("prefillThroughput", "latencyPredictor"):
+        raise params.error("ttftSource", f"{source!r}: expected prefillThroughput or latencyPredictor")
     return plugin
+
+
+def _latency_producer(ctx: BuildContext) -> str:
+    """The config's predicted-latency-producer (the TTFT estimate of `ttftSource: latencyPredictor`)."""
+    for plugin_name, type_name in ctx.plugin_types.items():
+        if type_name == "predicted-latency-producer":
+            return plugin_name
+    return "predicted-latency-producer"
 
 
 def picker(cls: Callable[..., object]) -> Factory:

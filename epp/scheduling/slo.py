@@ -28,7 +28,7 @@ from epp.datastore.observations import Observation
 from epp.datastore.table import FloatArray, IntArray
 from epp.flowcontrol.admission import COLD_KV, LatencySloAdmitter
 from epp.flowcontrol.types import QueuedRequest
-from epp.scheduling.framework import CycleState, PrefixMatch, Signal, produced, publish
+from epp.scheduling.framework import CycleState, PrefixMatch, Signal, produced, publish, sanitize
 from epp.scheduling.latency_model import LatencyModel, features
 from epp.scheduling.producers import tokenized
 
@@ -81,8 +81,10 @@ class PredictedLatencyProducer:
         queue, _ = state.signal(Signal.EFFECTIVE_QUEUE, candidates)
         running, _ = state.signal(Signal.RUNNING, candidates)
         kv, _ = state.signal(Signal.KV_USAGE, candidates)
-        inflight = state.take(state.snapshot.inflight, candidates)
-        ttft, tpot = self.model.predict(candidates, features(uncached, queue, running, kv, inflight))
+        snapshot = state.snapshot
+        inflight = state.take(snapshot.inflight, candidates)
+        held = state.take(snapshot.inflight_tokens, candidates)
+        ttft, tpot = self.model.predict(candidates, features(uncached, queue, running, kv, inflight, held))
         ttft_slo = _slo(state.request, "slo_ttft_ms") * self.buffer
         tpot_slo = _slo(state.request, "slo_tpot_ms") * self.buffer
         ttft_room = (ttft_slo - ttft) if ttft_slo == ttft_slo else -ttft
@@ -191,7 +193,7 @@ class LatencyScorer:
         if total <= 0:
             return np.zeros(candidates.size)
         out: FloatArray = (w_kv * free + w_queue * short + w_prefix * prefix) / total
-        return out
+        return sanitize(out)  # a KV use above 1 (an engine's own rounding) must not score below 0
 
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
         found = prediction_of(state, self.producer, candidates)
@@ -225,7 +227,7 @@ class LatencyScorer:
         if not most and bool(positive.any()):  # `least`: the smallest headroom that meets the SLO
             nt, np_ = 1.0 - nt, 1.0 - np_
         out[chosen] = (wt * nt + wp * np_) / total
-        return out
+        return sanitize(out)
 
 
 class PredictiveSloAdmitter:
@@ -261,6 +263,7 @@ class PredictiveSloAdmitter:
             snapshot.running[candidates],
             snapshot.kv_usage[candidates],
             snapshot.inflight[candidates],
+            snapshot.inflight_tokens[candidates],
         )
         ttft, _ = producer.model.predict(candidates, x)
         waited_ms = max(0.0, now - item.received_at) * 1000.0

@@ -63,7 +63,7 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
         "filter",
         False,
         _S,
-        "ttftSource prefillThroughput only; calibration files are not read",
+        "ttftSource prefillThroughput or latencyPredictor (the picker's own model); calibration files are not read",
     ),
     UpstreamType("slo-headroom-tier-filter", "filter", False, _S, _LAT + "both SLOs met first; epsilonExploreNeg"),
     UpstreamType(

@@ -8,7 +8,7 @@ so no result can come from a simulator tuned for one of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Llama-3.1-8B: 32 layers × 8 KV heads × head dim 128 × (K and V) × 2 bytes (bf16) = 131,072 B = 128 KiB per token.
 KV_BYTES_PER_TOKEN_LLAMA_8B = 32 * 8 * 128 * 2 * 2
@@ -83,11 +83,26 @@ L4_LLAMA_8B = EngineProfile(
 )
 
 PROFILES: dict[str, EngineProfile] = {"h100": H100_LLAMA_8B, "l4": L4_LLAMA_8B}
+MAX_NUM_SEQS_RANGE = (1, 4096)  # what `<profile>-s<N>` accepts
+
+
+def with_max_num_seqs(profile: EngineProfile, max_num_seqs: int) -> EngineProfile:
+    """The same GPU and model served with another `--max-num-seqs` (vLLM's batch cap: 256 by default, deployments
+    run 32 to 600 and more). Only the cap changes; where the KV cache holds fewer sequences, it binds first."""
+    low, high = MAX_NUM_SEQS_RANGE
+    if not low <= max_num_seqs <= high:
+        raise ValueError(f"max-num-seqs {max_num_seqs}: expected {low}..{high}")
+    return replace(profile, name=f"{profile.name}-s{max_num_seqs}", max_num_seqs=max_num_seqs)
 
 
 def profile_named(name: str) -> EngineProfile:
-    """A built-in profile by short name (h100, l4); ValueError naming the choices otherwise."""
+    """A built-in profile by short name (h100, l4), optionally with another batch cap: `h100-s600`, `l4-s32`
+    (`with_max_num_seqs`); ValueError naming the choices otherwise."""
+    base, sep, seqs = name.rpartition("-s")
+    if sep and base in PROFILES and seqs.isdigit():
+        return with_max_num_seqs(PROFILES[base], int(seqs))
     try:
         return PROFILES[name]
     except KeyError:
-        raise ValueError(f"unknown profile {name!r}; choose from {', '.join(sorted(PROFILES))}") from None
+        choices = ", ".join(sorted(PROFILES))
+        raise ValueError(f"unknown profile {name!r}; choose from {choices} (or <profile>-s<max-num-seqs>)") from None

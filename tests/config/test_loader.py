@@ -20,6 +20,7 @@ REFERENCE_VERDICTS = {
     "gie-configloader_1_test.yaml": ("plugin 'test1'", "type 'test-one'", "not implemented"),
     "gie-integration-datalayer-config.yaml": ("plugin 'mock-metrics-source'", "not implemented"),
     "llmd-router-precise-prefix-cache-config.yaml": None,
+    "llmd-router-chart-predicted-latency-config.yaml": None,
     "llmd-router-pd-epp-config.yaml": None,
     "llmd-router-sim-pd-epp-config.yaml": None,
 }

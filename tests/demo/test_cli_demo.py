@@ -73,6 +73,7 @@ def test_short_demo_prints_the_summary_and_stops_everything_it_started(
     for row in ("TTFT p50", "TTFT p90", "prefix-cache hit rate", "requests on sim-0 (h100)", "requests on sim-1 (l4)"):
         assert row in out
     assert ["picker", "round-robin"] in [line.split() for line in out.splitlines()]  # the table's header
+    assert "degradation alarms: none" in out  # a healthy run raises no silent-degradation alarm
     assert "[" in err and "sent" in err  # the progress bar went to stderr
     pids = _pids(out)
     assert len(pids) == 3

@@ -1,7 +1,9 @@
 import numpy as np
-from hypothesis import given
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from epp.kvevents import kernels
 from epp.scheduling.hashing import BlockHasher
 
 
@@ -53,3 +55,37 @@ def test_changing_one_byte_changes_that_block_and_every_later_one(text, position
 def test_absurd_block_settings_are_bounded() -> None:
     hasher = BlockHasher(10**9, max_blocks=10**9)  # e.g. from a garbage cache_config_info
     assert hasher.words * hasher.max_blocks <= 1 << 22
+
+
+def _numpy_twin(hasher: BlockHasher) -> BlockHasher:
+    twin = BlockHasher(hasher.block_bytes, hasher.max_blocks)
+    twin._native = None  # the numpy definition
+    return twin
+
+
+@pytest.mark.skipif(kernels.NATIVE is None, reason="the compiled kernels are switched off")
+@settings(max_examples=200)
+@given(
+    block_bytes=st.integers(1, 300),
+    max_blocks=st.integers(1, 40),
+    data=st.binary(max_size=4096),
+    model=st.text(max_size=20),
+)
+def test_compiled_block_hashes_equal_the_numpy_definition(
+    block_bytes: int, max_blocks: int, data: bytes, model: str
+) -> None:
+    hasher = BlockHasher(block_bytes, max_blocks)
+    assert hasher._native is kernels.NATIVE
+    compiled = hasher.hash_bytes(data, model)
+    defined = _numpy_twin(hasher).hash_bytes(data, model)
+    assert compiled.dtype == defined.dtype == np.uint64
+    assert compiled.tolist() == defined.tolist()
+
+
+@pytest.mark.skipif(kernels.NATIVE is None, reason="the compiled kernels are switched off")
+def test_compiled_block_hashes_of_a_long_prompt_at_the_default_cap() -> None:
+    hasher = BlockHasher(64, 256)
+    prompt = "".join(chr(32 + (i * 7919) % 9000) for i in range(40_000))  # multi-byte characters, past the cap
+    compiled = hasher.hash_prompt(prompt, "llama")
+    assert compiled.size == 256
+    assert compiled.tolist() == _numpy_twin(hasher).hash_prompt(prompt, "llama").tolist()

@@ -98,3 +98,21 @@ def test_a_sheddable_request_no_endpoint_can_serve_in_time_is_refused() -> None:
     assert not admitter.admit(tight, snap, snap.slots, 10.0, 0.5, 0.0)
     assert admitter.admit(loose, snap, snap.slots, 10.0, 0.5, 0.0)
     assert admitter.admit(critical, snap, snap.slots, 10.0, 0.5, 0.0)
+
+
+def test_the_affinity_filter_reads_the_predicted_ttft_with_ttft_source_latency_predictor() -> None:
+    from epp.scheduling.affinity_filter import PrefixCacheAffinityFilter
+    from epp.scheduling.framework import PrefixMatch, publish
+
+    model = LatencyModel()
+    _teach(model, 0, 9000.0)  # the endpoint holding the prefix is predicted 9 s slow
+    _teach(model, 1, 50.0)
+    producer = PredictedLatencyProducer("p", model)
+    snap = table_with([{"waiting": 1.0, "kv_usage": 0.3}] * 2).snapshot()
+    st = state(snap, request("hello"))
+    publish(st, "approx-prefix-cache-producer", PrefixMatch(np.array([10.0, 0.0]), 10, 16))
+    producer.produce(st)
+    predicted = PrefixCacheAffinityFilter("f", max_penalty_ms=5000.0, latency_producer="p")
+    throughput = PrefixCacheAffinityFilter("f", max_penalty_ms=5000.0)  # no tokens in flight: stays sticky
+    assert predicted.filter(st, snap.slots).tolist() == [0, 1]  # the penalty is over 5 s: stickiness breaks
+    assert throughput.filter(st, snap.slots).tolist() == [0]

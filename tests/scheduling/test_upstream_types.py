@@ -14,7 +14,13 @@ from epp.scheduling.registry import builtin_registry
 from epp.scheduling.upstream_types import UPSTREAM_TYPES, Status
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "scheduling.md"
-OWN_TYPES = {"inflight-load-scorer", "label-filter", "rendezvous-picker", "saturation-filter"}
+OWN_TYPES = {
+    "inflight-load-scorer",
+    "label-filter",
+    "rendezvous-picker",
+    "saturation-filter",
+    "self-calibrating-detector",
+}
 
 
 def test_every_registered_type_is_upstreams_or_our_own() -> None:

@@ -1,0 +1,180 @@
+"""SLO attainment in virtual time: the picker's SLO-aware profile (upstream's predicted-latency types on the
+picker's own online latency model) against the default profile and an oracle that knows each request's TTFT.
+
+    python -m benchmarks.slo --load 0.8,1.1 --requests 2000
+
+Each request carries a TTFT objective drawn per request (`x-llm-d-slo-ttft-ms`: 20 % tight, 50 % medium, 30 %
+loose, multiples of the pool's unloaded TTFT); attainment is the share of all requests whose TTFT met their own
+objective (a shed request counts as missed, and the shed are reported beside it). The pool mixes engine profiles
+(`--profiles`, cycled), so endpoints differ in speed and no one load signal ranks them. Same code path as
+benchmarks/quality.py: the real Director and scheduler over simulated scrapes; the learner is fed by the
+observation feed (`Policy.done` → `Director.complete` with the engine's timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from benchmarks.policies import MODEL, Oracle, Picker
+from benchmarks.virtual_time import capacity, simulate
+from benchmarks.workloads import Item, load, prompt_text, scaled_arrivals
+from epp.config.decode import parse_config
+from epp.requests import ApiKind, InferenceRequest
+from epp.scheduling import build_scheduler
+from epp.sim.engine import Engine, SimRequest
+from epp.sim.profiles import EngineProfile, profile_named
+
+TIERS = ((0.3, 2.0), (0.4, 5.0), (0.3, 20.0))  # (share, multiple of the unloaded TTFT)
+
+
+def slo_config(latency_weight: float = 2.0, strategy: str = "least") -> dict[str, object]:
+    """Our built-in profile with upstream's SLO plugins added (as upstream's predicted-latency sample adds them):
+    the prefix match from an approximate producer that both the prefix scorer and the latency producer read (its
+    uncached tokens), the headroom tier filter before the scorers, and the latency scorer beside the load and
+    prefix scorers."""
+    prefix = {"prefixMatchInfoProducerName": "approx-prefix-cache-producer"}
+    scorers = [
+        ("queue-scorer", 2.0, {}),
+        ("kv-cache-utilization-scorer", 2.0, {}),
+        ("prefix-cache-scorer", 3.0, prefix),
+        ("inflight-load-scorer", 2.0, {}),
+        ("latency-scorer", latency_weight, {"headroomSelectionStrategy": strategy}),
+    ]
+    plugins: list[dict[str, object]] = [
+        {"type": "approx-prefix-cache-producer", "parameters": {"blockSize": 64}},
+        {"type": "predicted-latency-producer", "parameters": {"streamingMode": True}},
+        {"type": "slo-headroom-tier-filter"},
+        *({"type": t, "parameters": p} for t, _, p in scorers),
+        {"type": "max-score-picker"},
+    ]
+    refs: list[dict[str, object]] = [
+        {"pluginRef": "approx-prefix-cache-producer"},
+        {"pluginRef": "predicted-latency-producer"},
+        {"pluginRef": "slo-headroom-tier-filter"},
+        *({"pluginRef": t, "weight": w} for t, w, _ in scorers if w > 0),
+        {"pluginRef": "max-score-picker"},
+    ]
+    return {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": plugins,
+        "schedulingProfiles": [{"name": "default", "plugins": refs}],
+    }
+
+
+class SloPicker(Picker):
+    """The picker with each request's TTFT objective on it (the header the parser reads)."""
+
+    def __init__(self, name: str, n: int, scheduler: object, clock: object, slos: np.ndarray) -> None:
+        super().__init__(name, n, scheduler, clock)  # type: ignore[arg-type]
+        self.slos = slos
+
+    def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
+        request = InferenceRequest(
+            request_id=str(index),
+            api=ApiKind.COMPLETIONS,
+            model=MODEL,
+            prompt=prompt_text(index, item),
+            slo_ttft_ms=float(self.slos[index]) * 1e3,
+        )
+        decision = self.director.decide(request)
+        self._decisions[index] = decision
+        return self.server_of(decision.slot)
+
+
+def objectives(items: Sequence[Item], profile: EngineProfile, seed: int) -> np.ndarray:
+    """Each request's TTFT objective (seconds): a tier's multiple of its own unloaded TTFT on `profile` (its whole
+    prompt prefilled, one step's fixed cost), so a long prompt gets a proportionally longer objective."""
+    rng = np.random.default_rng(seed + 7)
+    shares = np.array([s for s, _ in TIERS])
+    multiples = np.array([m for _, m in TIERS])
+    own = np.array([it.prompt_tokens * profile.prefill_s_per_token + profile.step_base_s for it in items])
+    return multiples[rng.choice(len(TIERS), size=len(items), p=shares / shares.sum())] * own
+
+
+class SloOracle(Oracle):
+    """Knows each request's true TTFT on every endpoint (the engines' real queues and caches) and its objective:
+    the endpoint that meets the objective with the least slack (the fast ones kept for tight objectives), else the
+    fastest."""
+
+    name = "slo-oracle"
+
+    def __init__(self, engines: Sequence[Engine], seed: int, slos: np.ndarray) -> None:
+        super().__init__(engines, seed)
+        self.slos = slos
+
+    def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
+        ttft = np.array([self.predicted_ttft(e, req) for e in self._engines])
+        meets = np.flatnonzero(ttft <= self.slos[index])
+        if meets.size:
+            return int(meets[np.argmax(ttft[meets])])
+        return int(np.argmin(ttft))
+
+
+def run(args: argparse.Namespace) -> list[str]:
+    items = load(args.workload, args.requests, None, args.seed)
+    profiles = [profile_named(p.strip()) for p in args.profiles.split(",")]
+    pool = [profiles[i % len(profiles)] for i in range(args.endpoints)]
+    per = {p.name: capacity(items, p, seed=args.seed) for p in profiles}
+    pool_capacity = sum(per[p.name] for p in pool)
+    slos = objectives(items, profiles[0], args.seed)
+    n = len(pool)
+
+    def factories() -> dict[str, object]:
+        return {
+            "default": lambda e, c: Picker("epp", n, build_scheduler(None, seed=args.seed), c),
+            "slo": lambda e, c: SloPicker(
+                "slo", n, build_scheduler(parse_config(slo_config(), "<slo>"), seed=args.seed), c, slos
+            ),
+            "oracle": lambda e, c: Oracle(e, args.seed),
+            "slo-oracle": lambda e, c: SloOracle(e, args.seed, slos),
+        }
+
+    lines = [
+        f"workload {args.workload}, {len(items)} requests, {n} endpoints ({args.profiles} cycled), pool capacity "
+        f"{pool_capacity:.1f} req/s, objectives "
+        + ", ".join(f"{int(s * 100)} % at {m:g}x" for s, m in TIERS)
+        + f" the request's own unloaded TTFT on {profiles[0].name}",
+        "",
+        "| load | policy | SLO attainment | shed | TTFT p50 ms | TTFT p90 ms | vs default | vs oracle |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    skip = int(len(items) * args.warmup)
+    for ld in [float(x) for x in args.load.split(",")]:
+        arrivals = scaled_arrivals(items, ld * pool_capacity)
+        got: dict[str, tuple[float, np.ndarray]] = {}
+        for name, factory in factories().items():
+            result = simulate(items, arrivals, pool, factory, scrape_interval=args.scrape_interval)
+            ttft = result.ttft[skip:]
+            met = float(np.mean(ttft <= slos[skip:]))
+            got[name] = (met, ttft)
+        for name, (met, ttft) in got.items():
+            lines.append(
+                f"| {ld:.2f} | {name} | {met:.3f} | 0 | {np.nanpercentile(ttft, 50) * 1e3:.0f} | "
+                f"{np.nanpercentile(ttft, 90) * 1e3:.0f} | {met / got['default'][0]:.2f}x | "
+                f"{met / got['oracle'][0]:.2f}x |"
+            )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--workload", default="azure-conv")
+    p.add_argument("--load", default="0.8,1.1")
+    p.add_argument("--endpoints", type=int, default=8)
+    p.add_argument("--requests", type=int, default=2000)
+    p.add_argument("--profiles", default="h100,l4")
+    p.add_argument("--scrape-interval", type=float, default=0.05)
+    p.add_argument("--warmup", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    print("\n".join(run(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

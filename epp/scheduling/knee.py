@@ -1,0 +1,189 @@
+"""`self-calibrating-detector`: saturation from each endpoint's own knee, learned from the picker's observations.
+
+Upstream's detectors need a number per deployment: `utilization-detector`'s queue depth and KV thresholds,
+`concurrency-detector`'s maxConcurrency. The right number depends on the engine (max-num-seqs 32 or 600, an H100
+or an L4, the prompts it gets), so a mixed pool has no right number at all. This detector needs none: it learns,
+per endpoint, the *knee* — how many requests the engine can hold (running + waiting, ours and anyone's) before
+queueing delay starts to grow — from every finished request (`observe`, the observation feed of
+`epp.datastore.observations`), and reads saturation as each endpoint's load over its knee, averaged over the pool.
+
+The knee, per observation (load `L` = running + effective queue at pick, this request the `L + 1`-th):
+- *delayed* means the request's TTFT per token (uncached prompt tokens + `TOKEN_OFFSET`, so a cached prompt's
+  one step counts) was more than `DELAY_FACTOR` × the endpoint's floor: its queueing delay at least matched the
+  work itself, the classic knee (an M/M/1 queue at half load waits one service time);
+- not delayed: the endpoint held `L + 1` without queueing. Until the first delay the knee is twice the largest
+  such load (a slow start: an endpoint never seen full has room we have not seen); after it, one request more
+  per undelayed observation near the knee (a probe), so a gate at the knee still discovers more room;
+- delayed at a load below the knee: the knee moves halfway down to that load.
+The floor follows the fast requests at once and drifts up slowly (low load only): a slower model server is
+relearned, and a slot whose address changed starts again.
+
+Stale data lowers confidence instead of counting as full or empty (upstream counts it full, and a small pool
+freezes, llm-d-router #2408). Our own requests in flight to an endpoint are known without any scrape, so an
+endpoint's load is `c × max(scraped load, ours) + (1 − c) × ours`, with confidence `c` = 1 while its data is
+usable, then `staleness / age` (0 once it fails `max_failures` scrapes in a row or was never scraped); an
+observation taken on stale features moves the knee by `c` of a full step. A stale endpoint keeps taking
+requests up to its knee, counted by our own bookings; a wholly stale pool too (no freeze). KV-cache use is the
+one physical limit read as is (1.0 = full). An endpoint not yet learned borrows the pool's median knee; with no
+knee learned anywhere (a cold pool), one request waiting inside it counts full, as `queueDepthThreshold: 1`.
+
+Pure: `now` and the observations' `finished_at` are its only time; bounded per-slot state (a few floats).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from epp.datastore import Freshness, Snapshot
+from epp.datastore.observations import Observation
+from epp.datastore.table import BoolArray, FloatArray, IntArray
+from epp.scheduling.framework import CycleState
+
+SELF_CALIBRATING_TYPE = "self-calibrating-detector"
+DELAY_FACTOR = 3.0  # delayed: TTFT per token above this × the floor (queueing delay ≥ twice the work)
+TOKEN_OFFSET = 256.0  # tokens added to the uncached ones: one engine step's fixed cost, in prefill tokens
+FLOOR_DRIFT = 0.02  # how far toward a slower request the floor moves per low-load observation
+SLOW_START = 2.0  # until the first delay, the knee is this × the largest load held without delay
+NEAR_KNEE = 0.9  # an undelayed observation at or above this × the knee probes further
+NEAR_KNEE_ABOVE = 1.1  # a delayed observation up to this × the knee pulls it down
+STEP_UP = 0.01  # the probe: the knee × (1 + this) per undelayed observation near it
+STEP_DOWN = 0.04  # the knee × (1 − this) per delayed observation below it: it settles where a fifth of the
+#                   requests near it are delayed (0.01 / (0.01 + 0.04)), a few unlucky ones do not pull it down
+
+
+class KneeDetector:
+    """Per-endpoint knees learned online; the pool's saturation = mean over candidates of load / knee."""
+
+    type_name = SELF_CALIBRATING_TYPE
+    weighs_staleness = True  # stale data lowers its confidence: flow control's all-stale fallback is not needed
+
+    def __init__(self, name: str = SELF_CALIBRATING_TYPE, freshness: Freshness | None = None) -> None:
+        self.name = name
+        self.freshness = freshness or Freshness()
+        self._knee = np.full(0, np.nan)  # requests the endpoint holds before queueing delay grows; NaN: unknown
+        self._floor = np.full(0, np.nan)  # its undelayed TTFT per token
+        self._probing = np.zeros(0, dtype=bool)  # slow start: no delay seen yet
+        self._address: list[str] = []
+        self.observations = 0
+
+    # -- learning ------------------------------------------------------------------------------------------------
+
+    def _slot(self, slot: int, address: str) -> None:
+        if slot >= self._knee.size:
+            grow = max(slot + 1, 2 * self._knee.size) - self._knee.size
+            self._knee = np.concatenate([self._knee, np.full(grow, np.nan)])
+            self._floor = np.concatenate([self._floor, np.full(grow, np.nan)])
+            self._probing = np.concatenate([self._probing, np.ones(grow, dtype=bool)])
+            self._address += [""] * grow
+        if self._address[slot] != address:  # a new endpoint in a reused slot: what we knew was another's
+            self._address[slot] = address
+            self._knee[slot] = math.nan
+            self._floor[slot] = math.nan
+            self._probing[slot] = True
+
+    def observe(self, obs: Observation) -> None:
+        """One finished request: its load at pick and its TTFT move the endpoint's floor and knee."""
+        if not obs.ttft_s >= 0:  # NaN (no first byte) or a clock that went back
+            return
+        self._slot(obs.slot, obs.address)
+        f = obs.pick
+        c = _confidence(f.scrape_age_s, self.freshness.staleness_s)
+        scraped = f.running + f.queue
+        ours = float(f.inflight)
+        load = ours if math.isnan(scraped) else c * max(scraped, ours) + (1.0 - c) * ours
+        held = load + 1.0  # this request made it load + 1
+        per_token = obs.ttft_s / (max(f.uncached_tokens, 0) + TOKEN_OFFSET)
+        s = obs.slot
+        knee, floor = float(self._knee[s]), float(self._floor[s])
+        if math.isnan(floor) or per_token < floor:
+            floor = per_token if math.isnan(floor) else 0.5 * (floor + per_token)
+        elif math.isnan(knee) or held <= 0.5 * knee:
+            floor += FLOOR_DRIFT * c * (per_token - floor)
+        delayed = per_token > DELAY_FACTOR * floor
+        if math.isnan(knee):
+            knee = SLOW_START * held
+        if self._probing[s]:
+            if not delayed:
+                knee = max(knee, SLOW_START * held)
+            elif held >= 0.5 * knee:  # the first delay near the slow start's limit ends it
+                self._probing[s] = False
+                knee = max(held, 0.5 * knee)
+        elif not delayed and held >= NEAR_KNEE * knee:  # room at (or past) the knee: probe further
+            knee *= 1.0 + STEP_UP * c
+        elif delayed and 0.5 * knee <= held <= NEAR_KNEE_ABOVE * knee:  # a delay at or below the knee (far
+            knee *= 1.0 - STEP_DOWN * c  # below it, one is noise; far above, it is what a knee predicts)
+        self._knee[s] = max(knee, 1.0)
+        self._floor[s] = floor
+        self.observations += 1
+
+    # -- reading -------------------------------------------------------------------------------------------------
+
+    def knees(self, candidates: IntArray) -> FloatArray:
+        """The candidates' knees (NaN: unknown), for /debug/pool and the tests."""
+        out = np.full(candidates.size, np.nan)
+        known = candidates < self._knee.size
+        out[known] = self._knee[candidates[known]]
+        return out
+
+    def probing(self, candidates: IntArray) -> BoolArray:
+        """Which candidates are still in their slow start (no delay seen near their limit; unknown ones too)."""
+        out = np.ones(candidates.size, dtype=bool)
+        known = candidates < self._probing.size
+        out[known] = self._probing[candidates[known]]
+        return out
+
+    def per_endpoint(self, snapshot: Snapshot, candidates: IntArray, now: float) -> FloatArray:
+        """Each candidate's load over its knee (KV use where that is higher)."""
+        t = self.freshness
+        age = now - snapshot.scraped_at[candidates]
+        c = np.where(age <= t.staleness_s, 1.0, t.staleness_s / np.maximum(age, 1e-12))
+        c[np.isnan(age) | (snapshot.scrape_failures[candidates] >= t.max_failures)] = 0.0
+        ours = snapshot.inflight[candidates].astype(np.float64)
+        queue = snapshot.effective_queue()[candidates]
+        scraped = np.nan_to_num(snapshot.running[candidates], nan=0.0) + queue
+        known_load = ~np.isnan(scraped)
+        load = np.where(known_load, c * np.fmax(scraped, ours) + (1.0 - c) * ours, ours)
+        knee = self.knees(candidates)
+        probing = self.probing(candidates)
+        settled = ~np.isnan(knee) & ~probing
+        unknown = np.isnan(knee)
+        known = self._knee[~np.isnan(self._knee) & ~self._probing]
+        if unknown.any() and known.size:  # a new endpoint borrows the pool's median knee
+            knee[unknown] = float(np.median(known))
+            settled |= unknown
+        cold = c * np.nan_to_num(queue, nan=0.0)  # no knee yet: one request waiting inside the engine is full
+        with np.errstate(invalid="ignore"):
+            by_knee = load / knee
+        per = np.where(settled, by_knee, np.where(np.isnan(knee), cold, np.fmin(cold, by_knee)))
+        # What the engine itself says: a request waiting in its own queue (its batch or KV is full), KV use.
+        waiting = np.nan_to_num(snapshot.waiting[candidates], nan=0.0) * c
+        kv = np.nan_to_num(snapshot.kv_usage[candidates], nan=0.0) * c
+        return np.fmax(np.fmax(per, waiting), kv)
+
+    def saturation(self, snapshot: Snapshot, candidates: IntArray, now: float) -> float:
+        if candidates.size == 0:
+            return 1.0
+        return float(self.per_endpoint(snapshot, candidates, now).mean())
+
+    def saturated(self, snapshot: Snapshot, candidates: IntArray, now: float) -> bool:
+        return self.saturation(snapshot, candidates, now) >= 1.0
+
+    def filter(self, state: CycleState, candidates: IntArray) -> IntArray:
+        """As a filter: drops endpoints at or over their knee, unless that would drop every candidate."""
+        kept = candidates[self.per_endpoint(state.snapshot, candidates, state.now) < 1.0]
+        return kept if 0 < kept.size < candidates.size else candidates
+
+    def describe(self) -> dict[str, object]:
+        """What /debug/pool shows: the learned knees by address."""
+        return {
+            a: round(float(k), 1) for a, k in zip(self._address, self._knee, strict=False) if a and not math.isnan(k)
+        }
+
+
+def _confidence(age: float, staleness: float) -> float:
+    """1 while the features are usable by age, then staleness / age; 0 for never scraped (inf or NaN)."""
+    if not age <= staleness:
+        return 0.0 if math.isnan(age) or math.isinf(age) else staleness / age
+    return 1.0

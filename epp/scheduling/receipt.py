@@ -1,0 +1,190 @@
+"""A route receipt: why one pick chose its endpoint, read from the pick's own state after it ran.
+
+Users of prefix- and KV-aware routing find out late that the smart part did nothing (the KV feed silent, the prefix
+index forgetting, the render call always failing): a receipt says, per request, what each weighted scorer gave the
+chosen endpoint and the runner-up (weight × score), how old the data was that the chosen endpoint was judged on (its
+metrics row, its last KV event), which producer or fallback ran (precise or approximate prefix, rendered or
+estimated tokens), the profile(s) and the flow-control wait. The same values feed the aggregated metrics and the
+degradation watch (`epp.scheduling.degradation`), so a receipt is also what the alarms are computed from.
+
+`ReceiptReader` is built once per profile runner (it knows the profile's scorers and producers); `read` runs only on
+a detailed pick (`ProfileScheduler.run(detailed=True)`: the terms are kept in the pick's state under
+`pick_detail.TERMS`). Pure: `state.now`, no I/O; small pools use Python lists, where numpy's per-call cost is more
+than the arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import orjson
+
+from epp.datastore.table import FloatArray
+from epp.scheduling.framework import CycleState, Producer, produced
+from epp.scheduling.pick_detail import SCORED, TERMS
+from epp.scheduling.precise import NEVER, PrecisePrefixCacheProducer
+from epp.scheduling.prefix import PrefixCacheScorer
+from epp.scheduling.producers import ApproxPrefixCacheProducer, TokenProducer
+
+METRICS_SOURCE = "metrics-data-source"  # upstream's data-source type: the scraped metric rows, as a plugin name
+
+
+class Receipt(NamedTuple):
+    """One pick's account. Addresses, not slots: it outlives the snapshot. Ages in seconds (inf: never)."""
+
+    profiles: tuple[str, ...]
+    chosen: str
+    runner_up: str  # "" when only one candidate was scored
+    scorers: tuple[str, ...]  # weighted scorers, in the profile's order
+    chosen_terms: tuple[float, ...]  # weight × score each gave the chosen endpoint
+    runner_terms: tuple[float, ...]  # … and the runner-up (empty without one)
+    constant: tuple[bool, ...]  # per scorer, inert: a term of 0 for every scored candidate (empty: fewer than 2)
+    metrics_age_s: float  # the chosen endpoint's metrics row
+    stale: int  # candidates whose metrics rows were scraped but are not usable now (too old, failing)
+    missing: int  # candidates never scraped
+    kv: tuple[tuple[str, str, int, int], ...]  # (precise producer, mode, stale candidates, absent candidates)
+    kv_age_s: float  # the chosen endpoint's last KV event (NaN: no precise producer)
+    tokens: tuple[tuple[str, bool], ...]  # (vllm token producer, engine token ids rendered)
+    prefix: tuple[tuple[str, int, int], ...]  # (prefix plugin, the prompt's first block hash or 0, longest match)
+    candidates: int = 0  # the pick's candidates (before its filters)
+    flow_wait_s: float = 0.0
+
+    def json(self) -> str:
+        """The receipt as one compact JSON object (the `envoy.lb` field and the sampled log line); floats as they
+        are (rounding each costs more than the rest of the encoding)."""
+        runner = self.runner_terms or (None,) * len(self.chosen_terms)
+        out: dict[str, object] = {
+            "profiles": self.profiles,
+            "chosen": self.chosen,
+            "runnerUp": self.runner_up or None,
+            "scorers": dict(zip(self.scorers, zip(self.chosen_terms, runner, strict=True), strict=True)),
+            "metricsAgeS": _age(self.metrics_age_s),
+        }
+        if self.kv:
+            out["prefix"] = {name: mode for name, mode, _, _ in self.kv}
+            out["kvEventsAgeS"] = _age(self.kv_age_s)
+        if self.tokens:
+            out["tokens"] = {name: "render" if exact else "estimate" for name, exact in self.tokens}
+        if self.prefix:
+            out["prefixHit"] = {name: reach > 0 for name, _, reach in self.prefix}
+        if self.flow_wait_s:
+            out["flowWaitS"] = self.flow_wait_s
+        return orjson.dumps(out).decode()
+
+
+def _age(seconds: float) -> float | None:
+    return seconds if seconds < math.inf else None
+
+
+class ReceiptReader:
+    """What one profile's picks are read for: its scorers (by the runner's terms), its precise producer, its vllm
+    token producers, its prefix plugins that look blocks up themselves."""
+
+    def __init__(
+        self, profile: str, scorers: Sequence[object], producers: Sequence[Producer], weighted: tuple[str, ...]
+    ) -> None:
+        """`weighted`: the names of the scorers the runner weighs (weight > 0), in its order: the terms' order."""
+        self.profile = profile
+        self.scorers = weighted
+        self._precise = tuple(p for p in producers if isinstance(p, PrecisePrefixCacheProducer))
+        self._tokens = tuple(p.name for p in producers if isinstance(p, TokenProducer) and p.backend == "vllm")
+        lookups: list[PrefixCacheScorer | ApproxPrefixCacheProducer] = [
+            s for s in scorers if isinstance(s, PrefixCacheScorer)
+        ]
+        lookups += [p for p in producers if isinstance(p, ApproxPrefixCacheProducer)]
+        self._lookups = tuple(lookups)
+        self._profiles = (profile,)
+
+    def watched(self) -> list[tuple[str, str]]:
+        """The (plugin, reason) pairs the degradation watch follows for this profile."""
+        pairs = [(name, "constant_output") for name in self.scorers]
+        pairs += [(METRICS_SOURCE, "stale_signal"), (METRICS_SOURCE, "missing_signal")]
+        for p in self._precise:
+            pairs += [(p.name, "stale_signal"), (p.name, "missing_signal"), (p.name, "always_fallback")]
+        pairs += [(name, "always_fallback") for name in self._tokens]
+        pairs += [(p.name, "prefix_never_hits") for p in self._lookups]
+        return pairs
+
+    def read(self, state: CycleState, primary: int, flow_wait_s: float = 0.0) -> Receipt:
+        """The receipt of a detailed pick whose primary slot is `primary`. One pass over the scorers' terms (a
+        receipt is read on one pick in `WATCH_EVERY`, or on every pick with receipts emitted: each bytecode counts)."""
+        snapshot = state.snapshot
+        addresses = snapshot.addresses
+        scratch = state.scratch
+        scored, total = scratch.get(SCORED, _NOT_SCORED)
+        terms: list[tuple[str, FloatArray | None, float]] = scratch.get(TERMS) or []
+        chosen_at = runner = -1
+        if scored is not None and scored.size:
+            listed: list[int] = scored.tolist()
+            chosen_at = bisect_left(listed, primary)
+            if chosen_at >= len(listed) or listed[chosen_at] != primary:
+                chosen_at = -1
+            elif len(listed) > 1:
+                totals: list[float] = total.tolist()
+                totals[chosen_at] = -math.inf
+                runner = totals.index(max(totals))
+        chosen_terms: list[float] = []
+        runner_terms: list[float] = []
+        inert: list[bool] = []
+        if chosen_at >= 0:
+            for _, values, constant in terms:
+                if values is None:
+                    chosen_terms.append(constant)
+                    if runner >= 0:
+                        runner_terms.append(constant)
+                        inert.append(constant == 0.0)
+                    continue
+                listed_terms: list[float] = values.tolist()
+                chosen_terms.append(constant + listed_terms[chosen_at])
+                if runner >= 0:
+                    runner_terms.append(constant + listed_terms[runner])
+                    inert.append(constant + max(listed_terms) == 0.0 and constant + min(listed_terms) == 0.0)
+        scraped = float(snapshot.scraped_at[primary])
+        now = state.now
+        stale = missing = 0
+        mask = state.usable(state.candidates)
+        if mask is not None:
+            scraped_at = snapshot.scraped_at
+            for slot, ok in zip(state.candidates.tolist(), mask.tolist(), strict=True):
+                if not ok:
+                    if scraped_at[slot] == scraped_at[slot]:
+                        stale += 1
+                    else:
+                        missing += 1
+        kv: tuple[tuple[str, str, int, int], ...] = ()
+        kv_age = math.nan
+        for p in self._precise:
+            kv += ((p.name, *p.untrusted(state)),)
+            last = p.view.last_event_at(addresses[primary])
+            kv_age = math.inf if last == NEVER else max(0.0, now - last)
+        tokens = tuple((name, bool(getattr(produced(state, name), "exact", False))) for name in self._tokens)
+        prefix: tuple[tuple[str, int, int], ...] = ()
+        for plugin in self._lookups:
+            found = plugin.lookup(state)
+            if found is not None:
+                hashes = found[0]
+                prefix += ((plugin.name, hashes[0] if hashes else 0, found[2]),)
+        return Receipt(
+            self._profiles,
+            addresses[primary],
+            addresses[listed[runner]] if runner >= 0 else "",
+            self.scorers if len(terms) == len(self.scorers) else tuple(t[0] for t in terms),
+            tuple(chosen_terms),
+            tuple(runner_terms),
+            tuple(inert),
+            now - scraped if scraped == scraped else math.inf,
+            stale,
+            missing,
+            kv,
+            kv_age,
+            tokens,
+            prefix,
+            int(state.candidates.size),
+            flow_wait_s,
+        )
+
+
+_NOT_SCORED: tuple[None, None] = (None, None)

@@ -1,0 +1,170 @@
+"""self-calibrating-detector: knees learned from observations, stale data weighed by confidence, no parameters."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from epp.app.config_file import load_config
+from epp.datastore import Freshness
+from epp.datastore.observations import Observation, PickFeatures
+from epp.errors import ConfigError
+from epp.flowcontrol.gauge import PoolGauge
+from epp.scheduling import build_scheduler
+from epp.scheduling.knee import KneeDetector
+from tests.scheduling.tables import NOW, address, state, table_with
+
+BASE_TTFT = 0.06  # an unloaded 1,000-token prefill
+
+
+def _obs(slot: int, load: float, ttft: float, age: float = 0.01, addr: str | None = None) -> Observation:
+    pick = PickFeatures(1000, 1000, 0.0, load, 0.1, int(load), NOW, age)
+    return Observation(slot, addr or address(slot), pick, ttft, math.nan, 100, True, 0.0, NOW + 1)
+
+
+def _engine(detector: KneeDetector, slot: int, capacity: int, loads: range, rounds: int = 3) -> None:
+    """An engine whose TTFT stays flat up to `capacity` requests and grows with the load past it."""
+    for _ in range(rounds):
+        for load in loads:
+            excess = max(0, load + 1 - capacity)
+            detector.observe(_obs(slot, load, BASE_TTFT * (1 + 0.5 * excess)))
+
+
+def test_each_endpoint_learns_its_own_knee_from_ttft_against_load() -> None:
+    detector = KneeDetector()
+    _engine(detector, 0, 8, range(0, 30))
+    _engine(detector, 1, 120, range(0, 300, 3))
+    knees = detector.knees(np.array([0, 1, 2]))
+    assert 6 <= knees[0] <= 12
+    assert 90 <= knees[1] <= 160
+    assert math.isnan(knees[2])  # never observed
+    assert not detector.probing(np.array([0, 1])).any()
+
+
+def test_undelayed_load_raises_the_knee_by_slow_start_before_any_delay() -> None:
+    detector = KneeDetector()
+    for load in (0, 3, 10):
+        detector.observe(_obs(0, load, BASE_TTFT))
+    assert detector.knees(np.array([0]))[0] == pytest.approx(22.0)  # 2 × (10 + 1)
+    assert detector.probing(np.array([0]))[0]
+
+
+def test_a_slot_reused_by_another_endpoint_starts_again() -> None:
+    detector = KneeDetector()
+    _engine(detector, 0, 8, range(0, 30))
+    detector.observe(_obs(0, 2, BASE_TTFT, addr="127.0.0.9:8000"))
+    assert detector.knees(np.array([0]))[0] == pytest.approx(6.0)  # slow start from the new endpoint's 3
+    assert detector.probing(np.array([0]))[0]
+
+
+def test_no_ttft_no_learning() -> None:
+    detector = KneeDetector()
+    detector.observe(_obs(0, 5, math.nan))
+    assert detector.observations == 0
+
+
+def test_saturation_is_load_over_knee_and_a_request_waiting_in_the_engine_counts_full() -> None:
+    table = table_with([dict(waiting=0, running=4, kv_usage=0.1), dict(waiting=1, running=4, kv_usage=0.1)])
+    snap = table.snapshot()
+    detector = KneeDetector()
+    assert detector.per_endpoint(snap, snap.slots, NOW).tolist() == pytest.approx([0.1, 1.0])  # cold: KV, queue
+    _engine(detector, 0, 8, range(0, 30))
+    _engine(detector, 1, 8, range(0, 30))
+    knee = detector.knees(snap.slots)
+    per = detector.per_endpoint(snap, snap.slots, NOW)
+    assert per.tolist() == pytest.approx([4 / knee[0], 1.0])  # the engine's own queue: full, whatever the knee
+    assert detector.saturation(snap, snap.slots, NOW) == pytest.approx(per.mean())
+    assert detector.saturation(snap, snap.slots[:0], NOW) == 1.0
+
+
+def test_an_endpoint_not_yet_learned_borrows_the_pools_median_knee() -> None:
+    table = table_with([dict(waiting=0, running=5, kv_usage=0.0)] * 3)
+    snap = table.snapshot()
+    detector = KneeDetector()
+    _engine(detector, 0, 10, range(0, 30))
+    _engine(detector, 1, 10, range(0, 30))
+    per = detector.per_endpoint(snap, snap.slots, NOW)
+    assert per[2] == pytest.approx(5 / float(np.median(detector.knees(snap.slots[:2]))))
+
+
+def test_stale_data_lowers_confidence_toward_our_own_bookings_instead_of_full_or_empty() -> None:
+    table = table_with([dict(waiting=0, running=20, kv_usage=0.5)] * 2)
+    for _ in range(3):
+        table.book_pick(0)
+    freshness = Freshness(staleness_s=1.0)
+    detector = KneeDetector(freshness=freshness)
+    _engine(detector, 0, 10, range(0, 30))
+    _engine(detector, 1, 10, range(0, 30))
+    snap = table.snapshot()
+    knee = detector.knees(snap.slots)
+    fresh = detector.per_endpoint(snap, snap.slots, NOW)
+    assert fresh[0] == pytest.approx(23 / knee[0])  # running + our picks since the scrape
+    half = detector.per_endpoint(snap, snap.slots, NOW + 2.0)  # twice the staleness: confidence 1/2
+    assert half[0] == pytest.approx(max(0.5 * 23 + 0.5 * 3, 0.25) / knee[0])
+    gone = detector.per_endpoint(snap, snap.slots, NOW + 1e6)  # only our own 3 in flight are left
+    assert gone[0] == pytest.approx(3 / knee[0], rel=1e-3)
+    assert gone[1] == pytest.approx(0.0, abs=1e-3)  # nothing of ours there: room, not a freeze
+    gauge = PoolGauge(detector, freshness)
+    assert gauge.saturation(snap, snap.slots, NOW + 1e6) == pytest.approx(gone.mean())  # no second fallback
+    assert not gauge.last_stale
+
+
+def test_observations_on_stale_features_move_the_knee_less() -> None:
+    sure, unsure = KneeDetector(), KneeDetector()
+    for detector, age in ((sure, 0.01), (unsure, 20.0)):  # 20 s: a tenth of the confidence
+        _engine(detector, 0, 10, range(0, 30))
+        for _ in range(20):
+            detector.observe(_obs(0, 40, BASE_TTFT * 10, age=age))  # delayed near the knee? only if near
+    assert sure.knees(np.array([0]))[0] <= unsure.knees(np.array([0]))[0]
+
+
+def test_as_a_filter_it_drops_endpoints_at_their_knee_but_never_all() -> None:
+    table = table_with([dict(waiting=0, running=2, kv_usage=0.0), dict(waiting=0, running=40, kv_usage=0.0)])
+    detector = KneeDetector()
+    _engine(detector, 0, 10, range(0, 30))
+    _engine(detector, 1, 10, range(0, 30))
+    snap = table.snapshot()
+    assert detector.filter(state(snap), snap.slots).tolist() == [0]
+    assert detector.filter(state(snap), snap.slots[1:]).tolist() == [1]
+    assert detector.describe().keys() == {address(0), address(1)}
+
+
+CONFIG = """
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+featureGates: [flowControl]
+plugins:
+- {type: self-calibrating-detector%s}
+- {type: queue-scorer}
+- {type: max-score-picker}
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: self-calibrating-detector}
+  - {pluginRef: queue-scorer}
+  - {pluginRef: max-score-picker}
+flowControl: {saturationDetector: {pluginRef: self-calibrating-detector}}
+"""
+
+
+def test_the_plugin_is_the_pools_detector_and_takes_no_parameters() -> None:
+    scheduler = build_scheduler(load_config(None, text=CONFIG % "", warn=False))
+    assert isinstance(scheduler.saturation, KneeDetector)
+    with pytest.raises(ConfigError, match="queueDepthThreshold"):
+        build_scheduler(load_config(None, text=CONFIG % ", parameters: {queueDepthThreshold: 1}", warn=False))
+
+
+def test_the_recommended_self_calibrating_config_has_no_per_deployment_number() -> None:
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "flow-control-self-calibrating.yaml"
+    config = load_config(path, allow_experimental=True, warn=False)
+    scheduler = build_scheduler(config, allow_experimental=True)
+    assert isinstance(scheduler.saturation, KneeDetector)
+    assert all(
+        not spec.parameters
+        for spec in config.plugins
+        if spec.type not in ("prefix-cache-scorer", "priority-holdback-policy")
+    )
