@@ -1,4 +1,5 @@
-"""The compiled kernels of `epp.kvevents` (block keys, shared-table lookups): optional, so an install without a
+"""The compiled kernels of `epp.kvevents` (block keys, shared-table lookups) and the ext_proc front's HTTP/2
+framing (`epp.extproc.native`): optional, so an install without a
 compiler (a slim image) still works and runs the numpy code they are measured against (`epp.kvevents.kernels`).
 Everything else about the package is in pyproject.toml."""
 
@@ -10,6 +11,23 @@ setup(
             "epp.kvevents._native",
             ["epp/kvevents/_native.c"],
             optional=True,
-        )
+        ),
+        # The ext_proc front's HTTP/2 + gRPC framing (epp.extproc.native): without it the grpc.aio adapter serves.
+        Extension(
+            "epp.extproc.native._h2",
+            [
+                "epp/extproc/native/module.c",
+                "epp/extproc/native/h2.c",
+                "epp/extproc/native/h2_recv.c",
+                "epp/extproc/native/hpack.c",
+            ],
+            depends=[
+                "epp/extproc/native/h2.h",
+                "epp/extproc/native/hpack.h",
+                "epp/extproc/native/hpack_tables.h",
+            ],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
     ]
 )

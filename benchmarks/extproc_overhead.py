@@ -7,13 +7,16 @@ Side by side in one run, the same Envoy, backend and load generator:
 The ratio (c)/(b) is the figure of merit: (b) is what any Python ext_proc server pays; the rest is ours.
 With `--workers 1,2,4` (c) runs once per count (`epp serve --workers W`, column `epp-wW`), each with the picker's
 processes' CPU time per request (control process + workers, from /proc): on a machine whose cores Envoy and the
-load generator share, req/s cannot show the scaling, but CPU-ms per request × cores bounds it.
+load generator share, req/s cannot show the scaling, but CPU-ms per request × cores bounds it. With
+`--transports grpc,native` each count runs once per ext_proc transport (`--extproc-transport`; columns
+`epp-grpc-wW`, `epp-native-wW`). The no-op server's CPU and Envoy's are measured the same way, per request.
 The pool is 8 Envoy direct-response listeners, each also serving a realistic vLLM `/metrics` page, so the
 picker scrapes, scores and picks as in production, and the backends never limit the run.
 
 Needs `hey` (Debian package `hey`). Run:
     .venv/bin/python -m benchmarks.extproc_overhead [--seconds 10] [--rounds 3] [--concurrency 16,64]
         [--modes request,full] [--epp-args '--config-file FILE'] [--workers 1,2] [--envoy-concurrency 2]
+        [--transports grpc,native]
 """
 
 from __future__ import annotations
@@ -76,11 +79,12 @@ def hey(url: str, seconds: float, concurrency: int, body_file: Path) -> dict[str
          "-D", str(body_file), "-disable-keepalive=false", url],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    if re.search(r"99%+ in ([\d.]+) secs", out) is None:  # no request succeeded: say what hey saw
+    if re.search(r"50%+ in ([\d.]+) secs", out) is None:  # no request succeeded: say what hey saw
         raise RuntimeError(f"{url}: no latency distribution from hey:\n{out[-1500:]}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     p50 = float(re.search(r"50%+ in ([\d.]+) secs", out).group(1))  # type: ignore[union-attr]
-    p99 = float(re.search(r"99%+ in ([\d.]+) secs", out).group(1))  # type: ignore[union-attr]
+    # under 100 answers (a starved box) hey prints no 99 % line: the slowest stands in
+    p99 = float((re.search(r"99%+ in ([\d.]+) secs", out) or re.search(r"Slowest:\s+([\d.]+) secs", out)).group(1))  # type: ignore[union-attr]
     codes = dict(re.findall(r"\[(\d+)\]\s+(\d+) responses", out))
     return {
         "rps": rps,
@@ -122,6 +126,16 @@ def _picker_pids(proc_pid: int, metrics_port: int) -> list[int]:
     return [proc_pid, *(w["pid"] for w in workers if w.get("pid"))]
 
 
+def _pid_of(marker: str) -> int | None:
+    """The process whose command line contains `marker` (Envoy's bootstrap path: unique to this run)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    return int(entry.name)
+    return None
+
+
 def run(
     seconds: float,
     concurrencies: list[int],
@@ -130,7 +144,10 @@ def run(
     rounds: int = 3,
     workers: tuple[int, ...] = (1,),
     envoy_concurrency: int = 1,
+    transports: tuple[str, ...] = (),
+    raw_noop: bool = False,
 ) -> list[dict[str, Any]]:
+    """`transports` empty: the picker's default transport, columns named by worker count alone."""
     if shutil.which("hey") is None:
         sys.exit("needs `hey` (apt-get install hey)")
     results: list[dict[str, Any]] = []
@@ -140,28 +157,43 @@ def run(
         body_file.write_text(BODY)
         backends = [free_port() for _ in range(ENDPOINTS)]
         backend = backends[0]  # (a) and (b) send everything to the first; (c) lets the picker choose
-        noop_port = free_port()
-        pickers = {w: (free_port(), free_port()) for w in workers}  # workers → (ext_proc port, metrics port)
-        names = {w: "epp" if w == 1 else f"epp-w{w}" for w in workers}
+        noop_port, raw_port = free_port(), free_port()
+        variants = [(t, w) for t in transports or ("",) for w in workers]  # (transport, workers)
+        # each variant → (ext_proc port, metrics port)
+        pickers = {v: (free_port(), free_port()) for v in variants}
+        names = {v: f"epp-{v[0]}-w{v[1]}" if v[0] else ("epp" if v[1] == 1 else f"epp-w{v[1]}") for v in variants}
         with contextlib.ExitStack() as stack:
             noop_proc = stack.enter_context(
                 running([sys.executable, "-m", "benchmarks.noop_extproc", str(noop_port)], tmp / "noop.log")
             )
+            raw_proc = (
+                stack.enter_context(
+                    running([sys.executable, "-m", "benchmarks.noop_extproc", str(raw_port), "--raw"], tmp / "raw.log")
+                )
+                if raw_noop
+                else None
+            )
             procs = {}
-            for w, (epp_port, metrics_port) in pickers.items():
+            for (t, w), (epp_port, metrics_port) in pickers.items():
+                transport = ("--extproc-transport", t) if t else ()
                 argv = serve_argv(epp_port, free_port(), metrics_port, "--static-endpoints",
                                   ",".join(f"127.0.0.1:{p}" for p in backends), "-v", "0", "--workers", str(w),
-                                  *extra_epp_args)  # fmt: skip
-                procs[w] = stack.enter_context(running(argv, tmp / f"epp-{w}.log"))
-            wait_until(lambda: port_open(noop_port), 20, "noop ext_proc", noop_proc)
-            for w, (_, metrics_port) in pickers.items():
+                                  *transport, *extra_epp_args)  # fmt: skip
+                procs[t, w] = stack.enter_context(running(argv, tmp / f"epp-{t}-{w}.log"))
+            wait_until(lambda: port_open(noop_port), 60, "noop ext_proc", noop_proc)
+            if raw_proc is not None:
+                wait_until(lambda: port_open(raw_port), 60, "raw noop ext_proc", raw_proc)
+            for (t, w), (_, metrics_port) in pickers.items():
                 url = f"http://127.0.0.1:{metrics_port}/readyz"
-                wait_until(lambda url=url: http_ok(url), 60, f"epp --workers {w}", procs[w])
+                wait_until(lambda url=url: http_ok(url), 60, f"epp --workers {w}", procs[t, w])
                 if w > 1:
-                    wait_until(lambda w=w: len(_picker_pids(procs[w].pid, pickers[w][1])) == w + 1, 60, "workers")
+                    v = (t, w)
+                    wait_until(lambda v=v: len(_picker_pids(procs[v].pid, pickers[v][1])) == v[1] + 1, 60, "workers")
             for mode_name in modes:
                 mode = MODES[mode_name]
-                ports = {"none": free_port(), "noop": free_port(), **{names[w]: free_port() for w in workers}}
+                ports = {"none": free_port(), "noop": free_port(), **{names[v]: free_port() for v in variants}}
+                if raw_noop:
+                    ports["noop-raw"] = free_port()
                 pool_listeners = [
                     _backend_listener(f"backend{i}", port, ANSWER, vllm_page(waiting=i % 3, running=4 + i))
                     for i, port in enumerate(backends)
@@ -174,32 +206,45 @@ def run(
                         listener("none", ports["none"], to_backend, []),
                         listener("noop", ports["noop"], to_backend, [ext_proc_filter("noop", mode)]),
                         *(
-                            listener(names[w], ports[names[w]], to_pool, [ext_proc_filter(names[w], mode)])
-                            for w in workers
+                            [listener("noop-raw", ports["noop-raw"], to_backend, [ext_proc_filter("noop-raw", mode)])]
+                            if raw_noop
+                            else []
+                        ),
+                        *(
+                            listener(names[v], ports[names[v]], to_pool, [ext_proc_filter(names[v], mode)])
+                            for v in variants
                         ),
                     ],
                     [
                         static_cluster("backend", backend),
                         pool_cluster(),
                         static_cluster("noop", noop_port, http2=True, tls=True, streams_per_connection=STREAMS),
+                        *(
+                            [static_cluster("noop-raw", raw_port, http2=True, tls=True, streams_per_connection=STREAMS)]
+                            if raw_noop
+                            else []
+                        ),
                         # the picker's default: TLS; connections renewed as `epp envoy-config` renders them
                         *(
                             static_cluster(
-                                names[w], pickers[w][0], http2=True, tls=True, streams_per_connection=STREAMS
+                                names[v], pickers[v][0], http2=True, tls=True, streams_per_connection=STREAMS
                             )
-                            for w in workers
+                            for v in variants
                         ),
                     ],
                     free_port(),
                 )
                 with run_envoy(tmp, config, mode_name, envoy_concurrency):
+                    envoy_pid = _pid_of(str(tmp / f"envoy-{mode_name}.yaml"))
                     for c in concurrencies:
-                        row: dict[str, Any] = {"mode": mode_name, "concurrency": c}
+                        row: dict[str, Any] = {"mode": mode_name, "concurrency": c, "pickers": list(names.values())}
                         runs: dict[str, list[dict[str, float]]] = {name: [] for name in ports}
-                        cpu: dict[str, float] = {names[w]: 0.0 for w in workers}
-                        done: dict[str, float] = {names[w]: 0.0 for w in workers}
+                        cpu: dict[str, float] = {name: 0.0 for name in ports}  # the ext_proc server's processes
+                        envoy_cpu: dict[str, float] = {name: 0.0 for name in ports}
+                        done: dict[str, float] = {name: 0.0 for name in ports}
                         for port in ports.values():
-                            hey(f"http://127.0.0.1:{port}/v1/chat/completions", 2, c, body_file)  # warm-up
+                            with contextlib.suppress(RuntimeError):  # warm-up: too few answers on a busy box is fine
+                                hey(f"http://127.0.0.1:{port}/v1/chat/completions", 2, c, body_file)
                         # Rounds interleave (a), (b), (c) so that a burst of noise from elsewhere on the machine
                         # hits all three; each figure is the median over the rounds.
                         # The load on the machine while the rounds ran: its 1-minute load average at each run's
@@ -209,9 +254,14 @@ def run(
                         for _ in range(rounds):
                             for name, port in ports.items():
                                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                                w = next((k for k, v in names.items() if v == name), 0)
-                                pids = _picker_pids(procs[w].pid, pickers[w][1]) if w else []
-                                before = _cpu_seconds(pids)
+                                v = next((k for k, n in names.items() if n == name), None)
+                                pids = _picker_pids(procs[v].pid, pickers[v][1]) if v else []
+                                if name == "noop":
+                                    pids = [noop_proc.pid]
+                                elif name == "noop-raw" and raw_proc is not None:
+                                    pids = [raw_proc.pid]
+                                envoy_pids = [envoy_pid] if envoy_pid else []
+                                before, envoy_before = _cpu_seconds(pids), _cpu_seconds(envoy_pids)
                                 loads.append(_load_1m())
                                 machine_before = _machine_jiffies()
                                 runs[name].append(hey(url, seconds, c, body_file))
@@ -220,9 +270,9 @@ def run(
                                     (machine_after[0] - machine_before[0])
                                     / max(1, machine_after[1] - machine_before[1])
                                 )
-                                if w:
-                                    cpu[name] += _cpu_seconds(pids) - before
-                                    done[name] += runs[name][-1]["rps"] * seconds
+                                cpu[name] += _cpu_seconds(pids) - before
+                                envoy_cpu[name] += _cpu_seconds(envoy_pids) - envoy_before
+                                done[name] += runs[name][-1]["rps"] * seconds
                         row["load_1m"] = [min(loads), statistics.median(loads), max(loads)]
                         row["machine_busy"] = statistics.median(busy)
                         row["cores"] = os.cpu_count()
@@ -230,9 +280,15 @@ def run(
                             row[name] = {k: statistics.median(r[k] for r in results_of) for k in results_of[0]}
                             row[name]["rps_all"] = [r["rps"] for r in results_of]
                         for name in cpu:
-                            row[name]["cpu_ms_per_request"] = 1000 * cpu[name] / max(1.0, done[name])
+                            if name != "none":
+                                row[name]["cpu_ms_per_request"] = 1000 * cpu[name] / max(1.0, done[name])
+                            row[name]["envoy_cpu_ms_per_request"] = 1000 * envoy_cpu[name] / max(1.0, done[name])
                             row[name]["ratio_to_noop"] = row[name]["rps"] / row["noop"]["rps"]
-                        first = names[workers[0]]
+                        for name in [*names.values(), *(["noop-raw"] if raw_noop else [])]:
+                            row[name]["cpu_ratio_to_noop"] = (
+                                row[name]["cpu_ms_per_request"] / row["noop"]["cpu_ms_per_request"]
+                            )
+                        first = names[variants[0]]
                         row["ratio_c_b"] = row[first]["rps"] / row["noop"]["rps"]
                         results.append(row)
                         print(json.dumps(row), flush=True)
@@ -240,7 +296,7 @@ def run(
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    pickers = [k for k in results[0] if k == "epp" or k.startswith("epp-w")] if results else ["epp"]
+    pickers = results[0]["pickers"] if results else ["epp"]
     head = " | ".join(f"(c) {k} req/s (CPU ms/req)" for k in pickers)
     lines = [
         f"| modes | c | (a) no ext_proc req/s (p50/p99 ms) | (b) no-op ext_proc | {head} | (c)/(b) |",
@@ -250,6 +306,20 @@ def table(results: list[dict[str, Any]]) -> str:
         cells = [f"{r[k]['rps']:,.0f} ({r[k]['p50_ms']:.1f}/{r[k]['p99_ms']:.1f})" for k in ("none", "noop")]
         cells += [f"{r[k]['rps']:,.0f} ({r[k].get('cpu_ms_per_request', float('nan')):.2f})" for k in pickers]
         lines.append(f"| {r['mode']} | {r['concurrency']} | {' | '.join(cells)} | {r['ratio_c_b']:.2f} |")
+    lines += [
+        "",
+        "| modes | c | setting | req/s | ext_proc CPU µs/req | Envoy CPU µs/req | ext_proc CPU / no-op's |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        for k in ("none", "noop", *(["noop-raw"] if "noop-raw" in r else []), *pickers):
+            us = r[k].get("cpu_ms_per_request")
+            own = f"{1000 * us:,.0f}" if us is not None else "—"
+            ratio = f"{r[k]['cpu_ratio_to_noop']:.2f}" if "cpu_ratio_to_noop" in r[k] else "—"
+            envoy = 1000 * r[k]["envoy_cpu_ms_per_request"]
+            lines.append(
+                f"| {r['mode']} | {r['concurrency']} | {k} | {r[k]['rps']:,.0f} | {own} | {envoy:,.0f} | {ratio} |"
+            )
     for r in results:
         low, mid, high = r["load_1m"]
         lines.append(
@@ -277,6 +347,14 @@ def main() -> None:
     parser.add_argument("--epp-args", default="", help="extra `epp serve` flags, e.g. '--config-file FILE'")
     parser.add_argument("--workers", default="1", help="epp serve --workers counts to compare, e.g. 1,2,4")
     parser.add_argument("--envoy-concurrency", type=int, default=2, help="Envoy worker threads (default 2)")
+    parser.add_argument(
+        "--transports",
+        default="",
+        help="--extproc-transport values to compare, e.g. grpc,native (default: the default)",
+    )
+    parser.add_argument(
+        "--raw-noop", action="store_true", help="also (b'): the no-op on raw bytes (noop_extproc.py --raw)"
+    )
     args = parser.parse_args()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     workers = tuple(int(w) for w in args.workers.split(","))
@@ -288,6 +366,8 @@ def main() -> None:
         args.rounds,
         workers,
         args.envoy_concurrency,
+        tuple(t for t in args.transports.split(",") if t),
+        args.raw_noop,
     )
     print(table(results))
     if args.json:

@@ -6,14 +6,19 @@ child running, 5 s to settle), for this checkout and, with `--root DIR` (repeata
 repository (a git worktree of an older commit), alternating run by run so the machine's load falls on all alike.
 
     .venv/bin/python -m benchmarks.idle_children [--root DIR ...] [--workers 2] [--seconds 20] [--runs 2]
-        [--endpoints 2] [--refusing]
+        [--endpoints 2] [--refusing] [--hostile [--after 60]]
 
 The endpoints answer: `--endpoints` simulated vLLM servers (`epp sim`, this checkout's, one process, on loopback)
 that the picker scrapes at its default interval, so the scrape's cost is seen; `--refusing` measures instead with
 one loopback endpoint that does not answer (its scrapes fail fast), which hides that cost.
 
-Bounded: no requests at all; each picker runs `--seconds` plus its start, and it and the simulator are stopped by
-their PIDs.
+`--hostile` is issue 25's set-up: before measuring, 3,000 requests with distinct 200-character model names go
+through a real Envoy (2 worker threads, BUFFERED bodies, the picker over TLS) to the picker and on to the
+simulators (tests/e2e/test_metrics_cardinality.py's load, 16 at a time), then the picker idles `--after` seconds
+(60) and the window starts.
+
+Bounded: no requests at all without `--hostile` (with it, 3,000 requests within 240 s); each picker runs
+`--seconds` plus its start (and the load and `--after`), and it, Envoy and the simulator are stopped by their PIDs.
 """
 
 from __future__ import annotations
@@ -55,8 +60,11 @@ def _report(metrics_port: int) -> dict[str, Any] | None:
     return report
 
 
-def measure(root: Path, workers: int, seconds: float, endpoints: str) -> dict[str, float]:
-    """% of a core per process of one idle picker run from `root` (its own `epp`, this interpreter)."""
+def measure(
+    root: Path, workers: int, seconds: float, endpoints: str, hostile_after: float | None = None
+) -> dict[str, float]:
+    """% of a core per process of one idle picker run from `root` (its own `epp`, this interpreter); with
+    `hostile_after`, after the hostile load and that many seconds."""
     grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
     argv = serve_argv(grpc_port, health_port, metrics_port, "--static-endpoints", endpoints,
                       "--workers", str(workers))  # fmt: skip
@@ -72,6 +80,9 @@ def measure(root: Path, workers: int, seconds: float, endpoints: str) -> dict[st
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError(f"the picker from {root} did not start")
             time.sleep(0.5)
+        if hostile_after is not None:
+            _hostile_load(grpc_port)
+            time.sleep(hostile_after)
         time.sleep(SETTLE_S)
         pids = {"control": proc.pid, "scrape child": int(report["scrapeProcess"]["pid"])}
         pids.update({f"worker {w['worker']}": int(w["pid"]) for w in report.get("workers", [])})
@@ -89,14 +100,32 @@ def measure(root: Path, workers: int, seconds: float, endpoints: str) -> dict[st
     return {name: round(100 * (after[name] - before[name]) / hz / seconds, 2) for name in pids}
 
 
+def _hostile_load(grpc_port: int) -> None:
+    """Issue 25's load through a real Envoy in front of the picker: 3,000 requests, each naming its own
+    200-character model (the e2e test's load, so the two are the same traffic)."""
+    import asyncio
+    import tempfile
+
+    from tests.e2e.test_metrics_cardinality import load
+    from tests.support.envoy import envoy
+
+    with (
+        tempfile.TemporaryDirectory(prefix="idle-hostile-") as tmp,
+        envoy(Path(tmp), grpc_port, "BUFFERED", workers=2) as port,
+    ):
+        statuses = asyncio.run(load(f"http://127.0.0.1:{port}"))
+    print(f"# hostile load: {len(statuses)} answers, statuses {sorted(set(statuses))}", flush=True)
+
+
 @contextlib.contextmanager
-def simulators(count: int) -> Iterator[str]:
-    """`count` answering vLLM simulators on loopback (one `epp sim` process); their addresses, comma-joined."""
+def simulators(count: int, speed: float = 1.0) -> Iterator[str]:
+    """`count` answering vLLM simulators on loopback (one `epp sim` process, `speed` simulated seconds per second);
+    their addresses, comma-joined."""
     base = free_port()
     while not all(_port_free(base + i) for i in range(count)):
         base = free_port()
     argv = [sys.executable, "-m", "epp", "sim", "--servers", str(count), "--base-port", str(base),
-            "--host", "127.0.0.1"]  # fmt: skip
+            "--host", "127.0.0.1", "--speed", str(speed)]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     addresses = [f"127.0.0.1:{base + i}" for i in range(count)]
     try:
@@ -136,16 +165,24 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--endpoints", type=int, default=2, help="answering simulated endpoints")
     parser.add_argument("--refusing", action="store_true", help="one endpoint that does not answer instead")
+    parser.add_argument("--hostile", action="store_true", help="issue 25's hostile load first (needs Envoy)")
+    parser.add_argument("--after", type=float, default=60.0, help="with --hostile: seconds idle before measuring")
     args = parser.parse_args()
     roots = [ROOT, *args.root]
     pool = "one refusing endpoint" if args.refusing else f"{args.endpoints} answering endpoints"
+    if args.hostile:
+        pool += f", {args.after:g} s after 3,000 hostile model names through Envoy"
     print(f"# benchmarks/idle_children.py on {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, {pool}: "
           "% of a core")  # fmt: skip
     with contextlib.ExitStack() as stack:
-        endpoints = REFUSING if args.refusing else stack.enter_context(simulators(args.endpoints))
+        endpoints = (
+            REFUSING
+            if args.refusing
+            else stack.enter_context(simulators(args.endpoints, 50.0 if args.hostile else 1.0))
+        )
         for run in range(args.runs):
             for root in roots if run % 2 == 0 else reversed(roots):
-                cost = measure(root, args.workers, args.seconds, endpoints)
+                cost = measure(root, args.workers, args.seconds, endpoints, args.after if args.hostile else None)
                 print(json.dumps({"root": str(root), "run": run, **cost}), flush=True)
 
 

@@ -3,7 +3,11 @@
 It is the baseline of benchmarks/extproc_overhead.py: whatever it costs is the price of Python + grpc.aio + the
 protocol itself; what the picker costs beyond it is ours. In FULL_DUPLEX_STREAMED mode it holds the headers answer
 until the body ends and sends the body back, exactly as the picker must.
-Run: `python -m benchmarks.noop_extproc PORT`.
+Run: `python -m benchmarks.noop_extproc PORT [--raw]`.
+
+`--raw`: the same answers through a grpcio generic handler on raw bytes (no deserializer, no serializer): the kind
+of each message read from its first tag byte, a message parsed only when its body must be read, the headers answers
+serialized once. What that saves against (b) is what lazy parsing could save any grpc.aio server.
 """
 
 from __future__ import annotations
@@ -68,9 +72,55 @@ class Noop(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 yield pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
 
 
-async def main(port: int) -> None:
+# ProcessingRequest's oneof fields 2..7 serialize first (fields in number order): the first byte says the kind.
+_REQUEST_HEADERS, _RESPONSE_HEADERS, _REQUEST_BODY, _RESPONSE_BODY, _REQUEST_TRAILERS, _RESPONSE_TRAILERS = (
+    0x12,
+    0x1A,
+    0x22,
+    0x2A,
+    0x32,
+    0x3A,
+)
+_HEADERS_ANSWER = pb.ProcessingResponse(request_headers=pb.HeadersResponse()).SerializeToString()
+_RESPONSE_HEADERS_ANSWER = pb.ProcessingResponse(response_headers=pb.HeadersResponse()).SerializeToString()
+_TRAILERS_ANSWERS = {
+    _REQUEST_TRAILERS: pb.ProcessingResponse(request_trailers=pb.TrailersResponse()).SerializeToString(),
+    _RESPONSE_TRAILERS: pb.ProcessingResponse(response_trailers=pb.TrailersResponse()).SerializeToString(),
+}
+
+
+async def raw_process(it: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+    """Noop.Process on raw bytes: FULL_DUPLEX request and response bodies assumed, as extproc_overhead sets."""
+    body = bytearray()
+    async for raw in it:
+        kind = raw[0]
+        if kind == _REQUEST_BODY:
+            msg = pb.ProcessingRequest.FromString(raw)
+            body += msg.request_body.body
+            if msg.request_body.end_of_stream:
+                yield _HEADERS_ANSWER
+                yield _streamed(bytes(body), True, request=True).SerializeToString()
+        elif kind == _RESPONSE_HEADERS:
+            yield _RESPONSE_HEADERS_ANSWER
+        elif kind == _RESPONSE_BODY:
+            msg = pb.ProcessingRequest.FromString(raw)
+            yield _streamed(msg.response_body.body, msg.response_body.end_of_stream, request=False).SerializeToString()
+        elif kind in _TRAILERS_ANSWERS:
+            yield _TRAILERS_ANSWERS[kind]
+        elif kind == _REQUEST_HEADERS and pb.ProcessingRequest.FromString(raw).request_headers.end_of_stream:
+            yield _HEADERS_ANSWER
+
+
+async def main(port: int, raw: bool = False) -> None:
     server = grpc.aio.server()
-    pb_grpc.add_ExternalProcessorServicer_to_server(Noop(), server)
+    if raw:
+        handler = grpc.stream_stream_rpc_method_handler(raw_process)
+        generic = grpc.method_handlers_generic_handler(
+            "envoy.service.ext_proc.v3.ExternalProcessor", {"Process": handler}
+        )
+        server.add_generic_rpc_handlers((generic,))
+    else:
+        pb_grpc.add_ExternalProcessorServicer_to_server(Noop(), server)
     # TLS like `epp serve` by default, so (b) and (c) of extproc_overhead pay the same transport.
     server.add_secure_port(f"127.0.0.1:{port}", grpc.ssl_server_credentials([self_signed_pair()]))
     await server.start()
@@ -83,4 +133,4 @@ async def main(port: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1])))
+    asyncio.run(main(int(sys.argv[1]), "--raw" in sys.argv[2:]))

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -21,13 +21,14 @@ from epp.app.config_file import load_config, parser_chain_of
 from epp.app.listen import bind, hostnames
 from epp.app.receipt_metrics import ReceiptMetrics
 from epp.app.settings import ConfigSource, ServeSettings
-from epp.app.tls import server_credentials
+from epp.app.tls import server_context, server_credentials
 from epp.config.model import EndpointPickerConfig
 from epp.datastore import EndpointTable
 from epp.datastore.objectives import ObjectiveStore
 from epp.datastore.pool import FailureMode
 from epp.director import Director
 from epp.director.flow import FlowHold
+from epp.director.models import ModelsList
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.federation.policy.router import FederationRouter
@@ -85,7 +86,8 @@ def build_director(
     """The Director over `table`: priorities and rewrites from `objectives` as the watches (or the control process)
     last saw them; the federation router of this process; `flow` is this process's gate, or a serving worker's
     link to the control process's (`epp.director.flow_link`); `receipts` aggregates its route receipts and shows
-    its degradation watch."""
+    its degradation watch; with --serve-models-list its pipeline answers `GET /v1/models` with the pool's models
+    (`epp.director.models`)."""
     director = Director(
         table,
         scheduler,
@@ -106,7 +108,18 @@ def build_director(
     )
     if receipts is not None:
         receipts.watch = director.watch
+    if settings.serve_models_list:
+        source = (pool or _owner(settings), objectives, pool is not None)
+        director.pipeline = director.pipeline.answering(ModelsList(table, lambda: (source,)).answer)
     return director
+
+
+def _owner(settings: ServeSettings) -> str:
+    """`owned_by` in a one-pool picker's model list: its InferencePool (`namespace/name`), else `epp`."""
+    k8s = settings.endpoints.kubernetes
+    if k8s is not None and k8s.pool_name:
+        return f"{k8s.namespace}/{k8s.pool_name}"
+    return "epp"
 
 
 def build_processor(
@@ -115,17 +128,55 @@ def build_processor(
     """The ext_proc servicer: the config's parsers, the body and stream bounds of the flags; `pools`, with several
     pools, the router that gives each stream its pool's pipeline."""
     stream = StreamSettings(max_body_bytes=settings.limits.max_body_bytes, parsers=parser_chain_of(config))
-    return ExternalProcessor(decider, observer, stream, limits=settings.limits.streams, pools=pools)
+    limits = settings.limits.streams
+    if native_transport(settings):  # no native batch to leak: a stream's status goes out as soon as it ends
+        limits = replace(limits, close_grace_s=0.0)
+    return ExternalProcessor(decider, observer, stream, limits=limits, pools=pools)
 
 
-def extproc_server(settings: ServeSettings, processor: ExternalProcessor, *, reuse_port: bool) -> grpc.aio.Server:
-    """The ext_proc gRPC server on --grpc-port (TLS unless --secure-serving=false); `reuse_port` lets several
-    workers bind the same port (the kernel spreads connections over them)."""
+class ExtprocServer(Protocol):
+    """What serves the ext_proc port, as the composition root starts and stops it (grpc.aio's server or the
+    native front)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self, grace: float | None) -> Any: ...
+
+
+def native_transport(settings: ServeSettings) -> bool:
+    """Whether --extproc-transport=native can be had: the compiled framing is optional at install."""
+    if settings.listen.transport != "native":
+        return False
+    try:
+        import epp.extproc.native.server  # noqa: F401
+    except ImportError as exc:
+        log.warning("--extproc-transport=native: the compiled front is not built (%s); serving with grpc", exc)
+        return False
+    return True
+
+
+def extproc_server(settings: ServeSettings, processor: ExternalProcessor, *, reuse_port: bool) -> ExtprocServer:
+    """The ext_proc server on --grpc-port (TLS unless --secure-serving=false): the native front or grpc.aio's, as
+    --extproc-transport says; `reuse_port` lets several workers bind the same port (the kernel spreads connections
+    over them)."""
     limits = settings.limits
     # A BUFFERED body arrives as one message: gRPC's default 4 MiB receive limit would break the stream below
     # --max-body-bytes instead of answering 413, so the limit follows the flag (plus room for the headers), unless
     # upstream's --grpc-max-recv-msg-size sets it.
     receive_limit = limits.grpc_max_recv_msg_size or limits.max_body_bytes + _MESSAGE_OVERHEAD
+    listen, tls = settings.listen, settings.tls
+    if native_transport(settings):
+        from epp.extproc.native.server import NativeServer
+
+        return NativeServer(
+            processor,
+            listen.bind_address,
+            listen.grpc_port,
+            ssl_context=server_context(tls, hostnames(listen.bind_address)) if tls.enabled else None,
+            reuse_port=reuse_port,
+            max_message=receive_limit,
+            max_age_s=_WORKER_CONNECTION_AGE_MS / 1000 if reuse_port else 0.0,
+        )
     options: list[tuple[str, int]] = [
         ("grpc.so_reuseport", 1 if reuse_port else 0),
         ("grpc.max_receive_message_length", receive_limit),
@@ -136,7 +187,6 @@ def extproc_server(settings: ServeSettings, processor: ExternalProcessor, *, reu
         options.append(("grpc.max_connection_age_ms", _WORKER_CONNECTION_AGE_MS))
     server = grpc.aio.server(options=options)
     add_to_server(processor, server)
-    listen, tls = settings.listen, settings.tls
     credentials = server_credentials(tls, hostnames(listen.bind_address)) if tls.enabled else None
     bind(server, listen.bind_address, listen.grpc_port, "--grpc-port", credentials)
     return server

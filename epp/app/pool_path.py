@@ -16,6 +16,7 @@ from epp.app.settings import ServeSettings
 from epp.config.model import EndpointPickerConfig
 from epp.datastore import EndpointTable
 from epp.director.flow import FlowGate
+from epp.director.models import ModelsList
 from epp.director.pools import PoolLessMode, PoolRouter
 from epp.errors import ConfigError
 from epp.extproc.server import ExternalProcessor
@@ -75,6 +76,10 @@ def pools_processor(
         return director
 
     directors = PoolDirectors(pools, make, observers)
+    aggregate = None
+    if settings.serve_models_list:  # the union, owned by each pool (by key) that has the name first
+        union = ModelsList(table, lambda: [(key, pools.objectives_of(key), True) for key in sorted(pools.specs)])
+        aggregate = union.answer
     router = PoolRouter(directors.route_of, namespace, PoolLessMode(settings.endpoints.pool_less_mode), metrics,
-                        time.monotonic)  # fmt: skip
+                        time.monotonic, aggregate)  # fmt: skip
     return build_processor(settings, config, router.pool_less, metrics, pools=router)

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.app.build import (
     Decisions,
+    ExtprocServer,
     build_decisions,
     build_director,
     build_processor,
@@ -84,7 +85,7 @@ class Picker:
     state: PickerState
     workers: int
     processor: ExternalProcessor
-    grpc_server: grpc.aio.Server | None  # None with workers: each has its own on the shared port
+    grpc_server: ExtprocServer | None  # None with workers: each has its own on the shared port
     health_server: grpc.aio.Server
     scraper: ScrapeService | ScrapeProcess
     http_runner: web.AppRunner
@@ -115,6 +116,8 @@ async def build(settings: ServeSettings) -> Picker:
     health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
     bind(health_server, settings.listen.bind_address, settings.listen.grpc_health_port, "--grpc-health-port")
     scraper = _scraper(settings, parts.decisions, state)
+    if state.workers is not None and isinstance(scraper, ScrapeProcess):
+        state.workers.share_stamps(scraper.shared_stamps)
     collectors = _collectors(state, metrics, parts, scraper)
     report = _pool_report(state, parts, scraper)
     http_app = build_http_app(state.registry, report, state.ready, collectors, parts.auth, settings.enable_pprof)

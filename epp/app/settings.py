@@ -24,6 +24,8 @@ class ListenSettings:
     grpc_port: int = 9002  # ext_proc
     grpc_health_port: int = 9003
     metrics_port: int = 9090  # /metrics and /debug
+    # --extproc-transport: "native" (HTTP/2 framing in C, epp.extproc.native) or "grpc" (grpcio's grpc.aio server)
+    transport: str = "grpc"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +109,7 @@ class ServeSettings:
     honour_subset: bool = True  # not --disable-endpoint-subset-filter
     test_selection: bool = False  # --enable-test-endpoint-selection
     emit_scores: bool = False  # --emit-endpoint-scores
+    serve_models_list: bool = False  # --serve-models-list: GET /v1/models answered from the pools (epp.director.models)
     emit_receipts: bool = False  # --emit-route-receipts
     receipt_log_every: int = 0  # one receipt read in this many is logged (1 / --route-receipt-log-rate; 0: none)
     startup_warnings: tuple[str, ...] = ()  # logged once the checks that refuse to start have passed

@@ -18,7 +18,9 @@ import datetime
 import ipaddress
 import logging
 import os
+import ssl
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,12 +93,20 @@ def parse_cipher_suites(text: str) -> tuple[str, ...]:
     return names
 
 
-def tls_policy(settings: TlsSettings) -> list[str]:
+def tls_policy(settings: TlsSettings, native: bool = False) -> list[str]:
     """Apply what gRPC can enforce of --tls-min-version / --tls-cipher-suites; return one warning per thing it
-    cannot. Must run before gRPC is first imported: gRPC reads its cipher list (GRPC_SSL_CIPHER_SUITES) then."""
+    cannot. Must run before gRPC is first imported: gRPC reads its cipher list (GRPC_SSL_CIPHER_SUITES) then.
+    `native`: the ext_proc port is the native front's, whose OpenSSL context (`server_context`) enforces both as
+    given; only the refusal below TLS 1.2 is said."""
     warnings: list[str] = []
     if settings.min_version and settings.min_version not in TLS_VERSIONS:
         raise ConfigError(f"--tls-min-version: {settings.min_version!r} is not one of {', '.join(TLS_VERSIONS)}")
+    if native:
+        if settings.min_version in ("VersionTLS10", "VersionTLS11"):
+            warnings.append(
+                f"--tls-min-version={settings.min_version}: accepted; the ext_proc port still requires TLS 1.2 or newer"
+            )
+        return warnings
     if settings.min_version in ("VersionTLS10", "VersionTLS11"):
         warnings.append(
             f"--tls-min-version={settings.min_version}: accepted; the ext_proc port still requires TLS 1.2 or newer "
@@ -207,6 +217,11 @@ class _Reloader:
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:
         import grpc
 
+        pair = self.changed_pair()
+        return None if pair is None else grpc.ssl_server_certificate_configuration([pair])
+
+    def changed_pair(self) -> tuple[bytes, bytes] | None:
+        """(key, certificate) when the files changed to a matching pair since the last one served; else None."""
         with self._lock:
             current = _signature(self._dir)
             if current is None or current == self._served or current == self._refused:
@@ -225,7 +240,7 @@ class _Reloader:
             self._served, self._refused = current, None
             self.reloads += 1
             log.info("--cert-path %s: new certificate loaded for new connections", self._dir)
-            return grpc.ssl_server_certificate_configuration([(key_pem, cert_pem)])
+            return key_pem, cert_pem
 
 
 def server_credentials(settings: TlsSettings, hostnames: tuple[str, ...] = ("localhost",)) -> grpc.ServerCredentials:
@@ -248,3 +263,53 @@ def server_credentials(settings: TlsSettings, hostnames: tuple[str, ...] = ("loc
     # gRPC documents None from the fetcher as "keep the current certificate"; grpc-stubs types it without None.
     fetch = reloader.fetch
     return grpc.dynamic_ssl_server_credentials(initial, fetch, require_client_authentication=False)  # type: ignore[arg-type]
+
+
+def server_context(settings: TlsSettings, hostnames: tuple[str, ...] = ("localhost",)) -> ssl.SSLContext:
+    """The ext_proc port's TLS for the native front (Python's ssl over the loop's sockets): the same pair as
+    `server_credentials` serves, ALPN h2, upstream's --tls-min-version and --tls-cipher-suites applied as given
+    (OpenSSL can enforce both). With --enable-cert-reload each handshake looks at the files first (two stat calls)
+    and a changed, matching pair is served from then on."""
+    if settings.cert_dir:
+        signature = _signature(Path(settings.cert_dir))
+        key_pem, cert_pem = read_pair(settings.cert_dir)
+    else:
+        if settings.reload:
+            log.warning("--enable-cert-reload: ignored without --cert-path (the self-signed certificate never changes)")
+        key_pem, cert_pem = settings.self_signed or self_signed_pair(hostnames)
+        log.info("TLS on the ext_proc port with a self-signed certificate (no --cert-path)")
+    context = _context(settings, key_pem, cert_pem)
+    if settings.cert_dir and settings.reload:
+        reloader = _Reloader(settings.cert_dir, signature)
+        current = [context]
+
+        def pick(sock: ssl.SSLObject, _name: str | None, _base: ssl.SSLContext) -> None:
+            pair = reloader.changed_pair()
+            if pair is not None:
+                current[0] = _context(settings, *pair)
+                current[0].sni_callback = pick
+            if sock.context is not current[0]:
+                sock.context = current[0]
+
+        context.sni_callback = pick
+    return context
+
+
+def _context(settings: TlsSettings, key_pem: bytes, cert_pem: bytes) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = _MIN_VERSIONS.get(settings.min_version, ssl.TLSVersion.TLSv1_2)
+    suites = [GO_TO_OPENSSL_SUITES[n] for n in settings.cipher_suites if n in GO_TO_OPENSSL_SUITES]
+    if suites:
+        context.set_ciphers(":".join(dict.fromkeys(suites)))
+    context.set_alpn_protocols(["h2"])
+    with tempfile.TemporaryDirectory(prefix="epp-tls-") as tmp:  # ssl loads a pair from files only; 0700, gone at once
+        key_file, cert_file = Path(tmp, KEY_FILE), Path(tmp, CERT_FILE)
+        key_file.touch(0o600)
+        key_file.write_bytes(key_pem)
+        cert_file.write_bytes(cert_pem)
+        context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+# gRPC's TLS stack never negotiates below 1.2, and the native front keeps that floor too.
+_MIN_VERSIONS = {"VersionTLS12": ssl.TLSVersion.TLSv1_2, "VersionTLS13": ssl.TLSVersion.TLSv1_3}

@@ -61,6 +61,7 @@ from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, 
 from epp.datastore.sites import Site
 from epp.datastore.table import EndpointInfo, EndpointTable, Snapshot
 from epp.director.flow_link import CONTROL_MESSAGES, RemoteFlowGate
+from epp.extproc.native import native_front_built
 from epp.observability.plugins import PluginTimer
 from epp.observability.worker_series import DeltaSource, SeriesDelta
 from epp.scheduling.precise import PrecisePrefixCacheProducer
@@ -89,6 +90,7 @@ class WorkerStart:
     index: int
     rows: int
     workers: int
+    stamps: int = 0  # the length of the scrape child's stamps, passed as a fifth descriptor (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +126,10 @@ class Metrics:
 class MirrorTable(EndpointTable):
     """The control process's endpoint table as one worker sees it, with every worker's picks in flight summed."""
 
-    def __init__(self, rows: np.ndarray, inflight: np.ndarray, me: int) -> None:
+    def __init__(self, rows: np.ndarray, inflight: np.ndarray, me: int, stamps: np.ndarray | None = None) -> None:
         super().__init__()
         self._rows = rows
+        self._stamp_array = stamps  # by control slot (epp.datastore.rows): dates rows whose page repeated itself
         self._matrix = inflight
         self._me = me
         n = rows.shape[0]
@@ -157,6 +160,8 @@ class MirrorTable(EndpointTable):
         self._high = max((m[0] for m in members), default=-1) + 1
         ours = np.flatnonzero(self._control >= 0)
         self._pairs = (ours, self._control[ours])
+        if self._stamp_array is not None:
+            self.follow_stamps(self._stamp_array, *self._pairs)
         gone = np.flatnonzero((old_tokens >= 0) & (self._tokens != old_tokens))
         self._matrix[self._me, gone] = 0  # our picks on an endpoint that left are nobody's load
 
@@ -180,6 +185,9 @@ class MirrorTable(EndpointTable):
         if ours.size:
             self.set_bookings(ours, self._matrix[:, theirs, :].sum(axis=0))
         return taken
+
+    def stamped(self, sources: np.ndarray) -> None:
+        self._matrix[self._me, sources, PICKS] = 0  # a repeated page is a fresh one too: it shows our picks
 
     def book_pick(self, slot: int, tokens: int = 0) -> None:
         super().book_pick(slot, tokens)
@@ -235,7 +243,9 @@ class _CountingObserver:
         return getattr(self._inner, name)
 
 
-async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tuple[np.ndarray, ...]) -> int:
+async def _worker(
+    end: ChildEnd, settings: ServeSettings, index: int, arrays: tuple[np.ndarray, ...], stamps: np.ndarray | None
+) -> int:
     # Imported here, not at the top: gRPC reads its TLS cipher list at its first import, which `child_main` sets
     # first.
     from prometheus_client import CollectorRegistry, generate_latest
@@ -258,7 +268,7 @@ async def _worker(end: ChildEnd, settings: ServeSettings, index: int, arrays: tu
     stats[index, 1] = os.getpid()
     config = load_picker_config(settings.config)
     scheduler = build_decisions(settings, config).scheduler
-    table = MirrorTable(rows, matrix, index)
+    table = MirrorTable(rows, matrix, index, stamps)
     pick_log = PickLog(picks, matrix.shape[0], index)
     scorers: list[Learner] = list(scheduler.prefix_scorers)  # every profile's, in order: a record names one by position
     for position, scorer in enumerate(scheduler.prefix_scorers):
@@ -503,7 +513,7 @@ def _learn(
 def child_main(end: ChildEnd) -> int:
     """The kit's entry (epp.supervision.launch): map the shared blocks, serve until told to stop."""
     start: WorkerStart = end.payload
-    rows_fd, matrix_fd, stats_fd, picks_fd = end.fds
+    rows_fd, matrix_fd, stats_fd, picks_fd, *stamps_fd = end.fds
     index, rows, workers = start.index, start.rows, start.workers
     arrays = (
         map_array(rows_fd, (rows, NCOL), np.float64),
@@ -511,11 +521,12 @@ def child_main(end: ChildEnd) -> int:
         map_array(stats_fd, (workers, STATS_COLUMNS), np.int64),
         map_array(picks_fd, (ring_words(workers),), np.int64),
     )
+    stamps = map_array(stamps_fd[0], (start.stamps,), np.float64) if stamps_fd else None
     for fd in end.fds:  # the mappings stay
         os.close(fd)
     settings: ServeSettings = start.settings
     if settings.tls.enabled:  # before gRPC's first import, as `epp serve` does: it reads its cipher list then
-        tls_policy(settings.tls)
+        tls_policy(settings.tls, native=settings.listen.transport == "native" and native_front_built())
     with contextlib.suppress(KeyboardInterrupt):
-        return run_loop(_worker(end, settings, index, arrays))
+        return run_loop(_worker(end, settings, index, arrays, stamps))
     return 0

@@ -79,8 +79,8 @@ class _Worker:
         self.child = Child(
             "epp.app.worker",
             f"worker {index} (pid {{pid}})",
-            payload=lambda: WorkerStart(pool._settings, index, pool.rows, pool.count),
-            fds=lambda: tuple(pool._fds),
+            payload=lambda: WorkerStart(pool._settings, index, pool.rows, pool.count, pool._stamp_length()),
+            fds=lambda: tuple(pool._fds) + pool._stamp_fds(),
             on_start=lambda: pool._started(self),
             on_ready=lambda: pool._ready(self),
             on_message=lambda msg: pool._on_message(self, msg),
@@ -153,6 +153,20 @@ class WorkerPool:
         self._flow_gone: Callable[[int], None] = lambda index: None
         self._released: Callable[[], None] = lambda: None
         self._in_flight = 0
+        self._stamps: Callable[[], tuple[int, int] | None] = lambda: None
+
+    def share_stamps(self, stamps: Callable[[], tuple[int, int] | None]) -> None:
+        """The scrape child's stamps (epp.datastore.rows), which every worker reads to date its rows by: a page that
+        repeats a row's values is stamped, not published (`stamps()`: (descriptor, length) as a worker starts)."""
+        self._stamps = stamps
+
+    def _stamp_length(self) -> int:
+        stamps = self._stamps()
+        return stamps[1] if stamps is not None else 0
+
+    def _stamp_fds(self) -> tuple[int, ...]:
+        stamps = self._stamps()
+        return (stamps[0],) if stamps is not None else ()
 
     def attach_flow(
         self, message: Callable[[int, Any], None], gone: Callable[[int], None], released: Callable[[], None]

@@ -12,6 +12,7 @@ from epp.cli.flag_types import duration, positive_duration
 from epp.cli.scrape_flags import add_scrape_flags
 from epp.cli.serve_settings import serve_settings
 from epp.cli.upstream_flags import add_upstream_flags, go_bool, resolve_upstream_flags
+from epp.extproc.native import native_front_built
 
 
 def _port(text: str) -> int:
@@ -148,6 +149,13 @@ def _rate(text: str) -> float:
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the endpoint picker (ext_proc gRPC server)")
     p.add_argument("--grpc-port", type=_port, default=9002, help="ext_proc gRPC port (default 9002)")
+    p.add_argument(
+        "--extproc-transport",
+        choices=("native", "grpc"),
+        default="grpc",
+        help="what serves the ext_proc port: 'native' (HTTP/2 and gRPC framing in C, the stream in Python; falls "
+        "back to grpc when the extension is not built) or 'grpc' (grpcio's grpc.aio server) (default grpc)",
+    )
     p.add_argument("--grpc-health-port", type=_port, default=9003, help="gRPC health port (default 9003)")
     p.add_argument("--metrics-port", type=_port, default=9090, help="Prometheus /metrics and /debug (default 9090)")
     p.add_argument("--bind-address", default="0.0.0.0", help="address the servers listen on (default 0.0.0.0)")
@@ -175,6 +183,12 @@ def register(sub: Any) -> None:
         choices=("FailClose", "Reject"),
         default="FailClose",
         help="several pools: a request whose pool cannot be told gets 503 (FailClose, default) or 400 (Reject)",
+    )
+    p.add_argument(
+        "--serve-models-list",
+        action="store_true",
+        help="answer GET /v1/models from the pools served (objectives, rewrites, LoRA adapters) instead of "
+        "routing it to an endpoint (docs/kubernetes.md)",
     )
     p.add_argument(
         "--max-body-bytes",
@@ -237,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     if args.tls.enabled:
         # Before gRPC's first import: it reads its TLS cipher list then (epp.app.serve imports it).
-        warnings += tls_policy(args.tls)
+        warnings += tls_policy(args.tls, native=args.extproc_transport == "native" and native_front_built())
     settings = serve_settings(args, warnings)
     from epp.app.serve import serve_from_settings
 

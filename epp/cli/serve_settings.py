@@ -40,6 +40,7 @@ def serve_settings(args: argparse.Namespace, startup_warnings: list[str]) -> Ser
             grpc_port=args.grpc_port,
             grpc_health_port=args.grpc_health_port,
             metrics_port=args.metrics_port,
+            transport=args.extproc_transport,
         ),
         config=ConfigSource(
             path=args.config_file or None,
@@ -80,6 +81,7 @@ def serve_settings(args: argparse.Namespace, startup_warnings: list[str]) -> Ser
         honour_subset=not args.disable_endpoint_subset_filter,
         test_selection=bool(args.enable_test_endpoint_selection),
         emit_scores=bool(args.emit_endpoint_scores),
+        serve_models_list=bool(args.serve_models_list),
         emit_receipts=bool(args.emit_route_receipts),
         receipt_log_every=round(1.0 / args.route_receipt_log_rate) if args.route_receipt_log_rate > 0 else 0,
         startup_warnings=tuple(startup_warnings),

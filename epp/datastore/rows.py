@@ -12,6 +12,12 @@ layer every writer and reader may import).
 The seqlock: `version` is odd while the writer writes the row, even once it is whole. A reader copies the block,
 and keeps the rows whose version was even and unchanged across its copy.
 
+Beside a block, its writer may keep *stamps* (the scrape child does, for the control process and the workers): one
+float64 per reader slot, the time of the latest scrape whose page repeated the values the row already carries, and
+a last element counting the passes that wrote any. A repeated page then costs its reader nothing until it reads
+the table (`EndpointTable.follow_stamps`): no row to copy, no message to wake it. A stamp is one aligned 8-byte
+store, whole or not yet there; the counter is stored after the stamps, so a reader that sees it move sees them.
+
 Memory order (what this relies on): the writer's stores become visible to the reader in program order (the odd
 version before the values, the values before the even version), and the reader's loads are not reordered with
 each other. numpy issues plain stores and loads, with no fence: that holds on x86-64 (total store order), not on
@@ -54,6 +60,12 @@ def read_rows(
     ok &= data[:, VERSION] > applied
     slots = np.flatnonzero(ok)
     return slots, data[slots]
+
+
+def write_stamps(stamps: npt.NDArray[np.float64], rows: npt.NDArray[np.int64], at: npt.NDArray[np.float64]) -> None:
+    """Stamp `rows` as scraped at `at` with their values unchanged, then count the pass (the reader's cue)."""
+    stamps[rows] = at
+    stamps[-1] += 1.0
 
 
 def write_rows(

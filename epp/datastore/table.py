@@ -137,6 +137,9 @@ class EndpointTable:
         self._adapters_cache: tuple[tuple[frozenset[str], ...], tuple[frozenset[str], ...]] | None = None
         self._view_cache: tuple[tuple[int, int, int], object, Snapshot] | None = None
         self.synced = False  # the endpoint source has delivered its first complete view
+        # stamps (epp.datastore.rows): (the array, our slots, their index in it, the pass count last read)
+        self._stamps: tuple[FloatArray, IntArray, IntArray] | None = None
+        self._stamps_seen = -1.0
 
     # -- membership -------------------------------------------------------------------------------------------
 
@@ -349,6 +352,30 @@ class EndpointTable:
         self._cols["picks_since_scrape"][slots] = totals[:, 1]
         self._cols["inflight_tokens"][slots] = totals[:, 2]
 
+    def follow_stamps(self, stamps: FloatArray | None, slots: IntArray, sources: IntArray) -> None:
+        """Date `slots` from `stamps[sources]` too (a writer's stamps, epp.datastore.rows): the time of a scrape
+        that repeated the values a row already holds. Read as the table is read (`view`, `snapshot`), when the
+        stamps' pass count moved: a newer stamp moves `scraped_at` on and, as a fresh page does, restarts the
+        row's picks since the scrape. A row never scraped (NaN) takes no stamp: a stamp vouches for values."""
+        self._stamps = None if stamps is None else (stamps, slots, sources)
+        self._stamps_seen = -1.0
+
+    def _take_stamps(self, stamps: FloatArray, slots: IntArray, sources: IntArray) -> None:
+        count = stamps[-1]
+        if count == self._stamps_seen:
+            return
+        self._stamps_seen = count
+        at = stamps[sources]
+        newer = at > self._cols["scraped_at"][slots]  # NaN on either side: False
+        if newer.any():
+            moved = slots[newer]
+            self._cols["scraped_at"][moved] = at[newer]
+            self._cols["picks_since_scrape"][moved] = 0
+            self.stamped(sources[newer])
+
+    def stamped(self, sources: IntArray) -> None:
+        """Rows dated by stamps (their index in the stamps): a subclass that mirrors picks elsewhere resets them."""
+
     # -- readers ----------------------------------------------------------------------------------------------
 
     def column(self, name: str) -> np.ndarray:
@@ -357,6 +384,8 @@ class EndpointTable:
 
     def snapshot(self) -> Snapshot:
         """Copies of every column; the per-slot tuples are rebuilt only when membership or adapters change."""
+        if self._stamps is not None:
+            self._take_stamps(*self._stamps)
         members, adapters = self._members(), self._adapters()
         n = self._high_water
         return self._assemble(
@@ -372,6 +401,8 @@ class EndpointTable:
         rebuilds its columns show the current values. Writing through it raises (the views are read-only), so a
         plugin that forgets a column is shared cannot corrupt the table.
         """
+        if self._stamps is not None:
+            self._take_stamps(*self._stamps)
         key = (self.version, self._high_water, self._capacity)
         cached = self._view_cache
         # Same membership and size, adapters not rebuilt (a change drops `_adapters_cache`): the view still holds.

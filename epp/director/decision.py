@@ -1,5 +1,6 @@
 """The values that cross between the protocol and the director: what a stream asks to have decided
-(`NeedDecision`), where its request goes (`Decision`) or why it does not (`Outcome`).
+(`NeedDecision`), where its request goes (`Decision`), the picker's own answer (`Answer`) or why it does not
+(`Outcome`).
 
 Pure values, no behaviour: the ext_proc stream (which may do no I/O) hands out the first and reads the others, the
 director's pipeline (`epp.director.pipeline`) turns the one into the other.
@@ -55,9 +56,18 @@ class Timing(NamedTuple):
 # wrapper is built per request (an object's construction costs about as much as the call that decides it).
 NeedDecision = InferenceRequest
 
-# What the pipeline hands back for the stream to answer: the decision, or the refusal (EppError) or failure that
-# stands in for one.
-Outcome = Decision | Exception
+
+class Answer(NamedTuple):
+    """The picker answers the request itself, 200 with this body (`GET /v1/models` with --serve-models-list):
+    nothing is booked, nothing goes to an endpoint."""
+
+    body: bytes
+    content_type: str = "application/json"
+
+
+# What the pipeline hands back for the stream to answer: the decision, the picker's own answer, or the refusal
+# (EppError) or failure that stands in for one.
+Outcome = Decision | Answer | Exception
 
 
 class Decided(NamedTuple):

@@ -14,6 +14,9 @@ default path is one synchronous `decide` (`immediate`, no coroutine); otherwise 
    control learns that the pick is booked (`decided`) and, with eviction on, tracks a sheddable request in
    flight until the stream completes its decision (`complete`).
 
+Before them, with `answer` (--serve-models-list), a request without a body that the picker answers itself
+(`GET /v1/models`) gets that `Answer` and skips every stage: it is no inference request.
+
 Whatever a stage refuses or breaks is the outcome (an EppError, or the failure the stream answers as internal);
 nothing escapes `run` but cancellation (nor the adapter's call of `immediate`, which catches the same).
 """
@@ -24,13 +27,17 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
-from epp.director.decision import Decided, Decision, NeedDecision, Timing
+from epp.director.decision import Answer, Decided, Decision, NeedDecision, Timing
 from epp.director.flow import FlowHold
 from epp.director.tokens import RenderTokenizer
 from epp.requests import InferenceRequest
 
 QUEUED_S = 0.001  # a wait in flow control's queue shorter than this is a pass-through
 DecideFn = Callable[[InferenceRequest, Sequence[str] | None], Decision]
+# What the adapter calls when no stage waits: the decision, or the picker's own answer.
+ImmediateFn = Callable[[InferenceRequest, Sequence[str] | None], Decision | Answer]
+# The picker's own answer to a request, or None: the request is decided as any other.
+AnswerFn = Callable[[InferenceRequest], Answer | None]
 
 
 class CompleteFn(Protocol):
@@ -43,7 +50,17 @@ class DecisionPipeline:
     """One instance per director (`Director.pipeline`), shared by every stream; `around` gives the same stages
     over another decide and complete (the tracing director's spans)."""
 
-    __slots__ = ("_clock", "_complete", "_decide", "_gate", "_tokenizer", "_tracked", "complete", "immediate")
+    __slots__ = (
+        "_answer",
+        "_clock",
+        "_complete",
+        "_decide",
+        "_gate",
+        "_tokenizer",
+        "_tracked",
+        "complete",
+        "immediate",
+    )
 
     def __init__(
         self,
@@ -52,8 +69,10 @@ class DecisionPipeline:
         clock: Callable[[], float],
         tokenizer: RenderTokenizer | None = None,
         gate: FlowHold | None = None,
+        answer: AnswerFn | None = None,
     ) -> None:
         self._decide = decide
+        self._answer = answer
         self._complete = complete
         self._clock = clock
         self._tokenizer = tokenizer
@@ -61,7 +80,9 @@ class DecisionPipeline:
         self._tracked: dict[int, Any] = {}  # id(decision) → its eviction handle, while in flight
         # The director's decide itself when no stage waits (no render call, no flow control: the default), so the
         # adapter decides at once, with no coroutine and no call in between; None: the adapter iterates `run`.
-        self.immediate: DecideFn | None = decide if tokenizer is None and gate is None else None
+        self.immediate: ImmediateFn | None = decide if tokenizer is None and gate is None else None
+        if answer is not None and self.immediate is not None:
+            self.immediate = self._answer_or_decide
         # What a stream calls when it is done with its decision (response ended, refused, evicted or closed): the
         # director's `complete`, which releases the booking; with flow control, also the eviction bookkeeping.
         self.complete: CompleteFn = complete if gate is None else self._complete_tracked
@@ -75,7 +96,19 @@ class DecisionPipeline:
         return self._gate
 
     def around(self, decide: DecideFn, complete: CompleteFn) -> DecisionPipeline:
-        return DecisionPipeline(decide, complete, self._clock, self._tokenizer, self._gate)
+        return DecisionPipeline(decide, complete, self._clock, self._tokenizer, self._gate, self._answer)
+
+    def answering(self, answer: AnswerFn) -> DecisionPipeline:
+        """The same stages, with the picker's own answers first (`answer`: --serve-models-list)."""
+        return DecisionPipeline(self._decide, self._complete, self._clock, self._tokenizer, self._gate, answer)
+
+    def _answer_or_decide(self, request: InferenceRequest, subset: Sequence[str] | None) -> Decision | Answer:
+        if request.no_body:
+            assert self._answer is not None
+            answer = self._answer(request)
+            if answer is not None:
+                return answer
+        return self._decide(request, subset)
 
     async def run(
         self, request: NeedDecision, subset: Sequence[str] | None, evict: Callable[[], None] | None = None
@@ -86,6 +119,15 @@ class DecisionPipeline:
         tokenizer = self._tokenizer
         gate = self._gate
         started = self._clock()
+        if self._answer is not None and request.no_body:
+            try:
+                answer = self._answer(request)
+            except Exception as exc:
+                yield Decided(exc, 0.0)
+                return
+            if answer is not None:
+                yield Decided(answer, 0.0)
+                return
         try:
             if tokenizer is not None:
                 request = await tokenizer.tokenize(request)

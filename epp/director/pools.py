@@ -8,7 +8,9 @@ failure mode, objectives and scheduling profile).
 
 A stream whose pool cannot be told (no metadata, a pool this picker does not serve, or one that is gone) gets the
 pool-less failure mode's answer: never an endpoint of another pool. `FailClose` (the default) answers 503, `Reject`
-400; both with `x-llm-d-request-dropped-reason: rejected-unknown-pool`.
+400; both with `x-llm-d-request-dropped-reason: rejected-unknown-pool`. With --serve-models-list, such a stream's
+`GET /v1/models` is the aggregate: the union of every pool's models (`aggregate`), as a route for that path alone
+names no pool.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, NamedTuple
 from epp import wire
 from epp.datastore.pools import pool_key, split_key
 from epp.director.decision import Decision, Timing
-from epp.director.pipeline import DecisionPipeline
+from epp.director.pipeline import AnswerFn, DecisionPipeline
 from epp.errors import EppError, ErrorCode
 from epp.requests import InferenceRequest
 
@@ -70,20 +72,19 @@ class PoolRouter:
         mode: PoolLessMode,
         observer: Any,
         clock: Callable[[], float],
+        aggregate: AnswerFn | None = None,
     ) -> None:
+        """`aggregate`: the answer of a stream that names no pool to the requests the picker answers itself (the
+        union of the pools' models); None: every such stream is refused."""
         self._route_of = route_of
         self._namespace = default_namespace
         self.mode = mode
         code = mode.code
-        self._unnamed = PoolRoute(
-            _refusing(
-                EppError(
-                    code, f"the gateway named no InferencePool ({wire.POOL_METADATA})", wire.REJECTED_UNKNOWN_POOL
-                ),
-                clock,
-            ),
-            observer,
+        unnamed = _refusing(
+            EppError(code, f"the gateway named no InferencePool ({wire.POOL_METADATA})", wire.REJECTED_UNKNOWN_POOL),
+            clock,
         )
+        self._unnamed = PoolRoute(unnamed.answering(aggregate) if aggregate is not None else unnamed, observer)
         self._observer = observer
         self._clock = clock
         self._warned_unnamed = False

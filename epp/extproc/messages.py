@@ -271,3 +271,15 @@ def immediate_response(error: EppError) -> pb.ProcessingResponse:
             details=f"epp_{error.code.label}",
         )
     )
+
+
+def ok_response(body: bytes, content_type: str) -> pb.ProcessingResponse:
+    """The picker's own answer to a request (`epp.director.decision.Answer`): 200 with `body`."""
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=http_status_pb2.OK),
+            headers=header_mutation((("content-type", content_type),)),
+            body=body,
+            details="epp_answered",
+        )
+    )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from epp import wire
-from epp.director.decision import Decision, Outcome, Timing
+from epp.director.decision import Answer, Decision, Outcome, Timing
 from epp.errors import EppError, ErrorCode
 from epp.extproc import messages as m
 from epp.extproc.observer import StreamObserver
@@ -22,6 +22,7 @@ from epp.extproc.response import ResponseTracker, Usage, model_restorer
 from epp.requests import InferenceRequest, UsageDialect
 
 _DECIDING, _RESPONSE_BODY, _RESPONSE_DONE = Phase.DECIDING, Phase.RESPONSE_BODY, Phase.RESPONSE_DONE
+_FINISHED = Phase.FINISHED
 FULL_DUPLEX = m.FULL_DUPLEX
 NONE = m.NONE
 
@@ -84,6 +85,8 @@ class ResponsePhases:
             return []
         try:
             if outcome.__class__ is not Decision:
+                if outcome.__class__ is Answer:
+                    return [self._answer(outcome)]
                 if isinstance(outcome, Exception):
                     raise outcome
                 raise RuntimeError("the decision pipeline gave no outcome")
@@ -148,7 +151,16 @@ class ResponsePhases:
             self._log_failure("the decision", _DECIDING)
             return [self._refuse(EppError(ErrorCode.INTERNAL, "internal error in the endpoint picker"))]
 
+    def _answer(self, answer: Answer) -> m.ProcessingResponse:
+        """The picker answers the request itself (200, the answer's body): the stream ends, counted a success."""
+        self.phase = _FINISHED
+        self._release_body()
+        self._observer.request_done(None, "", "", self._record, self._clock())
+        return m.ok_response(answer.body, answer.content_type)
+
     if TYPE_CHECKING:  # StreamProcessor's
+
+        def _release_body(self) -> None: ...
 
         def _refuse(self, err: EppError) -> m.ProcessingResponse: ...
 

@@ -101,11 +101,14 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         )
 
     async def Process(
-        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        request_iterator: AsyncIterator[pb.ProcessingRequest],
+        context: grpc.aio.ServicerContext[Any, Any] | None = None,
     ) -> AsyncIterator[pb.ProcessingResponse]:
         """Each message to the stream, each answer back; a message that completes the request goes through the
         director's pipeline (holding Envoy with hold messages while flow control queues it) before the stream
-        answers it."""
+        answers it. The one definition of a stream's life for both transports: grpc.aio calls it with its context,
+        the native front (`epp.extproc.native`) with one that carries the stream's metadata alone."""
         if self.open_streams >= self._limits.max_streams:
             yield self._over_cap()
             return
@@ -113,7 +116,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             pipeline = self.pipeline
             stream = self.new_stream()
         else:  # the pool the gateway's route named on this stream
-            pipeline, observer = self._pools.route(context.invocation_metadata())
+            pipeline, observer = self._pools.route(context.invocation_metadata() if context is not None else None)
             stream = self.new_stream(pipeline, observer)
         self.open_streams += 1
         watch = _StreamWatch(self._limits.idle_timeout_s)

@@ -392,8 +392,9 @@ _S = StreamProcessor
 # A message that completes the request leads to DECIDING, and `resume` on to the phase after its decision.
 TRANSITIONS: dict[Phase, dict[str, Transition]] = {
     _REQUEST_HEADERS: {
+        # FINISHED: a request without a body the picker answers itself (`Answer`: GET /v1/models).
         "request_headers": Transition(
-            _S._on_request_headers, _to(_REQUEST_BODY, _DECIDING, _REQUEST_PASS, _RESPONSE_HEADERS)
+            _S._on_request_headers, _to(_REQUEST_BODY, _DECIDING, _REQUEST_PASS, _RESPONSE_HEADERS, _FINISHED)
         ),
     },
     _REQUEST_BODY: {

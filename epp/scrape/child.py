@@ -1,7 +1,10 @@
 """The scrape child (`child_main`, spawned by `epp.scrape.process.ScrapeProcess` through the
 child-process kit): the ordinary `ScrapeService` on a private table that mirrors the parent's membership, publishing
 changed rows into the parent's block (the shared-row layout, epp.datastore.rows), and the messages
-between the two.
+between the two. A row whose new page repeats the values it already carries (an idle server's page) is not
+written again and wakes nobody: the child stamps it with the scrape's time in the parent's stamps (one float per
+parent slot, epp.datastore.rows), which the parent's table and the workers' read as they read the table; only a
+row that changed is written and announced (`Landed`).
 
 Parent → child: `ScrapeStart` (the kit's `Start` payload), `Members` whenever the membership changes (each slot
 with a token: a slot reused by another endpoint gets a new one), the kit's `Stop`.
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from epp.datastore.rows import NCOL, scrape_values, write_rows
+from epp.datastore.rows import NCOL, SCRAPE_ROW, SCRAPED_AT_VALUE, scrape_values, write_rows, write_stamps
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.scrape.engines import EngineRegistry
 from epp.scrape.scraper import EndpointStatus, ScrapeService, ScrapeSettings
@@ -31,6 +34,7 @@ from epp.supervision.pipe import watch_pipe
 
 PUBLISH_S = 0.005  # after a scrape lands, the rest of its round (still under way) gets this long to land too
 STATUS_S = 1.0
+_BUT_AT = np.arange(len(SCRAPE_ROW)) != SCRAPED_AT_VALUE  # the values a repeated page repeats (not its time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +66,7 @@ class Status:
     errors: dict[str, int]  # its `poll_errors`
 
 
-async def run(end: ChildEnd, block: np.ndarray) -> None:
+async def run(end: ChildEnd, block: np.ndarray, stamps: np.ndarray | None = None) -> None:
     start: ScrapeStart = end.payload
     loop = asyncio.get_running_loop()
     table = EndpointTable()
@@ -102,7 +106,9 @@ async def run(end: ChildEnd, block: np.ndarray) -> None:
     parent = np.zeros(0, dtype=np.int64)
     tokens = np.zeros(0)
     last_at = np.zeros(0)
+    last_values = np.zeros((0, len(SCRAPE_ROW)))
     last_failures = np.zeros(0, dtype=np.int64)
+    last_ok = np.zeros(0, dtype=np.bool_)
     adapters: list[tuple[frozenset[str], frozenset[str]] | None] = []
     try:
         published = -1
@@ -133,25 +139,39 @@ async def run(end: ChildEnd, block: np.ndarray) -> None:
                     if where is not None and snap.present[local]:
                         parent[local], tokens[local] = where
                 last_at = np.full(n, -np.inf)
-                last_failures = np.full(n, -1, dtype=np.int64)
+                last_values = np.full((n, len(SCRAPE_ROW)), np.nan)
+                last_failures = np.full(n, -1, dtype=np.int64)  # never a row's: every row is republished
+                last_ok = np.zeros(n, dtype=np.bool_)
                 adapters = [None] * n
-            at = np.nan_to_num(snap.scraped_at, nan=-1.0)
-            changed = np.flatnonzero((parent >= 0) & ((at != last_at) | (snap.scrape_failures != last_failures)))
+            at = np.where(np.isnan(snap.scraped_at), -1.0, snap.scraped_at)  # never scraped: -1, equal to itself
+            failures, ok = snap.scrape_failures, snap.scrape_ok
+            moved = np.flatnonzero((parent >= 0) & ((at != last_at) | (failures != last_failures)))
+            if not moved.size:
+                continue
+            last_at[moved] = at[moved]
+            values = scrape_values(snap, moved)
+            before = last_values[moved]
+            same = ((values == before) | (np.isnan(values) & np.isnan(before)))[:, _BUT_AT].all(axis=1)
+            same &= (failures[moved] == last_failures[moved]) & (ok[moved] == last_ok[moved])
+            if stamps is not None and same.any():  # the page repeated what the row says: a stamp, no message
+                write_stamps(stamps, parent[moved[same]], snap.scraped_at[moved[same]])
+            else:
+                same[:] = False
+            changed = moved[~same]
             if changed.size:
-                rows = parent[changed]
-                values = scrape_values(snap, changed)
-                write_rows(block, rows, tokens[changed], values, snap.scrape_ok[changed], snap.scrape_failures[changed])
-                last_at[changed] = at[changed]
-                last_failures[changed] = snap.scrape_failures[changed]
+                write_rows(block, parent[changed], tokens[changed], values[~same], ok[changed], failures[changed])
+                last_values[changed] = values[~same]
+                last_failures[changed] = failures[changed]
+                last_ok[changed] = ok[changed]
                 end.send(Landed())
-                news = []
-                for local in changed.tolist():
-                    pair = (snap.running_adapters[local], snap.waiting_adapters[local])
-                    if snap.scrape_ok[local] and adapters[local] != pair:
-                        adapters[local] = pair
-                        news.append((int(parent[local]), float(tokens[local]), sorted(pair[0]), sorted(pair[1])))
-                if news:
-                    end.send(Adapters(news))
+            news = []
+            for local in moved.tolist():
+                pair = (snap.running_adapters[local], snap.waiting_adapters[local])
+                if snap.scrape_ok[local] and adapters[local] != pair:
+                    adapters[local] = pair
+                    news.append((int(parent[local]), float(tokens[local]), sorted(pair[0]), sorted(pair[1])))
+            if news:
+                end.send(Adapters(news))
     except (EOFError, OSError):
         pass
     finally:
@@ -172,7 +192,9 @@ def child_main(end: ChildEnd) -> int:
     """The kit's entry (epp.supervision.launch)."""
     start: ScrapeStart = end.payload
     block = map_array(end.fds[0], (start.rows, NCOL), np.float64)
-    os.close(end.fds[0])  # the mapping stays
+    stamps = map_array(end.fds[1], (start.rows + 1,), np.float64) if len(end.fds) > 1 else None
+    for fd in end.fds:
+        os.close(fd)  # the mappings stay
     with contextlib.suppress(KeyboardInterrupt):
-        run_loop(run(end, block))
+        run_loop(run(end, block, stamps))
     return 0

@@ -16,7 +16,8 @@ from typing import Protocol, cast
 
 _MAX_HEADER_BYTES = 64 * 1024
 _INITIAL_BUFFER = 16 * 1024  # a connection's read buffer to start with; it grows to the largest response
-_MIN_READ = 8 * 1024  # free space offered to each read
+_MIN_READ = 8 * 1024  # free space offered to each read, at least
+_MAX_READ = 256 * 1024  # and at most this much more than that (asyncio's own read size)
 _CLOSED = "connection closed before a response"
 
 
@@ -78,9 +79,10 @@ class _Response(asyncio.BufferedProtocol):
 
     def get_buffer(self, _sizehint: int) -> memoryview:
         buf, end = self.buf, self.end
-        if len(buf) - end < _MIN_READ:
+        want = max(_MIN_READ, min(end, _MAX_READ))  # a long response is read in pieces as large as what came
+        if len(buf) - end < want:
             # A new, larger buffer rather than a resize: the loop may still hold a view of the old one.
-            grown = bytearray(max(2 * len(buf), end + _MIN_READ))
+            grown = bytearray(max(2 * len(buf), end + want))
             grown[:end] = memoryview(buf)[:end]
             self.buf = buf = grown
         return memoryview(buf)[end:]

@@ -6,13 +6,16 @@ picker's process is GIL-bound; a second process scrapes on another core.
 
 How:
 - The child (`python -m epp.scrape.child`, started through the child-process kit, epp.supervision.child) runs the
-  ordinary `ScrapeService` on a private table that mirrors the parent's membership, and every few milliseconds
-  publishes changed rows into one shared float64 block (a memfd), indexed by the parent's slot, in the shared-row
-  layout (epp.datastore.rows: token, the scraped values, ok, failures, version).
+  ordinary `ScrapeService` on a private table that mirrors the parent's membership, and after each scrape round
+  publishes the rows whose values changed into one shared float64 block (a memfd), indexed by the parent's slot,
+  in the shared-row layout (epp.datastore.rows: token, the scraped values, ok, failures, version), and tells the
+  parent (`Landed`). A row whose page repeated its values only gets a stamp (its scrape's time, in a second memfd
+  the parent keeps for its life and shares with its serving workers): no write, no message; the parent's table
+  reads the stamps as it is read (`EndpointTable.follow_stamps`), so an idle pool costs the parent nothing.
 - Each row is a seqlock: `version` is odd while the child writes it. The parent copies the block, keeps rows whose
   version was even and unchanged across the copy, and whose `token` matches the endpoint now in that slot (a
   slot reused by another endpoint gets a new token, so late rows of the old one are ignored). Applying them is a
-  handful of vector operations (`EndpointTable.write_scrape_rows`), ~100 times a second.
+  handful of vector operations (`EndpointTable.write_scrape_rows`), done in the pipe's callback as `Landed` arrives.
 - Membership goes to the child, LoRA adapter changes, per-endpoint statuses and the child's log records come back,
   as typed messages on the kit's pipe (epp.scrape.child). If the parent dies, the child exits within a second.
 
@@ -74,6 +77,9 @@ class ScrapeProcess:
         self.engines = engines or EngineRegistry()
         self.rows = max_endpoints
         self._fd = -1  # the new block's memfd, between its creation and the spawn that hands it over
+        # The stamps (epp.datastore.rows): one memfd made at the first start, every child's, shared with the workers.
+        self.stamps_fd = -1
+        self.stamps: np.ndarray = np.zeros(1)
         self._block: np.ndarray = np.zeros((0, NCOL))
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()  # rows landed in the block, or the table's membership changed
@@ -137,14 +143,17 @@ class ScrapeProcess:
             return
         self._task = asyncio.create_task(self._run(), name="scrape-process-apply")
 
-    def _new_block(self) -> tuple[int]:
+    def _new_block(self) -> tuple[int, int]:
         """A fresh block for the child about to start (a dead child's late writes cannot reach the new one)."""
         self._drop_block()  # a block made for a spawn that failed
+        if self.stamps_fd < 0:  # the first start (or one after a stop)
+            self.stamps_fd = new_memfd("scrape-stamps", (self.rows + 1) * 8)
+            self.stamps = map_array(self.stamps_fd, (self.rows + 1,), np.float64)
         self._fd = new_memfd("scrape-rows", self.rows * NCOL * 8)
         self._block = map_array(self._fd, (self.rows, NCOL), np.float64)
         self._block[:, TOKEN] = -1.0
         self._applied[:] = 0.0  # a new block: versions start again
-        return (self._fd,)
+        return (self._fd, self.stamps_fd)
 
     def _started(self) -> None:
         os.close(self._fd)  # the child has its own descriptor; the mapping stays
@@ -169,10 +178,18 @@ class ScrapeProcess:
             self._task = None
         await self.child.stop()
         self._drop_block()
+        if self.stamps_fd >= 0:  # the mapping stays (the table may still read it); a later start makes new ones
+            os.close(self.stamps_fd)
+            self.stamps_fd = -1
 
     def begin_shutdown(self) -> None:
         """The picker is stopping: a child that ends from now on is not restarted."""
         self.child.begin_shutdown()
+
+    def shared_stamps(self) -> tuple[int, int] | None:
+        """(descriptor, length) of the stamps every child writes, for the serving workers to date their rows by;
+        None before the first start or scraping in this process (the rows then carry every scrape's time)."""
+        return (self.stamps_fd, self.rows + 1) if self.stamps_fd >= 0 and self._fallback is None else None
 
     def status(self) -> dict[str, EndpointStatus]:
         return self._fallback.status() if self._fallback is not None else dict(self._status)
@@ -224,6 +241,8 @@ class ScrapeProcess:
         for slot in set(self._members) - set(members):
             self._tokens[slot] = -1.0
         self._members = members
+        slots = np.fromiter(members, dtype=np.int64, count=len(members))
+        table.follow_stamps(self.stamps, slots, slots)  # the stamps are by our slot
         wanted = {info.address for info, _ in members.values()}
         self._status = {a: s for a, s in self._status.items() if a in wanted}
         for info, _ in members.values():

@@ -162,7 +162,7 @@ class ScrapeService:
         table.add_membership_listener(self._members_changed.set)
         self._sem: asyncio.Semaphore | None = None
         self._tick = asyncio.Event()  # set and cleared at once on every tick: each poller waiting on it starts
-        self._ticker: asyncio.Task[None] | None = None
+        self._ticker: asyncio.TimerHandle | None = None
         self.in_flight = 0  # scrapes under way now
         self.round_done = asyncio.Event()  # set when the last scrape under way ends (a reader clears it)
         self.rejected_values: dict[tuple[str, str], int] = {}  # (signal, reason) → scraped values refused
@@ -180,14 +180,16 @@ class ScrapeService:
         self._sem = asyncio.Semaphore(self.settings.concurrency)
         self.sync()
         self._supervisor = asyncio.create_task(self._supervise(), name="scrape-supervisor")
-        self._ticker = asyncio.create_task(self._run_ticks(), name="scrape-ticks")
+        self._next_tick()
 
     async def stop(self) -> None:
         tasks = [task for _, task in self._pollers.values()]
-        for task in (self._supervisor, self._ticker):
-            if task is not None:
-                tasks.append(task)
-        self._supervisor = self._ticker = None
+        if self._supervisor is not None:
+            tasks.append(self._supervisor)
+            self._supervisor = None
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -292,14 +294,17 @@ class ScrapeService:
 
     # -- one endpoint -----------------------------------------------------------------------------------------
 
-    async def _run_ticks(self) -> None:
-        """The pool's one clock: every interval (± jitter), every poller waiting for a tick starts its scrape."""
+    def _next_tick(self) -> None:
+        """The pool's one clock, a timer callback (no task to wake): every interval (± jitter), every poller
+        waiting for a tick starts its scrape."""
         s = self.settings
-        tick = self._tick
-        while True:
-            await asyncio.sleep(s.interval_s * (1 + s.jitter * self._rng.uniform(-1, 1)))
-            tick.set()  # wakes every waiter now; cleared at once, so the next wait is for the next tick
-            tick.clear()
+        delay = s.interval_s * (1 + s.jitter * self._rng.uniform(-1, 1))
+        self._ticker = asyncio.get_running_loop().call_later(delay, self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._tick.set()  # wakes every waiter now; cleared at once, so the next wait is for the next tick
+        self._tick.clear()
+        self._next_tick()
 
     async def _poll(self, info: EndpointInfo) -> None:
         s = self.settings

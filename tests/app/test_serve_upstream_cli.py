@@ -67,10 +67,20 @@ def test_tls_1_2_suites_follow_the_flag_and_nothing_older_than_tls_1_2_is_served
         assert _handshake(grpc_port, ciphers="ALL:@SECLEVEL=0", **old) not in ("TLSv1", "TLSv1.1")
 
 
-def test_tls_min_version_13_is_accepted_with_one_warning_that_says_why(tmp_path: Path) -> None:
-    argv, _, metrics_port = _serve(tmp_path, "--tls-min-version=VersionTLS13")
+def test_tls_min_version_13_on_grpc_is_accepted_with_one_warning_that_says_why(tmp_path: Path) -> None:
+    argv, _, metrics_port = _serve(tmp_path, "--tls-min-version=VersionTLS13", "--extproc-transport=grpc")
     log = tmp_path / "serve.log"
     with running(argv, log) as proc:
         wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "epp", proc)
     warnings = [line for line in log.read_text().splitlines() if "--tls-min-version" in line]
     assert len(warnings) == 1 and "not enforced" in warnings[0] and "grpcio" in warnings[0]
+
+
+def test_tls_min_version_13_is_enforced_by_the_native_front(tmp_path: Path) -> None:
+    argv, grpc_port, metrics_port = _serve(tmp_path, "--tls-min-version=VersionTLS13", "--extproc-transport=native")
+    log = tmp_path / "serve.log"
+    with running(argv, log) as proc:
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"), 60, "epp", proc)
+        assert _handshake(grpc_port) == "TLSv1.3"
+        assert _handshake(grpc_port, maximum_version=ssl.TLSVersion.TLSv1_2) != "TLSv1.2"
+    assert not [line for line in log.read_text().splitlines() if "--tls-min-version" in line]

@@ -116,3 +116,22 @@ def test_scrape_version_moves_with_every_recorded_scrape_or_failure_only() -> No
     table.record_scrape_failure(slot)
     table.write_scrape_rows(np.array([slot]), np.full((1, 7), 2.0), np.array([True]), np.array([0]))
     assert table.scrape_version == seen + 3
+
+
+def test_a_stamp_dates_a_scraped_row_and_restarts_its_picks_when_the_table_is_read() -> None:
+    from epp.datastore.rows import write_stamps
+
+    t = EndpointTable()
+    a, b = t.upsert(EndpointInfo("127.0.0.1:1")), t.upsert(EndpointInfo("127.0.0.1:2"))
+    t.record_scrape(a, MetricsSample(waiting=3), now=10.0)
+    t.book_pick(a)
+    stamps = np.zeros(8)  # by the writer's slot: ours are 5 and 6 there
+    t.follow_stamps(stamps, np.array([a, b]), np.array([5, 6]))
+    write_stamps(stamps, np.array([5, 6]), np.array([12.0, 12.0]))
+    assert t.column("scraped_at")[a] == 10.0  # nothing happens until the table is read
+    view = t.view()
+    assert view.scraped_at[a] == 12.0 and view.waiting[a] == 3.0  # dated anew, same values
+    assert view.picks_since_scrape[a] == 0  # as a fresh page would
+    assert math.isnan(view.scraped_at[b])  # never scraped: a stamp vouches for no values
+    write_stamps(stamps, np.array([5]), np.array([11.0]))  # older than the row's page: ignored
+    assert t.snapshot().scraped_at[a] == 12.0

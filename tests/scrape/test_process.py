@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 from epp.datastore.table import EndpointInfo, EndpointTable
+from epp.scrape.child import Landed
 from epp.scrape.process import ScrapeProcess
 from epp.scrape.scraper import ScrapeSettings
 from tests.scrape.fake_server import FakeMetricsServer
@@ -99,5 +100,35 @@ async def test_without_shared_memory_it_scrapes_in_process(servers, monkeypatch:
     try:
         await wait_for(lambda: row(table, a.address)["waiting"] == 6.0)
         assert proc.status()[a.address].scrapes > 0
+    finally:
+        await proc.stop()
+
+
+@pytest.mark.process
+async def test_a_repeated_page_wakes_nobody_yet_the_parent_table_stays_dated(servers) -> None:
+    a = await FakeMetricsServer(page=b"vllm:num_requests_waiting 3\n").start()
+    servers.append(a)
+    table = EndpointTable()
+    slot = table.upsert(EndpointInfo(a.address))
+    proc = ScrapeProcess(table, FAST, max_endpoints=8)
+    landed: list[Landed] = []
+
+    def handle(msg: object, inner: Callable[[object], None] = proc._handle) -> None:
+        if isinstance(msg, Landed):
+            landed.append(msg)
+        inner(msg)
+
+    proc.child._on_message = handle  # counts the child's announcements on their way in
+    await proc.start()
+    try:
+        await wait_for(lambda: row(table, a.address)["waiting"] == 3.0, 30)
+        await wait_for(lambda: proc.status()[a.address].scrapes >= 3)  # the statuses lag: the rows have landed
+        count, first = len(landed), table.view().scraped_at[slot]
+        await wait_for(lambda: table.view().scraped_at[slot] > first + 5 * FAST.interval_s)
+        assert len(landed) == count  # the same page again and again: stamps, no Landed
+        assert row(table, a.address)["healthy"]  # fresh: its age is the last scrape's
+        a.page = b"vllm:num_requests_waiting 4\n"
+        await wait_for(lambda: row(table, a.address)["waiting"] == 4.0)
+        assert len(landed) > count
     finally:
         await proc.stop()
