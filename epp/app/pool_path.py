@@ -45,9 +45,12 @@ def pools_processor(
     plugin_timer: PluginTimer,
     tracer: Any,
     metrics: PickerMetrics,
+    observer: Any = None,
 ) -> ExternalProcessor:
     """Several pools: a director per pool (its endpoints, failure mode, objectives, and a scheduler of its own,
-    from its --pool-config-file or the picker's config), and the router that gives each stream its pool's."""
+    from its --pool-config-file or the picker's config), and the router that gives each stream its pool's; the
+    control process and every serving worker build the same (`observer`: the server's, a worker's counting one;
+    None: `metrics`)."""
     k8s = settings.endpoints.kubernetes
     namespace = k8s.namespace if k8s is not None else "default"
     paths = normalise_pool_configs(settings.endpoints.pool_configs, namespace)
@@ -82,4 +85,4 @@ def pools_processor(
         aggregate = union.answer
     router = PoolRouter(directors.route_of, namespace, PoolLessMode(settings.endpoints.pool_less_mode), metrics,
                         time.monotonic, aggregate)  # fmt: skip
-    return build_processor(settings, config, router.pool_less, metrics, pools=router)
+    return build_processor(settings, config, router.pool_less, observer or metrics, pools=router)

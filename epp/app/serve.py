@@ -167,7 +167,6 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
     one_process: list[str] = []  # every feature serves on every worker now; a new one that cannot names itself here
     if state.pools is not None:
         check_pools(flow, federation, kv_feeder is not None)
-        one_process.append("several pools")
     workers = serving_workers(settings.workers, one_process)
     if kv_feeder is not None and workers == 1:  # with workers, the producers that pick are theirs (summed)
         state.registry.register(PreciseFallbacksCollector(kv_feeder.producer))
@@ -200,8 +199,9 @@ def _request_path(
     metrics_registry.register(parts.receipts)  # with workers, theirs (the alarms' max, the rest summed)
     if state.pools is not None:
         pools = state.pools
+        # With workers, the per-pool counts are theirs (summed from their expositions): the control's would be 0s.
         processor = pools_processor(
-            settings, config, pools, state.table, state.registry, parts.plugin_timer, parts.tracer, metrics
+            settings, config, pools, state.table, metrics_registry, parts.plugin_timer, parts.tracer, metrics
         )
         return metrics, processor
     director = build_director(
@@ -395,6 +395,7 @@ def _worker_pool(settings: ServeSettings, parts: _DecisionParts, state: PickerSt
         sites=federation.sites if federation is not None else None,
         kv=parts.kv_feeder,
         shared_learners=len(parts.decisions.scheduler.prefix_scorers),
+        pools=state.pools,
     )
 
 

@@ -57,6 +57,8 @@ from epp.app.pool_metrics import PrefixCollector
 from epp.app.receipt_metrics import ReceiptMetrics
 from epp.app.settings import ServeSettings
 from epp.app.tls import tls_policy
+from epp.datastore.objectives import ObjectiveStore
+from epp.datastore.pool import PoolSpec
 from epp.datastore.rows import FAILURES, NCOL, OK, SCRAPED_AT, VALUES, VERSION, read_rows
 from epp.datastore.sites import Site
 from epp.datastore.table import EndpointInfo, EndpointTable, Snapshot
@@ -96,13 +98,38 @@ class WorkerStart:
 @dataclass(frozen=True, slots=True)
 class Members:
     """Control → worker, whenever any of it changes: the membership (control slot, token, endpoint, running and
-    waiting adapters), the pool's failure mode, the objectives and their rewrites, the pool's namespace."""
+    waiting adapters), the pool's failure mode, the objectives and their rewrites, the pool's namespace. With
+    several pools, `pools`: each pool served now by key, its spec (its failure mode) with its own objectives and
+    rewrites (each endpoint names its pool in `EndpointInfo.pool`)."""
 
     members: list[tuple[int, float, EndpointInfo, list[str], list[str]]]
     failure_mode: str
     objectives: Any
     rewrites: Any
     namespace: str
+    pools: dict[str, tuple[PoolSpec, Any, Any]] | None = None
+
+
+class WorkerPools:
+    """Several pools as a worker knows them: the control process's `Members.pools`, applied in place (the
+    `PoolSet` its pool directors read)."""
+
+    def __init__(self) -> None:
+        self.specs: dict[str, PoolSpec] = {}
+        self._stores: dict[str, ObjectiveStore] = {}
+
+    def objectives_of(self, key: str) -> ObjectiveStore:
+        store = self._stores.get(key)
+        if store is None:
+            store = self._stores[key] = ObjectiveStore()
+        return store
+
+    def apply(self, pools: dict[str, tuple[PoolSpec, Any, Any]]) -> None:
+        for key, (_, objectives, rewrites) in pools.items():
+            store = self.objectives_of(key)
+            store.replace_objectives(objectives)
+            store.replace_rewrites(rewrites)
+        self.specs = {key: spec for key, (spec, _, _) in pools.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +287,6 @@ async def _worker(
     )
     from epp.app.federation import worker_federation
     from epp.app.runtime import settle_garbage_collector
-    from epp.datastore.objectives import ObjectiveStore
     from epp.datastore.pool import FailureMode
     from epp.observability.metrics import PickerMetrics
 
@@ -349,7 +375,14 @@ async def _worker(
         wake.set()
 
     observer = _CountingObserver(metrics, stats[index], stream_began)
-    processor = build_processor(settings, config, decider, observer)
+    pools: WorkerPools | None = None
+    if settings.endpoints.multi:  # several pools: the same per-pool directors as one process, on this table
+        from epp.app.pool_path import pools_processor
+
+        pools = WorkerPools()
+        processor = pools_processor(settings, config, pools, table, registry, plugin_timer, tracer, metrics, observer)
+    else:
+        processor = build_processor(settings, config, decider, observer)
     server = extproc_server(settings, processor, reuse_port=True)
 
     conn = end.conn
@@ -364,6 +397,8 @@ async def _worker(
                     objectives.replace_objectives(msg.objectives)
                     objectives.replace_rewrites(msg.rewrites)
                     namespace[0] = msg.namespace
+                    if pools is not None and msg.pools is not None:
+                        pools.apply(msg.pools)
                     table.synced = True
                 elif isinstance(msg, (KvDirectory, TableSegment)):
                     fd = recv_fd(conn)  # it follows its message on the pipe

@@ -42,6 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.app.kv_feeder import KvFeederProcess
 from epp.app.pick_log import PickLog, ring_words
+from epp.app.pools import PoolSet
 from epp.app.receipt_metrics import MAX_FAMILIES
 from epp.app.settings import ServeSettings
 from epp.app.worker import (
@@ -110,7 +111,10 @@ class WorkerPool:
         kv: KvFeederProcess | None = None,
         shared_learners: int = 0,
         max_endpoints: int = MAX_ENDPOINTS,
+        pools: PoolSet | None = None,
     ) -> None:
+        """`pools`: several pools, each sent with the membership (`Members.pools`: spec, objectives, rewrites)."""
+        self._pools = pools
         self.count = count
         self._settings = settings
         self._table = table
@@ -278,7 +282,7 @@ class WorkerPool:
         table = self._table
         view = table.view()
         key = (table.version, view.running_adapters, view.waiting_adapters, self._objectives.version,
-               self._failure_mode(), self._namespace())  # fmt: skip
+               self._failure_mode(), self._namespace(), self._pools_key())  # fmt: skip
         if key != self._members_key:
             self._members_key = key
             self._remap(table)
@@ -326,10 +330,27 @@ class WorkerPool:
         self._infos = infos
         rewrites = {key: rules for key, rules in self._objectives.rewrites().items()}
         self._members_msg = Members(
-            members, self._failure_mode().value, self._objectives.objectives(), rewrites, self._namespace()
-        )
+            members, self._failure_mode().value, self._objectives.objectives(), rewrites, self._namespace(),
+            self._pools_msg(),
+        )  # fmt: skip
         for worker in self._workers:
             worker.child.send(self._members_msg)
+
+    def _pools_key(self) -> tuple[Any, ...] | None:
+        pools = self._pools
+        if pools is None:
+            return None
+        return tuple((key, spec, pools.objectives_of(key).version) for key, spec in pools.specs.items())
+
+    def _pools_msg(self) -> dict[str, tuple[Any, Any, Any]] | None:
+        pools = self._pools
+        if pools is None:
+            return None
+        out = {}
+        for key, spec in pools.specs.items():
+            store = pools.objectives_of(key)
+            out[key] = (spec, store.objectives(), store.rewrites())
+        return out
 
     def _relay_kv(self, msg: Any, fd: int | None) -> None:
         for worker in self._workers:
