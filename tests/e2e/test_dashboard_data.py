@@ -2,7 +2,7 @@
 serving workers, Envoy from the production bootstrap) under the demo's traffic, scraped by a real Prometheus every
 second, then every query of manifests/dashboards/epp-grafana.json asked of that Prometheus. An error panel may
 read 0 (nothing failed), never nothing. The shipped alert rules are loaded into the same Prometheus: all healthy,
-none pending or firing over a healthy run.
+none pending or firing over a healthy run, and the picker raises none of its degradation alarms.
 """
 
 from __future__ import annotations
@@ -79,3 +79,10 @@ def test_the_alert_rules_load_and_stay_silent_over_a_healthy_run(run: Run, tmp_p
     assert len(rules) == 8
     assert [r["name"] for r in rules if r["health"] != "ok"] == []
     assert [(r["name"], r["state"]) for r in rules if r["state"] != "inactive"] == []
+
+
+def test_no_degradation_alarm_is_raised_over_the_healthy_run(run: Run) -> None:
+    """The picker's own alarms (llm_d_epp_degraded, every watched pair exported at 0) stay 0 all along."""
+    assert run.server.query("llm_d_epp_degraded"), "no alarm series: the watched pairs are exported from the start"
+    raised = run.server.query(f"max_over_time(llm_d_epp_degraded[{_window(run)}]) > 0")
+    assert [sample["metric"] for sample in raised] == []
