@@ -78,6 +78,10 @@ def workers_world(envoy_available: None, e2e_tmp: Path) -> Iterator[World]:
                     admin=HostPort("127.0.0.1", admin),
                     access_log=str(access_log),
                     message_timeout_s=10.0,
+                    # Envoy spreads streams over the workers by opening connections (SO_REUSEPORT hashes each to
+                    # one worker): at the default 1,000 streams each, 3,000 requests are ~4 connections, all on one
+                    # worker about one run in eight; 100 makes it ~30 connections.
+                    epp_streams_per_connection=100,
                 )
                 with run_envoy(e2e_tmp, bootstrap_dict(options), "pools-workers", workers=2):
                     yield World(api, f"http://127.0.0.1:{listen}", metrics_port, access_log, members)

@@ -46,8 +46,9 @@ SCORERS = [
     # stand-ins (epp.scheduling.stand_ins): 0 for every endpoint
     ("endpoint-attribute-scorer", {"algorithm": {"type": "linear_lower_is_better"}}, False),
     ("topology-affinity-scorer", {}, False),
-    ("latency-scorer", {}, False),
     ("mm-embeddings-cache-scorer", {}, False),
+    # upstream's SLO scorer on our latency model (epp.scheduling.slo): the KV / queue / prefix mix until it has data
+    ("latency-scorer", {}, False),
 ]
 
 metric = st.one_of(st.floats(0, 1e4, allow_nan=False), st.just(math.nan))
