@@ -120,7 +120,8 @@ async def build(settings: ServeSettings) -> Picker:
         state.workers.share_stamps(scraper.shared_stamps)
     collectors = _collectors(state, metrics, parts, scraper)
     report = _pool_report(state, parts, scraper)
-    http_app = build_http_app(state.registry, report, state.ready, collectors, parts.auth, settings.enable_pprof)
+    fresh = state.workers.fresh_expositions if state.workers is not None else None  # theirs rendered when read
+    http_app = build_http_app(state.registry, report, state.ready, collectors, parts.auth, settings.enable_pprof, fresh)
     http_runner, http_site = await _metrics_site(settings, http_app)
     return Picker(
         settings, state, parts.workers, processor, grpc_server, health_server, scraper, http_runner, http_site,
