@@ -25,7 +25,7 @@ class ListenSettings:
     grpc_health_port: int = 9003
     metrics_port: int = 9090  # /metrics and /debug
     # --extproc-transport: "native" (HTTP/2 framing in C, epp.extproc.native) or "grpc" (grpcio's grpc.aio server)
-    transport: str = "grpc"
+    transport: str = "native"
 
 
 @dataclass(frozen=True, slots=True)

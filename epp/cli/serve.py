@@ -152,9 +152,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--extproc-transport",
         choices=("native", "grpc"),
-        default="grpc",
+        default="native",
         help="what serves the ext_proc port: 'native' (HTTP/2 and gRPC framing in C, the stream in Python; falls "
-        "back to grpc when the extension is not built) or 'grpc' (grpcio's grpc.aio server) (default grpc)",
+        "back to grpc when the extension is not built) or 'grpc' (grpcio's grpc.aio server) (default native)",
     )
     p.add_argument("--grpc-health-port", type=_port, default=9003, help="gRPC health port (default 9003)")
     p.add_argument("--metrics-port", type=_port, default=9090, help="Prometheus /metrics and /debug (default 9090)")
