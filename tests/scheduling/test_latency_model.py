@@ -71,3 +71,18 @@ def test_unknown_scraped_signals_count_as_zero_and_predictions_are_never_negativ
     x = features(np.array([0.0]), np.array([math.nan]), np.array([math.nan]), np.array([math.nan]), np.array([0]))
     ttft, tpot = model.predict(np.array([0]), x)
     assert np.isfinite(ttft).all() and (ttft >= 0).all() and (tpot >= 0).all()
+
+
+def test_the_whole_tables_view_and_a_gathered_subset_predict_the_same() -> None:
+    model = LatencyModel()
+    for slot in range(4):
+        _train(model, slot, lambda u, q, s=slot: 10.0 * (s + 1) + 0.05 * u + 15.0 * q, 100, seed=slot)
+    n = 4
+    x = features(np.arange(n) * 500.0, np.arange(n, dtype=float), np.full(n, 4.0), np.full(n, 0.3), np.arange(n))
+    whole_ttft, whole_tpot = model.predict(np.arange(n), x)
+    subset = np.array([1, 3])
+    sub_ttft, sub_tpot = model.predict(subset, x[:, subset])
+    assert np.allclose(sub_ttft, whole_ttft[subset]) and np.allclose(sub_tpot, whole_tpot[subset])
+    beyond, _ = model.predict(np.array([2, 500]), x[:, [2, 2]])  # a slot past the model's capacity: the pool's
+    pool = max(float(x[:, 2] @ model.pool_theta[0]), 0.0)
+    assert np.isclose(beyond[0], whole_ttft[2]) and np.isclose(beyond[1], pool)
