@@ -205,8 +205,9 @@ def _request_path(
         pools = state.pools
         # With workers, the per-pool counts are theirs (summed from their expositions): the control's would be 0s.
         processor = pools_processor(
-            settings, config, pools, state.table, metrics_registry, parts.plugin_timer, parts.tracer, metrics
-        )
+            settings, config, pools, state.table, metrics_registry, parts.plugin_timer, parts.tracer, metrics,
+            receipts=parts.receipts,
+        )  # fmt: skip
         return metrics, processor
     director = build_director(
         settings,

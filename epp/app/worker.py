@@ -289,7 +289,9 @@ async def _worker(
         from epp.app.pool_path import pools_processor
 
         pools = WorkerPools()
-        processor = pools_processor(settings, config, pools, table, registry, plugin_timer, tracer, metrics, observer)
+        processor = pools_processor(
+            settings, config, pools, table, registry, plugin_timer, tracer, metrics, observer, receipts
+        )
     else:
         processor = build_processor(settings, config, decider, observer)
     server = extproc_server(settings, processor, reuse_port=True)
