@@ -114,8 +114,7 @@ async def build(settings: ServeSettings) -> Picker:
             host = FlowHost(parts.flow, state.workers.send, state.workers.sync_bookings, time.monotonic)
             state.workers.attach_flow(host.receive, host.worker_gone, parts.flow.wake)
         models = [p.model for p in parts.scheduler.learners if isinstance(p, PredictedLatencyProducer)]
-        if models:  # what the workers learn, summed here: the admitter, /metrics and /debug/pool read it
-            state.workers.attach_learning(lambda learned: absorb_all(models, learned, state.table.slot_of))
+        state.workers.attach_learning(lambda learned: absorb_all(models, learned, state.table.slot_of))  # summed
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
     bind(health_server, settings.listen.bind_address, settings.listen.grpc_health_port, "--grpc-health-port")
