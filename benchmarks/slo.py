@@ -3,12 +3,15 @@ picker's own online latency model) against the default profile and an oracle tha
 
     python -m benchmarks.slo --load 0.8,1.1 --requests 2000
 
-Each request carries a TTFT objective drawn per request (`x-llm-d-slo-ttft-ms`: 20 % tight, 50 % medium, 30 %
-loose, multiples of the pool's unloaded TTFT); attainment is the share of all requests whose TTFT met their own
-objective (a shed request counts as missed, and the shed are reported beside it). The pool mixes engine profiles
-(`--profiles`, cycled), so endpoints differ in speed and no one load signal ranks them. Same code path as
-benchmarks/quality.py: the real Director and scheduler over simulated scrapes; the learner is fed by the
-observation feed (`Policy.done` → `Director.complete` with the engine's timing).
+Each request carries a TTFT objective drawn per request (`x-llm-d-slo-ttft-ms`). By default two classes, as a
+pool serving chat and batch traffic sees them: half interactive (0.15 s), half batch (10 s), each at least twice
+the request's own unloaded TTFT on the fastest profile; `--objectives relative` draws multiples of the request's
+unloaded TTFT instead (the earlier workload, narrow spread). Attainment is the share of all requests whose TTFT met
+their own objective (a shed request counts as missed, and the shed are reported beside it), also per class. The
+pool mixes engine profiles (`--profiles`, cycled; by default 2 H100s and 26 L4s, each half of the capacity), so
+where a request goes decides whether its objective can be met at all: an L4 prefills a median prompt in ~0.4 s.
+Same code path as benchmarks/quality.py: the real Director and scheduler over simulated scrapes; the learner is fed
+by the observation feed (`Policy.done` → `Director.complete` with the engine's timing).
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ from epp.scheduling import build_scheduler
 from epp.sim.engine import Engine, SimRequest
 from epp.sim.profiles import EngineProfile, profile_named
 
-TIERS = ((0.3, 2.0), (0.4, 5.0), (0.3, 20.0))  # (share, multiple of the unloaded TTFT)
+TIERS = ((0.3, 2.0), (0.4, 5.0), (0.3, 20.0))  # --objectives relative: (share, multiple of the unloaded TTFT)
 
 
-def slo_config(latency_weight: float = 2.0, strategy: str = "least") -> dict[str, object]:
+def slo_config(latency_weight: float = 2.0, strategy: str = "least", buffer: float = 1.0) -> dict[str, object]:
     """Our built-in profile with upstream's SLO plugins added (as upstream's predicted-latency sample adds them):
     the prefix match from an approximate producer that both the prefix scorer and the latency producer read (its
     uncached tokens), the headroom tier filter before the scorers, and the latency scorer beside the load and
@@ -46,7 +49,7 @@ def slo_config(latency_weight: float = 2.0, strategy: str = "least") -> dict[str
     ]
     plugins: list[dict[str, object]] = [
         {"type": "approx-prefix-cache-producer", "parameters": {"blockSize": 64}},
-        {"type": "predicted-latency-producer", "parameters": {"streamingMode": True}},
+        {"type": "predicted-latency-producer", "parameters": {"streamingMode": True, "sloBufferFactor": buffer}},
         {"type": "slo-headroom-tier-filter"},
         *({"type": t, "parameters": p} for t, _, p in scorers),
         {"type": "max-score-picker"},
@@ -86,14 +89,24 @@ class SloPicker(Picker):
         return self.server_of(decision.slot)
 
 
-def objectives(items: Sequence[Item], profile: EngineProfile, seed: int) -> np.ndarray:
-    """Each request's TTFT objective (seconds): a tier's multiple of its own unloaded TTFT on `profile` (its whole
-    prompt prefilled, one step's fixed cost), so a long prompt gets a proportionally longer objective."""
+def objectives(items: Sequence[Item], profile: EngineProfile, seed: int, spec: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's TTFT objective (seconds) and class (an index). `relative`: a tier's multiple of its own
+    unloaded TTFT on `profile` (its whole prompt prefilled, one step's fixed cost), so a long prompt gets a
+    proportionally longer objective. Otherwise `share:seconds,...` classes (e.g. interactive 0.15 s, batch 10 s),
+    each objective at least twice the request's own unloaded TTFT on `profile` (so every objective can be met
+    somewhere)."""
     rng = np.random.default_rng(seed + 7)
-    shares = np.array([s for s, _ in TIERS])
-    multiples = np.array([m for _, m in TIERS])
     own = np.array([it.prompt_tokens * profile.prefill_s_per_token + profile.step_base_s for it in items])
-    return multiples[rng.choice(len(TIERS), size=len(items), p=shares / shares.sum())] * own
+    if spec == "relative":
+        shares = np.array([s for s, _ in TIERS])
+        multiples = np.array([m for _, m in TIERS])
+        tier = rng.choice(len(TIERS), size=len(items), p=shares / shares.sum())
+        return multiples[tier] * own, tier
+    classes = [tuple(float(v) for v in part.split(":")) for part in spec.split(",")]
+    shares = np.array([c[0] for c in classes])
+    seconds = np.array([c[1] for c in classes])
+    drawn = rng.choice(len(classes), size=len(items), p=shares / shares.sum())
+    return np.maximum(seconds[drawn], 2.0 * own), drawn
 
 
 class SloOracle(Oracle):
@@ -121,14 +134,23 @@ def run(args: argparse.Namespace) -> list[str]:
     pool = [profiles[i % len(profiles)] for i in range(args.endpoints)]
     per = {p.name: capacity(items, p, seed=args.seed) for p in profiles}
     pool_capacity = sum(per[p.name] for p in pool)
-    slos = objectives(items, profiles[0], args.seed)
+    slos, classes = objectives(items, profiles[0], args.seed, args.objectives)
+    names = (
+        [f"{m:g}x" for _, m in TIERS]
+        if args.objectives == "relative"
+        else [f"{part.split(':')[1]} s" for part in args.objectives.split(",")]
+    )
     n = len(pool)
 
     def factories() -> dict[str, object]:
         return {
             "default": lambda e, c: Picker("epp", n, build_scheduler(None, seed=args.seed), c),
             "slo": lambda e, c: SloPicker(
-                "slo", n, build_scheduler(parse_config(slo_config(), "<slo>"), seed=args.seed), c, slos
+                "slo",
+                n,
+                build_scheduler(parse_config(slo_config(args.latency_weight, args.strategy), "<slo>"), seed=args.seed),
+                c,
+                slos,
             ),
             "oracle": lambda e, c: Oracle(e, args.seed),
             "slo-oracle": lambda e, c: SloOracle(e, args.seed, slos),
@@ -136,25 +158,28 @@ def run(args: argparse.Namespace) -> list[str]:
 
     lines = [
         f"workload {args.workload}, {len(items)} requests, {n} endpoints ({args.profiles} cycled), pool capacity "
-        f"{pool_capacity:.1f} req/s, objectives "
-        + ", ".join(f"{int(s * 100)} % at {m:g}x" for s, m in TIERS)
-        + f" the request's own unloaded TTFT on {profiles[0].name}",
+        f"{pool_capacity:.1f} req/s, objectives {args.objectives}"
+        + (" (multiples of the request's own unloaded TTFT)" if args.objectives == "relative" else " (share:seconds)")
+        + f" on {profiles[0].name}; latency-scorer weight {args.latency_weight:g}, {args.strategy}",
         "",
-        "| load | policy | SLO attainment | shed | TTFT p50 ms | TTFT p90 ms | vs default | vs oracle |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| load | policy | SLO attainment | by class ({' / '.join(names)}) | shed | TTFT p50 ms | TTFT p90 ms | "
+        "vs default | vs oracle |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     skip = int(len(items) * args.warmup)
     for ld in [float(x) for x in args.load.split(",")]:
         arrivals = scaled_arrivals(items, ld * pool_capacity)
-        got: dict[str, tuple[float, np.ndarray]] = {}
+        got: dict[str, tuple[float, np.ndarray, str]] = {}
         for name, factory in factories().items():
             result = simulate(items, arrivals, pool, factory, scrape_interval=args.scrape_interval)
             ttft = result.ttft[skip:]
-            met = float(np.mean(ttft <= slos[skip:]))
-            got[name] = (met, ttft)
-        for name, (met, ttft) in got.items():
+            hit = ttft <= slos[skip:]
+            kind = classes[skip:]
+            by_class = " / ".join(f"{float(np.mean(hit[kind == k])):.3f}" for k in range(len(names)))
+            got[name] = (float(np.mean(hit)), ttft, by_class)
+        for name, (met, ttft, by_class) in got.items():
             lines.append(
-                f"| {ld:.2f} | {name} | {met:.3f} | 0 | {np.nanpercentile(ttft, 50) * 1e3:.0f} | "
+                f"| {ld:.2f} | {name} | {met:.3f} | {by_class} | 0 | {np.nanpercentile(ttft, 50) * 1e3:.0f} | "
                 f"{np.nanpercentile(ttft, 90) * 1e3:.0f} | {met / got['default'][0]:.2f}x | "
                 f"{met / got['oracle'][0]:.2f}x |"
             )
@@ -165,12 +190,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--workload", default="azure-conv")
     p.add_argument("--load", default="0.8,1.1")
-    p.add_argument("--endpoints", type=int, default=8)
+    p.add_argument("--endpoints", type=int, default=28)
     p.add_argument("--requests", type=int, default=2000)
-    p.add_argument("--profiles", default="h100,l4")
+    p.add_argument("--profiles", default="h100" + ",l4" * 13, help="cycled over the endpoints")
     p.add_argument("--scrape-interval", type=float, default=0.05)
     p.add_argument("--warmup", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--latency-weight", type=float, default=2.0)
+    p.add_argument("--strategy", default="least", choices=("least", "most"))
+    p.add_argument("--objectives", default="0.5:0.15,0.5:10", help="share:seconds classes, or relative")
     args = p.parse_args(argv)
     print("\n".join(run(args)))
     return 0

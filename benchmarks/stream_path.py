@@ -21,11 +21,12 @@ after 300 warm-up ones, the collector settled as `epp serve` settles it; steady 
 a shared machine; needs `valgrind`; `--callgrind-out DIR` keeps the files for `callgrind_annotate`). `--root DIR`
 measures another checkout of the repository, e.g. a git worktree of an older commit, with this same driver.
 
-    .venv/bin/python -m benchmarks.stream_path [--requests N] [--instructions] [--receipts] [--root DIR]
-        [--callgrind-out DIR]
+    .venv/bin/python -m benchmarks.stream_path [--requests N] [--instructions] [--receipts] [--no-alarms]
+        [--root DIR] [--callgrind-out DIR]
 
 `--receipts` measures each profile a second time with `--emit-route-receipts` (a route receipt read, aggregated and
-written into `envoy.lb` metadata for every pick), side by side in the same run.
+written into `envoy.lb` metadata for every pick), side by side in the same run; `--no-alarms` once more with the
+degradation watch's sample off as well (neither receipts nor alarms: the path without them, in this checkout).
 
 Bounded: N requests per batch (default 5,000) after 300 warm-up requests; no network.
 """
@@ -53,9 +54,10 @@ TICK_S = 0.001  # virtual seconds per request
 PROFILES = {"default": None, "random-pick": "benchmarks/configs/random-picker.yaml"}
 
 
-def build(config_path: str | None, receipts: bool = False) -> Callable[[], None]:
+def build(config_path: str | None, receipts: bool = False, alarms: bool = True) -> Callable[[], None]:
     """One request's worth of work as a closure, against a picker wired as `epp serve` wires it; `receipts`:
-    with --emit-route-receipts (a route receipt read, aggregated and written into the metadata of every pick)."""
+    with --emit-route-receipts (a route receipt read, aggregated and written into the metadata of every pick);
+    not `alarms`: the degradation watch's sample off too (`watch_every=0`), neither receipts nor alarms."""
     import time
 
     from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -101,6 +103,8 @@ def build(config_path: str | None, receipts: bool = False) -> Callable[[], None]
         from epp.app.receipt_metrics import ReceiptMetrics
 
         wiring = {"receipts": ReceiptMetrics(), "emit_receipts": receipts}
+        if not alarms:
+            wiring["watch_every"] = 0
     except ModuleNotFoundError:  # a checkout from before route receipts
         if receipts:
             raise
@@ -113,8 +117,9 @@ def build(config_path: str | None, receipts: bool = False) -> Callable[[], None]
         saturation=scheduler.saturation,
         **wiring,
     )
-    if wiring:
-        wiring["receipts"].watch = director.watch
+    if wiring:  # an older checkout's sink held one watch
+        sink = wiring["receipts"]
+        sink.attach(director.watch) if hasattr(sink, "attach") else setattr(sink, "watch", director.watch)
     settings = StreamSettings()
     # Streams come from the server object, which owns what they share (prebuilt answers); an older checkout
     # without `new_stream` built them directly.
@@ -182,15 +187,19 @@ def _settle_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def _child(profile: str, requests: int, receipts: bool = False) -> None:
+def _label(profile: str, receipts: bool, alarms: bool) -> str:
+    return profile + (", receipts on" if receipts else "") + ("" if alarms else ", receipts and alarms off")
+
+
+def _child(profile: str, requests: int, receipts: bool = False, alarms: bool = True) -> None:
     """Run as a child (timing or under valgrind): warm up, then `requests` requests; print µs per request."""
-    one = build(PROFILES[profile], receipts)
+    one = build(PROFILES[profile], receipts, alarms)
     _settle_gc()
     for _ in range(300):
         one()
     if requests:
         best = min(timeit.repeat(one, number=requests, repeat=5)) / requests
-        print(json.dumps({"profile": profile + (", receipts on" if receipts else ""), "us": best * 1e6}))
+        print(json.dumps({"profile": _label(profile, receipts, alarms), "us": best * 1e6}))
 
 
 def _child_argv(profile: str, requests: int, *extra: str) -> list[str]:
@@ -217,7 +226,7 @@ def _measured(one: Callable[[], None], requests: int) -> None:
 def _instructions(root: Path, profile: str, requests: int, out_dir: Path | None = None, *extra: str) -> float:
     """Instructions per request, counted by callgrind inside the measured loop only (`_measured`). With `out_dir`
     callgrind's file is kept there (`callgrind_annotate --inclusive=yes FILE`: the cost per C function)."""
-    name = profile + ("-receipts" if extra else "")
+    name = profile + "".join(extra).replace("--", "-")
     out_file = "/dev/null" if out_dir is None else str(out_dir.resolve() / f"callgrind.{name}.out")
     argv = [
         "valgrind",
@@ -246,23 +255,33 @@ def main() -> None:
     parser.add_argument(
         "--receipts", action="store_true", help="also measure each profile with --emit-route-receipts, side by side"
     )
+    parser.add_argument(
+        "--no-alarms",
+        action="store_true",
+        help="also measure each profile with the degradation watch off too (neither receipts nor alarms: what the "
+        "path costs without them, in this checkout), side by side",
+    )
+    parser.add_argument("--no-watch", action="store_true", help=argparse.SUPPRESS)  # a child: the watch off
     parser.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         profile, n = args.child[0], int(args.child[1])
         if args.count:
-            one = build(PROFILES[profile], args.receipts)
+            one = build(PROFILES[profile], args.receipts, not args.no_watch)
             _settle_gc()
             for _ in range(300):
                 one()
             _measured(one, n)
         else:
-            _child(profile, n, args.receipts)
+            _child(profile, n, args.receipts, not args.no_watch)
         return
     if args.instructions and shutil.which("valgrind") is None:
         sys.exit("--instructions needs valgrind (Debian package `valgrind`)")
     rows: list[dict[str, Any]] = []
-    variants = [(profile, extra) for profile in PROFILES for extra in ((), ("--receipts",))[: 1 + args.receipts]]
+    extras: list[tuple[str, ...]] = [()]
+    extras += [("--no-watch",)] if args.no_alarms else []
+    extras += [("--receipts",)] if args.receipts else []
+    variants = [(profile, extra) for profile in PROFILES for extra in extras]
     for profile, extra in variants:
         row: dict[str, Any] = json.loads(_run_child(args.root, profile, args.requests, *extra))
         if args.instructions:

@@ -107,7 +107,7 @@ def build_director(
         pool=pool,
     )
     if receipts is not None:
-        receipts.watch = director.watch
+        receipts.attach(director.watch)
     if settings.serve_models_list:
         source = (pool or _owner(settings), objectives, pool is not None)
         director.pipeline = director.pipeline.answering(ModelsList(table, lambda: (source,)).answer)

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from epp.app.build import build_decisions, build_director, build_processor, load_picker_config
 from epp.app.federation import FederationParts
 from epp.app.pools import PoolDirectors, PoolSet, normalise_pool_configs
+from epp.app.receipt_metrics import ReceiptMetrics
 from epp.app.settings import ServeSettings
 from epp.config.model import EndpointPickerConfig
 from epp.datastore import EndpointTable
@@ -46,11 +47,13 @@ def pools_processor(
     tracer: Any,
     metrics: PickerMetrics,
     observer: Any = None,
+    receipts: ReceiptMetrics | None = None,
 ) -> ExternalProcessor:
     """Several pools: a director per pool (its endpoints, failure mode, objectives, and a scheduler of its own,
     from its --pool-config-file or the picker's config), and the router that gives each stream its pool's; the
     control process and every serving worker build the same (`observer`: the server's, a worker's counting one;
-    None: `metrics`)."""
+    None: `metrics`; `receipts`: the process's route receipts and alarms, each pool's watch attached to it as its
+    director is built)."""
     k8s = settings.endpoints.kubernetes
     namespace = k8s.namespace if k8s is not None else "default"
     paths = normalise_pool_configs(settings.endpoints.pool_configs, namespace)
@@ -70,7 +73,7 @@ def pools_processor(
         scheduler.instrument(plugin_timer)
         director = build_director(
             settings, scheduler, table, pools.objectives_of(key),
-            failure_mode=lambda: directors.failure_mode(key), observer=metrics, pool=key,
+            failure_mode=lambda: directors.failure_mode(key), observer=metrics, pool=key, receipts=receipts,
         )  # fmt: skip
         if tracer is not None:
             from epp.app.tracing import TracingDirector

@@ -8,6 +8,10 @@ bounded by the config: scorer and producer names, a fixed set of modes and signa
 With serving workers each worker has its own director, watch and one of these; its exposition travels to the control
 process, which sums the counters and takes the **max** of `llm_d_epp_degraded` over the workers (`MAX_FAMILIES`,
 applied by `epp.app.workers.merge_expositions`): the picker is degraded while any worker sees the condition.
+
+A picker of several pools has a director, so a watch, per pool (`attach`, as each pool's director is built): its
+alarms carry the pool (`llm_d_epp_degraded{pool,plugin,reason}`, the log lines, /debug/pool); the receipts'
+aggregates are the picker's, over every pool's picks.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ class ReceiptMetrics(FreezableCollector):
     """The receipts' aggregates and the watch's alarms of one process (a worker's are summed by the control)."""
 
     def __init__(self) -> None:
-        self.watch: DegradationWatch | None = None  # the director's, attached once it is built
+        self.watches: list[DegradationWatch] = []  # the directors' (one per pool), attached as each is built
         self.receipts = 0
         self.contribution: dict[str, float] = {}
         self.margin: dict[str, float] = {}
@@ -97,24 +101,31 @@ class ReceiptMetrics(FreezableCollector):
         if kv_ages:
             self.ages["kv_events"].observe_all(kv_ages)
 
+    def attach(self, watch: DegradationWatch | None) -> None:
+        """A director's watch (None: a scheduler without receipts); its states are exported from now on."""
+        if watch is not None and all(w is not watch for w in self.watches):
+            self.watches.append(watch)
+
     def transition(self, transition: Transition) -> None:
+        where = f"pool {transition.pool}: " if transition.pool else ""
         if transition.active:
             log.warning(
-                "degraded: %s %s (%.0f%% of the last window's picks); see llm_d_epp_degraded and docs/observability.md",
-                transition.plugin, transition.reason, 100 * transition.bad_ratio,
+                "degraded: %s%s %s (%.0f%% of the last window's picks); see llm_d_epp_degraded and "
+                "docs/observability.md",
+                where, transition.plugin, transition.reason, 100 * transition.bad_ratio,
             )  # fmt: skip
         else:
-            log.info("degradation cleared: %s %s", transition.plugin, transition.reason)
+            log.info("degradation cleared: %s%s %s", where, transition.plugin, transition.reason)
 
     def active(self, now: float) -> list[dict[str, object]]:
         """The episodes in progress, for /debug/pool."""
-        return self.watch.active(now) if self.watch is not None else []
+        return [episode for watch in self.watches for episode in watch.active(now)]
 
     # -- collection -----------------------------------------------------------------------------------------------
 
     def snapshot(self) -> Any:
         self._fold()
-        states = self.watch.states() if self.watch is not None else []
+        states = [(watch.pool, *state) for watch in self.watches for state in watch.states()]
         ages = {}
         for signal, hist in self.ages.items():
             copy = PlainHistogram(DATA_AGE)
@@ -124,13 +135,17 @@ class ReceiptMetrics(FreezableCollector):
 
     def families(self, data: Any) -> Iterator[Metric]:
         receipts, contribution, margin, modes, ages, states = data
+        # A picker of one pool keeps upstream-shaped (plugin, reason) series; several pools add the pool.
+        pooled = any(pool for pool, *_ in states)
+        labels = ("pool", "plugin", "reason") if pooled else ("plugin", "reason")
+        at = 0 if pooled else 1
         yield gauge_family(
             DEGRADED, "1 while a silent degradation episode is active for (plugin, reason), else 0.",
-            ("plugin", "reason"), [((p, r), 1.0 if active else 0.0) for p, r, active, _ in states],
+            labels, [((pool, p, r)[at:], 1.0 if active else 0.0) for pool, p, r, active, _ in states],
         )  # fmt: skip
         yield counter_family(
             "llm_d_epp_degraded_episodes", "Silent degradation episodes begun, by plugin and reason.",
-            ("plugin", "reason"), [((p, r), float(n)) for p, r, _, n in states],
+            labels, [((pool, p, r)[at:], float(n)) for pool, p, r, _, n in states],
         )  # fmt: skip
         yield counter_family(
             "llm_d_epp_route_receipts", "Route receipts read (every pick with --emit-route-receipts, else a sample).",
@@ -158,7 +173,11 @@ class ReceiptMetrics(FreezableCollector):
 def active_in(families: Iterable[Metric]) -> list[dict[str, object]]:
     """The episodes in progress in merged expositions (serving workers: the control process's /debug/pool)."""
     return [
-        {"plugin": sample.labels.get("plugin", ""), "reason": sample.labels.get("reason", "")}
+        {
+            **({"pool": sample.labels["pool"]} if sample.labels.get("pool") else {}),
+            "plugin": sample.labels.get("plugin", ""),
+            "reason": sample.labels.get("reason", ""),
+        }
         for family in families
         if family.name == DEGRADED
         for sample in family.samples

@@ -29,8 +29,8 @@ so a worker that has not heard the sites routes nothing remote. With `--tracing`
 The worker's own metrics go to the control process at most every `METRICS_S` and only when a number changed
 (an idle worker sends nothing): its request series as a delta of the series that moved
 (epp.observability.worker_series), which the control process folds under the picker's label caps and renders on a
-scrape, and the exposition text of its few other families (the prefix index, the sampled plugin timings,
-refusal counters), summed there.
+scrape; the exposition text of its few other families (the prefix index, the sampled plugin timings, refusal
+counters), summed there, only when the control process's /metrics or /debug/pool is read (`Render`).
 The worker is a child of the child-process kit (epp.supervision): started by `child_main`, it ignores the
 process group's SIGTERM and SIGINT while the control process lives (that process stops it with `Stop`), and drains
 and exits within a second of the control process's end, however it ended (the pipe's EOF, the parent-death
@@ -67,7 +67,9 @@ from epp.director.flow_link import CONTROL_MESSAGES, RemoteFlowGate
 from epp.extproc.native import native_front_built
 from epp.observability.plugins import PluginTimer
 from epp.observability.worker_series import DeltaSource, SeriesDelta
+from epp.scheduling.latency_model import LearnedSums
 from epp.scheduling.precise import PrecisePrefixCacheProducer
+from epp.scheduling.slo import PredictedLatencyProducer
 from epp.supervision.child_end import ChildEnd
 from epp.supervision.loop import run_loop
 from epp.supervision.memory import map_array
@@ -142,18 +144,19 @@ class Sites:
 
 @dataclass(frozen=True, slots=True)
 class Metrics:
-    """Worker → control: the request series that moved (a `SeriesDelta`; None: none did), at most every
-    `METRICS_S`; and, when the control process asked for it (`Render`: its /metrics or /debug/pool is being read),
-    the exposition text of the worker's other families (None: not rendered this time)."""
+    """Worker → control, at most every `METRICS_S`: the request series that moved (None: none did), what each
+    predicted-latency-producer's model learned (`LatencyModel.export`, by the config's order: the control process's
+    models are their sum); on `Render`, the exposition text of the worker's other families (else None)."""
 
     series: SeriesDelta | None
     exposition: bytes | None
+    learned: tuple[LearnedSums, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Render:
-    """Control → worker: its /metrics (or /debug/pool) is being read; the worker answers a `Metrics` with its
-    exposition now. Rendered only then: ~3.6 ms of a busy worker's CPU each, 7 µs per request at 2 a second."""
+    """Control → worker: /metrics or /debug/pool is being read, a `Metrics` with the exposition is wanted now
+    (rendered only then: ~3.6 ms of a busy worker's CPU each, 7 µs per request at 2 a second)."""
 
 
 class _CountingObserver:
@@ -238,12 +241,14 @@ async def _worker(
     registry.unregister(metrics)  # its series travel as deltas (`Metrics.series`), rendered by the control process
     deltas = DeltaSource(metrics)
 
+    models = [p.model for p in scheduler.learners if isinstance(p, PredictedLatencyProducer)]
+
     def send_metrics(render: bool = False) -> None:
         delta = deltas.delta()
         if render:
-            end.send(Metrics(delta, generate_latest(registry)))
+            end.send(Metrics(delta, generate_latest(registry), tuple(m.export() for m in models)))
         elif delta is not None:
-            end.send(Metrics(delta, None))
+            end.send(Metrics(delta, None, tuple(m.export() for m in models)))
 
     tracer_provider, tracer = build_tracing(settings.tracing, worker=index)
     if tracer is not None:
@@ -296,7 +301,9 @@ async def _worker(
         from epp.app.pool_path import pools_processor
 
         pools = WorkerPools()
-        processor = pools_processor(settings, config, pools, table, registry, plugin_timer, tracer, metrics, observer)
+        processor = pools_processor(
+            settings, config, pools, table, registry, plugin_timer, tracer, metrics, observer, receipts
+        )
     else:
         processor = build_processor(settings, config, decider, observer)
     server = extproc_server(settings, processor, reuse_port=True)

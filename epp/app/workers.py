@@ -80,6 +80,7 @@ class _Worker:
         self.index = index
         self.exposition = b""
         self.rendered = 0  # expositions received
+        self.learned: tuple[Any, ...] = ()  # its latency models' sums (`Metrics.learned`), as it sent them last
         self.child = Child(
             "epp.app.worker",
             f"worker {index} (pid {{pid}})",
@@ -160,6 +161,7 @@ class WorkerPool:
         self._flow_message: Callable[[int, Any], None] | None = None
         self._flow_gone: Callable[[int], None] = lambda index: None
         self._released: Callable[[], None] = lambda: None
+        self._learned: Callable[[list[tuple[Any, ...]]], None] | None = None
         self._in_flight = 0
         self._stamps: Callable[[], tuple[int, int] | None] = lambda: None
 
@@ -182,6 +184,10 @@ class WorkerPool:
         """Flow control across the workers: `message(worker, msg)` gets their flow-control messages, `gone(worker)`
         a worker's end, `released()` each publication that saw the picks in flight fall."""
         self._flow_message, self._flow_gone, self._released = message, gone, released
+
+    def attach_learning(self, learned: Callable[[list[tuple[Any, ...]]], None]) -> None:
+        """`learned(per_worker)` after each worker's metrics: every running worker's latency models' sums."""
+        self._learned = learned
 
     def send(self, index: int, msg: Any) -> bool:
         """A message to worker `index`: False when it is not running."""
@@ -248,6 +254,7 @@ class WorkerPool:
 
     def _ended(self, worker: _Worker) -> None:
         worker.exposition = b""
+        worker.learned = ()
         self.series.forget(worker.index)
         self.inflight[worker.index] = 0  # its picks are no longer anyone's load
         self._flow_gone(worker.index)
@@ -261,6 +268,9 @@ class WorkerPool:
                 worker.exposition = msg.exposition
                 worker.rendered += 1
                 self._rendered.set()
+            worker.learned = msg.learned
+            if self._learned is not None:
+                self._learned([w.learned for w in self._workers if w.learned])
         elif self._flow_message is not None:
             self._flow_message(worker.index, msg)
 

@@ -218,7 +218,7 @@ def register(sub: Any) -> None:
         type=_rate,
         default=0.0,
         help="share of the receipts read that are also logged as one JSON line at INFO, 0-1 (default 0: none); "
-        "without --emit-route-receipts one pick in 4 is read",
+        "without --emit-route-receipts one pick in 32 is read",
     )
     p.add_argument(
         "--grace-period",

@@ -84,9 +84,11 @@ class ReceiptSink(Protocol):
     def transition(self, transition: Transition) -> None: ...
 
 
-# One pick in this many is read for its receipt when receipts are not emitted: the degradation watch's sample and
-# the aggregated receipt metrics (a receipt costs a few µs; the watch needs a few hundred per episode).
-WATCH_EVERY = 4
+# One pick in this many is shown to the degradation watch, receipts emitted or not; when they are not, it is also
+# the only pick read for its receipt (the aggregated receipt metrics' sample). A read receipt costs ~130k
+# instructions (a detailed run, its reading, the watch): one in 32 is ~4k a pick averaged, under 1 % of the path;
+# with the watch's window of 6 observations a verdict spans 192 picks, an alarm is up within ~400 of its cause.
+WATCH_EVERY = 32
 
 
 def _scores(addresses: Sequence[str], detail: PickDetail) -> tuple[tuple[str, float], ...]:
@@ -131,8 +133,9 @@ class Director:
         (--emit-endpoint-scores); `pool` (a pool key, `namespace/name`) narrows the candidates to that pool's
         endpoints when the table holds several pools (epp.datastore.pools); None: every endpoint of the table;
         `emit_receipts` puts a route receipt on the decision too, for every pick (--emit-route-receipts);
-        `receipts` gets every receipt read (every pick with `emit_receipts`, else one in `watch_every`, 0: none)
-        after the degradation watch has seen it, with one in `receipt_log_every` marked for the log (0: none)."""
+        `receipts` gets every receipt read (every pick with `emit_receipts`, else one in `watch_every`, 0: none),
+        with one in `receipt_log_every` marked for the log (0: none); the degradation watch (its `pool`'s) sees
+        one pick in `watch_every` either way."""
         self._table = table
         self._scheduler = scheduler.handler
         self._clock = clock
@@ -156,11 +159,13 @@ class Director:
         profiles = scheduler.profiles
         self._reader = profiles[0].receipts if profiles and scheduler.detailed is not None else None
         self._profile_names = tuple(p.profile.name for p in profiles)
-        self.watch = DegradationWatch(profiles[0].receipts.watched()) if self._reader is not None else None
+        self.watch = (
+            DegradationWatch(profiles[0].receipts.watched(), pool=pool or "") if self._reader is not None else None
+        )
         self._sink = receipts
         self._watch_every = watch_every if self._reader is not None and watch_every > 0 else 0
         self._log_every = receipt_log_every
-        self._picks = 0  # since the last receipt read for the watch
+        self._picks = 0  # since the last pick shown to the watch
         self._receipts = 0  # receipts read, for the log's sample
         # The handler's pick with its PickDetail (scores, the picked endpoint's cached prefix), asked for only when
         # scores are emitted or a request says `Prefer: if-available`; a handler without it has no detail.
@@ -246,11 +251,12 @@ class Director:
         conditional = _PREFER in headers and wire.prefers_if_available(headers)
         detail: PickDetail | None = None
         account = self._emit_receipts
+        watched = False
         if self._watch_every:
             self._picks += 1
             if self._picks >= self._watch_every:
                 self._picks = 0
-                account = True
+                account = watched = True
         try:
             if (conditional or self._emit_scores or account) and self._detailed is not None:
                 slots, detail = self._detailed(snapshot, candidates, request, now)
@@ -280,7 +286,8 @@ class Director:
         routing = self._routing(slots, addresses) if self._routing is not None else None
         receipt = None
         if account and detail is not None and detail.state is not None and self._reader is not None:
-            receipt = self._account(detail, primary, len(routing.stages) if routing is not None else 0, request, now)
+            stages = len(routing.stages) if routing is not None else 0
+            receipt = self._account(detail, primary, stages, request, now, watched)
         if routing is not None:
             decision = self._routed(routing, primary, degraded, body, original_model, request.model, tokens)
             if pick is not None:
@@ -306,14 +313,15 @@ class Director:
         return decision
 
     def _account(
-        self, detail: PickDetail, primary: int, stages: int, request: InferenceRequest, now: float
+        self, detail: PickDetail, primary: int, stages: int, request: InferenceRequest, now: float, watched: bool
     ) -> str | None:
-        """Read the pick's receipt, show it to the degradation watch and the sink; its JSON when it is emitted."""
+        """Read the pick's receipt, show it to the degradation watch (`watched`: its sample) and the sink; its JSON
+        when it is emitted."""
         assert self._reader is not None and detail.state is not None and self.watch is not None
         receipt = self._reader.read(detail.state, primary, request.queued_s)
         if stages and len(self._profile_names) > 1:  # P/D: the decode profile judged, the others booked too
             receipt = receipt._replace(profiles=self._profile_names[: 1 + stages])
-        transitions = self.watch.observe(receipt, now)
+        transitions = self.watch.observe(receipt, now) if watched else ()
         if self._sink is not None:
             logged = False
             if self._log_every:

@@ -15,8 +15,9 @@ fixed set of (plugin, reason) conditions:
   nothing anywhere (an LRU too small for the traffic, a block size that changes under it). Only prompts that repeat
   count: a workload of unique prompts is not a broken index (its scorer's output is then constant instead).
 
-Each condition is judged over windows of `window` observations (one per receipt for most; only repeated prompts for
-`prefix_never_hits`): an episode begins when at least `raise_ratio` of a window was bad and ends when at most
+Each condition is judged over windows of `window` observations (one per receipt the watch is shown: the director shows
+it one pick in `epp.director.director.WATCH_EVERY`, whether receipts are emitted or not; only repeated prompts count
+for `prefix_never_hits`): an episode begins when at least `raise_ratio` of a window was bad and ends when at most
 `clear_ratio` of one was, so a condition that flickers neither raises nor clears on its own noise. Transitions are
 returned to the caller, which logs them and counts episodes. Pure: time is an argument, no I/O.
 """
@@ -30,7 +31,7 @@ from typing import NamedTuple
 from epp.scheduling.receipt import METRICS_SOURCE, Receipt
 
 REASONS = ("constant_output", "stale_signal", "missing_signal", "always_fallback", "prefix_never_hits")
-WINDOW = 48  # observations per verdict
+WINDOW = 6  # observations per verdict: 6 × one pick in 32 (the director's sample) = 192 picks, as 48 × 4 were
 RAISE_RATIO = 0.8
 CLEAR_RATIO = 0.2
 RECENT_PROMPTS = 4096  # leading-block hashes remembered per prefix plugin (a repeat is one seen among them)
@@ -44,6 +45,7 @@ class Transition(NamedTuple):
     active: bool
     now: float
     bad_ratio: float
+    pool: str = ""  # the watch's pool (a picker of several pools: a watch per pool's director); "": the only one
 
 
 class _Condition:
@@ -60,7 +62,7 @@ class _Condition:
 
 
 class DegradationWatch:
-    """The picker's degradation alarms over the (plugin, reason) pairs it was given."""
+    """The degradation alarms of one director (one pool's) over the (plugin, reason) pairs it was given."""
 
     def __init__(
         self,
@@ -68,7 +70,11 @@ class DegradationWatch:
         window: int = WINDOW,
         raise_ratio: float = RAISE_RATIO,
         clear_ratio: float = CLEAR_RATIO,
+        pool: str = "",
     ) -> None:
+        """`pool`: the key (`namespace/name`) of the pool whose picks it watches, on its transitions and states;
+        "" for a picker of one pool."""
+        self.pool = pool
         self.window = window
         self.raise_ratio = raise_ratio
         self.clear_ratio = clear_ratio
@@ -91,9 +97,10 @@ class DegradationWatch:
         return [(p, r, c.active, c.episodes) for (p, r), c in self._conditions.items()]
 
     def active(self, now: float) -> list[dict[str, object]]:
-        """The episodes in progress, for /debug/pool."""
+        """The episodes in progress, for /debug/pool (with its `pool` when the watch has one)."""
+        pool = {"pool": self.pool} if self.pool else {}
         return [
-            {"plugin": p, "reason": r, "since_s": round(max(0.0, now - c.since), 3), "episodes": c.episodes}
+            {**pool, "plugin": p, "reason": r, "since_s": round(max(0.0, now - c.since), 3), "episodes": c.episodes}
             for (p, r), c in self._conditions.items()
             if c.active
         ]
@@ -176,7 +183,7 @@ class DegradationWatch:
             condition.active = False
         else:
             return out
-        transition = Transition(condition.plugin, condition.reason, condition.active, now, ratio)
+        transition = Transition(condition.plugin, condition.reason, condition.active, now, ratio, self.pool)
         return [*out, transition]
 
 

@@ -19,6 +19,8 @@ Pure: no clock, no I/O; time is only what the observations carry.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,6 +30,7 @@ from epp.datastore.table import FloatArray, IntArray
 D = 7  # features: 1, uncached k-tokens, queue/10, running/100, KV use, our in-flight/10, its prompt 10k-tokens
 TTFT, TPOT = 0, 1
 _SCALE = np.array([1.0, 1e-3, 0.1, 0.01, 1.0, 0.1, 1e-4])
+_SCALE_ROWS = _SCALE[:, None].copy()
 _REFRESH_EVERY = 64  # observations between batched solves of every endpoint (pool prior moves for cold ones)
 _ERROR_DECAY = 0.05  # weight of a new error in the exponentially-weighted mean error
 
@@ -40,20 +43,33 @@ def features(
     inflight: IntArray | FloatArray,
     inflight_tokens: IntArray | FloatArray | float = 0.0,
 ) -> FloatArray:
-    """The (n, D) design matrix of n picks; an unknown (NaN) scraped signal counts as 0 (our in-flight is always
-    known, so a stale endpoint is still told apart by the load we sent it)."""
-    x = np.empty((len(queue), D))
-    x[:, 0] = 1.0
-    np.multiply(uncached, _SCALE[1], out=x[:, 1])
-    # fmax(NaN, 0) is 0: the scraped signals' unknowns become 0 in the same call that scales them (none is negative)
-    np.fmax(queue, 0.0, out=x[:, 2])
-    np.fmax(running, 0.0, out=x[:, 3])
-    np.fmax(kv_usage, 0.0, out=x[:, 4])
-    np.multiply(inflight, _SCALE[5], out=x[:, 5])
-    np.multiply(inflight_tokens, _SCALE[6], out=x[:, 6])  # the prompt work sent ahead: what its prefill queues behind
-    x[:, 2] *= _SCALE[2]
-    x[:, 3] *= _SCALE[3]
+    """The (D, n) design matrix of n picks, one feature a row (what `predict` multiplies row-wise, no transpose);
+    an unknown (NaN) scraped signal counts as 0 (our in-flight is always known, so a stale endpoint is still told
+    apart by the load we sent it). Five numpy calls whatever n: a pick's cost is its calls, not their arithmetic."""
+    x = np.empty((D, len(queue)))
+    x[0] = 1.0
+    x[1:6] = (uncached, queue, running, kv_usage, inflight)
+    x[6] = inflight_tokens  # the prompt work sent ahead: what its prefill queues behind
+    # fmax(NaN, 0) is 0: the scraped signals' unknowns become 0 (none is negative), then every row scaled at once
+    np.fmax(x, 0.0, out=x)
+    x *= _SCALE_ROWS
     return x
+
+
+class LearnedSums(NamedTuple):
+    """What one process's model has learned, by endpoint address: its forgetting sums, which add up across
+    processes (each serving worker learns from the requests it served), for another process's `absorb`."""
+
+    addresses: tuple[str, ...]
+    a: FloatArray  # (2, k, D, D)
+    b: FloatArray  # (2, k, D)
+    samples: FloatArray  # (2, k)
+    error: FloatArray  # (2, k)
+    predicted: FloatArray  # (2, k)
+    pool_a: FloatArray  # (2, D, D)
+    pool_b: FloatArray  # (2, D)
+    pool_error: FloatArray  # (2,)
+    observations: int
 
 
 class LatencyModel:
@@ -67,7 +83,8 @@ class LatencyModel:
         self._cap = 0
         self._a = np.zeros((2, 0, D, D))
         self._b = np.zeros((2, 0, D))
-        self.theta = np.zeros((2, 0, D))
+        self._weights = np.zeros((2, D, 0))  # θ feature-major, so a pick's dot products read contiguous rows
+        self.theta = self._weights.transpose(0, 2, 1)  # (2, slots, D): a view, writes go to `_weights`
         self.samples = np.zeros((2, 0))  # forgetting count of samples per slot (how much its own data weighs)
         self.error = np.full((2, 0), math.nan)  # mean |predicted − observed| ms, exponentially weighted
         self.predicted = np.full((2, 0), math.nan)  # the last prediction made for each slot's observed request
@@ -83,21 +100,22 @@ class LatencyModel:
     # -- the pick's side ----------------------------------------------------------------------------------------
 
     def predict(self, slots: IntArray, x: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """Predicted (TTFT ms, TPOT ms) per row of `x` (`features`) on `slots`; a slot never seen predicts with
-        the pool's weights. Never negative. Both targets in one einsum (a pick's fixed cost is its numpy calls, not
-        their arithmetic)."""
-        theta = self.theta
+        """Predicted (TTFT ms, TPOT ms) per column of `x` (`features`) on `slots`; a slot never seen predicts with
+        the pool's weights. Never negative. Both targets in one einsum over the feature-major weights (a view when
+        the slots are 0..n-1, the common case of a whole table)."""
+        weights = self._weights
         n = slots.size
-        if 0 < n <= self._cap and slots[0] == 0 and slots[-1] == n - 1:  # slots 0..n-1: a view, no gather
-            weights = theta[:, :n]
-        elif self._cap == 0:
-            weights = np.broadcast_to(self.pool_theta[:, None, :], (2, n, D))
+        cap = self._cap
+        if 0 < n <= cap and slots[0] == 0 and slots[-1] == n - 1:  # slots 0..n-1: a view, no gather
+            w = weights[:, :, :n]
+        elif cap == 0:
+            w = np.broadcast_to(self.pool_theta[:, :, None], (2, D, n))
         else:
-            inside = slots < self._cap
-            weights = theta[:, np.where(inside, slots, 0)]
+            inside = slots < cap
+            w = weights[:, :, np.where(inside, slots, 0)]
             if not bool(inside.all()):
-                weights[:, ~inside] = self.pool_theta[:, None, :]
-        both: FloatArray = np.einsum("tij,ij->ti", weights, x)  # one call (a multiply and a sum cost twice that)
+                w[:, :, ~inside] = self.pool_theta[:, :, None]
+        both: FloatArray = np.einsum("tdn,dn->tn", w, x)
         np.fmax(both, 0.0, out=both)
         return both[TTFT], both[TPOT]
 
@@ -127,8 +145,8 @@ class LatencyModel:
             np.array([p.running]),
             np.array([p.kv_usage]),
             np.array([p.inflight], dtype=np.float64),
-            float(p.inflight_tokens),
-        )[0]
+            np.array([p.inflight_tokens], dtype=np.float64),
+        )[:, 0]
         outer = np.outer(x, x)
         learned = False
         for target, value in ((TTFT, obs.ttft_s), (TPOT, obs.tpot_s)):
@@ -183,7 +201,8 @@ class LatencyModel:
         grow = cap - self._cap
         self._a = np.concatenate([self._a, np.zeros((2, grow, D, D))], axis=1)
         self._b = np.concatenate([self._b, np.zeros((2, grow, D))], axis=1)
-        self.theta = np.concatenate([self.theta, np.repeat(self.pool_theta[:, None, :], grow, axis=1)], axis=1)
+        self._weights = np.concatenate([self._weights, np.repeat(self.pool_theta[:, :, None], grow, axis=2)], axis=2)
+        self.theta = self._weights.transpose(0, 2, 1)
         self.samples = np.concatenate([self.samples, np.zeros((2, grow))], axis=1)
         self.error = np.concatenate([self.error, np.full((2, grow), math.nan)], axis=1)
         self.predicted = np.concatenate([self.predicted, np.full((2, grow), math.nan)], axis=1)
@@ -200,6 +219,73 @@ class LatencyModel:
         self.samples[:, slot] = 0.0
         self.error[:, slot] = math.nan
         self.predicted[:, slot] = math.nan
+
+    # -- across processes ---------------------------------------------------------------------------------------
+
+    def export(self) -> LearnedSums:
+        """What this model has learned, by address (copies: the caller may send them to another process)."""
+        keep = np.array([s for s, address in enumerate(self._address) if address], dtype=np.int64)
+        return LearnedSums(
+            tuple(self._address[s] for s in keep.tolist()),
+            self._a[:, keep],
+            self._b[:, keep],
+            self.samples[:, keep],
+            self.error[:, keep],
+            self.predicted[:, keep],
+            self._pool_a.copy(),
+            self._pool_b.copy(),
+            self.pool_error.copy(),
+            self.observations,
+        )
+
+    def absorb(self, parts: Sequence[LearnedSums], slot_of: Callable[[str], int | None]) -> None:
+        """This model becomes the sum of `parts` (the serving workers' models, the control process's own learning
+        nothing): per endpoint, placed by `slot_of(address)` (None: not a member here, left out), the sums added,
+        the error their sample-weighted mean, the last prediction any part's; the pool's sums added likewise; then
+        every slot solved again. What this model held before is replaced."""
+        self._a[:] = 0.0
+        self._b[:] = 0.0
+        self.samples[:] = 0.0
+        self.error[:] = math.nan
+        self.predicted[:] = math.nan
+        self._address = [""] * len(self._address)
+        weighted = np.zeros_like(self.error)
+        self._pool_a = np.zeros((2, D, D))
+        self._pool_b = np.zeros((2, D))
+        pool_errors = []
+        for part in parts:
+            self._pool_a += part.pool_a
+            self._pool_b += part.pool_b
+            pool_errors.append(part.pool_error)
+            for j, address in enumerate(part.addresses):
+                slot = slot_of(address)
+                if slot is None:
+                    continue
+                self._ensure(slot)
+                if len(weighted[0]) < self._cap:
+                    weighted = np.concatenate([weighted, np.zeros((2, self._cap - weighted.shape[1]))], axis=1)
+                while len(self._address) <= slot:
+                    self._address.append("")
+                self._address[slot] = address
+                self._a[:, slot] += part.a[:, j]
+                self._b[:, slot] += part.b[:, j]
+                self.samples[:, slot] += part.samples[:, j]
+                seen = ~np.isnan(part.error[:, j])
+                weighted[seen, slot] += part.error[seen, j] * part.samples[seen, j]
+                known = ~np.isnan(part.predicted[:, j])
+                self.predicted[known, slot] = part.predicted[known, j]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.error = np.where(self.samples > 0, weighted / self.samples, math.nan)
+        errors = np.array(pool_errors).reshape(-1, 2)
+        counted = (~np.isnan(errors)).sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.pool_error = np.where(counted > 0, np.nansum(errors, axis=0) / counted, math.nan)
+        self.observations = sum(part.observations for part in parts)
+        for target in (TTFT, TPOT):
+            self.pool_theta[target] = np.linalg.solve(
+                self._pool_a[target] + 0.1 * self.ridge * self._eye, self._pool_b[target]
+            )
+        self._refresh()
 
     def report(self) -> dict[str, object]:
         """What /debug/pool and /metrics show: per endpoint that has learned, its samples (forgetting count), mean
@@ -221,6 +307,14 @@ class LatencyModel:
             for name, target in (("ttft", TTFT), ("tpot", TPOT))
         }
         return {"observations": self.observations, "pool": pool, "endpoints": endpoints}
+
+
+def absorb_all(
+    models: Sequence[LatencyModel], per_worker: Sequence[Sequence[LearnedSums]], slot_of: Callable[[str], int | None]
+) -> None:
+    """Each of `models` (a config's producers, in order) becomes the sum of the workers' models in its place."""
+    for i, model in enumerate(models):
+        model.absorb([sums[i] for sums in per_worker if len(sums) > i], slot_of)
 
 
 def _rounded(value: float) -> float | None:

@@ -72,27 +72,33 @@ class PredictedLatencyProducer:
                     match = value
         if match is None or match.total <= 0 or match.matched.size == 0:
             return np.full(candidates.size, float(prompt))
-        held = np.asarray(state.take(match.matched, candidates), dtype=np.float64) * match.block_tokens
-        return np.fmax(prompt - held, 0.0)
+        out: FloatArray = state.take(match.matched, candidates) * -float(match.block_tokens)  # a new float array
+        out += prompt
+        return np.fmax(out, 0.0, out=out)
 
     def prediction(self, state: CycleState, candidates: IntArray) -> LatencyPrediction:
         prompt = tokenized(state).n_tokens
         uncached = self._uncached(state, candidates, prompt)
-        queue, _ = state.signal(Signal.EFFECTIVE_QUEUE, candidates)
-        running, _ = state.signal(Signal.RUNNING, candidates)
+        queue, _ = state.signal(Signal.EFFECTIVE_QUEUE, candidates)  # the queue scorer's too: computed once
         kv, _ = state.signal(Signal.KV_USAGE, candidates)
         snapshot = state.snapshot
+        running = state.take(snapshot.running, candidates)  # no extremes: no scorer of ours reads it
+        mask = state.usable(candidates)
+        if mask is not None:
+            running = np.where(mask, running, 0.0)
         inflight = state.take(snapshot.inflight, candidates)
         held = state.take(snapshot.inflight_tokens, candidates)
         ttft, tpot = self.model.predict(candidates, features(uncached, queue, running, kv, inflight, held))
         ttft_slo = _slo(state.request, "slo_ttft_ms") * self.buffer
         tpot_slo = _slo(state.request, "slo_tpot_ms") * self.buffer
-        ttft_room = (ttft_slo - ttft) if ttft_slo == ttft_slo else -ttft
-        tpot_room = (tpot_slo - tpot) if tpot_slo == tpot_slo else -tpot
-        if ttft_slo == ttft_slo and tpot_slo != tpot_slo:
-            tpot_room = np.zeros_like(tpot)  # only a TTFT objective: TPOT does not decide the tier
-        elif tpot_slo == tpot_slo and ttft_slo != ttft_slo:
-            ttft_room = np.zeros_like(ttft)
+        has_ttft, has_tpot = ttft_slo == ttft_slo, tpot_slo == tpot_slo
+        if has_ttft and not has_tpot:
+            ttft_room, tpot_room = ttft_slo - ttft, np.zeros(candidates.size)  # TPOT does not decide the tier
+        elif has_tpot and not has_ttft:
+            ttft_room, tpot_room = np.zeros(candidates.size), tpot_slo - tpot
+        else:
+            ttft_room = (ttft_slo - ttft) if has_ttft else -ttft
+            tpot_room = (tpot_slo - tpot) if has_tpot else -tpot
         state.scratch[_UNCACHED] = (candidates, uncached)
         return LatencyPrediction(candidates, ttft, tpot, ttft_room, tpot_room, inflight)
 
@@ -108,6 +114,9 @@ class PredictedLatencyProducer:
             self.model.note_pick(slot, int(self._uncached(state, np.array([slot]), prompt)[0]))
             return
         candidates, uncached = cached
+        if slot < candidates.size and candidates[slot] == slot:  # candidates 0..n-1 (a whole table): no search
+            self.model.note_pick(slot, int(uncached[slot]))
+            return
         where = np.flatnonzero(candidates == slot)
         if where.size:
             self.model.note_pick(slot, int(uncached[where[0]]))

@@ -1,18 +1,36 @@
-"""The SLO attainment benchmark runs end to end on a small trace: every policy gets a row with an attainment."""
+"""The SLO attainment benchmark runs end to end on a small trace: every policy gets a row with an attainment, for
+both ways of drawing objectives; the class objectives are at least twice a request's own unloaded TTFT."""
 
 from __future__ import annotations
 
 import argparse
 
-from benchmarks.slo import run
+import numpy as np
+import pytest
+
+from benchmarks.slo import objectives, run
+from benchmarks.workloads import load
+from epp.sim.profiles import profile_named
 
 
-def test_every_policy_gets_an_attainment_row() -> None:
+@pytest.mark.parametrize("spec", ["0.5:0.15,0.5:10", "relative"])
+def test_every_policy_gets_an_attainment_row(spec: str) -> None:
     args = argparse.Namespace(
         workload="azure-conv", requests=200, load="0.8", endpoints=4, profiles="h100,l4",
-        scrape_interval=0.05, warmup=0.1, seed=0,
+        scrape_interval=0.05, warmup=0.1, seed=0, objectives=spec, latency_weight=2.0, strategy="least",
     )  # fmt: skip
     rows = [line for line in run(args) if line.startswith("| 0.80 |")]
     assert [row.split(" | ")[1] for row in rows] == ["default", "slo", "oracle", "slo-oracle"]
     for row in rows:
         assert 0.0 <= float(row.split(" | ")[2]) <= 1.0
+        assert all(0.0 <= float(v) <= 1.0 for v in row.split(" | ")[3].split(" / "))
+
+
+def test_class_objectives_are_drawn_by_share_and_never_below_twice_the_unloaded_ttft() -> None:
+    items = load("azure-conv", 400, None, 0)
+    h100 = profile_named("h100")
+    slos, classes = objectives(items, h100, 0, "0.5:0.15,0.5:10")
+    own = np.array([it.prompt_tokens * h100.prefill_s_per_token + h100.step_base_s for it in items])
+    assert (slos >= 2.0 * own - 1e-12).all()
+    assert set(np.unique(classes).tolist()) == {0, 1} and 0.4 < float(np.mean(classes == 0)) < 0.6
+    assert (slos[classes == 1] >= 10.0).all()

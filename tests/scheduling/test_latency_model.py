@@ -71,3 +71,42 @@ def test_unknown_scraped_signals_count_as_zero_and_predictions_are_never_negativ
     x = features(np.array([0.0]), np.array([math.nan]), np.array([math.nan]), np.array([math.nan]), np.array([0]))
     ttft, tpot = model.predict(np.array([0]), x)
     assert np.isfinite(ttft).all() and (ttft >= 0).all() and (tpot >= 0).all()
+
+
+def test_the_whole_tables_view_and_a_gathered_subset_predict_the_same() -> None:
+    model = LatencyModel()
+    for slot in range(4):
+        _train(model, slot, lambda u, q, s=slot: 10.0 * (s + 1) + 0.05 * u + 15.0 * q, 100, seed=slot)
+    n = 4
+    x = features(np.arange(n) * 500.0, np.arange(n, dtype=float), np.full(n, 4.0), np.full(n, 0.3), np.arange(n))
+    whole_ttft, whole_tpot = model.predict(np.arange(n), x)
+    subset = np.array([1, 3])
+    sub_ttft, sub_tpot = model.predict(subset, x[:, subset])
+    assert np.allclose(sub_ttft, whole_ttft[subset]) and np.allclose(sub_tpot, whole_tpot[subset])
+    beyond, _ = model.predict(np.array([2, 500]), x[:, [2, 2]])  # a slot past the model's capacity: the pool's
+    pool = max(float(x[:, 2] @ model.pool_theta[0]), 0.0)
+    assert np.isclose(beyond[0], whole_ttft[2]) and np.isclose(beyond[1], pool)
+
+
+def test_the_sum_of_two_workers_models_predicts_as_one_model_fed_both() -> None:
+    both, first, second = LatencyModel(), LatencyModel(), LatencyModel()
+    rng = np.random.default_rng(3)
+    for k in range(600):
+        uncached, queue = int(rng.integers(100, 4000)), float(rng.integers(0, 20))
+        obs = _obs(k % 3, uncached, queue, 20.0 + (k % 3) * 30.0 + 0.05 * uncached + 15.0 * queue, 8.0 + 0.5 * queue)
+        both.observe(obs)
+        (first if k % 2 else second).observe(obs)
+    control = LatencyModel()
+    addresses = {f"127.10.0.{s + 1}:8000": s + 5 for s in range(3)}  # the control process's own slots
+    control.absorb([first.export(), second.export()], addresses.get)
+    assert control.observations == 600
+    for slot in range(3):
+        x = features(np.array([2000.0]), np.array([10.0]), np.array([4.0]), np.array([0.3]), np.array([10]))
+        want = both.predict(np.array([slot]), x)[0][0]
+        got = control.predict(np.array([slot + 5]), x)[0][0]
+        assert math.isclose(got, want, rel_tol=0.05)
+    assert set(control.report()["endpoints"]) == set(addresses)  # type: ignore[arg-type]
+    control.absorb([first.export()], {"127.10.0.1:8000": 5}.get)  # an endpoint no longer a member is left out
+    assert set(control.report()["endpoints"]) == {"127.10.0.1:8000"}  # type: ignore[arg-type]
+    control.absorb([], addresses.get)  # no worker has learned: nothing known, the pool's prior alone
+    assert control.observations == 0 and control.report()["endpoints"] == {}

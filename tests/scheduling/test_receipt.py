@@ -118,7 +118,7 @@ def test_stale_rows_are_counted_on_the_receipt() -> None:
 def test_receipt_metrics_families_and_alarm_series_exist_from_start() -> None:
     sink = ReceiptMetrics()
     director = _director(receipts=sink, emit_receipts=True)
-    sink.watch = director.watch
+    sink.attach(director.watch)
     director.decide(_request())
     names = {f.name: f for f in sink.collect()}
     assert {
