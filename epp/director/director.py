@@ -93,7 +93,10 @@ WATCH_EVERY = 32
 
 def _scores(addresses: Sequence[str], detail: PickDetail) -> tuple[tuple[str, float], ...]:
     """(address, weighted score) of every endpoint the primary profile scored."""
-    return tuple((addresses[int(slot)], float(score)) for slot, score in zip(detail.scored, detail.scores, strict=True))
+    # Plain ints and floats first (`tolist`, one call each): iterating the arrays makes a numpy scalar per element.
+    slots: list[int] = detail.scored.tolist()
+    scores: list[float] = detail.scores.tolist()
+    return tuple((addresses[slot], score) for slot, score in zip(slots, scores, strict=True))
 
 
 class _NullObserver:
