@@ -1,4 +1,5 @@
-"""The compiled kernels of `epp.kvevents` (block keys, shared-table lookups) and the ext_proc front's HTTP/2
+"""The compiled kernels of `epp.kvevents` (block keys, shared-table lookups), of `epp.scheduling.totals` (the
+runner's weighted total and tie search) and the ext_proc front's HTTP/2
 framing (`epp.extproc.native`): optional, so an install without a
 compiler (a slim image) still works and runs the numpy code they are measured against (`epp.kvevents.kernels`).
 Everything else about the package is in pyproject.toml."""
@@ -10,6 +11,12 @@ setup(
         Extension(
             "epp.kvevents._native",
             ["epp/kvevents/_native.c"],
+            optional=True,
+        ),
+        # The profile runner's weighted total and tie search (epp.scheduling.totals): without it numpy runs them.
+        Extension(
+            "epp.scheduling._native",
+            ["epp/scheduling/_native.c"],
             optional=True,
         ),
         # The ext_proc front's HTTP/2 + gRPC framing (epp.extproc.native): without it the grpc.aio adapter serves.

@@ -67,7 +67,9 @@ from epp.director.flow_link import CONTROL_MESSAGES, RemoteFlowGate
 from epp.extproc.native import native_front_built
 from epp.observability.plugins import PluginTimer
 from epp.observability.worker_series import DeltaSource, SeriesDelta
+from epp.scheduling.latency_model import LearnedSums
 from epp.scheduling.precise import PrecisePrefixCacheProducer
+from epp.scheduling.slo import PredictedLatencyProducer
 from epp.supervision.child_end import ChildEnd
 from epp.supervision.loop import run_loop
 from epp.supervision.memory import map_array
@@ -142,11 +144,13 @@ class Sites:
 
 @dataclass(frozen=True, slots=True)
 class Metrics:
-    """Worker → control, when a number changed: the request series that moved (a `SeriesDelta`), and the
-    exposition text of the worker's other families."""
+    """Worker → control, when a number changed: the request series that moved (a `SeriesDelta`), the
+    exposition text of the worker's other families, and what each predicted-latency-producer's model learned
+    (`LatencyModel.export`, by the config's order: the control process's models are their sum)."""
 
     series: SeriesDelta
     exposition: bytes
+    learned: tuple[LearnedSums, ...] = ()
 
 
 class _CountingObserver:
@@ -229,10 +233,12 @@ async def _worker(
     registry.unregister(metrics)  # its series travel as deltas (`Metrics.series`), rendered by the control process
     deltas = DeltaSource(metrics)
 
+    models = [p.model for p in scheduler.learners if isinstance(p, PredictedLatencyProducer)]
+
     def send_metrics() -> None:
         delta = deltas.delta()
         if delta is not None:
-            end.send(Metrics(delta, generate_latest(registry)))
+            end.send(Metrics(delta, generate_latest(registry), tuple(m.export() for m in models)))
 
     tracer_provider, tracer = build_tracing(settings.tracing, worker=index)
     if tracer is not None:

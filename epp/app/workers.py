@@ -77,6 +77,7 @@ class _Worker:
     def __init__(self, pool: WorkerPool, index: int) -> None:
         self.index = index
         self.exposition = b""
+        self.learned: tuple[Any, ...] = ()  # its latency models' sums (`Metrics.learned`), as it sent them last
         self.child = Child(
             "epp.app.worker",
             f"worker {index} (pid {{pid}})",
@@ -156,6 +157,7 @@ class WorkerPool:
         self._flow_message: Callable[[int, Any], None] | None = None
         self._flow_gone: Callable[[int], None] = lambda index: None
         self._released: Callable[[], None] = lambda: None
+        self._learned: Callable[[list[tuple[Any, ...]]], None] | None = None
         self._in_flight = 0
         self._stamps: Callable[[], tuple[int, int] | None] = lambda: None
 
@@ -178,6 +180,10 @@ class WorkerPool:
         """Flow control across the workers: `message(worker, msg)` gets their flow-control messages, `gone(worker)`
         a worker's end, `released()` each publication that saw the picks in flight fall."""
         self._flow_message, self._flow_gone, self._released = message, gone, released
+
+    def attach_learning(self, learned: Callable[[list[tuple[Any, ...]]], None]) -> None:
+        """`learned(per_worker)` after each worker's metrics: every running worker's latency models' sums."""
+        self._learned = learned
 
     def send(self, index: int, msg: Any) -> bool:
         """A message to worker `index`: False when it is not running."""
@@ -244,6 +250,7 @@ class WorkerPool:
 
     def _ended(self, worker: _Worker) -> None:
         worker.exposition = b""
+        worker.learned = ()
         self.series.forget(worker.index)
         self.inflight[worker.index] = 0  # its picks are no longer anyone's load
         self._flow_gone(worker.index)
@@ -253,6 +260,9 @@ class WorkerPool:
         if isinstance(msg, Metrics):
             self.series.receive(worker.index, msg.series)
             worker.exposition = msg.exposition
+            worker.learned = msg.learned
+            if self._learned is not None:
+                self._learned([w.learned for w in self._workers if w.learned])
         elif self._flow_message is not None:
             self._flow_message(worker.index, msg)
 

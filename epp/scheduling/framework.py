@@ -215,6 +215,18 @@ class Scorer(Plugin, Protocol):
     def score(self, state: CycleState, candidates: IntArray) -> FloatArray: ...
 
 
+# One scorer's part of a pick's total (`Linear.part`): values, coef, and the fill of a NaN product (None: none).
+Term = tuple[FloatArray, float, float | None]
+
+
+def weighted_term(values: FloatArray, coef: float, fill: float | None) -> FloatArray:
+    """values × coef, a new array; with a fill, NaN → fill (and ±inf → ±max float, `np.nan_to_num`)."""
+    out: FloatArray = values * coef
+    if fill is not None:
+        np.nan_to_num(out, copy=False, nan=fill)
+    return out
+
+
 class Linear(NamedTuple):
     """A score as an affine function of one array: scale × values + offset where a value is known, `unknown`
     where it is NaN (None: no value is NaN). `values` None: the score is `offset` everywhere.
@@ -230,14 +242,18 @@ class Linear(NamedTuple):
     offset: float
     unknown: float | None = None
 
+    def part(self, weight: float) -> Term | None:
+        """weight × (score − offset) per candidate as a `Term`; None when that is 0 everywhere."""
+        values = self.values
+        if values is None or (self.scale == 0.0 and self.unknown is None):
+            return None
+        unknown = self.unknown
+        return values, weight * self.scale, None if unknown is None else weight * (unknown - self.offset)
+
     def term(self, weight: float) -> FloatArray | None:
         """weight × (score − offset) per candidate, a new array; None when that is 0 everywhere."""
-        if self.values is None or (self.scale == 0.0 and self.unknown is None):
-            return None
-        out: FloatArray = self.values * (weight * self.scale)
-        if self.unknown is not None:
-            np.nan_to_num(out, copy=False, nan=weight * (self.unknown - self.offset))
-        return out
+        part = self.part(weight)
+        return None if part is None else weighted_term(*part)
 
     def scores(self, size: int) -> FloatArray:
         """The score itself, per candidate (clamped to [0, 1] against rounding): what `term` adds up to."""

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from epp.datastore.table import FloatArray, IntArray
-from epp.scheduling.framework import CycleState, extremes
+from epp.scheduling.framework import CycleState
+from epp.scheduling.totals import max_tie
 
 _TIE = 1e-9  # scores closer than this are a tie (weighted sums of floats rarely compare exactly equal)
 
@@ -39,9 +40,7 @@ class MaxScorePicker(SeededPicker):
         if n == 0:
             return ()
         if self.max_endpoints == 1:
-            ties = (scores >= extremes(scores)[1] - _TIE).nonzero()[0]  # the runner leaves no NaN in `scores`
-            choice = ties[0] if ties.size == 1 else ties[int(self._draw() * ties.size)]
-            return (int(candidates[choice]),)
+            return (candidates.item(max_tie(scores, _TIE, self._draw)),)  # the runner leaves no NaN in `scores`
         # Shuffle, then a stable sort by score: ties keep their random order.
         order = self._rng.permutation(n)
         order = order[np.argsort(-np.round(scores[order], 9), kind="stable")][: self.max_endpoints]

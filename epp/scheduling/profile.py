@@ -25,10 +25,12 @@ from epp.scheduling.framework import (
     SchedulingRequest,
     Scorer,
     sanitize,
+    weighted_term,
 )
 from epp.scheduling.pick_detail import EMPTY, SCORED, TERMS, PickDetail, detail_of
 from epp.scheduling.receipt import ReceiptReader
 from epp.scheduling.saturation import SaturationDetector
+from epp.scheduling.totals import weighted_total
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +192,8 @@ class ProfileScheduler:
             candidates = run_filter(state, candidates)
             if candidates.size == 0:
                 return (), state
-        total: FloatArray | None = None
         offset = 0.0  # the linear scorers' constant parts, added once at the end
+        flat: list[object] = []  # each per-candidate term's values, coef, fill (`weighted_total`)
         # A detailed run keeps each scorer's weighted term (None: the same everywhere) and constant part: the
         # receipt's contributions (`epp.scheduling.receipt`). The common run pays one test per scorer.
         terms: list[tuple[str, FloatArray | None, float]] | None = [] if detailed else None
@@ -199,32 +201,25 @@ class ProfileScheduler:
             if linear is not None:
                 form: Linear = linear(state, candidates)
                 offset += weight * form.offset
-                term = form.term(weight)  # a new array: `values` may be a snapshot column
+                part = form.part(weight)
                 if terms is not None:
-                    terms.append((plugin.name, term if total is not None or term is None else term.copy(),
-                                  weight * form.offset))  # fmt: skip
-                if term is None:
+                    terms.append((plugin.name, None if part is None else weighted_term(*part), weight * form.offset))
+                if part is None:
                     continue
-                scores = term
+                flat += part
             else:
                 scores = score(state, candidates)
                 if not bounded:
                     scores = sanitize(np.array(scores, dtype=np.float64))
                 scores *= weight
                 if terms is not None:
-                    terms.append((plugin.name, scores if total is not None else scores.copy(), 0.0))
-            if total is None:
-                total = scores
-            else:
-                total += scores
-        if total is None:  # no per-candidate term (a random-picker profile): the same scores every pick
-            total = self._uniform.get((candidates.size, offset))
-            if total is None:
-                total = self._uniform_scores(candidates.size, offset)
-        else:
-            if offset:
-                total += offset
-            np.fmax(total, 0.0, out=total)  # a NaN that slipped through counts as 0, not as "best"
+                    terms.append((plugin.name, scores, 0.0))
+                flat += (scores, 1.0, None)
+        if flat:
+            total = weighted_total(flat, offset, candidates.size)
+        else:  # no per-candidate term (a random-picker profile): the same scores every pick
+            uniform = self._uniform.get((candidates.size, offset))
+            total = uniform if uniform is not None else self._uniform_scores(candidates.size, offset)
         if detailed:
             state.scratch[SCORED] = (candidates, total)  # for `detail`: the scores
             state.scratch[TERMS] = terms

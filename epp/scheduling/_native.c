@@ -1,0 +1,201 @@
+/* The profile runner's arithmetic on its candidates, compiled: the weighted total of the scorers' terms and the
+ * max-score picker's tie search. Built at install when a compiler is there (setup.py: optional);
+ * `epp.scheduling.totals` decides at import whether these or the numpy code run.
+ *
+ * Not definitions of their own: `weighted_total_numpy` and `max_tie_numpy` (epp/scheduling/totals.py) are, and
+ * tests/scheduling/test_totals.py holds the two equal on random terms (NaN, infinities, signed zeros, ties).
+ * Every step is the numpy code's, element by element, in its order, so the results are the same doubles: a term is
+ * values × coef, then (with a fill) NaN → fill and ±inf → ±DBL_MAX (`np.nan_to_num`); the total is the first term
+ * plus each later one in turn, plus the offset when it is not 0, then `fmax(total, 0)`. Buffers only (the buffer
+ * protocol), no numpy C API; a buffer that is not contiguous float64 answers NotImplemented (the numpy code runs).
+ * EPP_NATIVE=0 in the environment at import sets ENABLED to 0. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#define MAX_TERMS 16
+
+static int
+doubles(PyObject *o, Py_buffer *view, int writable)
+{
+    int flags = PyBUF_FORMAT | PyBUF_STRIDES | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(o, view, flags) < 0)
+        return -1;
+    if (view->itemsize != 8 || view->format == NULL || strcmp(view->format, "d") != 0 ||
+        !PyBuffer_IsContiguous(view, 'C')) {
+        PyBuffer_Release(view);
+        return 1;
+    }
+    return 0;
+}
+
+/* weighted_total(out, offset, values_0, coef_0, fill_0, values_1, ...) -> None | NotImplemented
+ *
+ * out: n float64, written; each term's values: n float64 (read); coef: a float; fill: a float or None. More than
+ * MAX_TERMS terms answer NotImplemented. */
+static PyObject *
+weighted_total(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs < 5 || (nargs - 2) % 3 != 0) {
+        PyErr_SetString(PyExc_TypeError, "weighted_total takes out, offset and (values, coef, fill) terms");
+        return NULL;
+    }
+    if ((nargs - 2) / 3 > MAX_TERMS)
+        return Py_NewRef(Py_NotImplemented); /* a profile of more scorers than that: the numpy code */
+    Py_ssize_t terms = (nargs - 2) / 3;
+    double offset = PyFloat_AsDouble(args[1]);
+    if (offset == -1.0 && PyErr_Occurred())
+        return NULL;
+    double coef[MAX_TERMS], fill[MAX_TERMS];
+    int has_fill[MAX_TERMS];
+    for (Py_ssize_t t = 0; t < terms; t++) {
+        coef[t] = PyFloat_AsDouble(args[3 + 3 * t]);
+        if (coef[t] == -1.0 && PyErr_Occurred())
+            return NULL;
+        PyObject *f = args[4 + 3 * t];
+        has_fill[t] = f != Py_None;
+        fill[t] = has_fill[t] ? PyFloat_AsDouble(f) : 0.0;
+        if (has_fill[t] && fill[t] == -1.0 && PyErr_Occurred())
+            return NULL;
+    }
+    Py_buffer out, views[MAX_TERMS];
+    int got = doubles(args[0], &out, 1);
+    if (got != 0)
+        return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    PyObject *result = NULL;
+    Py_ssize_t held = 0;
+    Py_ssize_t n = out.len / 8;
+    for (; held < terms; held++) {
+        got = doubles(args[2 + 3 * held], &views[held], 0);
+        if (got != 0) {
+            result = got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        if (views[held].len != out.len) {
+            PyBuffer_Release(&views[held]);
+            PyErr_SetString(PyExc_ValueError, "a term's values and out differ in length");
+            goto done;
+        }
+    }
+    double *total = (double *)out.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double sum = 0.0;
+        for (Py_ssize_t t = 0; t < terms; t++) {
+            double x = ((const double *)views[t].buf)[i] * coef[t];
+            if (has_fill[t]) {
+                if (isnan(x))
+                    x = fill[t];
+                else if (isinf(x))
+                    x = x > 0 ? DBL_MAX : -DBL_MAX;
+            }
+            sum = t == 0 ? x : sum + x;
+        }
+        if (offset != 0.0)
+            sum += offset;
+        total[i] = sum >= 0.0 ? sum : 0.0; /* fmax(sum, 0): NaN → 0 */
+    }
+    result = Py_NewRef(Py_None);
+done:
+    for (Py_ssize_t t = 0; t < held; t++)
+        PyBuffer_Release(&views[t]);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* max_tie(scores, tie, draw) -> int | NotImplemented
+ *
+ * The index of the highest score, ties (scores ≥ max − tie; NaN is never one) broken by `draw()`, a float in
+ * [0, 1) called only when there are several: the k-th tie in index order, k = int(draw() × ties). */
+static PyObject *
+max_tie(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "max_tie takes scores, tie and draw");
+        return NULL;
+    }
+    double tie = PyFloat_AsDouble(args[1]);
+    if (tie == -1.0 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    int got = doubles(args[0], &view, 0);
+    if (got != 0)
+        return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    const double *s = (const double *)view.buf;
+    Py_ssize_t n = view.len / 8, ties = 0, first = -1;
+    double hi = NAN;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!isnan(s[i]) && (isnan(hi) || s[i] > hi))
+            hi = s[i];
+    double floor = hi - tie;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (s[i] >= floor) {
+            if (ties++ == 0)
+                first = i;
+        }
+    PyObject *result = NULL;
+    if (ties == 0) {
+        PyErr_SetString(PyExc_IndexError, "no score to pick from");
+        goto done;
+    }
+    Py_ssize_t choice = first;
+    if (ties > 1) {
+        PyObject *u = PyObject_CallNoArgs(args[2]);
+        if (u == NULL)
+            goto done;
+        double x = PyFloat_AsDouble(u);
+        Py_DECREF(u);
+        if (x == -1.0 && PyErr_Occurred())
+            goto done;
+        Py_ssize_t k = (Py_ssize_t)(x * (double)ties);
+        if (k < 0 || k >= ties) {
+            PyErr_SetString(PyExc_IndexError, "draw() outside [0, 1)");
+            goto done;
+        }
+        for (Py_ssize_t i = first;; i++)
+            if (s[i] >= floor && k-- == 0) {
+                choice = i;
+                break;
+            }
+    }
+    result = PyLong_FromSsize_t(choice);
+done:
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"weighted_total", (PyCFunction)(void (*)(void))weighted_total, METH_FASTCALL,
+     "The weighted total of the scorers' terms into `out` (totals.py's weighted_total_numpy)."},
+    {"max_tie", (PyCFunction)(void (*)(void))max_tie, METH_FASTCALL,
+     "The index of the highest score, ties drawn (totals.py's max_tie_numpy)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int
+exec_module(PyObject *module)
+{
+    const char *env = getenv("EPP_NATIVE");
+    int enabled = !(env != NULL && strcmp(env, "0") == 0);
+    return PyModule_AddIntConstant(module, "ENABLED", enabled);
+}
+
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, (void *)exec_module},
+    {0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "epp.scheduling._native", "The runner's weighted total and tie search (see totals.py).", 0,
+    methods, slots, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    return PyModuleDef_Init(&module_def);
+}

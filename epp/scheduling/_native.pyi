@@ -1,0 +1,10 @@
+# The compiled kernels (epp/scheduling/_native.c); epp.scheduling.totals says when they run.
+from collections.abc import Callable
+from typing import Any
+
+from numpy.typing import NDArray
+
+ENABLED: int
+
+def weighted_total(out: NDArray[Any], offset: float, *terms: object) -> object: ...
+def max_tie(scores: NDArray[Any], tie: float, draw: Callable[[], float]) -> object: ...
