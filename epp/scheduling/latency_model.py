@@ -259,7 +259,6 @@ class LatencyModel:
         self._pool_a = np.zeros((2, D, D))
         self._pool_b = np.zeros((2, D))
         pool_errors = []
-        every = slice(None)
         for part, slots in zip(parts, placed, strict=True):
             self._pool_a += part.pool_a
             self._pool_b += part.pool_b
@@ -268,10 +267,11 @@ class LatencyModel:
             at = slots[ok]
             for j, slot in zip(np.flatnonzero(ok).tolist(), at.tolist(), strict=True):
                 addresses[slot] = part.addresses[j]
-            np.add.at(self._a, (every, at), part.a[:, ok])  # a slot twice in one part cannot be (one address each)
-            np.add.at(self._b, (every, at), part.b[:, ok])
-            np.add.at(self.samples, (every, at), part.samples[:, ok])
-            np.add.at(weighted, (every, at), np.nan_to_num(part.error[:, ok]) * part.samples[:, ok])
+            # `+=` on a gather: no slot twice in one part (one address each, one slot each)
+            self._a[:, at] += part.a[:, ok]
+            self._b[:, at] += part.b[:, ok]
+            self.samples[:, at] += part.samples[:, ok]
+            weighted[:, at] += np.nan_to_num(part.error[:, ok]) * part.samples[:, ok]
             predicted = part.predicted[:, ok]
             self.predicted[:, at] = np.where(np.isnan(predicted), self.predicted[:, at], predicted)
         self._address = addresses
