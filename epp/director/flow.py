@@ -329,16 +329,20 @@ class FlowGate:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="flow-control dispatch")
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             self._wakeup.clear()
             timeout = self.cycle()
             if timeout is None:
                 await self._wakeup.wait()
                 continue
+            # A timer sets the event rather than wait_for: on Python 3.11 wait_for drops a cancel that lands in the
+            # turn the event is set (a worker's message, a release), and shutdown would wait for this task for ever.
+            timer = loop.call_later(max(timeout, 0.0), self._wakeup.set)
             try:
-                await asyncio.wait_for(self._wakeup.wait(), max(timeout, 0.0))
-            except TimeoutError:
-                pass
+                await self._wakeup.wait()
+            finally:
+                timer.cancel()
 
     def cycle(self) -> float | None:
         """Expire, then dispatch at most one request; returns the seconds until the next timed check (None: wait

@@ -256,9 +256,15 @@ class Child:
             self._on_message(msg)
 
     async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._next_look(time.monotonic()))
+            # A timer sets the event rather than wait_for, which on Python 3.11 drops a cancel that lands in the turn
+            # the event is set (the child's end): `stop` would wait for this task for ever.
+            timer = loop.call_later(max(0.0, self._next_look(time.monotonic())), self._wake.set)
+            try:
+                await self._wake.wait()
+            finally:
+                timer.cancel()
             self._wake.clear()
             try:
                 self._check(time.monotonic())

@@ -270,6 +270,25 @@ async def test_graceful_shutdown_drains_queued_requests_then_answers_the_rest_50
     assert late.value.dropped_reason == "rejected-shutting-down"
 
 
+async def test_shutdown_ends_the_dispatch_task_when_a_wake_up_lands_in_the_same_turn() -> None:
+    """A wake-up (a worker's message, a release) set in the loop turn where shutdown cancels the dispatch task: the
+    task still ends. With `asyncio.wait_for` on the wake-up event, Python 3.11 returned the event's result and
+    dropped the cancel; the task then waited for a wake-up that never came, and the picker never exited."""
+    clock, table = Clock(), _table(waiting=9)
+    gate = _gate(table, clock)
+    waiter = asyncio.ensure_future(gate.admit(headers(), 0))
+    await _settle()  # queued, with its TTL: the dispatch task waits for a wake-up or the TTL's timer
+    gate.wake()
+    shutting = asyncio.ensure_future(gate.shutdown(0))
+    for _ in range(20):  # loop turns, not time: it needs a handful
+        await asyncio.sleep(0)
+    done = shutting.done()
+    shutting.cancel()
+    assert done, "shutdown still waits for the dispatch task"
+    with pytest.raises(EppError):
+        await waiter
+
+
 async def test_dispatch_waits_for_each_pick_to_be_booked_so_a_burst_cannot_overshoot() -> None:
     """Ours (upstream's overshoot fault): 20 queued requests, a pool with room for 5 before saturation; each
     dispatch is booked in flight before the next cycle reads saturation, so exactly 5 go out until a scrape."""
