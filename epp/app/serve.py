@@ -67,6 +67,7 @@ from epp.observability.metrics import PickerMetrics
 from epp.observability.plugins import PluginTimer
 from epp.observability.stderr_json import route_stderr_as_json
 from epp.scheduling.build import deprecations
+from epp.scheduling.latency_model import absorb_all
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.slo import PredictedLatencyProducer
 from epp.scrape.engines import engines_of_config
@@ -112,15 +113,17 @@ async def build(settings: ServeSettings) -> Picker:
         if parts.flow is not None:  # the picker's one set of queues, here; the workers' requests wait in them
             host = FlowHost(parts.flow, state.workers.send, state.workers.sync_bookings, time.monotonic)
             state.workers.attach_flow(host.receive, host.worker_gone, parts.flow.wake)
+        models = [p.model for p in parts.scheduler.learners if isinstance(p, PredictedLatencyProducer)]
+        state.workers.attach_learning(lambda learned: absorb_all(models, learned, state.table.slot_of))  # summed
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(state.health.servicer, health_server)
     bind(health_server, settings.listen.bind_address, settings.listen.grpc_health_port, "--grpc-health-port")
     scraper = _scraper(settings, parts.decisions, state)
     if state.workers is not None and isinstance(scraper, ScrapeProcess):
         state.workers.share_stamps(scraper.shared_stamps)
-    collectors = _collectors(state, metrics, parts, scraper)
-    report = _pool_report(state, parts, scraper)
-    http_app = build_http_app(state.registry, report, state.ready, collectors, parts.auth, settings.enable_pprof)
+    collectors, report = _collectors(state, metrics, parts, scraper), _pool_report(state, parts, scraper)
+    http_app = build_http_app(state.registry, report, state.ready, collectors, parts.auth, settings.enable_pprof,
+                              state.workers.fresh_expositions if state.workers else None)  # fmt: skip
     http_runner, http_site = await _metrics_site(settings, http_app)
     return Picker(
         settings, state, parts.workers, processor, grpc_server, health_server, scraper, http_runner, http_site,
@@ -170,7 +173,7 @@ def _decision_parts(settings: ServeSettings, config: EndpointPickerConfig | None
     workers = serving_workers(settings.workers, one_process)
     if kv_feeder is not None and workers == 1:  # with workers, the producers that pick are theirs (summed)
         state.registry.register(PreciseFallbacksCollector(kv_feeder.producer))
-    if scheduler.learners and workers == 1:  # with workers, the models that learn are the workers' (not exported)
+    if scheduler.learners:  # with workers, the control process's models are the workers' summed (`build`)
         state.registry.register(LatencyCollector.of(scheduler))
     # With workers, each exports its own spans (epp.app.worker): the control process decides nothing to trace.
     tracer_provider, tracer = build_tracing(settings.tracing) if workers == 1 else (None, None)
@@ -251,10 +254,8 @@ def _pool_report(
     """/debug/pool: the table as decisions see it, with what each running part says of itself."""
     federation, flow, kv_feeder = parts.federation, parts.flow, parts.kv_feeder
     freshness = parts.scheduler.freshness
-    # The latency models that learn: this process's when it serves alone (with workers, the workers' own).
+    # The latency models: this process's (with workers, the sum of theirs, which `build` wires).
     learners = [p for p in parts.scheduler.learners if isinstance(p, PredictedLatencyProducer)]
-    if parts.workers > 1:
-        learners = []
 
     def report() -> dict[str, Any]:
         now = time.monotonic()

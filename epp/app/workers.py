@@ -50,6 +50,7 @@ from epp.app.worker import (
     STATS_COLUMNS,
     Members,
     Metrics,
+    Render,
     Sites,
     WorkerStart,
     owed_since,
@@ -69,6 +70,7 @@ log = logging.getLogger(__name__)
 
 CHECK_S = 0.25  # failure mode, objectives and the workers' bookings are compared this often (membership: on change)
 MAX_ENDPOINTS = 16384
+RENDER_TIMEOUT_S = 1.0  # how long /metrics waits for the workers' expositions
 
 
 class _Worker:
@@ -77,6 +79,8 @@ class _Worker:
     def __init__(self, pool: WorkerPool, index: int) -> None:
         self.index = index
         self.exposition = b""
+        self.rendered = 0  # expositions received
+        self.learned: tuple[Any, ...] = ()  # its latency models' sums (`Metrics.learned`), as it sent them last
         self.child = Child(
             "epp.app.worker",
             f"worker {index} (pid {{pid}})",
@@ -143,6 +147,7 @@ class WorkerPool:
         self.series = SeriesFold(objectives)  # the workers' request series, under the picker's label caps
         self._task: asyncio.Task[None] | None = None
         self._scraped = asyncio.Event()  # a scrape landed in the table: rows to publish
+        self._rendered = asyncio.Event()  # a worker's exposition came in
         # publication state
         self._members_key: tuple[Any, ...] | None = None
         self._tokens = np.full(self.rows, -1.0)
@@ -156,6 +161,7 @@ class WorkerPool:
         self._flow_message: Callable[[int, Any], None] | None = None
         self._flow_gone: Callable[[int], None] = lambda index: None
         self._released: Callable[[], None] = lambda: None
+        self._learned: Callable[[list[tuple[Any, ...]]], None] | None = None
         self._in_flight = 0
         self._stamps: Callable[[], tuple[int, int] | None] = lambda: None
 
@@ -178,6 +184,10 @@ class WorkerPool:
         """Flow control across the workers: `message(worker, msg)` gets their flow-control messages, `gone(worker)`
         a worker's end, `released()` each publication that saw the picks in flight fall."""
         self._flow_message, self._flow_gone, self._released = message, gone, released
+
+    def attach_learning(self, learned: Callable[[list[tuple[Any, ...]]], None]) -> None:
+        """`learned(per_worker)` after each worker's metrics: every running worker's latency models' sums."""
+        self._learned = learned
 
     def send(self, index: int, msg: Any) -> bool:
         """A message to worker `index`: False when it is not running."""
@@ -244,6 +254,7 @@ class WorkerPool:
 
     def _ended(self, worker: _Worker) -> None:
         worker.exposition = b""
+        worker.learned = ()
         self.series.forget(worker.index)
         self.inflight[worker.index] = 0  # its picks are no longer anyone's load
         self._flow_gone(worker.index)
@@ -251,8 +262,15 @@ class WorkerPool:
 
     def _on_message(self, worker: _Worker, msg: Any) -> None:
         if isinstance(msg, Metrics):
-            self.series.receive(worker.index, msg.series)
-            worker.exposition = msg.exposition
+            if msg.series is not None:
+                self.series.receive(worker.index, msg.series)
+            if msg.exposition is not None:
+                worker.exposition = msg.exposition
+                worker.rendered += 1
+                self._rendered.set()
+            worker.learned = msg.learned
+            if self._learned is not None:
+                self._learned([w.learned for w in self._workers if w.learned])
         elif self._flow_message is not None:
             self._flow_message(worker.index, msg)
 
@@ -397,6 +415,21 @@ class WorkerPool:
 
     def expositions(self) -> list[bytes]:
         return [w.exposition for w in self._workers if w.exposition]
+
+    async def fresh_expositions(self, timeout_s: float = RENDER_TIMEOUT_S) -> None:
+        """Every serving worker's exposition rendered now (`Render`), before /metrics or /debug/pool is: a worker
+        renders its families only when they are read. One that does not answer within `timeout_s` is shown as it
+        last sent them."""
+        asked = [(w, w.rendered) for w in self._workers if w.ready and w.child.send(Render())]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while any(w.rendered <= before for w, before in asked) and loop.time() < deadline:
+            self._rendered.clear()
+            timer = loop.call_later(deadline - loop.time(), self._rendered.set)
+            try:
+                await self._rendered.wait()
+            finally:
+                timer.cancel()
 
 
 class WorkerCollector:

@@ -19,6 +19,8 @@ Pure: no clock, no I/O; time is only what the observations carry.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -52,6 +54,22 @@ def features(
     np.fmax(x, 0.0, out=x)
     x *= _SCALE_ROWS
     return x
+
+
+class LearnedSums(NamedTuple):
+    """What one process's model has learned, by endpoint address: its forgetting sums, which add up across
+    processes (each serving worker learns from the requests it served), for another process's `absorb`."""
+
+    addresses: tuple[str, ...]
+    a: FloatArray  # (2, k, D, D)
+    b: FloatArray  # (2, k, D)
+    samples: FloatArray  # (2, k)
+    error: FloatArray  # (2, k)
+    predicted: FloatArray  # (2, k)
+    pool_a: FloatArray  # (2, D, D)
+    pool_b: FloatArray  # (2, D)
+    pool_error: FloatArray  # (2,)
+    observations: int
 
 
 class LatencyModel:
@@ -202,6 +220,74 @@ class LatencyModel:
         self.error[:, slot] = math.nan
         self.predicted[:, slot] = math.nan
 
+    # -- across processes ---------------------------------------------------------------------------------------
+
+    def export(self) -> LearnedSums:
+        """What this model has learned, by address (copies: the caller may send them to another process)."""
+        keep = np.array([s for s, address in enumerate(self._address) if address], dtype=np.int64)
+        return LearnedSums(
+            tuple(self._address[s] for s in keep.tolist()),
+            self._a[:, keep],
+            self._b[:, keep],
+            self.samples[:, keep],
+            self.error[:, keep],
+            self.predicted[:, keep],
+            self._pool_a.copy(),
+            self._pool_b.copy(),
+            self.pool_error.copy(),
+            self.observations,
+        )
+
+    def absorb(self, parts: Sequence[LearnedSums], slot_of: Callable[[str], int | None]) -> None:
+        """This model becomes the sum of `parts` (the serving workers' models, the control process's own learning
+        nothing): per endpoint, placed by `slot_of(address)` (None: not a member here, left out), the sums added,
+        the error their sample-weighted mean, the last prediction any part's; the pool's sums added likewise; then
+        every slot solved again. What this model held before is replaced."""
+        placed = [
+            np.array([-1 if (slot := slot_of(address)) is None else slot for address in part.addresses], np.int64)
+            for part in parts
+        ]
+        top = max((int(slots.max(initial=-1)) for slots in placed), default=-1)
+        if top >= 0:
+            self._ensure(top)
+        self._a[:] = 0.0
+        self._b[:] = 0.0
+        self.samples[:] = 0.0
+        self.predicted[:] = math.nan
+        addresses = [""] * self._cap
+        weighted = np.zeros_like(self.samples)
+        self._pool_a = np.zeros((2, D, D))
+        self._pool_b = np.zeros((2, D))
+        pool_errors = []
+        for part, slots in zip(parts, placed, strict=True):
+            self._pool_a += part.pool_a
+            self._pool_b += part.pool_b
+            pool_errors.append(part.pool_error)
+            ok = slots >= 0
+            at = slots[ok]
+            for j, slot in zip(np.flatnonzero(ok).tolist(), at.tolist(), strict=True):
+                addresses[slot] = part.addresses[j]
+            # `+=` on a gather: no slot twice in one part (one address each, one slot each)
+            self._a[:, at] += part.a[:, ok]
+            self._b[:, at] += part.b[:, ok]
+            self.samples[:, at] += part.samples[:, ok]
+            weighted[:, at] += np.nan_to_num(part.error[:, ok]) * part.samples[:, ok]
+            predicted = part.predicted[:, ok]
+            self.predicted[:, at] = np.where(np.isnan(predicted), self.predicted[:, at], predicted)
+        self._address = addresses
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.error = np.where(self.samples > 0, weighted / self.samples, math.nan)
+        errors = np.array(pool_errors).reshape(-1, 2)
+        counted = (~np.isnan(errors)).sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.pool_error = np.where(counted > 0, np.nansum(errors, axis=0) / counted, math.nan)
+        self.observations = sum(part.observations for part in parts)
+        for target in (TTFT, TPOT):
+            self.pool_theta[target] = np.linalg.solve(
+                self._pool_a[target] + 0.1 * self.ridge * self._eye, self._pool_b[target]
+            )
+        self._refresh()
+
     def report(self) -> dict[str, object]:
         """What /debug/pool and /metrics show: per endpoint that has learned, its samples (forgetting count), mean
         absolute error and last prediction (ms) for each target; the pool's error and the observations so far."""
@@ -222,6 +308,14 @@ class LatencyModel:
             for name, target in (("ttft", TTFT), ("tpot", TPOT))
         }
         return {"observations": self.observations, "pool": pool, "endpoints": endpoints}
+
+
+def absorb_all(
+    models: Sequence[LatencyModel], per_worker: Sequence[Sequence[LearnedSums]], slot_of: Callable[[str], int | None]
+) -> None:
+    """Each of `models` (a config's producers, in order) becomes the sum of the workers' models in its place."""
+    for i, model in enumerate(models):
+        model.absorb([sums[i] for sums in per_worker if len(sums) > i], slot_of)
 
 
 def _rounded(value: float) -> float | None:

@@ -100,8 +100,11 @@ class World:
             return r.status, r.headers.get(SERVER_HEADER, ""), dict(r.headers)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def world(envoy_available: None, e2e_tmp: Path) -> AsyncIterator[World]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=[1, 2], ids=["workers1", "workers2"])
+async def world(request: pytest.FixtureRequest, envoy_available: None, e2e_tmp: Path) -> AsyncIterator[World]:
+    """One picker process, or two serving workers: then each worker picks on its own model and the control
+    process's /debug/pool shows their sum (`Metrics.learned`), which the warm-up waits for."""
+    workers = str(request.param)
     sims = [
         SimServer(ServerConfig(name="fast", host="127.10.0.1", profile=H100_LLAMA_8B, speed=10.0)),
         SimServer(ServerConfig(name="slow", host="127.10.0.2", profile=L4_LLAMA_8B, speed=10.0)),
@@ -117,9 +120,9 @@ async def world(envoy_available: None, e2e_tmp: Path) -> AsyncIterator[World]:
             argv = serve_argv(
                 grpc_port, free_port(), metrics_port, "--static-endpoints", ",".join(s.address for s in sims),
                 "--config-file", str(config), "--objectives-file", str(objectives),
-                "--enable-test-endpoint-selection", "--workers", "1", "--grace-period", "1",
+                "--enable-test-endpoint-selection", "--workers", workers, "--grace-period", "1",
             )  # fmt: skip
-            proc = stack.enter_context(running(argv, e2e_tmp / "picker-slo.log"))
+            proc = stack.enter_context(running(argv, e2e_tmp / f"picker-slo-{workers}.log"))
             ready = f"http://127.0.0.1:{metrics_port}/readyz"
             await _until(lambda: proc.poll() is None and http_ok(ready), "the picker never became ready", 60)
             port = stack.enter_context(envoy(e2e_tmp, grpc_port, "FULL_DUPLEX_STREAMED"))

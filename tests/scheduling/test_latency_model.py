@@ -86,3 +86,27 @@ def test_the_whole_tables_view_and_a_gathered_subset_predict_the_same() -> None:
     beyond, _ = model.predict(np.array([2, 500]), x[:, [2, 2]])  # a slot past the model's capacity: the pool's
     pool = max(float(x[:, 2] @ model.pool_theta[0]), 0.0)
     assert np.isclose(beyond[0], whole_ttft[2]) and np.isclose(beyond[1], pool)
+
+
+def test_the_sum_of_two_workers_models_predicts_as_one_model_fed_both() -> None:
+    both, first, second = LatencyModel(), LatencyModel(), LatencyModel()
+    rng = np.random.default_rng(3)
+    for k in range(600):
+        uncached, queue = int(rng.integers(100, 4000)), float(rng.integers(0, 20))
+        obs = _obs(k % 3, uncached, queue, 20.0 + (k % 3) * 30.0 + 0.05 * uncached + 15.0 * queue, 8.0 + 0.5 * queue)
+        both.observe(obs)
+        (first if k % 2 else second).observe(obs)
+    control = LatencyModel()
+    addresses = {f"127.10.0.{s + 1}:8000": s + 5 for s in range(3)}  # the control process's own slots
+    control.absorb([first.export(), second.export()], addresses.get)
+    assert control.observations == 600
+    for slot in range(3):
+        x = features(np.array([2000.0]), np.array([10.0]), np.array([4.0]), np.array([0.3]), np.array([10]))
+        want = both.predict(np.array([slot]), x)[0][0]
+        got = control.predict(np.array([slot + 5]), x)[0][0]
+        assert math.isclose(got, want, rel_tol=0.05)
+    assert set(control.report()["endpoints"]) == set(addresses)  # type: ignore[arg-type]
+    control.absorb([first.export()], {"127.10.0.1:8000": 5}.get)  # an endpoint no longer a member is left out
+    assert set(control.report()["endpoints"]) == {"127.10.0.1:8000"}  # type: ignore[arg-type]
+    control.absorb([], addresses.get)  # no worker has learned: nothing known, the pool's prior alone
+    assert control.observations == 0 and control.report()["endpoints"] == {}
