@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -97,10 +97,12 @@ def build_http_app(
     loop_collectors: Sequence[FreezableCollector] = (),
     auth: MetricsAuth | None = None,
     stacks: bool = False,
+    before_render: Callable[[], Awaitable[None]] | None = None,
 ) -> web.Application:
     """The metrics port's routes. `loop_collectors`: those of `registry` whose numbers the serving loop writes
     (frozen before rendering); `auth`: --metrics-endpoint-auth; `stacks` adds `/debug/stacks` (every thread and
-    asyncio task, `--enable-pprof`)."""
+    asyncio task, `--enable-pprof`); `before_render`, awaited before /metrics and /debug/pool are rendered (the
+    serving workers' expositions asked for)."""
 
     async def denied(request: web.Request) -> web.Response | None:
         if auth is None:
@@ -115,6 +117,8 @@ def build_http_app(
     async def metrics(request: web.Request) -> web.Response:
         if (refused := await denied(request)) is not None:
             return refused
+        if before_render is not None:
+            await before_render()
         for collector in loop_collectors:
             collector.freeze()
         body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, registry)
@@ -123,6 +127,8 @@ def build_http_app(
     async def debug_pool(request: web.Request) -> web.Response:
         if (refused := await denied(request)) is not None:
             return refused
+        if before_render is not None:
+            await before_render()
         return web.json_response(report(), dumps=_dumps)
 
     async def healthz(_: web.Request) -> web.Response:

@@ -27,6 +27,12 @@ class MirrorTable(EndpointTable):
         self._stamp_array = stamps  # by control slot (epp.datastore.rows): dates rows whose page repeated itself
         self._matrix = inflight
         self._me = me
+        # Our row of the matrix as Python ints (a flat memoryview): a booking's three counts cost ~0.3 µs, not the
+        # ~3 µs of numpy scalars. The block is one contiguous mapping.
+        self._cells = inflight.data.cast("B").cast("q")
+        self._base = me * inflight.shape[1] * MATRIX_COLUMNS
+        self._control_of: list[int] = []  # our slot → control slot (-1: none), as Python ints
+        self._versions = b""  # the rows' versions when last read: unchanged, no row was written since
         n = rows.shape[0]
         self._tokens = np.full(n, -1.0)
         self._applied = np.zeros(n)
@@ -53,6 +59,8 @@ class MirrorTable(EndpointTable):
             self.set_adapters(local, running, waiting)
         self._applied[self._tokens != old_tokens] = 0.0  # another endpoint in that row: take its rows afresh
         self._high = max((m[0] for m in members), default=-1) + 1
+        self._control_of = self._control.tolist()
+        self._versions = b""  # other tokens: every row read afresh
         ours = np.flatnonzero(self._control >= 0)
         self._pairs = (ours, self._control[ours])
         if self._stamp_array is not None:
@@ -64,7 +72,9 @@ class MirrorTable(EndpointTable):
         """Take the rows scraped since the last call and everyone's in-flight sums; returns the rows taken."""
         n = self._high
         taken = 0
-        if n:
+        versions = self._rows[:n, VERSION].tobytes()  # before the rows are read (the seqlock's order)
+        if n and versions != self._versions:
+            self._versions = versions
             slots, rows = read_rows(self._rows[:n], self._tokens[:n], self._applied[:n])
             if slots.size:
                 local = self._local[slots]
@@ -86,12 +96,14 @@ class MirrorTable(EndpointTable):
 
     def book_pick(self, slot: int, tokens: int = 0) -> None:
         super().book_pick(slot, tokens)
-        control = self._control[slot] if slot < len(self._control) else -1
+        control_of = self._control_of
+        control = control_of[slot] if slot < len(control_of) else -1
         if control >= 0:
-            row = self._matrix[self._me, control]
-            row[INFLIGHT] += 1
-            row[PICKS] += 1
-            row[TOKENS] += tokens
+            cells, at = self._cells, self._base + control * MATRIX_COLUMNS
+            cells[at + INFLIGHT] += 1
+            cells[at + PICKS] += 1
+            if tokens:
+                cells[at + TOKENS] += tokens
 
     def control_of(self, slot: int) -> tuple[int, int] | None:
         """(the control process's slot, its token) of our `slot`: how a shared record names the endpoint."""
@@ -107,8 +119,10 @@ class MirrorTable(EndpointTable):
 
     def release_pick(self, slot: int, tokens: int = 0) -> None:
         super().release_pick(slot, tokens)
-        control = self._control[slot] if slot < len(self._control) else -1
+        control_of = self._control_of
+        control = control_of[slot] if slot < len(control_of) else -1
         if control >= 0:
-            row = self._matrix[self._me, control]
-            row[INFLIGHT] = max(0, int(row[INFLIGHT]) - 1)
-            row[TOKENS] = max(0, int(row[TOKENS]) - tokens)
+            cells, at = self._cells, self._base + control * MATRIX_COLUMNS
+            cells[at + INFLIGHT] = max(0, cells[at + INFLIGHT] - 1)
+            if tokens:
+                cells[at + TOKENS] = max(0, cells[at + TOKENS] - tokens)

@@ -121,9 +121,9 @@ async def build(settings: ServeSettings) -> Picker:
     scraper = _scraper(settings, parts.decisions, state)
     if state.workers is not None and isinstance(scraper, ScrapeProcess):
         state.workers.share_stamps(scraper.shared_stamps)
-    collectors = _collectors(state, metrics, parts, scraper)
-    report = _pool_report(state, parts, scraper)
-    http_app = build_http_app(state.registry, report, state.ready, collectors, parts.auth, settings.enable_pprof)
+    collectors, report = _collectors(state, metrics, parts, scraper), _pool_report(state, parts, scraper)
+    http_app = build_http_app(state.registry, report, state.ready, collectors, parts.auth, settings.enable_pprof,
+                              state.workers.fresh_expositions if state.workers else None)  # fmt: skip
     http_runner, http_site = await _metrics_site(settings, http_app)
     return Picker(
         settings, state, parts.workers, processor, grpc_server, health_server, scraper, http_runner, http_site,

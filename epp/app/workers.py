@@ -50,6 +50,7 @@ from epp.app.worker import (
     STATS_COLUMNS,
     Members,
     Metrics,
+    Render,
     Sites,
     WorkerStart,
     owed_since,
@@ -69,6 +70,7 @@ log = logging.getLogger(__name__)
 
 CHECK_S = 0.25  # failure mode, objectives and the workers' bookings are compared this often (membership: on change)
 MAX_ENDPOINTS = 16384
+RENDER_TIMEOUT_S = 1.0  # how long /metrics waits for the workers' expositions
 
 
 class _Worker:
@@ -77,6 +79,7 @@ class _Worker:
     def __init__(self, pool: WorkerPool, index: int) -> None:
         self.index = index
         self.exposition = b""
+        self.rendered = 0  # expositions received
         self.learned: tuple[Any, ...] = ()  # its latency models' sums (`Metrics.learned`), as it sent them last
         self.child = Child(
             "epp.app.worker",
@@ -144,6 +147,7 @@ class WorkerPool:
         self.series = SeriesFold(objectives)  # the workers' request series, under the picker's label caps
         self._task: asyncio.Task[None] | None = None
         self._scraped = asyncio.Event()  # a scrape landed in the table: rows to publish
+        self._rendered = asyncio.Event()  # a worker's exposition came in
         # publication state
         self._members_key: tuple[Any, ...] | None = None
         self._tokens = np.full(self.rows, -1.0)
@@ -258,8 +262,12 @@ class WorkerPool:
 
     def _on_message(self, worker: _Worker, msg: Any) -> None:
         if isinstance(msg, Metrics):
-            self.series.receive(worker.index, msg.series)
-            worker.exposition = msg.exposition
+            if msg.series is not None:
+                self.series.receive(worker.index, msg.series)
+            if msg.exposition is not None:
+                worker.exposition = msg.exposition
+                worker.rendered += 1
+                self._rendered.set()
             worker.learned = msg.learned
             if self._learned is not None:
                 self._learned([w.learned for w in self._workers if w.learned])
@@ -407,6 +415,21 @@ class WorkerPool:
 
     def expositions(self) -> list[bytes]:
         return [w.exposition for w in self._workers if w.exposition]
+
+    async def fresh_expositions(self, timeout_s: float = RENDER_TIMEOUT_S) -> None:
+        """Every serving worker's exposition rendered now (`Render`), before /metrics or /debug/pool is: a worker
+        renders its families only when they are read. One that does not answer within `timeout_s` is shown as it
+        last sent them."""
+        asked = [(w, w.rendered) for w in self._workers if w.ready and w.child.send(Render())]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while any(w.rendered <= before for w, before in asked) and loop.time() < deadline:
+            self._rendered.clear()
+            timer = loop.call_later(deadline - loop.time(), self._rendered.set)
+            try:
+                await self._rendered.wait()
+            finally:
+                timer.cancel()
 
 
 class WorkerCollector:

@@ -85,15 +85,18 @@ class ReceiptSink(Protocol):
 
 
 # One pick in this many is shown to the degradation watch, receipts emitted or not; when they are not, it is also
-# the only pick read for its receipt (the aggregated receipt metrics' sample). A read receipt costs ~130k
-# instructions (a detailed run, its reading, the watch): one in 32 is ~4k a pick averaged, under 1 % of the path;
+# the only pick read for its receipt (the aggregated receipt metrics' sample). A read receipt costs ~95k
+# instructions (a detailed run, its reading, the watch): one in 32 is ~3k a pick averaged, under 1 % of the path;
 # with the watch's window of 6 observations a verdict spans 192 picks, an alarm is up within ~400 of its cause.
 WATCH_EVERY = 32
 
 
 def _scores(addresses: Sequence[str], detail: PickDetail) -> tuple[tuple[str, float], ...]:
     """(address, weighted score) of every endpoint the primary profile scored."""
-    return tuple((addresses[int(slot)], float(score)) for slot, score in zip(detail.scored, detail.scores, strict=True))
+    # Plain ints and floats first (`tolist`, one call each): iterating the arrays makes a numpy scalar per element.
+    slots: list[int] = detail.scored.tolist()
+    scores: list[float] = detail.scores.tolist()
+    return tuple((addresses[slot], score) for slot, score in zip(slots, scores, strict=True))
 
 
 class _NullObserver:

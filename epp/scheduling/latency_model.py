@@ -243,37 +243,38 @@ class LatencyModel:
         nothing): per endpoint, placed by `slot_of(address)` (None: not a member here, left out), the sums added,
         the error their sample-weighted mean, the last prediction any part's; the pool's sums added likewise; then
         every slot solved again. What this model held before is replaced."""
+        placed = [
+            np.array([-1 if (slot := slot_of(address)) is None else slot for address in part.addresses], np.int64)
+            for part in parts
+        ]
+        top = max((int(slots.max(initial=-1)) for slots in placed), default=-1)
+        if top >= 0:
+            self._ensure(top)
         self._a[:] = 0.0
         self._b[:] = 0.0
         self.samples[:] = 0.0
-        self.error[:] = math.nan
         self.predicted[:] = math.nan
-        self._address = [""] * len(self._address)
-        weighted = np.zeros_like(self.error)
+        addresses = [""] * self._cap
+        weighted = np.zeros_like(self.samples)
         self._pool_a = np.zeros((2, D, D))
         self._pool_b = np.zeros((2, D))
         pool_errors = []
-        for part in parts:
+        for part, slots in zip(parts, placed, strict=True):
             self._pool_a += part.pool_a
             self._pool_b += part.pool_b
             pool_errors.append(part.pool_error)
-            for j, address in enumerate(part.addresses):
-                slot = slot_of(address)
-                if slot is None:
-                    continue
-                self._ensure(slot)
-                if len(weighted[0]) < self._cap:
-                    weighted = np.concatenate([weighted, np.zeros((2, self._cap - weighted.shape[1]))], axis=1)
-                while len(self._address) <= slot:
-                    self._address.append("")
-                self._address[slot] = address
-                self._a[:, slot] += part.a[:, j]
-                self._b[:, slot] += part.b[:, j]
-                self.samples[:, slot] += part.samples[:, j]
-                seen = ~np.isnan(part.error[:, j])
-                weighted[seen, slot] += part.error[seen, j] * part.samples[seen, j]
-                known = ~np.isnan(part.predicted[:, j])
-                self.predicted[known, slot] = part.predicted[known, j]
+            ok = slots >= 0
+            at = slots[ok]
+            for j, slot in zip(np.flatnonzero(ok).tolist(), at.tolist(), strict=True):
+                addresses[slot] = part.addresses[j]
+            # `+=` on a gather: no slot twice in one part (one address each, one slot each)
+            self._a[:, at] += part.a[:, ok]
+            self._b[:, at] += part.b[:, ok]
+            self.samples[:, at] += part.samples[:, ok]
+            weighted[:, at] += np.nan_to_num(part.error[:, ok]) * part.samples[:, ok]
+            predicted = part.predicted[:, ok]
+            self.predicted[:, at] = np.where(np.isnan(predicted), self.predicted[:, at], predicted)
+        self._address = addresses
         with np.errstate(invalid="ignore", divide="ignore"):
             self.error = np.where(self.samples > 0, weighted / self.samples, math.nan)
         errors = np.array(pool_errors).reshape(-1, 2)
