@@ -285,7 +285,11 @@ class PickLog:
 
 def precise_config() -> EndpointPickerConfig:
     """Our built-in profile with the prefix-cache scorer fed by precise-prefix-cache-producer (engine token ids
-    from a vllm token-producer): only the prefix signal changes against `epp`."""
+    from a vllm token-producer), weighted 5 instead of 3, and upstream's `token-load-scorer` (weight 4) over the
+    in-flight producer: prompt tokens this picker has in flight on the endpoint plus this request's tokens the
+    precise match does not find there, i.e. the prefill work a pick adds. With the index's match exact, affinity
+    pays more often than the approximate producer's guess (weight 5); the token load ranks endpoints whose load
+    scores tie by the prefill they hold. One profile for every workload (issue 27; benchmarks/RESULTS.md)."""
     doc = {
         "apiVersion": "llm-d.ai/v1alpha1",
         "kind": "EndpointPickerConfig",
@@ -300,6 +304,11 @@ def precise_config() -> EndpointPickerConfig:
             {"type": "queue-scorer"},
             {"type": "kv-cache-utilization-scorer"},
             {"type": "inflight-load-scorer"},
+            {"type": "inflight-load-producer"},
+            {
+                "type": "token-load-scorer",
+                "parameters": {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"},
+            },
             {"type": "max-score-picker"},
         ],
         "schedulingProfiles": [
@@ -309,8 +318,9 @@ def precise_config() -> EndpointPickerConfig:
                     {"pluginRef": "utilization-detector"},
                     {"pluginRef": "queue-scorer", "weight": 2},
                     {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
-                    {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                    {"pluginRef": "prefix-cache-scorer", "weight": 5},
                     {"pluginRef": "inflight-load-scorer", "weight": 2},
+                    {"pluginRef": "token-load-scorer", "weight": 4},
                     {"pluginRef": "max-score-picker"},
                 ],
             }

@@ -1,8 +1,9 @@
-/* The profile runner's arithmetic on its candidates, compiled: the weighted total of the scorers' terms and the
- * max-score picker's tie search. Built at install when a compiler is there (setup.py: optional);
+/* The profile runner's arithmetic on its candidates, compiled: the weighted total of the scorers' terms, the
+ * max-score picker's tie search, and the saturation filter's elementwise pass. Built at install when a compiler is there (setup.py: optional);
  * `epp.scheduling.totals` decides at import whether these or the numpy code run.
  *
- * Not definitions of their own: `weighted_total_numpy` and `max_tie_numpy` (epp/scheduling/totals.py) are, and
+ * Not definitions of their own: `weighted_total_numpy`, `max_tie_numpy` (epp/scheduling/totals.py) and
+ * `kept_under_numpy` (epp/scheduling/saturation.py) are, and
  * tests/scheduling/test_totals.py holds the two equal on random terms (NaN, infinities, signed zeros, ties).
  * Every step is the numpy code's, element by element, in its order, so the results are the same doubles: a term is
  * values × coef, then (with a fill) NaN → fill and ±inf → ±DBL_MAX (`np.nan_to_num`); the total is the first term
@@ -168,7 +169,77 @@ done:
     return result;
 }
 
+static int
+typed(PyObject *o, Py_buffer *view, const char *format, Py_ssize_t itemsize, int writable)
+{
+    int flags = PyBUF_FORMAT | PyBUF_STRIDES | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(o, view, flags) < 0)
+        return -1;
+    if (view->itemsize != itemsize || view->format == NULL || strcmp(view->format, format) != 0 ||
+        !PyBuffer_IsContiguous(view, 'C')) {
+        PyBuffer_Release(view);
+        return 1;
+    }
+    return 0;
+}
+
+/* kept_under(candidates, queue, kv, fresh, queue_limit, kv_limit, out) -> int | NotImplemented
+ *
+ * The saturation filter's elementwise pass (saturation.py's `kept_under_numpy`): into `out` (n int64), the
+ * candidates (n int64) whose data is usable (`fresh`: n bools, or None: all) and that are under both limits
+ * (queue < queue_limit and kv < kv_limit, NaN counting as under: `over` is False for it), in order; returns how
+ * many. */
+static PyObject *
+kept_under(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "kept_under takes 7 arguments");
+        return NULL;
+    }
+    double ql = PyFloat_AsDouble(args[4]), kl = PyFloat_AsDouble(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer views[5];
+    const char *formats[5] = {"l", "d", "d", "?", "l"};
+    const Py_ssize_t sizes[5] = {8, 8, 8, 1, 8};
+    PyObject *objects[5] = {args[0], args[1], args[2], args[3], args[6]};
+    int held[5] = {0, 0, 0, 0, 0};
+    PyObject *result = NULL;
+    for (int b = 0; b < 5; b++) {
+        if (b == 3 && objects[b] == Py_None)
+            continue;
+        int got = typed(objects[b], &views[b], formats[b], sizes[b], b == 4);
+        if (got != 0) {
+            result = got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        held[b] = 1;
+    }
+    Py_ssize_t n = views[0].len / 8;
+    if (views[1].len != n * 8 || views[2].len != n * 8 || (held[3] && views[3].len != n) || views[4].len < n * 8) {
+        PyErr_SetString(PyExc_ValueError, "candidates, queue, kv, fresh and out differ in length");
+        goto done;
+    }
+    const long *c = (const long *)views[0].buf;
+    const double *q = (const double *)views[1].buf, *kv = (const double *)views[2].buf;
+    const unsigned char *fresh = held[3] ? (const unsigned char *)views[3].buf : NULL;
+    long *out = (long *)views[4].buf;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if ((fresh == NULL || fresh[i]) && !(q[i] >= ql || kv[i] >= kl))
+            out[k++] = c[i];
+    result = PyLong_FromSsize_t(k);
+done:
+    for (int b = 0; b < 5; b++)
+        if (held[b])
+            PyBuffer_Release(&views[b]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"kept_under", (PyCFunction)(void (*)(void))kept_under, METH_FASTCALL,
+     "The saturation filter's elementwise pass into `out` (saturation.py's kept_under_numpy)."},
     {"weighted_total", (PyCFunction)(void (*)(void))weighted_total, METH_FASTCALL,
      "The weighted total of the scorers' terms into `out` (totals.py's weighted_total_numpy)."},
     {"max_tie", (PyCFunction)(void (*)(void))max_tie, METH_FASTCALL,

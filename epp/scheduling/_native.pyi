@@ -8,3 +8,12 @@ ENABLED: int
 
 def weighted_total(out: NDArray[Any], offset: float, *terms: object) -> object: ...
 def max_tie(scores: NDArray[Any], tie: float, draw: Callable[[], float]) -> object: ...
+def kept_under(
+    candidates: NDArray[Any],
+    queue: NDArray[Any],
+    kv: NDArray[Any],
+    fresh: NDArray[Any] | None,
+    queue_limit: float,
+    kv_limit: float,
+    out: NDArray[Any],
+) -> object: ...

@@ -1,5 +1,6 @@
 """The profile runner's arithmetic on its candidates: the weighted total of the scorers' terms, and the max-score
-picker's tie search; numpy code that defines them, and the compiled kernels that run them when they were built.
+picker's tie search; numpy code that defines them, and the compiled kernels that run them when they were built
+(with the saturation filter's elementwise pass, `epp.scheduling.saturation.kept_under`).
 
 A term is one scorer's part of the total: `values × coef`, with NaN → `fill` when the scorer has a fill
 (`Linear.part`: coef = weight × scale, fill = weight × (unknown − offset)). The total is the sum of the terms in the
@@ -24,7 +25,7 @@ from typing import Protocol, cast
 
 import numpy as np
 
-from epp.datastore.table import FloatArray
+from epp.datastore.table import BoolArray, FloatArray, IntArray
 from epp.scheduling.framework import Term, extremes, weighted_term
 
 
@@ -36,6 +37,17 @@ class Kernels(Protocol):
     def weighted_total(self, out: FloatArray, offset: float, *terms: object) -> object: ...
 
     def max_tie(self, scores: FloatArray, tie: float, draw: Callable[[], float]) -> object: ...
+
+    def kept_under(
+        self,
+        candidates: IntArray,
+        queue: FloatArray,
+        kv: FloatArray,
+        fresh: BoolArray | None,
+        queue_limit: float,
+        kv_limit: float,
+        out: IntArray,
+    ) -> object: ...
 
 
 _compiled: Kernels | None

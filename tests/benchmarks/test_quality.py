@@ -104,10 +104,9 @@ def test_the_command_writes_json_markdown_and_targets(tmp_path: Path, capsys: py
         "AzureLLMInferenceTrace_conv.csv",
         "AzureLLMInferenceTrace_code.csv",
         "mooncake-synthetic_trace.jsonl",
-        "mooncake-conversation_trace.jsonl",
         "mooncake-arxiv_trace.jsonl",
     ],
-    ids=["azure-conv", "azure-code", "mooncake", "mooncake-conversation", "mooncake-arxiv"],
+    ids=["azure-conv", "azure-code", "mooncake", "mooncake-arxiv"],
 )
 def test_the_reference_traces_load(name: str) -> None:
     items = load_trace(TRACES / name, 200)

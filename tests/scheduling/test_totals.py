@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epp.scheduling import totals
+from epp.scheduling import saturation, totals
 from epp.scheduling.framework import Linear
 
 needs_native = pytest.mark.skipif(totals.NATIVE is None, reason="the C extension is not built (or EPP_NATIVE=0)")
@@ -91,3 +91,25 @@ def test_a_linear_term_is_its_part_weighted() -> None:
     term = form.term(2.0)
     assert term is not None and term.tolist() == [-0.0, -1.0, -2.0]
     assert Linear(None, 1.0, 0.3).part(2.0) is None and Linear(np.ones(2), 0.0, 0.3).part(2.0) is None
+
+
+load = st.one_of(st.sampled_from([0.0, 1.0, 5.0, 5.5, np.nan, np.inf]), st.floats(0, 10))
+COLUMNS = (load, load, st.booleans())
+
+
+@needs_native
+@settings(max_examples=400, deadline=None)
+@given(
+    st.integers(0, 40).flatmap(lambda n: st.tuples(*(st.lists(s, min_size=n, max_size=n) for s in COLUMNS))),
+    st.booleans(),
+    st.sampled_from([0.0, 5.0, 5.5, np.nan]),
+    st.sampled_from([0.0, 0.8, 0.88, np.nan]),
+)  # fmt: skip
+def test_the_compiled_saturation_pass_is_the_numpy_definition(columns, with_fresh, queue_limit, kv_limit) -> None:
+    types = (np.float64, np.float64, np.bool_)
+    queue, kv, fresh = (np.array(c, dtype=d) for c, d in zip(columns, types, strict=True))
+    candidates = np.arange(3, 3 + 2 * queue.size, 2, dtype=np.int64)
+    mask = fresh if with_fresh else None
+    got = saturation.kept_under(candidates, queue, kv, mask, queue_limit, kv_limit)
+    expected = saturation.kept_under_numpy(candidates, queue, kv, mask, queue_limit, kv_limit)
+    assert got.dtype == expected.dtype and got.tolist() == expected.tolist()
