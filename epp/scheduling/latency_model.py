@@ -186,9 +186,9 @@ class LatencyModel:
         if not learned:
             return
         if key == key:
-            class_a, class_b = self._class_sums[key]
-            class_a += self._a[:, slot] - before_a
-            class_b += self._b[:, slot] - before_b
+            class_sums = self._class_sums[key]  # in place: the arrays are the class's
+            class_sums[0][...] += self._a[:, slot] - before_a
+            class_sums[1][...] += self._b[:, slot] - before_b
         prior = self._class_prior(slot)
         for target in (TTFT, TPOT):
             self.theta[target, slot] = self._solve(target, slot, prior[target])
@@ -217,16 +217,16 @@ class LatencyModel:
         """`slot` now belongs to class `key` (NaN: none): its sums leave its old class's and join the new one's."""
         old = float(self.capacity[slot])
         if old == old:
-            old_a, old_b = self._class_sums[old]
-            old_a -= self._a[:, slot]
-            old_b -= self._b[:, slot]
+            old_sums = self._class_sums[old]
+            old_sums[0][...] -= self._a[:, slot]
+            old_sums[1][...] -= self._b[:, slot]
         self.capacity[slot] = key
         if key == key:
             if key not in self._class_sums:
                 self._class_sums[key] = (np.zeros((2, D, D)), np.zeros((2, D)))
-            new_a, new_b = self._class_sums[key]
-            new_a += self._a[:, slot]
-            new_b += self._b[:, slot]
+            new_sums = self._class_sums[key]
+            new_sums[0][...] += self._a[:, slot]
+            new_sums[1][...] += self._b[:, slot]
 
     def _sum_classes(self) -> None:
         """Every class's sums from its members' again (after an absorb; on refresh, so no rounding accumulates)."""
