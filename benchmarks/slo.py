@@ -171,7 +171,10 @@ def run(args: argparse.Namespace) -> list[str]:
     shed = np.random.default_rng(args.seed + 11).random(len(items)) < args.sheddable
 
     def slo(speed_tiers: bool = False, admitter: bool = False) -> Scheduler:
-        doc = slo_config(args.latency_weight, args.strategy, speed_tiers=speed_tiers, admitter=admitter)
+        # With speed tiers the tier filter does the packing across classes (loose objectives onto the slow one),
+        # so the scorer's headroom strategy is its own (`--tiers-strategy`: `most` keeps margin within a class).
+        strategy = args.tiers_strategy if speed_tiers else args.strategy
+        doc = slo_config(args.latency_weight, strategy, speed_tiers=speed_tiers, admitter=admitter)
         return build_scheduler(parse_config(doc, "<slo>"), seed=args.seed)
 
     def factories() -> dict[str, object]:
@@ -192,7 +195,8 @@ def run(args: argparse.Namespace) -> list[str]:
         f"workload {args.workload}, {len(items)} requests, {n} endpoints ({args.profiles} cycled), pool capacity "
         f"{pool_capacity:.1f} req/s, objectives {args.objectives}"
         + (" (multiples of the request's own unloaded TTFT)" if args.objectives == "relative" else " (share:seconds)")
-        + f" on {profiles[0].name}; latency-scorer weight {args.latency_weight:g}, {args.strategy}; "
+        + f" on {profiles[0].name}; latency-scorer weight {args.latency_weight:g}, {args.strategy} "
+        f"({args.tiers_strategy} with speed tiers); "
         f"sheddable {args.sheddable:g} ({int(shed.sum())} requests, priority -1)",
         "",
         f"| load | policy | SLO attainment | by class ({' / '.join(names)}) | shed | TTFT p50 ms | TTFT p90 ms | "
@@ -231,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--latency-weight", type=float, default=2.0)
     p.add_argument("--strategy", default="least", choices=("least", "most"))
+    p.add_argument("--tiers-strategy", default="most", choices=("least", "most"), help="the slo-tiers profiles'")
     p.add_argument("--objectives", default="0.5:0.15,0.5:10", help="share:seconds classes, or relative")
     p.add_argument(
         "--sheddable", type=float, default=0.0, help="share of requests marked sheddable (priority -1), drawn at random"

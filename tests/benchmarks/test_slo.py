@@ -17,7 +17,7 @@ def _args(spec: str, sheddable: float = 0.0, load: str = "0.8") -> argparse.Name
     return argparse.Namespace(
         workload="azure-conv", requests=200, load=load, endpoints=4, profiles="h100,l4",
         scrape_interval=0.05, warmup=0.1, seed=0, objectives=spec, latency_weight=2.0, strategy="least",
-        sheddable=sheddable,
+        tiers_strategy="most", sheddable=sheddable,
     )  # fmt: skip
 
 
