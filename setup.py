@@ -19,6 +19,12 @@ setup(
             ["epp/scheduling/_native.c"],
             optional=True,
         ),
+        # A route receipt's terms and JSON (epp.scheduling.receipt): without it the Python code runs them.
+        Extension(
+            "epp.scheduling._receipt",
+            ["epp/scheduling/_receipt.c"],
+            optional=True,
+        ),
         # The ext_proc front's HTTP/2 + gRPC framing (epp.extproc.native): without it the grpc.aio adapter serves.
         Extension(
             "epp.extproc.native._h2",

@@ -36,11 +36,11 @@ doubles(PyObject *o, Py_buffer *view, int writable)
 /* weighted_total(out, offset, values_0, coef_0, fill_0, values_1, ...) -> None | NotImplemented
  *
  * out: n float64, written; each term's values: n float64 (read); coef: a float; fill: a float or None. More than
- * MAX_TERMS terms answer NotImplemented. */
+ * MAX_TERMS terms answer NotImplemented. `rows` (weighted_total_rows): terms × n float64, each term written into its
+ * row too (a detailed pick's terms, `weighted_term` of each). */
 static PyObject *
-weighted_total(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+total_into(PyObject *const *args, Py_ssize_t nargs, PyObject *rows_arg)
 {
-    (void)self;
     if (nargs < 5 || (nargs - 2) % 3 != 0) {
         PyErr_SetString(PyExc_TypeError, "weighted_total takes out, offset and (values, coef, fill) terms");
         return NULL;
@@ -70,6 +70,22 @@ weighted_total(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *result = NULL;
     Py_ssize_t held = 0;
     Py_ssize_t n = out.len / 8;
+    Py_buffer rows_view;
+    double *rows = NULL;
+    if (rows_arg != NULL) {
+        got = doubles(rows_arg, &rows_view, 1);
+        if (got != 0) {
+            PyBuffer_Release(&out);
+            return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+        }
+        if (rows_view.len != out.len * terms) {
+            PyBuffer_Release(&rows_view);
+            PyBuffer_Release(&out);
+            PyErr_SetString(PyExc_ValueError, "rows is not terms x len(out)");
+            return NULL;
+        }
+        rows = (double *)rows_view.buf;
+    }
     for (; held < terms; held++) {
         got = doubles(args[2 + 3 * held], &views[held], 0);
         if (got != 0) {
@@ -93,6 +109,8 @@ weighted_total(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 else if (isinf(x))
                     x = x > 0 ? DBL_MAX : -DBL_MAX;
             }
+            if (rows != NULL)
+                rows[t * n + i] = x;
             sum = t == 0 ? x : sum + x;
         }
         if (offset != 0.0)
@@ -103,8 +121,36 @@ weighted_total(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 done:
     for (Py_ssize_t t = 0; t < held; t++)
         PyBuffer_Release(&views[t]);
+    if (rows != NULL)
+        PyBuffer_Release(&rows_view);
     PyBuffer_Release(&out);
     return result;
+}
+
+static PyObject *
+weighted_total(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    return total_into(args, nargs, NULL);
+}
+
+/* weighted_total_rows(out, rows, offset, values_0, coef_0, fill_0, ...) -> None | NotImplemented */
+static PyObject *
+weighted_total_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "weighted_total_rows takes out, rows, offset and terms");
+        return NULL;
+    }
+    /* out, then offset and the terms: the arguments less `rows` (args[1]) */
+    PyObject *shifted[2 + 3 * MAX_TERMS];
+    if (nargs - 1 > 2 + 3 * MAX_TERMS)
+        return Py_NewRef(Py_NotImplemented);
+    shifted[0] = args[0];
+    for (Py_ssize_t i = 2; i < nargs; i++)
+        shifted[i - 1] = args[i];
+    return total_into(shifted, nargs - 1, nargs > 1 ? args[1] : Py_None);
 }
 
 /* max_tie(scores, tie, draw) -> int | NotImplemented
@@ -242,6 +288,8 @@ static PyMethodDef methods[] = {
      "The saturation filter's elementwise pass into `out` (saturation.py's kept_under_numpy)."},
     {"weighted_total", (PyCFunction)(void (*)(void))weighted_total, METH_FASTCALL,
      "The weighted total of the scorers' terms into `out` (totals.py's weighted_total_numpy)."},
+    {"weighted_total_rows", (PyCFunction)(void (*)(void))weighted_total_rows, METH_FASTCALL,
+     "weighted_total, each term also written into its row of `rows` (totals.py's weighted_total_rows_numpy)."},
     {"max_tie", (PyCFunction)(void (*)(void))max_tie, METH_FASTCALL,
      "The index of the highest score, ties drawn (totals.py's max_tie_numpy)."},
     {NULL, NULL, 0, NULL},
