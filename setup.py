@@ -25,6 +25,12 @@ setup(
             ["epp/scheduling/_receipt.c"],
             optional=True,
         ),
+        # The envoy.lb metadata of an answer with scores or a receipt, as wire bytes (epp.extproc.messages).
+        Extension(
+            "epp.extproc._metadata",
+            ["epp/extproc/_metadata.c"],
+            optional=True,
+        ),
         # The ext_proc front's HTTP/2 + gRPC framing (epp.extproc.native): without it the grpc.aio adapter serves.
         Extension(
             "epp.extproc.native._h2",

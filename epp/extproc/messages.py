@@ -5,7 +5,9 @@ Kept apart from the state machine so that the protobuf shapes (which field carri
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable, Sequence
+from typing import Protocol, cast
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -103,6 +105,44 @@ def decision_metadata(
             by_address[address].number_value = score
     if receipt:
         fields[wire.ROUTE_RECEIPT_KEY].string_value = receipt
+
+
+class _Compiled(Protocol):
+    """The extension's function (epp/extproc/_metadata.pyi)."""
+
+    ENABLED: int
+
+    def lb_metadata(self, *fields: object) -> object: ...
+
+
+_built: _Compiled | None
+try:
+    _built = cast(_Compiled, importlib.import_module("epp.extproc._metadata"))
+except ImportError:  # built without a compiler: the Python code runs
+    _built = None
+_METADATA: _Compiled | None = _built if _built is not None and _built.ENABLED else None
+
+
+def write_metadata(
+    response: pb.ProcessingResponse, destination: str, scores: tuple[tuple[str, float], ...], receipt: str | None
+) -> None:
+    """`decision_metadata`, compiled when it can be: the whole `envoy.lb` struct (the destination too) as wire bytes
+    in one call, merged in (its entry replaces the one a copied answer has), where the scores struct costs a upb map
+    write per endpoint."""
+    if _METADATA is not None:
+        raw = _METADATA.lb_metadata(
+            wire.LB_NAMESPACE,
+            wire.DESTINATION_HEADER,
+            destination,
+            wire.DESTINATION_SCORES_KEY,
+            scores,
+            wire.ROUTE_RECEIPT_KEY,
+            receipt,
+        )
+        if raw.__class__ is bytes:
+            response.dynamic_metadata.MergeFromString(raw)
+            return
+    decision_metadata(response, destination, scores, receipt)
 
 
 # Builders fill messages through attribute paths: with the upb backend that writes in place, where nested
@@ -220,10 +260,11 @@ class DecisionAnswers:
                 return cached
             response = pb.ProcessingResponse()
             response.CopyFrom(cached)
-            decision_metadata(response, "", scores, receipt)
+            write_metadata(response, destination, scores, receipt)
             return response
         response = self._build(phase, set_headers, destination, body)
-        decision_metadata(response, "", scores, receipt)
+        if scores or receipt:
+            write_metadata(response, destination, scores, receipt)
         return response
 
     def _build(
