@@ -168,7 +168,11 @@ class ReceiptReader:
             kv += ((p.name, *p.untrusted(state)),)
             last = p.view.last_event_at(addresses[primary])
             kv_age = math.inf if last == NEVER else max(0.0, now - last)
-        tokens = tuple((name, bool(getattr(produced(state, name), "exact", False))) for name in self._tokens)
+        tokens = (
+            tuple((name, bool(getattr(produced(state, name), "exact", False))) for name in self._tokens)
+            if self._tokens
+            else ()
+        )
         prefix: tuple[tuple[str, int, int], ...] = ()
         for plugin in self._lookups:
             found = plugin.lookup(state)
