@@ -77,19 +77,28 @@ put_string_entry(char *w, const char *key, Py_ssize_t klen, const char *s, Py_ss
     return w + slen;
 }
 
-/* lb_metadata(destination_key, destination, scores_key, scores, receipt_key, receipt) -> bytes | NotImplemented
+#define TAG_DYNAMIC_METADATA 0x42 /* ProcessingResponse.dynamic_metadata (8) */
+
+/* lb_metadata(head, namespace, destination_key, destination, scores_key, scores, receipt_key, receipt)
+ *     -> bytes | NotImplemented
  *
  * scores: a tuple of (address, score) pairs (empty: no scores struct); receipt: a str or None (or "": none);
- * destination "": none written. */
+ * destination "": none written. head None: the Struct's bytes (for `dynamic_metadata.MergeFromString`); head bytes
+ * (a serialized ProcessingResponse): head, then the Struct as its `dynamic_metadata` field, a whole answer to parse
+ * (a second occurrence of a message field merges into the first; its `envoy.lb` entry replaces head's). */
 static PyObject *
-lb_metadata(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+lb_metadata(PyObject *self, PyObject *const *all, Py_ssize_t nall)
 {
     (void)self;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError,
-                        "lb_metadata takes namespace, destination key, destination, scores key, scores, receipt key, receipt");
+    if (nall != 8) {
+        PyErr_SetString(PyExc_TypeError, "lb_metadata takes head, namespace, destination key, destination, scores "
+                                         "key, scores, receipt key, receipt");
         return NULL;
     }
+    PyObject *head = all[0];
+    if (head != Py_None && !PyBytes_CheckExact(head))
+        return Py_NewRef(Py_NotImplemented);
+    PyObject *const *args = all + 1;
     const char *text[7];
     Py_ssize_t size[7];
     for (int i = 0; i < 7; i++) {
@@ -134,11 +143,17 @@ lb_metadata(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (lb_struct == 0) /* nothing written: the Python code leaves the namespace's Value empty, not an empty struct */
         return Py_NewRef(Py_NotImplemented);
     Py_ssize_t lb_value = delimited(lb_struct);
-    Py_ssize_t total = delimited(entry_body(size[0], lb_value));
+    Py_ssize_t body = delimited(entry_body(size[0], lb_value));
+    Py_ssize_t head_len = head == Py_None ? 0 : PyBytes_GET_SIZE(head);
+    Py_ssize_t total = head == Py_None ? body : head_len + delimited(body);
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
     if (out == NULL)
         return NULL;
     char *w = PyBytes_AS_STRING(out);
+    if (head != Py_None) {
+        memcpy(w, PyBytes_AS_STRING(head), head_len);
+        w = put_header(w + head_len, TAG_DYNAMIC_METADATA, body);
+    }
     /* Struct{fields: {namespace: Value{struct_value: Struct{...}}}} */
     w = put_header(w, TAG_FIELDS, entry_body(size[0], lb_value));
     w = put_header(w, TAG_FIELDS, size[0]);

@@ -49,28 +49,29 @@ float_tuple(const double *values, Py_ssize_t n)
     return out;
 }
 
-/* pick_terms(scored, total, primary, terms) -> (runner slot, chosen terms, runner terms, inert) | NotImplemented
+/* pick_terms(scored, total, primary, named, rows) -> (runner slot, chosen terms, runner terms, inert) | NotImplemented
  *
- * scored: the candidates scored (int64), total: their totals (float64); terms: the detailed run's list of
- * (scorer, values float64 or None, constant). */
+ * scored: the candidates scored (int64), total: their totals (float64); named: the detailed run's list of (scorer,
+ * has a term, constant); rows: its terms, one row of len(scored) float64 per scorer that has one (None: none). */
 static PyObject *
 pick_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "pick_terms takes scored, total, primary and terms");
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "pick_terms takes scored, total, primary, named and rows");
         return NULL;
     }
-    PyObject *terms = args[3];
-    if (!PyList_CheckExact(terms) || PyList_GET_SIZE(terms) > MAX_TERMS || !PyLong_CheckExact(args[2]))
+    PyObject *named = args[3];
+    if (!PyList_CheckExact(named) || PyList_GET_SIZE(named) > MAX_TERMS || !PyLong_CheckExact(args[2]))
         return Py_NewRef(Py_NotImplemented);
     long long primary = PyLong_AsLongLong(args[2]);
     if (primary == -1 && PyErr_Occurred()) {
         PyErr_Clear();
         return Py_NewRef(Py_NotImplemented);
     }
-    Py_ssize_t k = PyList_GET_SIZE(terms);
-    Py_buffer scored_view, total_view;
+    Py_ssize_t k = PyList_GET_SIZE(named);
+    Py_buffer scored_view, total_view, rows_view;
+    int has_rows = args[4] != Py_None;
     int got = buffer_of(args[0], &scored_view, "lq");
     if (got != 0)
         return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
@@ -79,14 +80,21 @@ pick_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyBuffer_Release(&scored_view);
         return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
     }
+    if (has_rows) {
+        got = buffer_of(args[4], &rows_view, "d");
+        if (got != 0) {
+            PyBuffer_Release(&scored_view);
+            PyBuffer_Release(&total_view);
+            return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+        }
+    }
     PyObject *result = NULL;
-    Py_buffer views[MAX_TERMS];
-    Py_ssize_t held = 0;
-    double constants[MAX_TERMS];
     const int64_t *slots = (const int64_t *)scored_view.buf;
     const double *total = (const double *)total_view.buf;
+    const double *rows = has_rows ? (const double *)rows_view.buf : NULL;
     Py_ssize_t n = scored_view.len / 8;
-    if (total_view.len != scored_view.len) {
+    Py_ssize_t row_count = has_rows ? rows_view.len / 8 / (n > 0 ? n : 1) : 0;
+    if (total_view.len != scored_view.len || (has_rows && rows_view.len != row_count * n * 8)) {
         result = Py_NewRef(Py_NotImplemented);
         goto done;
     }
@@ -121,36 +129,28 @@ pick_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             }
         }
     }
-    Py_ssize_t rows = chosen >= 0 ? k : 0;
+    Py_ssize_t count = chosen >= 0 ? k : 0;
     double chosen_terms[MAX_TERMS], runner_terms[MAX_TERMS];
-    PyObject *inert = PyTuple_New(runner >= 0 ? rows : 0);
+    PyObject *inert = PyTuple_New(runner >= 0 ? count : 0);
     if (inert == NULL)
         goto done;
-    for (Py_ssize_t t = 0; t < rows; t++) {
-        PyObject *term = PyList_GET_ITEM(terms, t);
-        if (!PyTuple_CheckExact(term) || PyTuple_GET_SIZE(term) != 3 || !PyFloat_CheckExact(PyTuple_GET_ITEM(term, 2))) {
+    Py_ssize_t row = 0;
+    for (Py_ssize_t t = 0; t < count; t++) {
+        PyObject *item = PyList_GET_ITEM(named, t);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 3 || !PyBool_Check(PyTuple_GET_ITEM(item, 1)) ||
+            !PyFloat_CheckExact(PyTuple_GET_ITEM(item, 2)) || (PyTuple_GET_ITEM(item, 1) == Py_True && row >= row_count)) {
             Py_DECREF(inert);
             result = Py_NewRef(Py_NotImplemented);
             goto done;
         }
-        double constant = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(term, 2));
-        constants[t] = constant;
-        PyObject *values = PyTuple_GET_ITEM(term, 1);
+        double constant = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(item, 2));
         int dead;
-        if (values == Py_None) {
+        if (PyTuple_GET_ITEM(item, 1) != Py_True) {
             chosen_terms[t] = runner_terms[t] = constant;
             dead = constant == 0.0;
         } else {
-            got = buffer_of(values, &views[held], "d");
-            if (got != 0 || views[held].len != scored_view.len) {
-                if (got == 0)
-                    PyBuffer_Release(&views[held]);
-                Py_DECREF(inert);
-                result = got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
-                goto done;
-            }
-            const double *v = (const double *)views[held].buf;
-            held++;
+            const double *v = rows + row * n;
+            row++;
             chosen_terms[t] = constant + v[chosen];
             if (runner >= 0)
                 runner_terms[t] = constant + v[runner];
@@ -166,8 +166,8 @@ pick_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (runner >= 0)
             PyTuple_SET_ITEM(inert, t, Py_NewRef(dead ? Py_True : Py_False));
     }
-    PyObject *chosen_out = float_tuple(chosen_terms, rows);
-    PyObject *runner_out = float_tuple(runner_terms, runner >= 0 ? rows : 0);
+    PyObject *chosen_out = float_tuple(chosen_terms, count);
+    PyObject *runner_out = float_tuple(runner_terms, runner >= 0 ? count : 0);
     if (chosen_out == NULL || runner_out == NULL) {
         Py_XDECREF(chosen_out);
         Py_XDECREF(runner_out);
@@ -176,9 +176,8 @@ pick_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     result = Py_BuildValue("(LNNN)", runner >= 0 ? (long long)slots[runner] : -1LL, chosen_out, runner_out, inert);
 done:
-    (void)constants;
-    for (Py_ssize_t t = 0; t < held; t++)
-        PyBuffer_Release(&views[t]);
+    if (has_rows)
+        PyBuffer_Release(&rows_view);
     PyBuffer_Release(&scored_view);
     PyBuffer_Release(&total_view);
     return result;

@@ -226,23 +226,10 @@ class ProfileScheduler:
             total = uniform if uniform is not None else self._uniform_scores(candidates.size, offset)
         if named is not None:
             state.scratch[SCORED] = (candidates, total)  # for `detail`: the scores
-            state.scratch[TERMS] = _terms(named, rows)
+            state.scratch[TERMS] = (named, rows)  # for the receipt: each scorer's row of `rows` in turn
         slots = pick(state, candidates, total)
         if slots:
             primary = int(slots[0])
             for observer in self._observers:
                 observer.picked(state, primary)
         return slots, state
-
-
-def _terms(named: list[tuple[str, bool, float]], rows: FloatArray | None) -> list[tuple[str, FloatArray | None, float]]:
-    """A detailed run's terms (`pick_detail.TERMS`): each scorer's row of `rows` in turn, None for one without."""
-    out: list[tuple[str, FloatArray | None, float]] = []
-    at = 0
-    for name, has_term, constant in named:
-        if has_term and rows is not None:
-            out.append((name, rows[at], constant))
-            at += 1
-        else:
-            out.append((name, None, constant))
-    return out

@@ -36,7 +36,9 @@ class Compiled(Protocol):
 
     ENABLED: int
 
-    def pick_terms(self, scored: IntArray, total: FloatArray, primary: int, terms: object) -> object: ...
+    def pick_terms(
+        self, scored: IntArray, total: FloatArray, primary: int, named: object, rows: FloatArray | None
+    ) -> object: ...
 
     def receipt_json(self, receipt: object) -> object: ...
 
@@ -143,13 +145,15 @@ class ReceiptReader:
         addresses = snapshot.addresses
         scratch = state.scratch
         scored, total = scratch.get(SCORED, _NOT_SCORED)
-        terms: list[tuple[str, FloatArray | None, float]] = scratch.get(TERMS) or []
+        named: list[tuple[str, bool, float]]
+        rows: FloatArray | None
+        named, rows = scratch.get(TERMS) or _NO_TERMS
         runner_slot = -1
         chosen_terms: tuple[float, ...] = ()
         runner_terms: tuple[float, ...] = ()
         inert: tuple[bool, ...] = ()
         if scored is not None and scored.size:
-            runner_slot, chosen_terms, runner_terms, inert = pick_terms(scored, total, primary, terms)
+            runner_slot, chosen_terms, runner_terms, inert = pick_terms(scored, total, primary, named, rows)
         scraped: float = snapshot.scraped_at.item(primary)
         now = state.now
         stale = missing = 0
@@ -183,7 +187,7 @@ class ReceiptReader:
             self._profiles,
             addresses[primary],
             addresses[runner_slot] if runner_slot >= 0 else "",
-            self.scorers if len(terms) == len(self.scorers) else tuple(t[0] for t in terms),
+            self.scorers if len(named) == len(self.scorers) else tuple(t[0] for t in named),
             chosen_terms,
             runner_terms,
             inert,
@@ -200,15 +204,17 @@ class ReceiptReader:
 
 
 _NOT_SCORED: tuple[None, None] = (None, None)
+_NO_TERMS: tuple[list[tuple[str, bool, float]], None] = ([], None)
 
 
 def pick_terms_python(
-    scored: IntArray, total: FloatArray, primary: int, terms: list[tuple[str, FloatArray | None, float]]
+    scored: IntArray, total: FloatArray, primary: int, named: list[tuple[str, bool, float]], rows: FloatArray | None
 ) -> tuple[int, tuple[float, ...], tuple[float, ...], tuple[bool, ...]]:
-    """The definition: of a detailed pick that scored `scored` (ascending slots, not empty) with `total`, and whose
-    primary slot is `primary`, (the runner-up's slot or -1, each term the chosen endpoint got, the runner-up's,
-    per term whether it was 0 for every candidate); all empty when `primary` was not scored, the last two without
-    a runner-up."""
+    """The definition: of a detailed pick that scored `scored` (ascending slots, not empty) with `total`, whose
+    scorers are `named` (name, has a per-candidate term, constant part) with those terms as the rows of `rows`,
+    and whose primary slot is `primary`: (the runner-up's slot or -1, each term the chosen endpoint got, the
+    runner-up's, per term whether it was 0 for every candidate); all empty when `primary` was not scored, the last
+    two without a runner-up."""
     listed: list[int] = scored.tolist()
     chosen_at = bisect_left(listed, primary)
     if chosen_at >= len(listed) or listed[chosen_at] != primary:
@@ -221,14 +227,17 @@ def pick_terms_python(
     chosen_terms: list[float] = []
     runner_terms: list[float] = []
     inert: list[bool] = []
-    for _, values, constant in terms:
-        if values is None:
+    at = 0
+    for _, has_term, constant in named:
+        if not has_term:
             chosen_terms.append(constant)
             if runner >= 0:
                 runner_terms.append(constant)
                 inert.append(constant == 0.0)
             continue
-        listed_terms: list[float] = values.tolist()
+        assert rows is not None
+        listed_terms: list[float] = rows[at].tolist()
+        at += 1
         chosen_terms.append(constant + listed_terms[chosen_at])
         if runner >= 0:
             runner_terms.append(constant + listed_terms[runner])
@@ -237,11 +246,11 @@ def pick_terms_python(
 
 
 def pick_terms(
-    scored: IntArray, total: FloatArray, primary: int, terms: list[tuple[str, FloatArray | None, float]]
+    scored: IntArray, total: FloatArray, primary: int, named: list[tuple[str, bool, float]], rows: FloatArray | None
 ) -> tuple[int, tuple[float, ...], tuple[float, ...], tuple[bool, ...]]:
     """`pick_terms_python`, compiled when it can be."""
     if _COMPILED is not None:
-        got = _COMPILED.pick_terms(scored, total, primary, terms)
+        got = _COMPILED.pick_terms(scored, total, primary, named, rows)
         if got.__class__ is tuple:
             return got
-    return pick_terms_python(scored, total, primary, terms)
+    return pick_terms_python(scored, total, primary, named, rows)

@@ -36,6 +36,7 @@ def test_the_compiled_metadata_is_the_python_definition(
     assert not (destination or pairs or receipt) or (
         compiled is not None
         and compiled.lb_metadata(
+            None,
             wire.LB_NAMESPACE,
             wire.DESTINATION_HEADER,
             destination,
@@ -63,6 +64,7 @@ def test_a_memoized_answer_with_scores_and_a_receipt_is_the_python_definitions(
     decision_metadata(expected, "", pairs, receipt)
     assert got == expected
     assert answers.decision(phase, headers, destination) == cached  # the memoized one is not written into
+    assert messages.with_metadata(cached.SerializeToString(), destination, pairs, receipt) in (expected, None)
     fresh = answers.decision(phase, headers, destination, cacheable=False, scores=pairs, receipt=receipt)
     assert fresh == expected
 
@@ -81,11 +83,11 @@ def test_a_nan_score_is_written_as_the_python_code_writes_it() -> None:
 @needs_native
 def test_scores_of_another_shape_run_the_python_code() -> None:
     assert compiled is not None
-    args = (wire.LB_NAMESPACE, wire.DESTINATION_HEADER, "a", wire.DESTINATION_SCORES_KEY)
+    args = (None, wire.LB_NAMESPACE, wire.DESTINATION_HEADER, "a", wire.DESTINATION_SCORES_KEY)
     assert compiled.lb_metadata(*args, (("a", 1),), wire.ROUTE_RECEIPT_KEY, None) is NotImplemented
     assert compiled.lb_metadata(*args, [("a", 1.0)], wire.ROUTE_RECEIPT_KEY, None) is NotImplemented
     got = messages.ProcessingResponse()
-    write_metadata(got, "a", (("a", 1),), None)  # type: ignore[arg-type]
+    write_metadata(got, "a", (("a", 1),), None)
     expected = messages.ProcessingResponse()
-    decision_metadata(expected, "a", (("a", 1),), None)  # type: ignore[arg-type]
+    decision_metadata(expected, "a", (("a", 1),), None)
     assert got == expected

@@ -23,24 +23,26 @@ number = st.one_of(st.sampled_from(_SPECIAL), st.floats(allow_nan=True, allow_in
 text = st.text(st.characters(blacklist_categories=["Cs"]), max_size=12)
 
 
+Terms = tuple[np.ndarray, np.ndarray, int, list[tuple[str, bool, float]], np.ndarray | None]
+
+
 @st.composite
-def detailed_picks(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, int, list[tuple[str, np.ndarray | None, float]]]:
+def detailed_picks(draw: st.DrawFn) -> Terms:
     size = draw(st.integers(1, 12))
     scored = np.array(sorted(draw(st.sets(st.integers(0, 40), min_size=size, max_size=size))), dtype=np.int64)
     # Totals are fmax(·, 0) of the weighted sum: never NaN, ties common.
-    total = np.array(
-        draw(
-            st.lists(st.sampled_from([0.0, 1.0, 2.5, 7.0, math.inf]) | st.floats(0, 10), min_size=size, max_size=size)
-        ),
-        dtype=np.float64,
-    )
+    totals = st.sampled_from([0.0, 1.0, 2.5, 7.0, math.inf]) | st.floats(0, 10)
+    total = np.array(draw(st.lists(totals, min_size=size, max_size=size)), dtype=np.float64)
     primary = draw(st.sampled_from([*scored.tolist(), 41, -1]))
-    terms: list[tuple[str, np.ndarray | None, float]] = []
+    named: list[tuple[str, bool, float]] = []
+    values: list[list[float]] = []
     for k in range(draw(st.integers(0, 6))):
-        values = draw(st.none() | st.lists(number, min_size=size, max_size=size))
-        constant = draw(st.sampled_from([0.0, -0.0, 1.0, 2.0]) | st.floats(-10, 10))
-        terms.append((f"s{k}", None if values is None else np.array(values, dtype=np.float64), constant))
-    return scored, total, primary, terms
+        has_term = draw(st.booleans())
+        if has_term:
+            values.append(draw(st.lists(number, min_size=size, max_size=size)))
+        named.append((f"s{k}", has_term, draw(st.sampled_from([0.0, -0.0, 1.0, 2.0]) | st.floats(-10, 10))))
+    rows = np.array(values, dtype=np.float64).reshape(len(values), size) if values else None
+    return scored, total, primary, named, rows
 
 
 def _same(a: object, b: object) -> bool:
@@ -51,14 +53,11 @@ def _same(a: object, b: object) -> bool:
 @needs_native
 @settings(max_examples=300, deadline=None)
 @given(detailed_picks())
-def test_the_compiled_terms_are_the_python_definition(
-    case: tuple[np.ndarray, np.ndarray, int, list[tuple[str, np.ndarray | None, float]]],
-) -> None:
-    scored, total, primary, terms = case
+def test_the_compiled_terms_are_the_python_definition(case: Terms) -> None:
     assert compiled is not None
-    got = compiled.pick_terms(scored, total, primary, terms)
+    got = compiled.pick_terms(*case)
     assert got.__class__ is tuple
-    assert _same(got, pick_terms_python(scored, total, primary, terms))
+    assert _same(got, pick_terms_python(*case))
 
 
 @needs_native
@@ -66,12 +65,16 @@ def test_terms_of_another_shape_run_the_python_code() -> None:
     assert compiled is not None
     scored = np.arange(4, dtype=np.int64)
     total = np.linspace(0, 1, 4)
-    assert compiled.pick_terms(scored.astype(np.int32), total, 1, []) is NotImplemented
-    assert compiled.pick_terms(scored, total.astype(np.float32), 1, []) is NotImplemented
-    assert compiled.pick_terms(scored, total, 1, [("s", np.linspace(0, 1, 8)[::2], 0.0)]) is NotImplemented
-    assert receipt.pick_terms(scored, total, 1, [("s", np.linspace(0, 1, 8)[::2], 0.0)]) == pick_terms_python(
-        scored, total, 1, [("s", np.linspace(0, 1, 8)[::2], 0.0)]
+    named = [("s", True, 0.0)]
+    rows = np.linspace(0, 1, 4).reshape(1, 4)
+    assert compiled.pick_terms(scored.astype(np.int32), total, 1, named, rows) is NotImplemented
+    assert compiled.pick_terms(scored, total.astype(np.float32), 1, named, rows) is NotImplemented
+    strided = np.linspace(0, 1, 8).reshape(2, 4)[:, ::2]
+    assert compiled.pick_terms(scored[:2], total[:2], 1, named, strided) is NotImplemented
+    assert receipt.pick_terms(scored[:2], total[:2], 1, named, strided) == pick_terms_python(
+        scored[:2], total[:2], 1, named, strided
     )
+    assert compiled.pick_terms(scored, total, 1, [*named, ("t", True, 1.0)], rows) is NotImplemented  # one row short
 
 
 @st.composite
