@@ -130,7 +130,7 @@ pick_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     Py_ssize_t count = chosen >= 0 ? k : 0;
-    double chosen_terms[MAX_TERMS], runner_terms[MAX_TERMS];
+    double chosen_terms[MAX_TERMS] = {0}, runner_terms[MAX_TERMS] = {0};
     PyObject *inert = PyTuple_New(runner >= 0 ? count : 0);
     if (inert == NULL)
         goto done;
@@ -265,12 +265,73 @@ put_str(Out *o, PyObject *s)
     return 0;
 }
 
+static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8};
+
+/* The shortest decimal of x when it has at most 8 digits after the point (2.0, 1.125, 0.05: most terms and ages),
+ * without dtoa (~3k instructions a number): the least k for which y = round(x × 10^k) gives back x as y / 10^k.
+ * That decimal reads back as x (y and 10^k are exact, the division rounds as strtod does), no shorter one does
+ * (a k − 1 one would have been found), and it is the only one of k digits that does, so dtoa's. Positional for
+ * 1e-4 ≤ |x| < 1e15 only, where repr and orjson are too; zeros too. 1: written, 0: not taken, -1: error. */
+static int
+put_short(Out *o, double x)
+{
+    double a = fabs(x);
+    if (a == 0.0)
+        return (signbit(x) ? PUT(o, "-0.0") : PUT(o, "0.0")) < 0 ? -1 : 1;
+    if (!(a >= 1e-4 && a < 1e15))
+        return 0;
+    for (int k = 0; k <= 8; k++) {
+        double p = a * POW10[k];
+        /* Below 2^50 the product is within 1/16 of x × 10^k and x's rounding interval is under 0.5 wide there:
+         * one k-digit decimal at most reads back as x */
+        if (p >= 1125899906842624.0)
+            return 0;
+        double y = nearbyint(p);
+        if (fabs(p - y) > 0.4) /* near the middle: dtoa decides */
+            return 0;
+        if (y / POW10[k] != a)
+            continue;
+        char digits[24];
+        int nd = snprintf(digits, sizeof digits, "%lld", (long long)y);
+        if (reserve(o, nd + k + 4) < 0)
+            return -1;
+        char *w = o->buf + o->len;
+        if (x < 0)
+            *w++ = '-';
+        if (k == 0) {
+            memcpy(w, digits, nd);
+            w += nd;
+            *w++ = '.';
+            *w++ = '0';
+        } else if (nd > k) {
+            memcpy(w, digits, nd - k);
+            w += nd - k;
+            *w++ = '.';
+            memcpy(w, digits + nd - k, k);
+            w += k;
+        } else {
+            *w++ = '0';
+            *w++ = '.';
+            for (int z = 0; z < k - nd; z++)
+                *w++ = '0';
+            memcpy(w, digits, nd);
+            w += nd;
+        }
+        o->len = w - o->buf;
+        return 1;
+    }
+    return 0;
+}
+
 /* A double as orjson writes it: from repr's shortest digits, exponents without padding, 1e-5's decade positional. */
 static int
 put_double(Out *o, double x)
 {
     if (!isfinite(x))
         return PUT(o, "null");
+    int shortened = put_short(o, x);
+    if (shortened != 0)
+        return shortened < 0 ? -1 : 0;
     char *r = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
     if (r == NULL)
         return -1;
