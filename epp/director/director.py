@@ -351,6 +351,7 @@ class Director:
             now,
             now - scraped if scraped == scraped else float("inf"),
             snapshot.inflight_tokens.item(slot),
+            snapshot.num_blocks.item(slot) * snapshot.block_size.item(slot),
         )
 
     def _fallback(self, snapshot: Snapshot, candidates: IntArray, now: float) -> int:
