@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol, cast
 
 import numpy as np
@@ -50,11 +50,9 @@ Extremes = tuple[float, float, bool]
 _NONE_KNOWN: Extremes = (math.nan, math.nan, False)
 
 
-class _SmallExtremes(Protocol):
-    """The compiled `small_extremes` (epp/scheduling/_native.c): an `Extremes` tuple, or NotImplemented where the
-    Python code must answer (no value, a NaN in the sum, another dtype)."""
-
-    def __call__(self, values: FloatArray | IntArray, /) -> object: ...
+# The compiled `small_extremes` (epp/scheduling/_native.c): an `Extremes` tuple, or NotImplemented where the Python
+# code must answer (no value, a NaN in the sum, another dtype).
+_SmallExtremes = Callable[[FloatArray | IntArray], object]
 
 
 def _compiled_extremes() -> _SmallExtremes | None:
