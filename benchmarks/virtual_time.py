@@ -71,6 +71,8 @@ def simulate(
         if kind == _STEP:
             engine = engines[arg]
             outcome = engine.end_step(now)
+            for i in outcome.first_tokens:  # the stream's first response byte
+                policy.first_token(arg, i)
             for fin in outcome.finished:
                 i = fin.request_id
                 ttft[i] = fin.first_token_at - fin.arrived
