@@ -64,6 +64,9 @@ class Policy:
     def done(self, server: int, index: int, fin: Finished | None = None) -> None:
         """`fin`: what the engine measured (the observation feed's timing)."""
 
+    def first_token(self, server: int, index: int) -> None:
+        """Request `index`'s first token came out on `server` (the stream's first response byte)."""
+
     def scrape(self, engines: Sequence[Engine], now: float) -> None:
         pass
 
@@ -162,6 +165,9 @@ class Picker(Policy):
         self._decisions[index] = decision
         return self._server_of[decision.slot]
 
+    def first_token(self, server: int, index: int) -> None:
+        self.director.first_byte(self._decisions[index])  # type: ignore[arg-type]
+
     def done(self, server: int, index: int, fin: Finished | None = None) -> None:
         self.director.complete(self._decisions.pop(index), timing_of(fin))  # type: ignore[arg-type]
 
@@ -236,6 +242,10 @@ class Split(Policy):
         self._owner[index] = (director, decision)
         return self.replicas[r].server_of(decision.slot)
 
+    def first_token(self, server: int, index: int) -> None:
+        director, decision = self._owner[index]
+        director.first_byte(decision)  # type: ignore[arg-type]
+
     def done(self, server: int, index: int, fin: Finished | None = None) -> None:
         director, decision = self._owner.pop(index)
         director.complete(decision, timing_of(fin))  # type: ignore[arg-type]
@@ -289,7 +299,10 @@ def precise_config() -> EndpointPickerConfig:
     in-flight producer: prompt tokens this picker has in flight on the endpoint plus this request's tokens the
     precise match does not find there, i.e. the prefill work a pick adds. With the index's match exact, affinity
     pays more often than the approximate producer's guess (weight 5); the token load ranks endpoints whose load
-    scores tie by the prefill they hold. One profile for every workload (issue 27; benchmarks/RESULTS.md)."""
+    scores tie by the prefill they hold. And our `prefill-queue-scorer` (weight 4): the prefill still queued there
+    (this picker's uncached tokens booked at each pick, released at its first token) plus this request's own
+    uncached tokens, in one unit, as the oracle predicts TTFT. One profile for every workload (issue 27;
+    benchmarks/RESULTS.md)."""
     doc = {
         "apiVersion": "llm-d.ai/v1alpha1",
         "kind": "EndpointPickerConfig",
@@ -309,6 +322,10 @@ def precise_config() -> EndpointPickerConfig:
                 "type": "token-load-scorer",
                 "parameters": {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"},
             },
+            {
+                "type": "prefill-queue-scorer",
+                "parameters": {"prefixMatchInfoProducerName": "precise-prefix-cache-producer"},
+            },
             {"type": "max-score-picker"},
         ],
         "schedulingProfiles": [
@@ -321,6 +338,7 @@ def precise_config() -> EndpointPickerConfig:
                     {"pluginRef": "prefix-cache-scorer", "weight": 5},
                     {"pluginRef": "inflight-load-scorer", "weight": 2},
                     {"pluginRef": "token-load-scorer", "weight": 4},
+                    {"pluginRef": "prefill-queue-scorer", "weight": 4},
                     {"pluginRef": "max-score-picker"},
                 ],
             }

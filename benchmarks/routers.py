@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -32,18 +33,24 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.extproc_overhead import MODES, STREAMS, _backend_listener, _cpu_seconds, _load_1m
+from benchmarks.extproc_overhead import MODES, _backend_listener, _cpu_seconds, _load_1m
 from epp.cli.flag_types import positive_duration
+from epp.gateway.options import GatewayOptions
 from epp.gateway.testbed import bootstrap, ext_proc_filter, listener, pool_cluster, static_cluster
 from tests.scrape.vllm_page import vllm_page
 from tests.support.envoy import run_envoy
 from tests.support.procs import free_port, http_ok, port_open, running, serve_argv, wait_until
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+# Streams per ext_proc connection as `epp envoy-config` renders them (--epp-streams-per-connection's default).
+ENVOY_CONFIG_STREAMS = next(
+    f.default for f in dataclasses.fields(GatewayOptions) if f.name == "epp_streams_per_connection"
+)
 BACKENDS = 2
 # A 752-byte OpenAI chat body (as in the issue's measurement): one user message.
 BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 680}], "max_tokens": 16})
@@ -137,6 +144,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         sys.exit("needs `wrk` (apt-get install wrk)")
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
+    streams = args.streams_per_connection
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="epp-routers-") as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
@@ -177,9 +185,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             [
                 static_cluster("backend", backends[0]),
                 pool_cluster(),
-                static_cluster("noop", noop_port, http2=True, tls=True, streams_per_connection=STREAMS),
+                static_cluster("noop", noop_port, http2=True, tls=True, streams_per_connection=streams),
                 *(
-                    static_cluster(f"epp-w{w}", pickers[w][0], http2=True, tls=True, streams_per_connection=STREAMS)
+                    static_cluster(f"epp-w{w}", pickers[w][0], http2=True, tls=True, streams_per_connection=streams)
                     for w in workers
                 ),
             ],
@@ -188,8 +196,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         admin = stack.enter_context(run_envoy(tmp, config, "front", args.envoy_concurrency))
         envoy_pid = _pid_listening(admin)
         targets["envoy+noop"] = (envoy_ports["envoy+noop"], [noop.pid], True)
+        clusters = {"envoy+noop": "noop"}
         for w in workers:
             targets[f"envoy+epp-w{w}"] = (envoy_ports[f"envoy+epp-w{w}"], [pickers[w][2].pid], True)
+            clusters[f"envoy+epp-w{w}"] = f"epp-w{w}"
         if args.smg:
             port = free_port()
             argv = [args.smg, "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware",
@@ -214,8 +224,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     pids = [p for r in roots for p in descendants(r)]
                     cpu_before = _cpu_seconds(pids)
                     envoy_before = _cpu_seconds([envoy_pid]) if behind_envoy else 0.0
+                    tls_before = _tls_counts(admin, clusters.get(name))
                     loads.append(_load_1m())
                     result = wrk(f"http://127.0.0.1:{port}/v1/chat/completions", args.seconds, c, script)
+                    tls_after = _tls_counts(admin, clusters.get(name))
+                    result["handshakes"] = tls_after[0] - tls_before[0]
+                    result["resumed"] = tls_after[1] - tls_before[1]
                     n = max(1.0, result["requests"])
                     result["router_us"] = 1e6 * (_cpu_seconds(pids) - cpu_before) / n
                     result["envoy_us"] = (
@@ -229,6 +243,17 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             results.append(row)
             print(json.dumps(row), flush=True)
     return results
+
+
+def _tls_counts(admin_port: int, cluster: str | None) -> tuple[float, float]:
+    """Envoy's TLS handshakes to an ext_proc cluster so far, and how many of them resumed a session."""
+    if cluster is None:
+        return float("nan"), float("nan")
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats?filter=^cluster\\.{cluster}\\.ssl\\.") as r:
+        stats = dict(line.split(": ", 1) for line in r.read().decode().splitlines() if ": " in line)
+    return float(stats.get(f"cluster.{cluster}.ssl.handshake", 0)), float(
+        stats.get(f"cluster.{cluster}.ssl.session_reused", 0)
+    )
 
 
 def _pid_listening(admin_port: int) -> int:
@@ -250,17 +275,19 @@ def _pid_listening(admin_port: int) -> int:
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
-        "| c | router | req/s (rounds) | p50 / p99 ms | router CPU µs/request | Envoy's µs/request | non-2xx+errors |",
-        "|---|---|---|---|---|---|---|",
+        "| c | router | req/s (rounds) | p50 / p99 ms | router CPU µs/request | Envoy's µs/request | non-2xx+errors "
+        "| TLS handshakes (resumed) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in results:
         for name, r in row.items():
             if not isinstance(r, dict):
                 continue
             envoy = "—" if r["envoy_us"] != r["envoy_us"] else f"{r['envoy_us']:,.0f}"
+            tls = "—" if r["handshakes"] != r["handshakes"] else f"{r['handshakes']:.0f} ({r['resumed']:.0f})"
             lines.append(
                 f"| {row['concurrency']} | {name} | {r['rps']:,.0f} ({' '.join(map(str, r['rps_all']))}) | "
-                f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f} | {r['router_us']:,.0f} | {envoy} | {r['bad']:.0f} |"
+                f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f} | {r['router_us']:,.0f} | {envoy} | {r['bad']:.0f} | {tls} |"
             )
     for row in results:
         lines.append(
@@ -278,6 +305,12 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="epp serve --workers counts, e.g. 1,2")
     parser.add_argument("--epp-args", default="", help="extra `epp serve` flags")
     parser.add_argument("--envoy-concurrency", type=int, default=2, help="the front Envoy's worker threads")
+    parser.add_argument(
+        "--streams-per-connection",
+        type=int,
+        default=ENVOY_CONFIG_STREAMS,
+        help="ext_proc streams per Envoy connection before a new one (default: what `epp envoy-config` renders)",
+    )
     parser.add_argument("--smg", help="the `smg` binary (its own venv)")
     parser.add_argument("--vllm-router", help="the `vllm-router` binary (its own venv)")
     parser.add_argument("--json", help="write the results here")

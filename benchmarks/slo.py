@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -26,15 +26,24 @@ from benchmarks.policies import MODEL, Oracle, Picker
 from benchmarks.virtual_time import capacity, simulate
 from benchmarks.workloads import Item, load, prompt_text, scaled_arrivals
 from epp.config.decode import parse_config
+from epp.datastore.objectives import ObjectiveStore
+from epp.director import Director
+from epp.errors import EppError, ErrorCode
 from epp.requests import ApiKind, InferenceRequest
-from epp.scheduling import build_scheduler
+from epp.scheduling import Scheduler, build_scheduler
 from epp.sim.engine import Engine, SimRequest
 from epp.sim.profiles import EngineProfile, profile_named
 
 TIERS = ((0.3, 2.0), (0.4, 5.0), (0.3, 20.0))  # --objectives relative: (share, multiple of the unloaded TTFT)
 
 
-def slo_config(latency_weight: float = 2.0, strategy: str = "least", buffer: float = 1.0) -> dict[str, object]:
+def slo_config(
+    latency_weight: float = 2.0,
+    strategy: str = "least",
+    buffer: float = 1.0,
+    speed_tiers: bool = False,
+    admitter: bool = False,
+) -> dict[str, object]:
     """Our built-in profile with upstream's SLO plugins added (as upstream's predicted-latency sample adds them):
     the prefix match from an approximate producer that both the prefix scorer and the latency producer read (its
     uncached tokens), the headroom tier filter before the scorers, and the latency scorer beside the load and
@@ -50,9 +59,10 @@ def slo_config(latency_weight: float = 2.0, strategy: str = "least", buffer: flo
     plugins: list[dict[str, object]] = [
         {"type": "approx-prefix-cache-producer", "parameters": {"blockSize": 64}},
         {"type": "predicted-latency-producer", "parameters": {"streamingMode": True, "sloBufferFactor": buffer}},
-        {"type": "slo-headroom-tier-filter"},
+        {"type": "slo-headroom-tier-filter", "parameters": {"speedTiers": speed_tiers}},
         *({"type": t, "parameters": p} for t, _, p in scorers),
         {"type": "max-score-picker"},
+        *([{"type": "latency-slo-admitter"}] if admitter else []),
     ]
     refs: list[dict[str, object]] = [
         {"pluginRef": "approx-prefix-cache-producer"},
@@ -69,12 +79,23 @@ def slo_config(latency_weight: float = 2.0, strategy: str = "least", buffer: flo
     }
 
 
-class SloPicker(Picker):
-    """The picker with each request's TTFT objective on it (the header the parser reads)."""
+SHEDDABLE = "sheddable"  # the objective (priority -1) a sheddable request names
 
-    def __init__(self, name: str, n: int, scheduler: object, clock: object, slos: np.ndarray) -> None:
-        super().__init__(name, n, scheduler, clock)  # type: ignore[arg-type]
+
+class SloPicker(Picker):
+    """The picker with each request's TTFT objective on it (the header the parser reads) and, for the sheddable
+    ones, an objective of priority -1 (`x-llm-d-inference-objective`): the director sheds those as `epp serve`
+    does (the config's admitters, then the saturation detector); a shed request's pick is -1."""
+
+    def __init__(
+        self, name: str, n: int, scheduler: Scheduler, clock: Callable[[], float], slos: np.ndarray, shed: np.ndarray
+    ) -> None:
+        super().__init__(name, n, scheduler, clock)
+        store = ObjectiveStore()
+        store.put_objective(SHEDDABLE, -1)
+        self.director = Director(self.table, scheduler, clock, objectives=store, saturation=scheduler.saturation)
         self.slos = slos
+        self.sheddable = shed
 
     def pick(self, index: int, item: Item, req: SimRequest, now: float) -> int:
         request = InferenceRequest(
@@ -83,8 +104,14 @@ class SloPicker(Picker):
             model=MODEL,
             prompt=prompt_text(index, item),
             slo_ttft_ms=float(self.slos[index]) * 1e3,
+            objective=SHEDDABLE if self.sheddable[index] else None,
         )
-        decision = self.director.decide(request)
+        try:
+            decision = self.director.decide(request)
+        except EppError as exc:
+            if exc.code is not ErrorCode.RESOURCE_EXHAUSTED:
+                raise
+            return -1
         self._decisions[index] = decision
         return self.server_of(decision.slot)
 
@@ -141,26 +168,32 @@ def run(args: argparse.Namespace) -> list[str]:
         else [f"{part.split(':')[1]} s" for part in args.objectives.split(",")]
     )
     n = len(pool)
+    shed = np.random.default_rng(args.seed + 11).random(len(items)) < args.sheddable
+
+    def slo(speed_tiers: bool = False, admitter: bool = False) -> Scheduler:
+        doc = slo_config(args.latency_weight, args.strategy, speed_tiers=speed_tiers, admitter=admitter)
+        return build_scheduler(parse_config(doc, "<slo>"), seed=args.seed)
 
     def factories() -> dict[str, object]:
-        return {
-            "default": lambda e, c: Picker("epp", n, build_scheduler(None, seed=args.seed), c),
-            "slo": lambda e, c: SloPicker(
-                "slo",
-                n,
-                build_scheduler(parse_config(slo_config(args.latency_weight, args.strategy), "<slo>"), seed=args.seed),
-                c,
-                slos,
-            ),
-            "oracle": lambda e, c: Oracle(e, args.seed),
-            "slo-oracle": lambda e, c: SloOracle(e, args.seed, slos),
+        chosen: dict[str, object] = {
+            "default": lambda e, c: SloPicker("epp", n, build_scheduler(None, seed=args.seed), c, slos, shed),
+            "slo": lambda e, c: SloPicker("slo", n, slo(), c, slos, shed),
+            "slo-tiers": lambda e, c: SloPicker("slo-tiers", n, slo(speed_tiers=True), c, slos, shed),
         }
+        if args.sheddable > 0:  # the admitter refuses sheddable requests only
+            chosen["slo-tiers-admit"] = lambda e, c: SloPicker(
+                "slo-tiers-admit", n, slo(speed_tiers=True, admitter=True), c, slos, shed
+            )
+        chosen["oracle"] = lambda e, c: Oracle(e, args.seed)
+        chosen["slo-oracle"] = lambda e, c: SloOracle(e, args.seed, slos)
+        return chosen
 
     lines = [
         f"workload {args.workload}, {len(items)} requests, {n} endpoints ({args.profiles} cycled), pool capacity "
         f"{pool_capacity:.1f} req/s, objectives {args.objectives}"
         + (" (multiples of the request's own unloaded TTFT)" if args.objectives == "relative" else " (share:seconds)")
-        + f" on {profiles[0].name}; latency-scorer weight {args.latency_weight:g}, {args.strategy}",
+        + f" on {profiles[0].name}; latency-scorer weight {args.latency_weight:g}, {args.strategy}; "
+        f"sheddable {args.sheddable:g} ({int(shed.sum())} requests, priority -1)",
         "",
         f"| load | policy | SLO attainment | by class ({' / '.join(names)}) | shed | TTFT p50 ms | TTFT p90 ms | "
         "vs default | vs oracle |",
@@ -169,17 +202,17 @@ def run(args: argparse.Namespace) -> list[str]:
     skip = int(len(items) * args.warmup)
     for ld in [float(x) for x in args.load.split(",")]:
         arrivals = scaled_arrivals(items, ld * pool_capacity)
-        got: dict[str, tuple[float, np.ndarray, str]] = {}
+        got: dict[str, tuple[float, np.ndarray, str, int]] = {}
         for name, factory in factories().items():
             result = simulate(items, arrivals, pool, factory, scrape_interval=args.scrape_interval)
             ttft = result.ttft[skip:]
             hit = ttft <= slos[skip:]
             kind = classes[skip:]
             by_class = " / ".join(f"{float(np.mean(hit[kind == k])):.3f}" for k in range(len(names)))
-            got[name] = (float(np.mean(hit)), ttft, by_class)
-        for name, (met, ttft, by_class) in got.items():
+            got[name] = (float(np.mean(hit)), ttft, by_class, int(np.count_nonzero(result.server[skip:] < 0)))
+        for name, (met, ttft, by_class, refused) in got.items():
             lines.append(
-                f"| {ld:.2f} | {name} | {met:.3f} | {by_class} | 0 | {np.nanpercentile(ttft, 50) * 1e3:.0f} | "
+                f"| {ld:.2f} | {name} | {met:.3f} | {by_class} | {refused} | {np.nanpercentile(ttft, 50) * 1e3:.0f} | "
                 f"{np.nanpercentile(ttft, 90) * 1e3:.0f} | {met / got['default'][0]:.2f}x | "
                 f"{met / got['oracle'][0]:.2f}x |"
             )
@@ -199,6 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--latency-weight", type=float, default=2.0)
     p.add_argument("--strategy", default="least", choices=("least", "most"))
     p.add_argument("--objectives", default="0.5:0.15,0.5:10", help="share:seconds classes, or relative")
+    p.add_argument(
+        "--sheddable", type=float, default=0.0, help="share of requests marked sheddable (priority -1), drawn at random"
+    )
     args = p.parse_args(argv)
     print("\n".join(run(args)))
     return 0

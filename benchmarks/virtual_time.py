@@ -26,7 +26,7 @@ _STEP, _ARRIVAL, _SCRAPE = 0, 1, 2
 class RunResult:
     ttft: np.ndarray  # per request, by arrival order
     e2e: np.ndarray
-    server: np.ndarray
+    server: np.ndarray  # -1: the request was refused (shed)
     output_tokens: np.ndarray
     makespan: float  # first arrival to last completion
     hit_tokens: int
@@ -41,7 +41,8 @@ def simulate(
     scrape_interval: float = 0.05,
     unique_prefix: bool = False,
 ) -> RunResult:
-    """Run every item through the pool under one policy. `policy_factory(engines, clock) -> Policy`."""
+    """Run every item through the pool under one policy. `policy_factory(engines, clock) -> Policy`; a pick of
+    -1 refuses the request (it is shed: no server, no TTFT)."""
     engines = [Engine(p) for p in profiles]
     now = 0.0
 
@@ -70,6 +71,8 @@ def simulate(
         if kind == _STEP:
             engine = engines[arg]
             outcome = engine.end_step(now)
+            for i in outcome.first_tokens:  # the stream's first response byte
+                policy.first_token(arg, i)
             for fin in outcome.finished:
                 i = fin.request_id
                 ttft[i] = fin.first_token_at - fin.arrived
@@ -88,6 +91,9 @@ def simulate(
             req = sim_request(arg, item, unique_prefix, with_tokens=events)
             s = policy.pick(arg, item, req, now)
             server_of[arg] = s
+            if s < 0:  # refused (a sheddable request shed): never served, its TTFT stays NaN
+                remaining -= 1
+                continue
             engine = engines[s]
             engine.submit(req, now)
             if not engine.stepping:

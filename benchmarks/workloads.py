@@ -24,7 +24,7 @@ UNIT_TOKENS = 512  # Mooncake's hash-id block; also the unit of the synthetic gr
 CHARS_PER_TOKEN = 4
 MAX_CONTEXT = 131_072  # Llama-3.1's context window: longer trace requests are clipped to it
 TRACES = Path(__file__).resolve().parent / "data" / "traces"  # sources and licences: data/SOURCES.md
-WORKLOADS = ("shared-prefix", "azure-conv", "azure-code", "mooncake", "mooncake-arxiv")
+WORKLOADS = ("shared-prefix", "azure-conv", "azure-code", "mooncake", "mooncake-arxiv", "mooncake-conversation")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +120,7 @@ def load(name: str, n: int, trace: Path | None = None, seed: int = 0) -> list[It
         "azure-code": "AzureLLMInferenceTrace_code.csv",
         "mooncake": "mooncake-synthetic_trace.jsonl",
         "mooncake-arxiv": "mooncake-arxiv_trace.jsonl",  # a 1,000-request slice: at most 1,000 items
+        "mooncake-conversation": "mooncake-conversation_trace.jsonl",  # its first 268 requests: at most 268 items
     }
     if name not in files:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")

@@ -51,6 +51,7 @@ from epp.app.runtime import settle_garbage_collector
 from epp.app.scrape_metrics import ScrapeCollector
 from epp.app.settings import ServeSettings
 from epp.app.state import PickerState, follow_readiness, start_kubernetes
+from epp.app.ticket_keys import new_ticket_keys
 from epp.app.tls import self_signed_pair
 from epp.app.workers import WorkerCollector, WorkerPool, merge_expositions
 from epp.config.model import EndpointPickerConfig
@@ -381,10 +382,11 @@ def _worker_pool(settings: ServeSettings, parts: _DecisionParts, state: PickerSt
     connection reaches; the sites the federation watch keeps and the KV-events feeder's table, passed to every
     worker."""
     tls = settings.tls
-    if tls.enabled and not tls.cert_dir:
-        settings = replace(
-            settings, tls=replace(tls, self_signed=self_signed_pair(hostnames(settings.listen.bind_address)))
-        )
+    if tls.enabled:  # one set of session-ticket keys: a reconnect resumes on whichever worker it reaches
+        tls = replace(tls, ticket_keys=new_ticket_keys())
+        if not tls.cert_dir:
+            tls = replace(tls, self_signed=self_signed_pair(hostnames(settings.listen.bind_address)))
+        settings = replace(settings, tls=tls)
     federation = parts.federation
     return WorkerPool(
         parts.workers,

@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
+from epp.app.ticket_keys import share_ticket_keys
 from epp.errors import ConfigError
 
 if TYPE_CHECKING:  # imported where used: `tls_policy` must run before gRPC's first import (see there)
@@ -81,6 +82,9 @@ class TlsSettings:
     # Without --cert-path: the self-signed (key, certificate) pair, made once by the control process and served by
     # every serving worker, so that a client pinning the certificate it saw first can connect to any of them.
     self_signed: tuple[bytes, bytes] | None = field(default=None, repr=False)  # a private key: never in a log
+    # With serving workers: the session-ticket keys every worker's context shares (made once by the control
+    # process, `epp.app.ticket_keys`), so a reconnect that lands on another worker still resumes its session.
+    ticket_keys: bytes | None = field(default=None, repr=False)  # a secret too
 
 
 def parse_cipher_suites(text: str) -> tuple[str, ...]:
@@ -308,6 +312,12 @@ def _context(settings: TlsSettings, key_pem: bytes, cert_pem: bytes) -> ssl.SSLC
         key_file.write_bytes(key_pem)
         cert_file.write_bytes(cert_pem)
         context.load_cert_chain(cert_file, key_file)
+    if settings.ticket_keys is not None and not share_ticket_keys(context, settings.ticket_keys):
+        log.info(
+            "TLS session tickets: this Python's ssl cannot take shared keys (%s); each serving worker keeps its own, "
+            "so a reconnect that reaches another worker makes a full handshake",
+            ssl.OPENSSL_VERSION,
+        )
     return context
 
 

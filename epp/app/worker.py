@@ -71,7 +71,7 @@ from epp.scheduling.latency_model import LearnedSums
 from epp.scheduling.precise import PrecisePrefixCacheProducer
 from epp.scheduling.slo import PredictedLatencyProducer
 from epp.supervision.child_end import ChildEnd
-from epp.supervision.loop import run_loop
+from epp.supervision.loop import run_loop, wait_set
 from epp.supervision.memory import map_array
 from epp.supervision.messages import Stop
 from epp.supervision.pipe import recv_fd, watch_pipe
@@ -369,15 +369,9 @@ async def _worker(
     next_metrics = 0.0
     try:
         while not stop.is_set():
-            # Every REFRESH_S while a stream is open; idle, every IDLE_S (a new stream refreshes first, above). A
-            # timer sets the event rather than wait_for: no task made per turn, and on Python 3.11 wait_for can
-            # swallow a cancel that lands as the event is set.
+            # Every REFRESH_S while a stream is open; idle, every IDLE_S (a new stream refreshes first, above).
             sleeping[0] = not observer.open
-            timer = loop.call_later(IDLE_S if sleeping[0] else REFRESH_S, wake.set)
-            try:
-                await wake.wait()
-            finally:
-                timer.cancel()
+            await wait_set(wake, IDLE_S if sleeping[0] else REFRESH_S)
             wake.clear()
             if loop.time() - refreshed_at[0] >= REFRESH_S / 2:  # not just refreshed by a stream's start
                 refresh()

@@ -64,6 +64,7 @@ from epp.datastore.table import EndpointTable
 from epp.observability.request_series import MetricsState
 from epp.observability.worker_series import SeriesFold
 from epp.supervision.child import Child
+from epp.supervision.loop import wait_set
 from epp.supervision.memory import map_array, new_memfd
 
 log = logging.getLogger(__name__)
@@ -279,15 +280,8 @@ class WorkerPool:
         (the failure mode, objectives and bookings, which change rarely; flow control reads the bookings itself
         when it needs them): an idle picker's control process wakes for what changed, not 200 times a second."""
         scraped = self._scraped
-        loop = asyncio.get_running_loop()
         while True:
-            # A timer sets the event rather than wait_for: on Python 3.11 wait_for can swallow a cancel that lands
-            # as the event is set, and stop() would wait for this task for ever.
-            timer = loop.call_later(CHECK_S, scraped.set)
-            try:
-                await scraped.wait()
-            finally:
-                timer.cancel()
+            await wait_set(scraped, CHECK_S)  # not wait_for: stop() must end this task whenever it lands
             scraped.clear()
             try:
                 self._publish()
@@ -425,11 +419,7 @@ class WorkerPool:
         deadline = loop.time() + timeout_s
         while any(w.rendered <= before for w, before in asked) and loop.time() < deadline:
             self._rendered.clear()
-            timer = loop.call_later(deadline - loop.time(), self._rendered.set)
-            try:
-                await self._rendered.wait()
-            finally:
-                timer.cancel()
+            await wait_set(self._rendered, deadline - loop.time())
 
 
 class WorkerCollector:

@@ -15,6 +15,7 @@ from epp.sim.config import DEFAULT_MODEL, ROLE_LABEL
 from epp.sim.metrics import ENGINES
 from epp.sim.pool import SimulatedPool
 from epp.sim.profiles import PROFILES, profile_named
+from epp.supervision.loop import wait_set
 
 
 def register(sub: Any) -> None:
@@ -99,8 +100,7 @@ async def _serve(pool: SimulatedPool, duration: float) -> int:
             print(line)
         sys.stdout.flush()
         if duration > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), duration)
+            await wait_set(stop, duration)
         else:
             await stop.wait()
     finally:

@@ -10,6 +10,7 @@ clock (virtual time in the benchmarks), durations the stream's, so no learner re
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -26,6 +27,7 @@ class PickFeatures(NamedTuple):
     picked_at: float  # the director's clock
     scrape_age_s: float  # picked_at − the endpoint's last scrape (inf: never scraped)
     inflight_tokens: int = 0  # prompt tokens of our requests in flight there before this one was booked
+    capacity_tokens: float = math.nan  # its KV capacity (scraped blocks × block size): its hardware class; NaN unknown
 
 
 @dataclass(frozen=True, slots=True)

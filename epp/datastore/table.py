@@ -66,7 +66,7 @@ class MetricsSample:
 
 # The order of these tuples is the row order of the blocks; `snapshot()` indexes rows by position.
 _FLOAT_COLUMNS = ("waiting", "running", "kv_usage", "max_lora", "block_size", "num_blocks", "scraped_at")
-_INT_COLUMNS = ("scrape_failures", "inflight", "picks_since_scrape", "inflight_tokens")
+_INT_COLUMNS = ("scrape_failures", "inflight", "picks_since_scrape", "inflight_tokens", "prefill_tokens")
 _BOOL_COLUMNS = ("present", "scrape_ok")
 
 
@@ -94,6 +94,9 @@ class Snapshot:
     inflight: IntArray  # the picker's own picks that have not completed
     picks_since_scrape: IntArray  # own picks since the endpoint's last scrape: load the metrics cannot show yet
     inflight_tokens: IntArray  # prompt tokens of the picker's own picks that have not completed (estimated)
+    # uncached prompt tokens of the picker's own picks whose first response byte has not come: the prefill they
+    # queue there (booked at the pick with what the prefix producers found cached, released at the first byte)
+    prefill_tokens: IntArray
     running_adapters: tuple[frozenset[str], ...]
     waiting_adapters: tuple[frozenset[str], ...]
     # `slots`, when the builder already knows it (the table's cached view); None: computed from `present`.
@@ -345,6 +348,16 @@ class EndpointTable:
             held = self._cols["inflight_tokens"]
             held[slot] = max(0, held.item(slot) - tokens)
 
+    def book_prefill(self, slot: int, tokens: int) -> None:
+        """A pick's uncached prompt tokens: prefill queued on `slot` until its first response byte
+        (`release_prefill`). This process's own: serving workers do not share it (`set_bookings`)."""
+        held = self._cols["prefill_tokens"]
+        held[slot] = held.item(slot) + tokens
+
+    def release_prefill(self, slot: int, tokens: int) -> None:
+        held = self._cols["prefill_tokens"]
+        held[slot] = max(0, held.item(slot) - tokens)
+
     def set_bookings(self, slots: IntArray, totals: IntArray) -> None:
         """Bookings made elsewhere (serving workers, each in its own row of a shared matrix), summed: one row per
         slot of (picks in flight, picks since the last scrape, tokens in flight)."""
@@ -461,6 +474,7 @@ class EndpointTable:
             inflight=ints[1],
             picks_since_scrape=ints[2],
             inflight_tokens=ints[3],
+            prefill_tokens=ints[4],
             running_adapters=adapters[0],
             waiting_adapters=adapters[1],
             slot_index=slot_index,

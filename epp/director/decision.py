@@ -27,6 +27,7 @@ class Decision(NamedTuple):
     site: str | None = None  # a remote federated site took the request (slot is then -1)
     headers: tuple[tuple[str, str], ...] = ()  # request headers the gateway adds before forwarding
     tokens: int = 0  # prompt tokens booked in flight on `slot` (inflight-load-producer), released with it
+    prefill: int = 0  # uncached prompt tokens booked as prefill on `slot`, released at the first byte (or the end)
     stages: tuple[tuple[int, str], ...] = ()  # the other endpoints booked for it (P/D prefill, E/P/D encode)
     booked: str = ""  # the address booked on `slot` when the destination differs (data parallelism's port)
     response_headers: tuple[tuple[str, str], ...] = ()  # headers the response carries back (session tokens)

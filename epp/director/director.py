@@ -184,7 +184,9 @@ class Director:
         self._uncached = scheduler.uncached
         # The stages before `decide` (the render call, flow control's hold) and after `complete`, which the
         # ext_proc adapter runs for every stream (epp.director.pipeline).
-        self.pipeline = DecisionPipeline(self.decide, self.complete, clock, tokenizer, flow)
+        # ids of the decisions whose prefill `first_byte` released (each until its `complete`)
+        self._prefill_done: set[int] = set()
+        self.pipeline = DecisionPipeline(self.decide, self.complete, clock, tokenizer, flow, first_byte=self.first_byte)
 
     @property
     def table(self) -> EndpointTable:
@@ -282,8 +284,10 @@ class Director:
             raise EppError(ErrorCode.PRECONDITION_FAILED, "no decode worker has the requested KV cache")
         primary = int(slots[0])
         tokens = len(request.token_ids) if request.token_ids else estimate_tokens(request.prompt)
-        pick = self._features(snapshot, primary, tokens, now) if self._learners else None
+        prefill = self._uncached(primary, tokens) if self._uncached is not None else tokens
+        pick = self._features(snapshot, primary, tokens, prefill, now) if self._learners else None
         self._table.book_pick(primary, tokens)
+        self._table.book_prefill(primary, prefill)
         addresses = snapshot.addresses
         scores = _scores(addresses, detail) if self._emit_scores and detail is not None else ()
         routing = self._routing(slots, addresses) if self._routing is not None else None
@@ -293,6 +297,7 @@ class Director:
             receipt = self._account(detail, primary, stages, request, now, watched)
         if routing is not None:
             decision = self._routed(routing, primary, degraded, body, original_model, request.model, tokens)
+            decision = decision._replace(prefill=prefill)
             if pick is not None:
                 decision = decision._replace(pick=pick)
             if self._response_headers:
@@ -308,6 +313,7 @@ class Director:
             original_model=original_model,
             target_model=request.model,
             tokens=tokens,
+            prefill=prefill,
             response_headers=self._response_headers(snapshot, primary) if self._response_headers else (),
             scores=scores,
             pick=pick,
@@ -337,9 +343,8 @@ class Director:
                 self._sink.transition(transition)
         return receipt.json() if self._emit_receipts else None
 
-    def _features(self, snapshot: Snapshot, slot: int, tokens: int, now: float) -> PickFeatures:
+    def _features(self, snapshot: Snapshot, slot: int, tokens: int, uncached: int, now: float) -> PickFeatures:
         """The picked endpoint as this pick saw it, before its booking: the observation feed's features."""
-        uncached = self._uncached(slot, tokens) if self._uncached is not None else tokens
         scraped = snapshot.scraped_at.item(slot)
         return PickFeatures(
             tokens,
@@ -351,6 +356,7 @@ class Director:
             now,
             now - scraped if scraped == scraped else float("inf"),
             snapshot.inflight_tokens.item(slot),
+            snapshot.num_blocks.item(slot) * snapshot.block_size.item(slot),
         )
 
     def _fallback(self, snapshot: Snapshot, candidates: IntArray, now: float) -> int:
@@ -422,6 +428,20 @@ class Director:
                     wire.REJECTED_SATURATED,
                 )
 
+    def first_byte(self, decision: Decision) -> None:
+        """The response's first byte came: the request's prefill is done, so its prefill booking is released now
+        rather than at its end (`complete` then releases the rest). Once per decision; later calls do nothing."""
+        if not decision.prefill or decision.site is not None:
+            return
+        key = id(decision)  # the stream holds `decision` until `complete`: its id is not reused meanwhile
+        done = self._prefill_done
+        if key in done:
+            return
+        done.add(key)
+        info = self._table.info(decision.slot)
+        if info is not None and info.address == (decision.booked or decision.addresses[0]):
+            self._table.release_prefill(decision.slot, decision.prefill)
+
     def complete(self, decision: Decision, timing: Timing | None = None) -> None:
         """The request ended (response done, stream closed or failed): release its in-flight booking; with the
         response's `timing` (it ended normally), every learner of the feed observes what it cost."""
@@ -430,8 +450,15 @@ class Director:
                 self._federation.release(decision.site)
             return
         info = self._table.info(decision.slot)
-        if info is not None and info.address == (decision.booked or decision.addresses[0]):
+        ours = info is not None and info.address == (decision.booked or decision.addresses[0])
+        if ours:
             self._table.release_pick(decision.slot, decision.tokens)
+        if decision.prefill:
+            done = self._prefill_done
+            if done and id(decision) in done:  # released at its first byte
+                done.discard(id(decision))
+            elif ours:
+                self._table.release_prefill(decision.slot, decision.prefill)
         for slot, address in decision.stages:
             info = self._table.info(slot)
             if info is not None and info.address == address:  # the slot was not reused for another endpoint

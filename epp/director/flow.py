@@ -34,6 +34,7 @@ from epp.flowcontrol.gauge import PoolGauge
 from epp.flowcontrol.types import DEFAULT_FLOW
 from epp.observability.flow import EvictionState, QueueState
 from epp.requests.openai import control_headers
+from epp.supervision.loop import wait_set
 
 log = logging.getLogger(__name__)
 
@@ -329,20 +330,13 @@ class FlowGate:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="flow-control dispatch")
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             self._wakeup.clear()
             timeout = self.cycle()
             if timeout is None:
                 await self._wakeup.wait()
                 continue
-            # A timer sets the event rather than wait_for: on Python 3.11 wait_for drops a cancel that lands in the
-            # turn the event is set (a worker's message, a release), and shutdown would wait for this task for ever.
-            timer = loop.call_later(max(timeout, 0.0), self._wakeup.set)
-            try:
-                await self._wakeup.wait()
-            finally:
-                timer.cancel()
+            await wait_set(self._wakeup, timeout)  # not wait_for: a cancel as a worker's message lands must end this
 
     def cycle(self) -> float | None:
         """Expire, then dispatch at most one request; returns the seconds until the next timed check (None: wait

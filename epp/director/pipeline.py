@@ -46,6 +46,13 @@ class CompleteFn(Protocol):
     def __call__(self, decision: Decision, timing: Timing | None = None) -> None: ...
 
 
+FirstByteFn = Callable[[Decision], None]
+
+
+def _no_first_byte(decision: Decision) -> None:
+    """A pipeline that books no prefill has nothing to release at the first byte."""
+
+
 class DecisionPipeline:
     """One instance per director (`Director.pipeline`), shared by every stream; `around` gives the same stages
     over another decide and complete (the tracing director's spans)."""
@@ -59,6 +66,7 @@ class DecisionPipeline:
         "_tokenizer",
         "_tracked",
         "complete",
+        "first_byte",
         "immediate",
     )
 
@@ -70,8 +78,11 @@ class DecisionPipeline:
         tokenizer: RenderTokenizer | None = None,
         gate: FlowHold | None = None,
         answer: AnswerFn | None = None,
+        first_byte: FirstByteFn = _no_first_byte,
     ) -> None:
         self._decide = decide
+        # What a stream calls at its response's first byte: the director's `first_byte` (the prefill is done).
+        self.first_byte = first_byte
         self._answer = answer
         self._complete = complete
         self._clock = clock
@@ -96,11 +107,15 @@ class DecisionPipeline:
         return self._gate
 
     def around(self, decide: DecideFn, complete: CompleteFn) -> DecisionPipeline:
-        return DecisionPipeline(decide, complete, self._clock, self._tokenizer, self._gate, self._answer)
+        return DecisionPipeline(
+            decide, complete, self._clock, self._tokenizer, self._gate, self._answer, self.first_byte
+        )
 
     def answering(self, answer: AnswerFn) -> DecisionPipeline:
         """The same stages, with the picker's own answers first (`answer`: --serve-models-list)."""
-        return DecisionPipeline(self._decide, self._complete, self._clock, self._tokenizer, self._gate, answer)
+        return DecisionPipeline(
+            self._decide, self._complete, self._clock, self._tokenizer, self._gate, answer, self.first_byte
+        )
 
     def _answer_or_decide(self, request: InferenceRequest, subset: Sequence[str] | None) -> Decision | Answer:
         if request.no_body:

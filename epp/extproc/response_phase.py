@@ -41,6 +41,8 @@ class Bookings(Protocol):
 
     def complete(self, decision: Decision, timing: Timing | None = None) -> None: ...
 
+    def first_byte(self, decision: Decision) -> None: ...
+
 
 class ResponsePhases:
     """The response transitions and the request's ending; the state lives in `StreamProcessor`'s slots."""
@@ -195,6 +197,9 @@ class ResponsePhases:
         tracker = self._response
         if self._record is not None:
             self._observer.response_chunk(self._record, self._clock(), len(chunk.body))
+        decision = self._decision
+        if decision is not None and decision.prefill:  # the first byte: its prefill is done (once per decision)
+            self._bookings.first_byte(decision)
         if tracker is None:  # response headers were skipped: a plain JSON body is assumed
             tracker = self._response = ResponseTracker(False, self._rewrite, self._usage)
         body, usage = tracker.feed(chunk.body, chunk.end_of_stream)

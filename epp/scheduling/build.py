@@ -45,6 +45,7 @@ from epp.scheduling.flow_plugins import flow_settings
 from epp.scheduling.framework import Filter, Picker, PickObserver, Producer
 from epp.scheduling.handler_factories import HandlerSpec
 from epp.scheduling.knee import KneeDetector
+from epp.scheduling.load_scorers import PrefillQueueScorer
 from epp.scheduling.params import Params
 from epp.scheduling.pickers import MaxScorePicker
 from epp.scheduling.plugin_type import BuildContext, Built, Kind, Stability
@@ -316,6 +317,7 @@ def _scheduler(
     )
     latency = {id(p): p for r in profiles for p in r.profile.producers if isinstance(p, PredictedLatencyProducer)}
     knees = [plugin for _, plugin, _, _ in built.values() if isinstance(plugin, KneeDetector)]
+    prefill = [s.scorer for s in decode.scorers if isinstance(s.scorer, PrefillQueueScorer)]
     # the observation feed's sinks (epp.datastore.observations): the latency model, self-calibrating-detector
     learners: tuple[ObservationSink, ...] = (*latency.values(), *knees)
     return Scheduler(
@@ -334,7 +336,7 @@ def _scheduler(
         profiles=profiles,
         kv_events=next(iter(precise.values()), None),
         learners=learners,
-        uncached=next(iter(latency.values())).model.uncached if latency else None,
+        uncached=next(iter(latency.values())).model.uncached if latency else prefill[0].uncached if prefill else None,
     )
 
 

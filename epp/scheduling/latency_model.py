@@ -6,8 +6,11 @@ Why this shape. Upstream trains a model in a sidecar from the same inputs; here 
 sample in the deciding process (`epp.datastore.observations`), so a few numbers per endpoint suffice:
 
 - per endpoint and target (TTFT, TPOT) the forgetting sums A = Σ λᵏ x xᵀ and b = Σ λᵏ x y, and the weights
-  θ = (A + ρI)⁻¹ (b + ρ θ_pool): with no data an endpoint predicts as the pool does (the pool-wide prior for cold
-  endpoints), and with data its own samples outweigh the prior;
+  θ = (A + ρI)⁻¹ (b + ρ θ_class): with little data an endpoint predicts as its hardware class does, and with data
+  its own samples outweigh the prior. A class is the endpoints of one KV capacity (engine metadata: scraped blocks
+  × block size), its weights θ_class = (Σ_class A + ρ/10 I)⁻¹ (Σ_class b + ρ/10 θ_pool) from every member's sums,
+  so 26 endpoints of one kind learn as one while each has seen only a few requests; an endpoint of unknown class
+  (none scraped) and one never observed predict with the pool-wide weights;
 - λ < 1 forgets: after a model-server change the old samples fade within ~1/(1 − λ) requests, and the ridge term
   keeps the solve well-posed however little an input varies (no covariance wind-up, which plain RLS has);
 - a prediction is one row-wise dot product over the candidates (numpy, no Python loop per endpoint); the solves
@@ -70,6 +73,7 @@ class LearnedSums(NamedTuple):
     pool_b: FloatArray  # (2, D)
     pool_error: FloatArray  # (2,)
     observations: int
+    capacity: FloatArray  # (k,) each endpoint's class key (KV capacity in tokens; NaN unknown)
 
 
 class LatencyModel:
@@ -88,6 +92,10 @@ class LatencyModel:
         self.samples = np.zeros((2, 0))  # forgetting count of samples per slot (how much its own data weighs)
         self.error = np.full((2, 0), math.nan)  # mean |predicted − observed| ms, exponentially weighted
         self.predicted = np.full((2, 0), math.nan)  # the last prediction made for each slot's observed request
+        self.capacity = np.full(0, math.nan)  # per slot its KV capacity in tokens, the class key (NaN: unknown)
+        self._classes: dict[float, FloatArray] = {}  # class key → its weights (2, D), as of the last solve
+        # class key → its members' summed A (2, D, D) and b (2, D), kept up to date per observation (O(D²))
+        self._class_sums: dict[float, tuple[FloatArray, FloatArray]] = {}
         self._address: list[str] = []
         self._pool_a = np.zeros((2, D, D))
         self._pool_b = np.zeros((2, D))
@@ -139,6 +147,11 @@ class LatencyModel:
         if slot >= len(self._address) or self._address[slot] != obs.address:
             self._reset(slot, obs.address)
         p = obs.pick
+        key = p.capacity_tokens
+        if key == key and key > 0 and key != self.capacity[slot]:
+            self._move(slot, key)
+        key = float(self.capacity[slot])
+        before_a, before_b = self._a[:, slot].copy(), self._b[:, slot].copy()
         x = features(
             np.array([p.uncached_tokens], dtype=np.float64),
             np.array([p.queue]),
@@ -169,30 +182,93 @@ class LatencyModel:
             self.pool_theta[target] = np.linalg.solve(
                 self._pool_a[target] + 0.1 * self.ridge * self._eye, self._pool_b[target]
             )
-            self.theta[target, slot] = self._solve(target, slot)
             learned = True
         if not learned:
             return
+        if key == key:
+            class_sums = self._class_sums[key]  # in place: the arrays are the class's
+            class_sums[0][...] += self._a[:, slot] - before_a
+            class_sums[1][...] += self._b[:, slot] - before_b
+        prior = self._class_prior(slot)
+        for target in (TTFT, TPOT):
+            self.theta[target, slot] = self._solve(target, slot, prior[target])
         self.observations += 1
         self._since_refresh += 1
         if self._since_refresh >= _REFRESH_EVERY:
             self._refresh()
 
-    def _solve(self, target: int, slot: int) -> FloatArray:
+    def _solve(self, target: int, slot: int, prior: FloatArray) -> FloatArray:
         ridge = self.ridge
         out: FloatArray = np.linalg.solve(
-            self._a[target, slot] + ridge * self._eye, self._b[target, slot] + ridge * self.pool_theta[target]
+            self._a[target, slot] + ridge * self._eye, self._b[target, slot] + ridge * prior
         )
         return out
 
+    def _class_prior(self, slot: int) -> FloatArray:
+        """The (2, D) weights of `slot`'s class, solved again from its members' sums now (the pool's: unknown)."""
+        key = float(self.capacity[slot])
+        if key != key:
+            return self.pool_theta
+        weights = self._class_solve(*self._class_sums[key])
+        self._classes[key] = weights
+        return weights
+
+    def _move(self, slot: int, key: float) -> None:
+        """`slot` now belongs to class `key` (NaN: none): its sums leave its old class's and join the new one's."""
+        old = float(self.capacity[slot])
+        if old == old:
+            old_sums = self._class_sums[old]
+            old_sums[0][...] -= self._a[:, slot]
+            old_sums[1][...] -= self._b[:, slot]
+        self.capacity[slot] = key
+        if key == key:
+            if key not in self._class_sums:
+                self._class_sums[key] = (np.zeros((2, D, D)), np.zeros((2, D)))
+            new_sums = self._class_sums[key]
+            new_sums[0][...] += self._a[:, slot]
+            new_sums[1][...] += self._b[:, slot]
+
+    def _sum_classes(self) -> None:
+        """Every class's sums from its members' again (after an absorb; on refresh, so no rounding accumulates)."""
+        self._class_sums = {}
+        for key in np.unique(self.capacity[~np.isnan(self.capacity)]).tolist():
+            members = self.capacity == key
+            self._class_sums[key] = (self._a[:, members].sum(axis=1), self._b[:, members].sum(axis=1))
+
+    def _class_solve(self, a: FloatArray, b: FloatArray) -> FloatArray:
+        """(2, D) class weights from the class's summed (2, D, D) and (2, D) sums, the pool's as the prior."""
+        soft = 0.1 * self.ridge
+        out = np.linalg.solve(a + soft * self._eye, (b + soft * self.pool_theta)[..., None])[..., 0]
+        return np.asarray(out, dtype=np.float64)
+
     def _refresh(self) -> None:
-        """Every slot's weights again, against the pool prior as it is now (cold slots follow the pool)."""
+        """Every slot's weights again, against its class's prior as it is now (the classes solved again too; a
+        slot of unknown class and a cold one follow the pool)."""
         self._since_refresh = 0
         ridge = self.ridge
+        priors = np.repeat(self.pool_theta[:, None, :], self._cap, axis=1)  # (2, slots, D)
+        self._sum_classes()
+        self._classes = {}
+        for key, sums in self._class_sums.items():
+            weights = self._class_solve(*sums)
+            self._classes[key] = weights
+            priors[:, self.capacity == key] = weights[:, None, :]
         for target in (TTFT, TPOT):
             lhs = self._a[target] + ridge * self._eye
-            rhs = self._b[target] + ridge * self.pool_theta[target]
+            rhs = self._b[target] + ridge * priors[target]
             self.theta[target] = np.linalg.solve(lhs, rhs[..., None])[..., 0]
+
+    def unloaded_ttft(self, keys: FloatArray, prompt_tokens: int) -> FloatArray:
+        """Per class key (KV capacity in tokens), the class's predicted TTFT (ms) of a prompt of `prompt_tokens`
+        uncached tokens on an idle endpoint: how fast that hardware is, whatever its load now (NaN: a class not
+        learned yet)."""
+        x = features(np.array([float(prompt_tokens)]), np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1))[:, 0]
+        out = np.full(keys.size, math.nan)
+        for i, key in enumerate(keys.tolist()):
+            weights = self._classes.get(key)
+            if weights is not None:
+                out[i] = float(weights[TTFT] @ x)
+        return out
 
     def _ensure(self, slot: int) -> None:
         if slot < self._cap:
@@ -206,6 +282,7 @@ class LatencyModel:
         self.samples = np.concatenate([self.samples, np.zeros((2, grow))], axis=1)
         self.error = np.concatenate([self.error, np.full((2, grow), math.nan)], axis=1)
         self.predicted = np.concatenate([self.predicted, np.full((2, grow), math.nan)], axis=1)
+        self.capacity = np.concatenate([self.capacity, np.full(grow, math.nan)])
         self._cap = cap
 
     def _reset(self, slot: int, address: str) -> None:
@@ -213,6 +290,7 @@ class LatencyModel:
         while len(self._address) <= slot:
             self._address.append("")
         self._address[slot] = address
+        self._move(slot, math.nan)
         self._a[:, slot] = 0.0
         self._b[:, slot] = 0.0
         self.theta[:, slot] = self.pool_theta
@@ -236,6 +314,7 @@ class LatencyModel:
             self._pool_b.copy(),
             self.pool_error.copy(),
             self.observations,
+            self.capacity[keep],
         )
 
     def absorb(self, parts: Sequence[LearnedSums], slot_of: Callable[[str], int | None]) -> None:
@@ -254,6 +333,7 @@ class LatencyModel:
         self._b[:] = 0.0
         self.samples[:] = 0.0
         self.predicted[:] = math.nan
+        self.capacity[:] = math.nan
         addresses = [""] * self._cap
         weighted = np.zeros_like(self.samples)
         self._pool_a = np.zeros((2, D, D))
@@ -274,6 +354,8 @@ class LatencyModel:
             weighted[:, at] += np.nan_to_num(part.error[:, ok]) * part.samples[:, ok]
             predicted = part.predicted[:, ok]
             self.predicted[:, at] = np.where(np.isnan(predicted), self.predicted[:, at], predicted)
+            known = part.capacity[ok]
+            self.capacity[at] = np.where(np.isnan(known), self.capacity[at], known)
         self._address = addresses
         with np.errstate(invalid="ignore", divide="ignore"):
             self.error = np.where(self.samples > 0, weighted / self.samples, math.nan)

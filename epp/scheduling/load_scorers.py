@@ -122,6 +122,54 @@ class TokenLoadScorer:
         return np.asarray(1.0 - np.minimum(np.maximum(tokens, 0.0), self.threshold) / self.threshold)
 
 
+class PrefillQueueScorer:
+    """`prefill-queue-scorer` (ours): the wait before this request's first token, in prompt tokens, from the
+    picker's own observations: the uncached prompt tokens of this picker's requests on the endpoint that have not
+    had their first byte yet (`Snapshot.prefill_tokens`: booked at the pick, released at the first byte) plus
+    this request's own tokens not cached there (its prompt minus the prefix the named prefix producer finds).
+    One unit for both, so a cached prefix weighs against a queue exactly: an idle endpoint that must recompute
+    6k tokens loses to one holding them with less than 6k tokens of prefill queued. score = least wait / wait
+    (1 for the shortest wait). Notes the pick's uncached tokens (`uncached`) for the director's booking."""
+
+    type_name = "prefill-queue-scorer"
+    UNIT_INTERVAL = True
+
+    def __init__(self, name: str = "prefill-queue-scorer", prefix_producer: str = "") -> None:
+        self.name = name
+        self.optional_prefix_producer = prefix_producer or "approx-prefix-cache-producer"
+        self._noted: dict[int, int] = {}  # slot → uncached tokens of its last pick (the director asks once)
+        self._key = f"prefill-queue:{name}"
+
+    def _own(self, state: CycleState, candidates: IntArray) -> FloatArray:
+        """This request's uncached prompt tokens on each candidate."""
+        prompt = float(tokenized(state).n_tokens)
+        match = prefix_match(state, self.optional_prefix_producer)
+        if match is None or match.total <= 0 or not match.matched.size:
+            return np.full(candidates.size, prompt)
+        cached = np.asarray(state.take(match.matched, candidates), dtype=np.float64) * match.block_tokens
+        return np.asarray(prompt - np.minimum(cached, prompt))
+
+    def score(self, state: CycleState, candidates: IntArray) -> FloatArray:
+        own = self._own(state, candidates)
+        state.scratch[self._key] = (candidates, own)
+        wait = np.asarray(state.take(state.snapshot.prefill_tokens, candidates), dtype=np.float64) + own
+        np.fmax(wait, 1.0, out=wait)
+        return np.asarray(wait.min() / wait)
+
+    def picked(self, state: CycleState, slot: int) -> None:
+        cached = state.scratch.get(self._key)
+        if cached is None:
+            return
+        candidates, own = cached
+        where = np.flatnonzero(candidates == slot)
+        if where.size:
+            self._noted[slot] = int(own[where[0]])
+
+    def uncached(self, slot: int, prompt_tokens: int) -> int:
+        """`Scheduler.uncached`: this pick's uncached tokens on `slot` as scored, else every prompt token."""
+        return self._noted.pop(slot, prompt_tokens)
+
+
 class NoHitLruScorer:
     """`no-hit-lru-scorer`: for a cold request (no endpoint holds any of its prefix), endpoints that never took a
     cold request score highest, then the least recently used for one; a warm request scores 0.5 everywhere.

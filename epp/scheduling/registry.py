@@ -38,6 +38,7 @@ from epp.scheduling.scorer_factories import (
     load_aware_scorer,
     no_hit_lru_scorer,
     precise_prefix_scorer,
+    prefill_queue_scorer,
     prefix_scorer,
     session_affinity_scorer,
     token_load_scorer,
@@ -275,6 +276,7 @@ def register_builtins(registry: Registry) -> Registry:
     r("load-aware-scorer", Kind.SCORER, load_aware_scorer, "0.5 at an empty queue, 0 at threshold")
     r("active-request-scorer", Kind.SCORER, active_request_scorer, "fewer own in-flight requests")
     r("token-load-scorer", Kind.SCORER, token_load_scorer, "fewer in-flight + uncached prompt tokens")
+    r("prefill-queue-scorer", Kind.SCORER, prefill_queue_scorer, "least queued + own uncached prefill tokens")
     r("no-hit-lru-scorer", Kind.SCORER, no_hit_lru_scorer, "cold requests to the least recently cold-picked endpoint")
     r("context-length-aware", Kind.SCORER, context_length_scorer, "token count vs the endpoint's length-range label")
     r("approx-prefix-cache-producer", Kind.PRODUCER, approx_prefix_producer, "per-endpoint token-block prefix match")

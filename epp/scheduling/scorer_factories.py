@@ -95,6 +95,12 @@ def token_load_scorer(name: str, params: Params, ctx: BuildContext) -> object:
     return scorer
 
 
+def prefill_queue_scorer(name: str, params: Params, ctx: BuildContext) -> object:
+    scorer = load_scorers.PrefillQueueScorer(name, prefix_producer=params.text("prefixMatchInfoProducerName", ""))
+    params.finish()
+    return scorer
+
+
 def no_hit_lru_scorer(name: str, params: Params, ctx: BuildContext) -> object:
     params.ignore("prefixPluginType", "prefixPluginName")  # deprecated upstream, never used there
     size = params.integer("lruSize", 1024)

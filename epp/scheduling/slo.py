@@ -142,10 +142,13 @@ def prediction_of(state: CycleState, producer: str, candidates: IntArray) -> Lat
 class HeadroomTierFilter:
     type_name = "slo-headroom-tier-filter"
 
-    def __init__(self, name: str, producer: str, epsilon: float, seed: int) -> None:
+    def __init__(
+        self, name: str, producer: str, epsilon: float, seed: int, speed_tiers: LatencyModel | None = None
+    ) -> None:
         self.name = name
         self.producer = producer
         self.epsilon = epsilon
+        self.speed_tiers = speed_tiers  # the producer's model: `speedTiers` on
         self._rng = np.random.default_rng(seed)
 
     def filter(self, state: CycleState, candidates: IntArray) -> IntArray:
@@ -153,11 +156,44 @@ class HeadroomTierFilter:
         if found is None:
             return candidates
         valid = found.valid()
-        if bool(valid.all()) or not bool(valid.any()):
+        if not bool(valid.any()):
             return candidates
-        keep = ~valid if self._rng.random() < self.epsilon else valid
-        kept: IntArray = candidates[keep]
-        return kept
+        model = self.speed_tiers
+        if bool(valid.all()):
+            return self._slowest(state, candidates, model) if model is not None else candidates
+        if self._rng.random() < self.epsilon:
+            explored: IntArray = candidates[~valid]
+            return explored
+        kept: IntArray = candidates[valid]
+        return self._slowest(state, kept, model) if model is not None else kept
+
+    @staticmethod
+    def _slowest(state: CycleState, kept: IntArray, model: LatencyModel) -> IntArray:
+        """`speedTiers`: of the candidates that meet the request's SLO, those of the slowest hardware class that
+        can meet it (a class: the endpoints of one KV capacity, engine metadata; its speed: the class's learned
+        TTFT of this prompt on an idle endpoint, which must be within the SLO), so a loose objective leaves the
+        fast endpoints' headroom to the tight ones. A class that stops meeting the SLO (saturated) leaves the tier
+        by itself: no threshold. Candidates of a class not learned yet stay in the tier kept; fewer than two
+        classes learned, or none that can meet the SLO: the tier as it is."""
+        if kept.size < 2:
+            return kept
+        snapshot = state.snapshot
+        capacity = snapshot.num_blocks[kept] * snapshot.block_size[kept]
+        classes, which = np.unique(capacity, return_inverse=True)
+        if classes.size < 2:
+            return kept
+        speed = model.unloaded_ttft(classes, tokenized(state).n_tokens)
+        known = speed == speed
+        if int(np.count_nonzero(known)) < 2:
+            return kept
+        slo = _slo(state.request, "slo_ttft_ms")
+        able = known & (speed <= slo) if slo == slo else known
+        if not bool(able.any()):
+            return kept
+        slowest = int(np.argmax(np.where(able, speed, -np.inf)))
+        keep = (which == slowest) | ~known[which]
+        chosen: IntArray = kept[keep]
+        return chosen
 
 
 def _normalised(values: FloatArray) -> FloatArray:

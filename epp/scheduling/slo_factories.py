@@ -56,9 +56,12 @@ def _producer(params: Params, ctx: BuildContext) -> str:
 
 def headroom_filter(name: str, params: Params, ctx: BuildContext) -> HeadroomTierFilter:
     epsilon = params.number("epsilonExploreNeg", 0.01, minimum=0.0, maximum=1.0)
+    speed_tiers = params.flag("speedTiers", False)  # ours: the slowest hardware class that meets the SLO
     producer = _producer(params, ctx)
     params.finish()
-    return HeadroomTierFilter(name, producer, epsilon, ctx.next_seed())
+    built = ctx.plugin(producer)
+    model = built.model if speed_tiers and isinstance(built, PredictedLatencyProducer) else None
+    return HeadroomTierFilter(name, producer, epsilon, ctx.next_seed(), model)
 
 
 def latency_scorer(name: str, params: Params, ctx: BuildContext) -> LatencyScorer:

@@ -65,7 +65,13 @@ UPSTREAM_TYPES: tuple[UpstreamType, ...] = (
         _S,
         "ttftSource prefillThroughput or latencyPredictor (the picker's own model); calibration files are not read",
     ),
-    UpstreamType("slo-headroom-tier-filter", "filter", False, _S, _LAT + "both SLOs met first; epsilonExploreNeg"),
+    UpstreamType(
+        "slo-headroom-tier-filter",
+        "filter",
+        False,
+        _S,
+        _LAT + "both SLOs met first; epsilonExploreNeg; ours: speedTiers",
+    ),
     UpstreamType(
         "session-affinity-filter", "filter", True, _R, "session affinity is a scorer here (session-affinity-scorer)"
     ),

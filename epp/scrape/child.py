@@ -27,7 +27,7 @@ from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.scrape.engines import EngineRegistry
 from epp.scrape.scraper import EndpointStatus, ScrapeService, ScrapeSettings
 from epp.supervision.child_end import ChildEnd
-from epp.supervision.loop import run_loop
+from epp.supervision.loop import run_loop, wait_set
 from epp.supervision.memory import map_array
 from epp.supervision.messages import Stop
 from epp.supervision.pipe import watch_pipe
@@ -113,13 +113,12 @@ async def run(end: ChildEnd, block: np.ndarray, stamps: np.ndarray | None = None
     try:
         published = -1
         while not stop.is_set():
-            # Woken by what changed, not by a clock: an idle pool costs a wake-up per scrape round. A timer sets the
-            # event rather than wait_for, which on Python 3.11 can swallow a cancel that lands as the event is set.
-            await _wait(loop, landed, max(0.0, next_status - loop.time()))
+            # Woken by what changed, not by a clock: an idle pool costs a wake-up per scrape round.
+            await wait_set(landed, next_status - loop.time())
             landed.clear()
             if svc.in_flight and not stop.is_set():  # the rest of the round gets PUBLISH_S to land: one pass
                 svc.round_done.clear()
-                await _wait(loop, svc.round_done, PUBLISH_S)
+                await wait_set(svc.round_done, PUBLISH_S)
             if stop.is_set():
                 break
             if loop.time() >= next_status:
@@ -178,14 +177,6 @@ async def run(end: ChildEnd, block: np.ndarray, stamps: np.ndarray | None = None
         beating.cancel()
         loop.remove_reader(end.conn.fileno())
         await svc.stop()
-
-
-async def _wait(loop: asyncio.AbstractEventLoop, event: asyncio.Event, timeout_s: float) -> None:
-    timer = loop.call_later(timeout_s, event.set)
-    try:
-        await event.wait()
-    finally:
-        timer.cancel()
 
 
 def child_main(end: ChildEnd) -> int:

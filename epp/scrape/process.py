@@ -49,6 +49,7 @@ from epp.scrape.engines import EngineRegistry
 from epp.scrape.scraper import EndpointStatus, ScrapeService, ScrapeSettings
 from epp.supervision.backoff import RESTART_INITIAL_S, RESTART_MAX_S
 from epp.supervision.child import HEARTBEAT_TIMEOUT_S, Child, Policy
+from epp.supervision.loop import wait_set
 from epp.supervision.memory import map_array, new_memfd
 
 log = logging.getLogger(__name__)
@@ -268,15 +269,8 @@ class ScrapeProcess:
         changes (its listener); a look every `APPLY_SAFETY_S` whatever happens. An idle pool costs a wake-up per
         landed scrape round, not one per tick of a clock."""
         wake = self._wake
-        loop = asyncio.get_running_loop()
         while True:
-            # A timer sets the event rather than wait_for: on Python 3.11 wait_for can swallow a cancel that lands
-            # as the event is set (the apply task then never ends and stop() waits on it for ever).
-            timer = loop.call_later(APPLY_SAFETY_S, wake.set)
-            try:
-                await wake.wait()
-            finally:
-                timer.cancel()
+            await wait_set(wake, APPLY_SAFETY_S)
             wake.clear()
             try:
                 self._sync()

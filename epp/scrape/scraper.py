@@ -43,6 +43,7 @@ from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.observability.ratelimit import RateLimitedLog
 from epp.scrape.engines import EngineRegistry, EngineSpec, Extraction, extract
 from epp.scrape.http import HttpConnection, MetricsClient, ScrapeError
+from epp.supervision.loop import wait_set
 
 log = logging.getLogger(__name__)
 
@@ -231,13 +232,8 @@ class ScrapeService:
     async def _supervise(self) -> None:
         s = self.settings
         changed = self._members_changed
-        loop = asyncio.get_running_loop()
         while True:
-            timer = loop.call_later(SUPERVISE_S, changed.set)  # not wait_for: see ScrapeProcess._run
-            try:
-                await changed.wait()
-            finally:
-                timer.cancel()
+            await wait_set(changed, SUPERVISE_S)
             changed.clear()
             self.sync()
             now = self._clock()

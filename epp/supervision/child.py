@@ -44,6 +44,7 @@ from typing import Any
 
 from epp.observability.relay import reemit
 from epp.supervision.backoff import RESTART_INITIAL_S, RESTART_MAX_S, STABLE_S, RestartBackoff, describe_exit
+from epp.supervision.loop import wait_set
 from epp.supervision.messages import Heartbeat, Log, Ready, Start, Stop
 from epp.supervision.pipe import send_fd, watch_pipe
 
@@ -256,15 +257,8 @@ class Child:
             self._on_message(msg)
 
     async def _watch(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            # A timer sets the event rather than wait_for, which on Python 3.11 drops a cancel that lands in the turn
-            # the event is set (the child's end): `stop` would wait for this task for ever.
-            timer = loop.call_later(max(0.0, self._next_look(time.monotonic())), self._wake.set)
-            try:
-                await self._wake.wait()
-            finally:
-                timer.cancel()
+            await wait_set(self._wake, self._next_look(time.monotonic()))
             self._wake.clear()
             try:
                 self._check(time.monotonic())

@@ -105,8 +105,9 @@ def test_the_command_writes_json_markdown_and_targets(tmp_path: Path, capsys: py
         "AzureLLMInferenceTrace_code.csv",
         "mooncake-synthetic_trace.jsonl",
         "mooncake-arxiv_trace.jsonl",
+        "mooncake-conversation_trace.jsonl",
     ],
-    ids=["azure-conv", "azure-code", "mooncake", "mooncake-arxiv"],
+    ids=["azure-conv", "azure-code", "mooncake", "mooncake-arxiv", "mooncake-conversation"],
 )
 def test_the_reference_traces_load(name: str) -> None:
     items = load_trace(TRACES / name, 200)
@@ -116,6 +117,21 @@ def test_the_reference_traces_load(name: str) -> None:
     if name.startswith("mooncake"):
         firsts = [i.units[0] for i in items if i.units]
         assert len(set(firsts)) < len(firsts)  # real prefix sharing: several requests start with the same block
+
+
+def test_the_conversation_slice_resends_earlier_turns_as_prefixes() -> None:
+    """Mooncake's conversation trace (its first 268 requests): every prompt starts with the shared block 0, and
+    later turns of a conversation resend an earlier turn's blocks (multi-turn reuse, more than one block deep)."""
+    items = load_trace(TRACES / "mooncake-conversation_trace.jsonl")
+    assert len(items) == 268
+    assert all(i.units[:1] == (0,) for i in items if i.units)
+    seen: set[tuple[int, ...]] = set()
+    resent = 0
+    for item in items:
+        if len(item.units) > 2 and item.units[:2] in seen:
+            resent += 1
+        seen.update(item.units[:k] for k in range(2, len(item.units) + 1))
+    assert resent >= 10
 
 
 @pytest.mark.parametrize(

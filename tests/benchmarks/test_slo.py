@@ -13,17 +13,33 @@ from benchmarks.workloads import load
 from epp.sim.profiles import profile_named
 
 
+def _args(spec: str, sheddable: float = 0.0, load: str = "0.8") -> argparse.Namespace:
+    return argparse.Namespace(
+        workload="azure-conv", requests=200, load=load, endpoints=4, profiles="h100,l4",
+        scrape_interval=0.05, warmup=0.1, seed=0, objectives=spec, latency_weight=2.0, strategy="least",
+        sheddable=sheddable,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("spec", ["0.5:0.15,0.5:10", "relative"])
 def test_every_policy_gets_an_attainment_row(spec: str) -> None:
-    args = argparse.Namespace(
-        workload="azure-conv", requests=200, load="0.8", endpoints=4, profiles="h100,l4",
-        scrape_interval=0.05, warmup=0.1, seed=0, objectives=spec, latency_weight=2.0, strategy="least",
-    )  # fmt: skip
-    rows = [line for line in run(args) if line.startswith("| 0.80 |")]
-    assert [row.split(" | ")[1] for row in rows] == ["default", "slo", "oracle", "slo-oracle"]
+    rows = [line for line in run(_args(spec)) if line.startswith("| 0.80 |")]
+    assert [row.split(" | ")[1] for row in rows] == ["default", "slo", "slo-tiers", "oracle", "slo-oracle"]
     for row in rows:
         assert 0.0 <= float(row.split(" | ")[2]) <= 1.0
         assert all(0.0 <= float(v) <= 1.0 for v in row.split(" | ")[3].split(" / "))
+        assert row.split(" | ")[4] == "0"  # nothing sheddable: nothing shed
+
+
+def test_with_sheddable_requests_the_admitter_gets_a_row_and_the_shed_are_counted_as_missed() -> None:
+    rows = [line for line in run(_args("0.5:0.15,0.5:10", sheddable=1.0, load="1.5")) if line.startswith("| 1.50 |")]
+    names = [row.split(" | ")[1] for row in rows]
+    assert names == ["default", "slo", "slo-tiers", "slo-tiers-admit", "oracle", "slo-oracle"]
+    served = 200 - 20  # after the warm-up's 10 %
+    for row in rows:
+        shed = int(row.split(" | ")[4])
+        assert 0 <= shed <= served
+        assert float(row.split(" | ")[2]) <= 1.0 - shed / served + 1e-9  # a shed request never meets its SLO
 
 
 def test_class_objectives_are_drawn_by_share_and_never_below_twice_the_unloaded_ttft() -> None:

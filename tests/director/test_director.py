@@ -169,3 +169,58 @@ def test_the_conformance_selection_header_is_honoured_only_when_enabled() -> Non
     assert "test-epp-endpoint-selection" in err.value.message
     disabled = Director(table, build_scheduler(None, seed=0), clock=lambda: NOW)
     assert len({disabled.decide(named).addresses[0] for _ in range(40)}) == 2
+
+
+def test_a_decision_books_its_prefill_until_the_first_byte_and_complete_does_not_release_it_twice() -> None:
+    table = _table(0.0)
+    director = _director(table, ObjectiveStore())
+    first, second = director.decide(_request()), director.decide(_request())
+    held = table.snapshot().prefill_tokens
+    assert first.prefill == first.tokens > 0  # no prefill scorer noted a cached prefix: every prompt token
+    assert held.sum() == first.prefill + second.prefill
+    director.first_byte(first)
+    director.first_byte(first)  # once per decision
+    assert table.snapshot().prefill_tokens.sum() == second.prefill
+    director.complete(first)
+    assert table.snapshot().prefill_tokens.sum() == second.prefill
+    director.complete(second)  # no first byte came: released at the end
+    assert table.snapshot().prefill_tokens.sum() == 0
+    assert table.snapshot().inflight.sum() == 0
+
+
+def test_with_the_prefill_queue_scorer_a_decision_books_only_the_tokens_not_cached_where_it_goes() -> None:
+    from epp.config.decode import parse_config
+
+    config = parse_config(
+        {
+            "apiVersion": "llm-d.ai/v1alpha1",
+            "kind": "EndpointPickerConfig",
+            "plugins": [
+                {"type": "approx-prefix-cache-producer"},
+                {
+                    "type": "prefix-cache-scorer",
+                    "parameters": {"prefixMatchInfoProducerName": "approx-prefix-cache-producer"},
+                },
+                {"type": "prefill-queue-scorer"},
+                {"type": "max-score-picker"},
+            ],
+            "schedulingProfiles": [
+                {
+                    "name": "default",
+                    "plugins": [
+                        {"pluginRef": "prefix-cache-scorer", "weight": 1},
+                        {"pluginRef": "prefill-queue-scorer", "weight": 1},
+                        {"pluginRef": "max-score-picker"},
+                    ],
+                }
+            ],
+        }
+    )
+    table = _table(0.0)
+    director = Director(table, build_scheduler(config, seed=0), clock=lambda: NOW, seed=0)
+    body = json.dumps({"model": "base", "prompt": "a long shared context " * 200, "max_tokens": 3}).encode()
+    cold = director.decide(parse_request("r1", "/v1/completions", {}, body))
+    warm = director.decide(parse_request("r2", "/v1/completions", {}, body))
+    assert cold.prefill == cold.tokens
+    assert warm.slot == cold.slot and 0 <= warm.prefill < warm.tokens  # the prefix is cached there
+    assert table.snapshot().prefill_tokens[cold.slot] == cold.prefill + warm.prefill

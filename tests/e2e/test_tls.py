@@ -209,3 +209,46 @@ async def test_with_the_json_encoder_every_line_the_picker_writes_is_json(
     if transport == "grpc":
         assert any(r.get("logger") == "grpc" and "server name" in str(r.get("msg")) for r in records), records[-5:]
     assert any("serving" in str(r.get("msg")) for r in records)
+
+
+def _reconnecting_gateway_to(listen: int, admin: int, epp_port: int, every: int) -> dict[str, Any]:
+    config = gateway_bootstrap(listen, admin, epp_port, "BUFFERED")
+    for cluster in config["static_resources"]["clusters"]:
+        if cluster["name"] == "epp":
+            http = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+            http["common_http_protocol_options"] = {"max_requests_per_connection": every}
+    return config
+
+
+async def test_with_two_workers_a_reconnect_resumes_its_tls_session_whichever_worker_takes_it(
+    e2e_tmp: Path, backends: Backends, envoy_available: None
+) -> None:
+    """Envoy renews its connection every 4 streams and offers its session ticket; the kernel hands each new
+    connection to either worker. Every worker seals and opens tickets with the control process's keys, so all but
+    the first handshake resume (with each worker's own keys about half would be full handshakes)."""
+    argv, picker = start_picker(e2e_tmp, ",".join(backends.pool), "--workers", "2")
+    listen, admin = free_port(), free_port()
+    with running(argv, e2e_tmp / "picker-tickets.log") as proc:
+        wait_until(lambda: http_ok(picker.url("/readyz")), 60, "epp serve", proc)
+        wait_until(lambda: all(w["serving"] for w in _debug_workers(picker)), 60, "every worker", proc)
+        with run_envoy(e2e_tmp, _reconnecting_gateway_to(listen, admin, picker.grpc_port, RECONNECT_EVERY), "tickets"):
+            async with aiohttp.ClientSession() as session:
+                for i in range(80):  # one at a time: each new connection starts after the last one's ticket came
+                    async with session.post(
+                        f"http://127.0.0.1:{listen}{CHAT}", data=_body(i), headers={"content-type": "application/json"}
+                    ) as response:
+                        assert response.status == 200
+            handshakes = _stat(admin, "cluster.epp.ssl.handshake")
+            resumed = _stat(admin, "cluster.epp.ssl.session_reused")
+        wait_until(lambda: sum(w["streams"] for w in _debug_workers(picker)) >= 80, 30, "the workers' counts", proc)
+        served = [w["streams"] for w in _debug_workers(picker)]
+    print(f"handshakes {handshakes}, resumed {resumed}, streams by worker {served}")
+    assert handshakes >= 80 // RECONNECT_EVERY
+    assert all(s > 0 for s in served), served  # both workers took connections: resumption crossed workers
+    assert handshakes - resumed <= 2, (handshakes, resumed)
+
+
+def _debug_workers(picker: Picker) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(picker.url("/debug/pool"), timeout=5) as r:
+        workers: list[dict[str, Any]] = json.loads(r.read())["workers"]
+    return workers

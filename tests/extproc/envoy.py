@@ -50,6 +50,9 @@ class CountingDecider:
         self.completed += 1
         self.inner.complete(decision, timing)
 
+    def first_byte(self, decision: Decision) -> None:
+        self.inner.first_byte(decision)
+
 
 def decide_now(decider: object, request: NeedDecision, subset: Sequence[str] | None) -> Outcome:
     """What the adapter's pipeline does without a render call or flow control: the decider's `decide`, or its

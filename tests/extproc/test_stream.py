@@ -261,6 +261,9 @@ class _Rewriting:
     def complete(self, decision: Decision, timing: Timing | None = None) -> None:
         self.inner.complete(decision, timing)
 
+    def first_byte(self, decision: Decision) -> None:
+        self.inner.first_byte(decision)
+
 
 def test_model_rewrite_resends_the_new_body_with_its_length_and_restores_the_name_in_the_response() -> None:
     stream = DecidingStream(_Rewriting(), PickerMetrics(CollectorRegistry()), lambda: 0.0)  # type: ignore[arg-type]
@@ -325,3 +328,19 @@ def test_a_generated_request_id_is_never_shared_between_requests() -> None:
         for r in (first, second)
     ]
     assert first is not second and ids[0] != ids[1]
+
+
+def test_the_first_response_chunk_releases_the_prefill_booking_and_the_end_releases_the_rest() -> None:
+    stream, director, _ = make_stream()
+    stream.handle(headers_msg())
+    stream.handle(body_msg(BODY, True))
+    snapshot = director.table.snapshot()
+    assert int(snapshot.prefill_tokens.sum()) > 0 and int(snapshot.inflight.sum()) == 1
+    stream.handle(response_headers("text/event-stream"))
+    assert int(director.table.snapshot().prefill_tokens.sum()) > 0  # headers come before the first token
+    stream.handle(response_body(b'data: {"choices": [{"text": "a"}]}\n\n', False))
+    snapshot = director.table.snapshot()
+    assert int(snapshot.prefill_tokens.sum()) == 0 and int(snapshot.inflight.sum()) == 1
+    stream.handle(response_body(b"data: [DONE]\n\n", True))
+    snapshot = director.table.snapshot()
+    assert int(snapshot.prefill_tokens.sum()) == 0 and int(snapshot.inflight.sum()) == 0

@@ -213,6 +213,12 @@ class FakeApiServer:
             started.set()
             loop.run_forever()
             loop.run_until_complete(self._shutdown())
+            # A watch whose client left (aiohttp does not cancel its handler) may still wait on its queue: end it
+            # here, or closing the loop leaves a pending Queue.get that warns at garbage collection.
+            left = asyncio.all_tasks(loop)
+            for task in left:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
             loop.close()
 
         self._thread = threading.Thread(target=main, name="fake-apiserver", daemon=True)

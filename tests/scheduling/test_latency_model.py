@@ -11,8 +11,10 @@ from epp.datastore.observations import Observation, PickFeatures
 from epp.scheduling.latency_model import LatencyModel, features
 
 
-def _obs(slot: int, uncached: int, queue: float, ttft_ms: float, tpot_ms: float, address: str = "") -> Observation:
-    pick = PickFeatures(uncached, uncached, queue, 4.0, 0.3, int(queue), 0.0, 0.0)
+def _obs(
+    slot: int, uncached: int, queue: float, ttft_ms: float, tpot_ms: float, address: str = "", kv: float = math.nan
+) -> Observation:
+    pick = PickFeatures(uncached, uncached, queue, 4.0, 0.3, int(queue), 0.0, 0.0, 0, kv)
     return Observation(
         slot, address or f"127.10.0.{slot + 1}:8000", pick, ttft_ms / 1e3, tpot_ms / 1e3, 100, True, 0.0, 0.0
     )
@@ -24,11 +26,11 @@ def _predict(model: LatencyModel, slot: int, uncached: int, queue: float) -> tup
     return float(ttft[0]), float(tpot[0])
 
 
-def _train(model: LatencyModel, slot: int, ttft, n: int, seed: int = 0) -> None:
+def _train(model: LatencyModel, slot: int, ttft, n: int, seed: int = 0, kv: float = math.nan) -> None:
     rng = np.random.default_rng(seed)
     for _ in range(n):
         uncached, queue = int(rng.integers(100, 4000)), float(rng.integers(0, 20))
-        model.observe(_obs(slot, uncached, queue, ttft(uncached, queue), 8.0 + 0.5 * queue))
+        model.observe(_obs(slot, uncached, queue, ttft(uncached, queue), 8.0 + 0.5 * queue, kv=kv))
 
 
 def test_it_learns_an_endpoints_ttft_and_tpot() -> None:
@@ -54,6 +56,28 @@ def test_a_cold_endpoint_predicts_with_the_pools_weights() -> None:
         _train(model, slot, lambda u, q: 20.0 + 0.05 * u + 15.0 * q, 200, seed=slot)
     cold, _ = _predict(model, 40, 2000, 10.0)  # a slot never observed
     assert math.isclose(cold, 270.0, rel_tol=0.1)
+
+
+def test_endpoints_of_one_hardware_class_learn_as_one() -> None:
+    fast = lambda u, q: 20.0 + 0.05 * u + 15.0 * q  # noqa: E731
+    slow = lambda u, q: 60.0 + 0.4 * u + 40.0 * q  # noqa: E731
+    model = LatencyModel()
+    _train(model, 0, fast, 600, kv=458_752.0)  # the fast class: most of the observations
+    for slot in (1, 2, 3):
+        _train(model, slot, slow, 30, seed=slot, kv=36_864.0)
+    model.observe(_obs(4, 1000, 5.0, slow(1000, 5.0), 10.0, kv=36_864.0))  # a new member, seen once
+    ttft, _ = _predict(model, 4, 2000, 10.0)
+    assert math.isclose(ttft, slow(2000, 10.0), rel_tol=0.1)  # its class's, not the pool's (fast-heavy) weights
+    unknown = LatencyModel()
+    _train(unknown, 0, fast, 600)
+    for slot in (1, 2, 3):
+        _train(unknown, slot, slow, 30, seed=slot)
+    unknown.observe(_obs(4, 1000, 5.0, slow(1000, 5.0), 10.0))
+    assert _predict(unknown, 4, 2000, 10.0)[0] < 0.8 * slow(2000, 10.0)  # no class known: the pool's prior
+    speed = model.unloaded_ttft(np.array([36_864.0, 458_752.0, 1.0]), 2000)
+    assert math.isclose(speed[0], slow(2000, 0.0), rel_tol=0.15)
+    assert math.isclose(speed[1], fast(2000, 0.0), rel_tol=0.15)
+    assert math.isnan(speed[2])  # a class never observed
 
 
 def test_a_reused_slot_starts_again_from_the_pool() -> None:

@@ -14,6 +14,7 @@ from epp.scheduling.load_scorers import (
     ContextLengthAware,
     LoadAwareScorer,
     NoHitLruScorer,
+    PrefillQueueScorer,
     ProducedPrefixScorer,
     TokenLoadScorer,
     parse_range,
@@ -75,6 +76,43 @@ def test_token_load_with_nothing_in_flight_and_an_empty_prompt_is_one() -> None:
     """token_load.go: tokenLoad <= 0 scores 1.0."""
     snap = table_with([{}, {}]).snapshot()
     assert TokenLoadScorer().score(state(snap, request("")), snap.slots).tolist() == [1.0, 1.0]
+
+
+def test_prefill_queue_scores_queued_prefill_plus_own_uncached_tokens_least_wait_one() -> None:
+    """Ours: wait = this picker's prefill tokens queued there (booked, first byte not yet) + this request's tokens
+    not cached there; score = least wait / wait."""
+    table = table_with([{}, {}, {}])
+    table.book_prefill(1, 300)
+    table.book_prefill(2, 100)
+    snap = table.snapshot()
+    st = state(snap, request("x" * 400))  # 100 estimated tokens
+    scorer = PrefillQueueScorer()
+    assert scorer.score(st, snap.slots).tolist() == pytest.approx([1.0, 0.25, 0.5])
+
+
+def test_prefill_queue_weighs_a_cached_prefix_against_a_queue_in_one_unit() -> None:
+    """Ours: an endpoint holding 64 of the 100 tokens with 50 tokens queued (wait 86) beats an idle one that
+    must compute all 100; with 80 queued (wait 116) the idle one wins."""
+    for queued, expected in ((50, [1.0, 0.86]), (80, [100 / 116, 1.0])):
+        table = table_with([{}, {}])
+        table.book_prefill(0, queued)
+        snap = table.snapshot()
+        st = state(snap, request("x" * 400))
+        publish(st, "approx-prefix-cache-producer", PrefixMatch(np.array([4.0, 0]), 6, 16))
+        assert PrefillQueueScorer().score(st, snap.slots).tolist() == pytest.approx(expected)
+
+
+def test_prefill_queue_notes_the_picks_uncached_tokens_for_the_booking() -> None:
+    """Ours: `picked` keeps the chosen endpoint's uncached tokens as scored; `uncached` hands them out once,
+    then (nothing noted) every prompt token."""
+    snap = table_with([{}, {}]).snapshot()
+    st = state(snap, request("x" * 400))
+    publish(st, "approx-prefix-cache-producer", PrefixMatch(np.array([4.0, 0]), 6, 16))
+    scorer = PrefillQueueScorer()
+    scorer.score(st, snap.slots)
+    scorer.picked(st, 0)
+    assert scorer.uncached(0, 100) == 36
+    assert scorer.uncached(0, 100) == 100
 
 
 @pytest.mark.parametrize(
@@ -182,5 +220,5 @@ def test_context_length_prefers_engine_tokens_when_produced() -> None:
 def test_unknown_signals_never_make_a_score_nan() -> None:
     """Ours: NaN metrics (never scraped) stay finite for every load scorer."""
     snap = table_with([{"scraped": False}, {"waiting": NAN}]).snapshot()
-    for scorer in (LoadAwareScorer(), ActiveRequestScorer(), TokenLoadScorer()):
+    for scorer in (LoadAwareScorer(), ActiveRequestScorer(), TokenLoadScorer(), PrefillQueueScorer()):
         assert all(math.isfinite(v) for v in scorer.score(state(snap), snap.slots))

@@ -41,6 +41,7 @@ SCORERS = [
     ("active-request-scorer", {"idleThreshold": 1, "maxBusyScore": 0.5}, True),
     ("token-load-scorer", {"queueThresholdTokens": 500}, True),
     ("no-hit-lru-scorer", {"lruSize": 3}, True),
+    ("prefill-queue-scorer", {}, True),
     ("context-length-aware", {"enableFiltering": True}, False),
     ("precise-prefix-cache-scorer", {}, False),  # its own precise producer (no events: the approximate match)
     # stand-ins (epp.scheduling.stand_ins): 0 for every endpoint

@@ -46,9 +46,9 @@ def _ctx() -> BuildContext:
     return BuildContext(np.random.SeedSequence(1), SaturationThresholds())
 
 
-def _teach(model: LatencyModel, slot: int, ttft_ms: float, n: int = 200) -> None:
+def _teach(model: LatencyModel, slot: int, ttft_ms: float, n: int = 200, kv_tokens: float = float("nan")) -> None:
     for i in range(n):
-        pick = PickFeatures(100, 100, float(i % 3), 2.0, 0.3, 1, 0.0, 0.0)
+        pick = PickFeatures(100, 100, float(i % 3), 2.0, 0.3, 1, 0.0, 0.0, 0, kv_tokens)
         model.observe(Observation(slot, f"127.10.0.{slot + 1}:8000", pick, ttft_ms / 1e3, 0.01, 10, True, 0.0, 0.0))
 
 
@@ -83,6 +83,33 @@ def test_headroom_tier_and_score_follow_the_predictions() -> None:
     least = LatencyScorer("l", "p", 0.8, 0.2, most=False).score(st, kept)
     most = LatencyScorer("l", "p", 0.8, 0.2, most=True).score(st, kept)
     assert least[1] > least[0] and most[0] > most[1]
+
+
+def test_speed_tiers_leave_the_fast_class_to_the_objectives_only_it_can_meet() -> None:
+    model = LatencyModel()
+    fast_kv, slow_kv = 2000.0 * 16, 200.0 * 16  # KV capacity (blocks × block size): the hardware class
+    _teach(model, 0, 40.0, kv_tokens=fast_kv)
+    for slot in (1, 2):
+        _teach(model, slot, 300.0, kv_tokens=slow_kv)
+    producer = PredictedLatencyProducer("p", model)
+    rows = [{"waiting": 1.0, "kv_usage": 0.3, "num_blocks": 2000.0, "block_size": 16.0}]
+    rows += [{"waiting": 1.0, "kv_usage": 0.3, "num_blocks": 200.0, "block_size": 16.0}] * 2
+    snap = table_with(rows).snapshot()
+    tiers = HeadroomTierFilter("f", "p", 0.0, 1, speed_tiers=model)
+    plain = HeadroomTierFilter("f", "p", 0.0, 1)
+    loose = state(snap, request("hello", slo_ttft_ms=5000.0))  # every endpoint meets it
+    producer.produce(loose)
+    assert tiers.filter(loose, snap.slots).tolist() == [1, 2]  # the slow class serves it
+    assert plain.filter(loose, snap.slots).tolist() == [0, 1, 2]  # upstream's filter: one tier
+    tight = state(snap, request("hello", slo_ttft_ms=100.0))  # only the fast class meets it
+    producer.produce(tight)
+    assert tiers.filter(tight, snap.slots).tolist() == [0]
+    unlearned = LatencyModel()
+    _teach(unlearned, 0, 40.0, kv_tokens=fast_kv)
+    _teach(unlearned, 1, 300.0)  # its class never reported: no speed known, nothing narrowed
+    st = state(snap, request("hello", slo_ttft_ms=5000.0))
+    PredictedLatencyProducer("q", unlearned).produce(st)
+    assert HeadroomTierFilter("f", "q", 0.0, 1, speed_tiers=unlearned).filter(st, snap.slots).tolist() == [0, 1, 2]
 
 
 def test_a_sheddable_request_no_endpoint_can_serve_in_time_is_refused() -> None:

@@ -17,6 +17,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "scheduling.md"
 OWN_TYPES = {
     "inflight-load-scorer",
     "label-filter",
+    "prefill-queue-scorer",
     "rendezvous-picker",
     "saturation-filter",
     "self-calibrating-detector",

@@ -26,14 +26,24 @@ OBJECTIVES_PLURAL = "inferenceobjectives"
 REWRITES_PLURAL = "inferencemodelrewrites"
 
 
-def group_in_force(served: Mapping[str, bool]) -> str | None:
-    """The group whose objects of one kind count: the first of `OBJECTIVE_GROUPS` the server serves.
+def group_in_force(served: Mapping[str, bool | None]) -> str | None:
+    """The group whose objects of one kind count: the first of `OBJECTIVE_GROUPS` the server serves; None while
+    that is not known yet.
 
-    `served` maps a group to whether its list found the kind (a group not listed yet is absent or False). A
-    served group wins even while it holds no object, so deleting the last llm-d.ai object does not bring the
-    older group's objects back: the same answer as upstream, which picks the group once from API discovery.
+    `served` maps a group to whether its list found the kind: True, False (404: its CRD is not installed), or
+    None / absent while the list has not answered. Undecided until every group ahead of the answer has answered:
+    otherwise, when the older group's list lands first, its objects would count until llm-d.ai's list lands and
+    the picker would route by rules that upstream never applies (upstream picks the group from API discovery
+    before it watches). A served group wins even while it holds no object, so deleting the last llm-d.ai object
+    does not bring the older group's objects back: upstream's answer too.
     """
-    return next((g for g in OBJECTIVE_GROUPS if served.get(g)), None)
+    for group in OBJECTIVE_GROUPS:
+        answer = served.get(group)
+        if answer is None:
+            return None
+        if answer:
+            return group
+    return None
 
 
 def _age_key(obj: Mapping[str, Any]) -> tuple[str, str, str]:

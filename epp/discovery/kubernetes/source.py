@@ -363,7 +363,7 @@ class KubernetesSource:
 
     def _in_force(self, plural: str) -> list[dict[str, Any]]:
         """The objects of one kind from the group in force (`group_in_force`); a change of group is logged once."""
-        served = {g: c.listed and c.served for (g, p), c in self._objective_caches.items() if p == plural}
+        served = {g: c.served if c.listed else None for (g, p), c in self._objective_caches.items() if p == plural}
         group = group_in_force(served)
         ignored = tuple(g for g in OBJECTIVE_GROUPS if g != group and served.get(g))
         if self._groups_in_force.get(plural) != (group, ignored):
