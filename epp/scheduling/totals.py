@@ -1,6 +1,8 @@
 """The profile runner's arithmetic on its candidates: the weighted total of the scorers' terms, and the max-score
 picker's tie search; numpy code that defines them, and the compiled kernels that run them when they were built
-(with the saturation filter's elementwise pass, `epp.scheduling.saturation.kept_under`).
+(with the saturation filter's elementwise pass, `epp.scheduling.saturation.kept_under`, and the prefix index's
+match, `epp.scheduling.prefix.PrefixIndex.match`; `epp.scheduling.framework.extremes` loads the small-pool
+extremes from the same extension).
 
 A term is one scorer's part of the total: `values × coef`, with NaN → `fill` when the scorer has a fill
 (`Linear.part`: coef = weight × scale, fill = weight × (unknown − offset)). The total is the sum of the terms in the
@@ -48,6 +50,8 @@ class Kernels(Protocol):
         kv_limit: float,
         out: IntArray,
     ) -> object: ...
+
+    def prefix_match(self, holders: dict[int, int], hashes: list[int], out: FloatArray) -> object: ...
 
 
 _compiled: Kernels | None
