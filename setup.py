@@ -1,6 +1,6 @@
 """The compiled kernels of `epp.kvevents` (block keys, shared-table lookups), of `epp.scheduling.totals` (the
-runner's weighted total and tie search) and the ext_proc front's HTTP/2
-framing (`epp.extproc.native`): optional, so an install without a
+runner's weighted total and tie search), the ext_proc request header map (`epp.extproc.messages`) and the ext_proc
+front's HTTP/2 framing (`epp.extproc.native`): optional, so an install without a
 compiler (a slim image) still works and runs the numpy code they are measured against (`epp.kvevents.kernels`).
 Everything else about the package is in pyproject.toml."""
 
@@ -17,6 +17,24 @@ setup(
         Extension(
             "epp.scheduling._native",
             ["epp/scheduling/_native.c"],
+            optional=True,
+        ),
+        # A route receipt's terms and JSON (epp.scheduling.receipt): without it the Python code runs them.
+        Extension(
+            "epp.scheduling._receipt",
+            ["epp/scheduling/_receipt.c"],
+            optional=True,
+        ),
+        # The envoy.lb metadata of an answer with scores or a receipt, as wire bytes (epp.extproc.messages).
+        Extension(
+            "epp.extproc._metadata",
+            ["epp/extproc/_metadata.c"],
+            optional=True,
+        ),
+        # Envoy's header map read from its bytes (epp.extproc.messages): without it upb's wrappers are read.
+        Extension(
+            "epp.extproc._headers",
+            ["epp/extproc/_headers.c"],
             optional=True,
         ),
         # The ext_proc front's HTTP/2 + gRPC framing (epp.extproc.native): without it the grpc.aio adapter serves.

@@ -1,10 +1,12 @@
 /* The profile runner's arithmetic on its candidates, compiled: the weighted total of the scorers' terms, the
- * max-score picker's tie search, and the saturation filter's elementwise pass. Built at install when a compiler is there (setup.py: optional);
- * `epp.scheduling.totals` decides at import whether these or the numpy code run.
+ * max-score picker's tie search, the saturation filter's elementwise pass, and the prefix index's match. Built at
+ * install when a compiler is there (setup.py: optional); `epp.scheduling.totals` decides at import whether these or
+ * the numpy code run.
  *
- * Not definitions of their own: `weighted_total_numpy`, `max_tie_numpy` (epp/scheduling/totals.py) and
- * `kept_under_numpy` (epp/scheduling/saturation.py) are, and
- * tests/scheduling/test_totals.py holds the two equal on random terms (NaN, infinities, signed zeros, ties).
+ * Not definitions of their own: `weighted_total_numpy`, `max_tie_numpy` (epp/scheduling/totals.py),
+ * `kept_under_numpy` (epp/scheduling/saturation.py) and `PrefixIndex.match_python` (epp/scheduling/prefix.py) are,
+ * and tests/scheduling/test_totals.py (tests/scheduling/test_prefix_native.py for the match) holds the two equal on
+ * random inputs (NaN, infinities, signed zeros, ties; random holder sets).
  * Every step is the numpy code's, element by element, in its order, so the results are the same doubles: a term is
  * values × coef, then (with a fill) NaN → fill and ±inf → ±DBL_MAX (`np.nan_to_num`); the total is the first term
  * plus each later one in turn, plus the offset when it is not 0, then `fmax(total, 0)`. Buffers only (the buffer
@@ -15,6 +17,7 @@
 #include <Python.h>
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #define MAX_TERMS 16
@@ -36,11 +39,11 @@ doubles(PyObject *o, Py_buffer *view, int writable)
 /* weighted_total(out, offset, values_0, coef_0, fill_0, values_1, ...) -> None | NotImplemented
  *
  * out: n float64, written; each term's values: n float64 (read); coef: a float; fill: a float or None. More than
- * MAX_TERMS terms answer NotImplemented. */
+ * MAX_TERMS terms answer NotImplemented. `rows` (weighted_total_rows): terms × n float64, each term written into its
+ * row too (a detailed pick's terms, `weighted_term` of each). */
 static PyObject *
-weighted_total(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+total_into(PyObject *const *args, Py_ssize_t nargs, PyObject *rows_arg)
 {
-    (void)self;
     if (nargs < 5 || (nargs - 2) % 3 != 0) {
         PyErr_SetString(PyExc_TypeError, "weighted_total takes out, offset and (values, coef, fill) terms");
         return NULL;
@@ -70,6 +73,22 @@ weighted_total(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *result = NULL;
     Py_ssize_t held = 0;
     Py_ssize_t n = out.len / 8;
+    Py_buffer rows_view;
+    double *rows = NULL;
+    if (rows_arg != NULL) {
+        got = doubles(rows_arg, &rows_view, 1);
+        if (got != 0) {
+            PyBuffer_Release(&out);
+            return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+        }
+        if (rows_view.len != out.len * terms) {
+            PyBuffer_Release(&rows_view);
+            PyBuffer_Release(&out);
+            PyErr_SetString(PyExc_ValueError, "rows is not terms x len(out)");
+            return NULL;
+        }
+        rows = (double *)rows_view.buf;
+    }
     for (; held < terms; held++) {
         got = doubles(args[2 + 3 * held], &views[held], 0);
         if (got != 0) {
@@ -93,6 +112,8 @@ weighted_total(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 else if (isinf(x))
                     x = x > 0 ? DBL_MAX : -DBL_MAX;
             }
+            if (rows != NULL)
+                rows[t * n + i] = x;
             sum = t == 0 ? x : sum + x;
         }
         if (offset != 0.0)
@@ -103,8 +124,36 @@ weighted_total(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 done:
     for (Py_ssize_t t = 0; t < held; t++)
         PyBuffer_Release(&views[t]);
+    if (rows != NULL)
+        PyBuffer_Release(&rows_view);
     PyBuffer_Release(&out);
     return result;
+}
+
+static PyObject *
+weighted_total(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    return total_into(args, nargs, NULL);
+}
+
+/* weighted_total_rows(out, rows, offset, values_0, coef_0, fill_0, ...) -> None | NotImplemented */
+static PyObject *
+weighted_total_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "weighted_total_rows takes out, rows, offset and terms");
+        return NULL;
+    }
+    /* out, then offset and the terms: the arguments less `rows` (args[1]) */
+    PyObject *shifted[2 + 3 * MAX_TERMS];
+    if (nargs - 1 > 2 + 3 * MAX_TERMS)
+        return Py_NewRef(Py_NotImplemented);
+    shifted[0] = args[0];
+    for (Py_ssize_t i = 2; i < nargs; i++)
+        shifted[i - 1] = args[i];
+    return total_into(shifted, nargs - 1, nargs > 1 ? args[1] : Py_None);
 }
 
 /* max_tie(scores, tie, draw) -> int | NotImplemented
@@ -237,11 +286,172 @@ done:
     return result;
 }
 
+/* The bits of a holder set (a Python int, `PrefixIndex._holders`' value; absent: 0) into *out; 0 when it is wider
+ * than 64 bits (or not an int), -1 on a Python error. */
+static int
+holder_bits(PyObject *holders, PyObject *hash, uint64_t *out)
+{
+    PyObject *found = PyDict_GetItemWithError(holders, hash);
+    if (found == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        *out = 0;
+        return 1;
+    }
+    if (!PyLong_CheckExact(found))
+        return 0;
+    uint64_t bits = PyLong_AsUnsignedLongLong(found);
+    if (bits == (uint64_t)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    *out = bits;
+    return 1;
+}
+
+/* prefix_match(holders, hashes, out) -> int | NotImplemented
+ *
+ * The prefix index's match (prefix.py's `PrefixIndex.match_python`, step for step): into `out` (n float64, zeros),
+ * per slot the leading blocks of `hashes` (a list of ints) it holds, each run of equal holder sets found by binary
+ * search; returns the depth of the longest match (`reach`). A holder set wider than 64 bits (a table of more than 64
+ * slots) answers NotImplemented before `out` is written. */
+static PyObject *
+prefix_match(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "prefix_match takes holders (a dict), hashes (a list) and out");
+        return NULL;
+    }
+    PyObject *holders = args[0], *hashes = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(hashes);
+    uint64_t current = 0, got;
+    Py_ssize_t depth = 0, segments = 0;
+    Py_ssize_t seg_depth[65];
+    uint64_t seg_mask[65];
+    int rc;
+    if (n) {
+        if ((rc = holder_bits(holders, PyList_GET_ITEM(hashes, 0), &current)) <= 0)
+            return rc < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    }
+    while (current) {
+        Py_ssize_t lo = depth, hi = n - 1;
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi + 1) >> 1;
+            if ((rc = holder_bits(holders, PyList_GET_ITEM(hashes, mid), &got)) <= 0)
+                return rc < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+            if (got == current)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        depth = lo + 1;
+        uint64_t deeper = 0;
+        if (depth < n) {
+            if ((rc = holder_bits(holders, PyList_GET_ITEM(hashes, depth), &got)) <= 0)
+                return rc < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+            deeper = got & current;
+        }
+        if (segments == 65) /* a strictly shrinking set has at most 64 runs: an index out of its invariant */
+            return Py_NewRef(Py_NotImplemented);
+        seg_depth[segments] = depth;
+        seg_mask[segments++] = current & ~deeper;
+        current = deeper;
+    }
+    Py_buffer view;
+    int ok = doubles(args[2], &view, 1);
+    if (ok != 0)
+        return ok < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    Py_ssize_t size = view.len / 8;
+    double *out = (double *)view.buf;
+    for (Py_ssize_t s = 0; s < segments; s++) {
+        uint64_t mask = seg_mask[s];
+        if (size < 64)
+            mask &= ((uint64_t)1 << size) - 1; /* slots beyond this snapshot: the index is ahead of it */
+        while (mask) {
+            out[__builtin_ctzll(mask)] = (double)seg_depth[s];
+            mask &= mask - 1;
+        }
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(depth);
+}
+
+/* (lo, hi, False), the references taken; NULL when either is. */
+static PyObject *
+known(PyObject *lo, PyObject *hi)
+{
+    PyObject *tuple = lo != NULL && hi != NULL ? PyTuple_New(3) : NULL;
+    if (tuple == NULL) {
+        Py_XDECREF(lo);
+        Py_XDECREF(hi);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(tuple, 0, lo);
+    PyTuple_SET_ITEM(tuple, 1, hi);
+    PyTuple_SET_ITEM(tuple, 2, Py_NewRef(Py_False));
+    return tuple;
+}
+
+/* small_extremes(values) -> (lo, hi, False) | NotImplemented
+ *
+ * `framework.small_extremes`' answer for an array of known values (framework.py, step for step): for a contiguous
+ * float64 or int64 buffer of 1..32 values whose sum (float64, in order from 0.0, as Python's `sum` of a list of
+ * floats adds) is not NaN, the first least and the first greatest value as Python's `min` and `max` of the list
+ * find them (`<` and `>`), as Python floats or ints. Anything else (empty, NaN in the sum, another type, longer)
+ * answers NotImplemented and the Python code runs. */
+static PyObject *
+small_extremes(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_FORMAT | PyBUF_STRIDES) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = view.itemsize ? view.len / view.itemsize : 0;
+    if (view.itemsize != 8 || view.format == NULL || n < 1 || n > 32 || !PyBuffer_IsContiguous(&view, 'C')) {
+        result = Py_NewRef(Py_NotImplemented);
+    } else if (strcmp(view.format, "d") == 0) {
+        const double *x = (const double *)view.buf;
+        double sum = 0.0, lo = x[0], hi = x[0];
+        for (Py_ssize_t i = 0; i < n; i++) {
+            sum += x[i];
+            if (x[i] < lo)
+                lo = x[i];
+            if (x[i] > hi)
+                hi = x[i];
+        }
+        result = isnan(sum) ? Py_NewRef(Py_NotImplemented) : known(PyFloat_FromDouble(lo), PyFloat_FromDouble(hi));
+    } else if (strcmp(view.format, "l") == 0 || strcmp(view.format, "q") == 0) {
+        const int64_t *x = (const int64_t *)view.buf;
+        int64_t lo = x[0], hi = x[0];
+        for (Py_ssize_t i = 1; i < n; i++) {
+            if (x[i] < lo)
+                lo = x[i];
+            if (x[i] > hi)
+                hi = x[i];
+        }
+        result = known(PyLong_FromLongLong(lo), PyLong_FromLongLong(hi));
+    } else {
+        result = Py_NewRef(Py_NotImplemented);
+    }
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"kept_under", (PyCFunction)(void (*)(void))kept_under, METH_FASTCALL,
      "The saturation filter's elementwise pass into `out` (saturation.py's kept_under_numpy)."},
     {"weighted_total", (PyCFunction)(void (*)(void))weighted_total, METH_FASTCALL,
      "The weighted total of the scorers' terms into `out` (totals.py's weighted_total_numpy)."},
+    {"weighted_total_rows", (PyCFunction)(void (*)(void))weighted_total_rows, METH_FASTCALL,
+     "weighted_total, each term also written into its row of `rows` (totals.py's weighted_total_rows_numpy)."},
+    {"small_extremes", small_extremes, METH_O,
+     "(min, max, False) of a small array of known values (framework.py's small_extremes)."},
+    {"prefix_match", (PyCFunction)(void (*)(void))prefix_match, METH_FASTCALL,
+     "The prefix index's match into `out`, its reach returned (prefix.py's PrefixIndex.match_python)."},
     {"max_tie", (PyCFunction)(void (*)(void))max_tie, METH_FASTCALL,
      "The index of the highest score, ties drawn (totals.py's max_tie_numpy)."},
     {NULL, NULL, 0, NULL},

@@ -8,9 +8,10 @@ so a 128 KB prompt is hashed once per pick, not once per plugin.
 
 from __future__ import annotations
 
+import importlib
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -49,6 +50,22 @@ Extremes = tuple[float, float, bool]
 _NONE_KNOWN: Extremes = (math.nan, math.nan, False)
 
 
+# The compiled `small_extremes` (epp/scheduling/_native.c): an `Extremes` tuple, or NotImplemented where the Python
+# code must answer (no value, a NaN in the sum, another dtype).
+_SmallExtremes = Callable[[FloatArray | IntArray], object]
+
+
+def _compiled_extremes() -> _SmallExtremes | None:
+    # By name, as epp.scheduling.totals loads the same module; EPP_NATIVE=0 or no compiler: the list code runs.
+    try:
+        module = importlib.import_module("epp.scheduling._native")
+    except ImportError:
+        return None
+    return cast(_SmallExtremes, module.small_extremes) if module.ENABLED else None
+
+
+_SMALL = _compiled_extremes()
+
 # The extremes of recent small arrays, by their bytes (and dtype): the scrape columns (scrape times, failure streaks,
 # queues, KV usage) hold still between scrapes while every pick reduces them, so most reductions are one lookup.
 # A pure cache of a pure function: the same bytes and dtype give the same answer. Bounded; cleared when full.
@@ -57,22 +74,31 @@ _RECENT_MAX = 1024
 
 
 def extremes(values: FloatArray | IntArray) -> Extremes:
-    """`Extremes` of an array: for a pool of a few dozen endpoints on a Python list, both ends in one pass (unless a
-    NaN is present: its sum is NaN then), remembered by content (`_RECENT`); otherwise numpy's reductions,
-    NaN-ignoring ones only when needed."""
+    """`Extremes` of an array: for a pool of a few dozen endpoints `small_extremes` (compiled when it was built:
+    one call, no cache to look up), otherwise numpy's reductions, NaN-ignoring ones only when needed."""
     if values.size <= SMALL_POOL:
-        key = values.tobytes()
-        recent = _RECENT.get(key)
-        if recent is not None and recent[0] is values.dtype:
-            return recent[1]
-        listed: list[float] = values.tolist()
-        total = sum(listed)  # NaN when a value is (an inf − inf sum goes to numpy too, which gets it right)
-        found = _reduced(values) if total != total else (min(listed), max(listed), False) if listed else _NONE_KNOWN
-        if len(_RECENT) >= _RECENT_MAX:
-            _RECENT.clear()
-        _RECENT[key] = (values.dtype, found)
-        return found
+        if _SMALL is not None:
+            found = _SMALL(values)
+            if found.__class__ is tuple:
+                return found
+        return small_extremes(values)
     return _reduced(values)
+
+
+def small_extremes(values: FloatArray | IntArray) -> Extremes:
+    """The definition for a small pool: on a Python list, both ends in one pass (unless a NaN is present: its sum is
+    NaN then, and numpy's NaN-ignoring reductions answer), remembered by content (`_RECENT`)."""
+    key = values.tobytes()
+    recent = _RECENT.get(key)
+    if recent is not None and recent[0] is values.dtype:
+        return recent[1]
+    listed: list[float] = values.tolist()
+    total = sum(listed)  # NaN when a value is (an inf − inf sum goes to numpy too, which gets it right)
+    found = _reduced(values) if total != total else (min(listed), max(listed), False) if listed else _NONE_KNOWN
+    if len(_RECENT) >= _RECENT_MAX:
+        _RECENT.clear()
+    _RECENT[key] = (values.dtype, found)
+    return found
 
 
 def _reduced(values: FloatArray | IntArray) -> Extremes:

@@ -15,19 +15,24 @@ The knee, per observation (load `L` = running + effective queue at pick, this re
   such load (a slow start: an endpoint never seen full has room we have not seen); after it, one request more
   per undelayed observation near the knee (a probe), so a gate at the knee still discovers more room;
 - delayed at a load below the knee: the knee moves halfway down to that load.
+The slow start also reads the scrapes: twice the most requests the engine was seen running (held without a queue),
+so a pool whose data goes stale before any request has finished still serves by its own bookings.
 The floor follows the fast requests at once and drifts up slowly (low load only): a slower model server is
 relearned, and a slot whose address changed starts again.
 
 Stale data lowers confidence instead of counting as full or empty (upstream counts it full, and a small pool
 freezes, llm-d-router #2408). Our own requests in flight to an endpoint are known without any scrape, so an
-endpoint's load is `c × max(scraped load, ours) + (1 − c) × ours`, with confidence `c` = 1 while its data is
-usable, then `staleness / age` (0 once it fails `max_failures` scrapes in a row or was never scraped); an
-observation taken on stale features moves the knee by `c` of a full step. A stale endpoint keeps taking
-requests up to its knee, counted by our own bookings; a wholly stale pool too (no freeze). KV-cache use is the
-one physical limit read as is (1.0 = full). An endpoint not yet learned borrows the pool's median knee; with no
-knee learned anywhere (a cold pool), one request waiting inside it counts full, as `queueDepthThreshold: 1`.
+endpoint's load is `c × max(scraped load, ours) + (1 − c) × ours`, the scraped load being the scrape's running +
+waiting + our picks since, but no more than the others' part of it (less our requests in flight when it was taken) +
+ours now: our requests that finished since the scrape are gone, however old it is; with confidence `c` = 1 while its
+data is usable, then `staleness / age` (0 once it fails `max_failures` scrapes in a row or was never scraped); an
+observation taken on stale features moves the knee by `c` of a full step. A stale endpoint keeps taking requests up
+to its knee, counted by our own bookings; a wholly stale pool too (no freeze). KV-cache use is the one physical
+limit read as is (1.0 = full). An endpoint not yet learned borrows the pool's median knee; with no knee learned
+anywhere (a cold pool), one request waiting inside it counts full, as `queueDepthThreshold: 1`.
 
-Pure: `now` and the observations' `finished_at` are its only time; bounded per-slot state (a few floats).
+Pure: `now` and the observations' `finished_at` are its only time; bounded per-slot state (a few floats), written
+by the observations and by the first read of each scrape (reading a snapshot again changes nothing).
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ class KneeDetector:
         self._knee = np.full(0, np.nan)  # requests the endpoint holds before queueing delay grows; NaN: unknown
         self._floor = np.full(0, np.nan)  # its undelayed TTFT per token
         self._probing = np.zeros(0, dtype=bool)  # slow start: no delay seen yet
+        self._top = np.full(0, np.nan)  # the most requests it was seen running (fresh scrapes)
+        self._seen_at = np.full(0, np.nan)  # the last scrape read (its scraped_at)
+        self._ours_at_scrape = np.full(0, np.nan)  # our requests in flight when it was taken
         self._address: list[str] = []
         self.observations = 0
 
@@ -76,12 +84,19 @@ class KneeDetector:
             self._knee = np.concatenate([self._knee, np.full(grow, np.nan)])
             self._floor = np.concatenate([self._floor, np.full(grow, np.nan)])
             self._probing = np.concatenate([self._probing, np.ones(grow, dtype=bool)])
+            self._top = np.concatenate([self._top, np.full(grow, np.nan)])
+            self._seen_at = np.concatenate([self._seen_at, np.full(grow, np.nan)])
+            self._ours_at_scrape = np.concatenate([self._ours_at_scrape, np.full(grow, np.nan)])
             self._address += [""] * grow
         if self._address[slot] != address:  # a new endpoint in a reused slot: what we knew was another's
+            known = self._address[slot] != ""  # else only its scrapes were read (what they said is its own)
             self._address[slot] = address
             self._knee[slot] = math.nan
             self._floor[slot] = math.nan
             self._probing[slot] = True
+            if known:
+                self._top[slot] = math.nan
+                self._seen_at[slot] = math.nan
 
     def observe(self, obs: Observation) -> None:
         """One finished request: its load at pick and its TTFT move the endpoint's floor and knee."""
@@ -127,6 +142,26 @@ class KneeDetector:
         out[known] = self._knee[candidates[known]]
         return out
 
+    def _note_scrapes(self, snapshot: Snapshot, candidates: IntArray, c: FloatArray) -> None:
+        """What each new scrape says, read once per scrape (a snapshot read twice teaches nothing more): our own
+        requests in flight when it was taken (in flight now − our picks since), and, fresh, the most requests the
+        engine was seen running (every candidate's, picked or not)."""
+        if candidates.size == 0:
+            return
+        if int(candidates.max()) >= self._top.size:
+            self._slot(int(candidates.max()), "")
+        scraped_at = snapshot.scraped_at[candidates]
+        new = (scraped_at != self._seen_at[candidates]) & ~np.isnan(scraped_at)
+        if not new.any():
+            return
+        slots = candidates[new]
+        self._seen_at[slots] = scraped_at[new]
+        self._ours_at_scrape[slots] = snapshot.inflight[slots] - snapshot.picks_since_scrape[slots]
+        running = snapshot.running[slots]
+        fresh = (c[new] >= 1.0) & (running >= 1.0)  # NaN compares false
+        slots, running = slots[fresh], running[fresh]
+        self._top[slots] = np.fmax(self._top[slots], running)
+
     def probing(self, candidates: IntArray) -> BoolArray:
         """Which candidates are still in their slow start (no delay seen near their limit; unknown ones too)."""
         out = np.ones(candidates.size, dtype=bool)
@@ -140,9 +175,15 @@ class KneeDetector:
         age = now - snapshot.scraped_at[candidates]
         c = np.where(age <= t.staleness_s, 1.0, t.staleness_s / np.maximum(age, 1e-12))
         c[np.isnan(age) | (snapshot.scrape_failures[candidates] >= t.max_failures)] = 0.0
+        self._note_scrapes(snapshot, candidates, c)
         ours = snapshot.inflight[candidates].astype(np.float64)
         queue = snapshot.effective_queue()[candidates]
-        scraped = np.nan_to_num(snapshot.running[candidates], nan=0.0) + queue
+        running = np.nan_to_num(snapshot.running[candidates], nan=0.0)
+        # The load now: as scraped plus our picks since, but no more than the others' load at that scrape plus
+        # ours now (our requests that finished since the scrape are gone; the older the scrape, the more)
+        others = np.maximum(running + snapshot.waiting[candidates] - self._ours_at_scrape[candidates], 0.0)
+        scraped = np.fmin(running + queue, others + ours)
+        scraped[np.isnan(queue)] = np.nan
         known_load = ~np.isnan(scraped)
         load = np.where(known_load, c * np.fmax(scraped, ours) + (1.0 - c) * ours, ours)
         knee = self.knees(candidates)
@@ -153,6 +194,9 @@ class KneeDetector:
         if unknown.any() and known.size:  # a new endpoint borrows the pool's median knee
             knee[unknown] = float(np.median(known))
             settled |= unknown
+        # the slow start's knee is also twice the most requests the engine was seen running (held without a queue,
+        # as the scrapes show): before any request has finished a pool whose data goes stale still serves
+        knee = np.where(probing, np.fmax(knee, SLOW_START * self._top[candidates]), knee)
         cold = c * np.nan_to_num(queue, nan=0.0)  # no knee yet: one request waiting inside the engine is full
         with np.errstate(invalid="ignore"):
             by_knee = load / knee

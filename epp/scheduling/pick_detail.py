@@ -23,7 +23,9 @@ from epp.datastore.table import FloatArray, IntArray
 from epp.scheduling.framework import CycleState, PrefixMatch
 
 SCORED = "pick-detail/scored"  # scratch key: (candidates after the filters, their weighted totals)
-TERMS = "pick-detail/terms"  # scratch key: [(scorer, weighted term per candidate or None, constant part)]
+# Scratch key: ([(scorer, has a per-candidate term, constant part)], the terms: one row per scorer that has one, a
+# column per scored candidate, or None).
+TERMS = "pick-detail/terms"
 
 
 class PickDetail(NamedTuple):

@@ -31,6 +31,7 @@ from epp.observability import buckets
 from epp.observability.plain import PlainHistogram
 from epp.scheduling.framework import CycleState, Linear, LinearScorer
 from epp.scheduling.hashing import BlockHasher
+from epp.scheduling.totals import NATIVE
 
 AVERAGE_BYTES_PER_TOKEN = 4
 # A scraped num_gpu_blocks above this is treated as this: one bad metric must not switch eviction off.
@@ -76,7 +77,18 @@ class PrefixIndex:
             self._holders.pop(h, None)
 
     def match(self, hashes: list[int], size: int) -> FloatArray:
-        """Per slot (array of `size`), how many leading blocks of `hashes` it holds.
+        """`match_python`, compiled when it can be (`epp.scheduling.totals`: one call instead of ~360 bytecodes a
+        prompt); a holder set of more than 64 slots runs the definition."""
+        if NATIVE is not None:
+            matched = np.zeros(size)
+            reach = NATIVE.prefix_match(self._holders, hashes, matched)
+            if reach.__class__ is int:
+                self.reach = reach
+                return matched
+        return self.match_python(hashes, size)
+
+    def match_python(self, hashes: list[int], size: int) -> FloatArray:
+        """The definition: per slot (array of `size`), how many leading blocks of `hashes` it holds.
 
         Holding block i implies holding every block before it (chained hashes are inserted and refreshed as whole
         prefixes, and a generation evicts the deeper blocks first), so the holder sets shrink with depth and take

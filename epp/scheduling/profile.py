@@ -25,12 +25,11 @@ from epp.scheduling.framework import (
     SchedulingRequest,
     Scorer,
     sanitize,
-    weighted_term,
 )
 from epp.scheduling.pick_detail import EMPTY, SCORED, TERMS, PickDetail, detail_of
 from epp.scheduling.receipt import ReceiptReader
 from epp.scheduling.saturation import SaturationDetector
-from epp.scheduling.totals import weighted_total
+from epp.scheduling.totals import weighted_total, weighted_total_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,15 +194,16 @@ class ProfileScheduler:
         offset = 0.0  # the linear scorers' constant parts, added once at the end
         flat: list[object] = []  # each per-candidate term's values, coef, fill (`weighted_total`)
         # A detailed run keeps each scorer's weighted term (None: the same everywhere) and constant part: the
-        # receipt's contributions (`epp.scheduling.receipt`). The common run pays one test per scorer.
-        terms: list[tuple[str, FloatArray | None, float]] | None = [] if detailed else None
+        # receipt's contributions (`epp.scheduling.receipt`), the terms written out by the pass that sums them
+        # (`weighted_total_rows`). The common run pays one test per scorer.
+        named: list[tuple[str, bool, float]] | None = [] if detailed else None  # (scorer, has a term, constant)
         for score, weight, bounded, linear, plugin in scorers:
             if linear is not None:
                 form: Linear = linear(state, candidates)
                 offset += weight * form.offset
                 part = form.part(weight)
-                if terms is not None:
-                    terms.append((plugin.name, None if part is None else weighted_term(*part), weight * form.offset))
+                if named is not None:
+                    named.append((plugin.name, part is not None, weight * form.offset))
                 if part is None:
                     continue
                 flat += part
@@ -212,17 +212,21 @@ class ProfileScheduler:
                 if not bounded:
                     scores = sanitize(np.array(scores, dtype=np.float64))
                 scores *= weight
-                if terms is not None:
-                    terms.append((plugin.name, scores, 0.0))
+                if named is not None:
+                    named.append((plugin.name, True, 0.0))
                 flat += (scores, 1.0, None)
+        rows: FloatArray | None = None
         if flat:
-            total = weighted_total(flat, offset, candidates.size)
+            if named is None:
+                total = weighted_total(flat, offset, candidates.size)
+            else:
+                total, rows = weighted_total_rows(flat, offset, candidates.size)
         else:  # no per-candidate term (a random-picker profile): the same scores every pick
             uniform = self._uniform.get((candidates.size, offset))
             total = uniform if uniform is not None else self._uniform_scores(candidates.size, offset)
-        if detailed:
+        if named is not None:
             state.scratch[SCORED] = (candidates, total)  # for `detail`: the scores
-            state.scratch[TERMS] = terms
+            state.scratch[TERMS] = (named, rows)  # for the receipt: each scorer's row of `rows` in turn
         slots = pick(state, candidates, total)
         if slots:
             primary = int(slots[0])

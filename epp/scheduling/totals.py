@@ -1,6 +1,8 @@
 """The profile runner's arithmetic on its candidates: the weighted total of the scorers' terms, and the max-score
 picker's tie search; numpy code that defines them, and the compiled kernels that run them when they were built
-(with the saturation filter's elementwise pass, `epp.scheduling.saturation.kept_under`).
+(with the saturation filter's elementwise pass, `epp.scheduling.saturation.kept_under`, and the prefix index's
+match, `epp.scheduling.prefix.PrefixIndex.match`; `epp.scheduling.framework.extremes` loads the small-pool
+extremes from the same extension).
 
 A term is one scorer's part of the total: `values × coef`, with NaN → `fill` when the scorer has a fill
 (`Linear.part`: coef = weight × scale, fill = weight × (unknown − offset)). The total is the sum of the terms in the
@@ -36,6 +38,8 @@ class Kernels(Protocol):
 
     def weighted_total(self, out: FloatArray, offset: float, *terms: object) -> object: ...
 
+    def weighted_total_rows(self, out: FloatArray, rows: FloatArray, offset: float, *terms: object) -> object: ...
+
     def max_tie(self, scores: FloatArray, tie: float, draw: Callable[[], float]) -> object: ...
 
     def kept_under(
@@ -48,6 +52,8 @@ class Kernels(Protocol):
         kv_limit: float,
         out: IntArray,
     ) -> object: ...
+
+    def prefix_match(self, holders: dict[int, int], hashes: list[int], out: FloatArray) -> object: ...
 
 
 _compiled: Kernels | None
@@ -85,6 +91,28 @@ def weighted_total(flat: list[object], offset: float, size: int) -> FloatArray:
             return out
     terms: list[Term] = list(zip(flat[0::3], flat[1::3], flat[2::3], strict=True))  # type: ignore[arg-type]
     return weighted_total_numpy(terms, offset)
+
+
+def weighted_total_rows_numpy(terms: Sequence[Term], offset: float) -> tuple[FloatArray, FloatArray]:
+    """The definition of a detailed pick's arithmetic: `weighted_total_numpy`, and each term's `weighted_term` as
+    one row of a terms × candidates array (what its route receipt reads)."""
+    size = terms[0][0].size
+    rows: FloatArray = np.empty((len(terms), size))
+    for row, (values, coef, fill) in zip(rows, terms, strict=True):
+        row[:] = weighted_term(values, coef, fill)
+    return weighted_total_numpy(terms, offset), rows
+
+
+def weighted_total_rows(flat: list[object], offset: float, size: int) -> tuple[FloatArray, FloatArray]:
+    """`weighted_total_rows_numpy` of the terms in `flat` (as `weighted_total` takes them), compiled when it can be:
+    the one pass that sums the terms writes them out too."""
+    if NATIVE is not None:
+        out: FloatArray = np.empty(size)
+        rows: FloatArray = np.empty((len(flat) // 3, size))
+        if NATIVE.weighted_total_rows(out, rows, offset, *flat) is None:
+            return out, rows
+    terms: list[Term] = list(zip(flat[0::3], flat[1::3], flat[2::3], strict=True))  # type: ignore[arg-type]
+    return weighted_total_rows_numpy(terms, offset)
 
 
 def max_tie_numpy(scores: FloatArray, tie: float, draw: Callable[[], float]) -> int:

@@ -9,6 +9,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from epp.datastore import Freshness
+from epp.scheduling import framework
 from epp.scheduling.framework import CycleState, Linear, Signal, extremes
 from tests.scheduling.tables import NAN, NOW, request, state, table_with
 
@@ -32,6 +33,43 @@ def test_extremes_match_numpy_reductions_with_and_without_nan(column: list[float
     lo, hi, unknown = extremes(array)
     assert unknown == bool(np.isnan(array).any())
     assert _same(lo, float(np.fmin.reduce(array))) and _same(hi, float(np.fmax.reduce(array)))
+
+
+def _identical(a: object, b: object) -> bool:
+    """The same value of the same type, the sign of a zero included (NaN equal to NaN)."""
+    if a.__class__ is not b.__class__:
+        return False
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1.0, a) == math.copysign(1.0, b))
+    return a == b
+
+
+small = st.one_of(
+    st.lists(
+        st.one_of(st.sampled_from([0.0, -0.0, 1.0, NAN, math.inf, -math.inf, 1e308, -1e308]), st.floats()),
+        max_size=34,
+    ).map(lambda xs: np.array(xs, dtype=np.float64)),
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=34).map(lambda xs: np.array(xs, dtype=np.int64)),
+)
+
+
+@pytest.mark.skipif(framework._SMALL is None, reason="the C extension is not built (or EPP_NATIVE=0)")
+@given(small)
+@example(np.array([1e308, 1e308, -math.inf]))  # the sum overflows to inf, then inf − inf: NaN without a NaN
+@example(np.array([0.0, -0.0]))
+@example(np.array([-0.0, 0.0]))
+def test_the_compiled_small_extremes_are_the_list_definition(array: np.ndarray) -> None:
+    framework._RECENT.clear()
+    expected = framework.small_extremes(array)
+    assert framework._SMALL is not None
+    got = framework._SMALL(array)
+    if got is not NotImplemented:  # where it answers, the same values of the same types
+        assert isinstance(got, tuple) and len(got) == 3
+        assert all(_identical(a, b) for a, b in zip(got, expected, strict=True))
+    else:  # only an empty array, or a sum that is NaN, is left to the definition
+        assert array.size == 0 or array.size > framework.SMALL_POOL or math.isnan(sum(array.tolist()))
+    if array.size <= framework.SMALL_POOL:
+        assert all(_identical(a, b) for a, b in zip(extremes(array), expected, strict=True))
 
 
 def test_signal_extremes_are_per_candidate_set_and_cover_the_effective_queue() -> None:

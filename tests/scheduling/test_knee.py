@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from epp.app.config_file import load_config
-from epp.datastore import Freshness
+from epp.datastore import Freshness, MetricsSample
 from epp.datastore.observations import Observation, PickFeatures
 from epp.errors import ConfigError
 from epp.flowcontrol.gauge import PoolGauge
@@ -118,6 +118,42 @@ def test_observations_on_stale_features_move_the_knee_less() -> None:
         for _ in range(20):
             detector.observe(_obs(0, 40, BASE_TTFT * 10, age=age))  # delayed near the knee? only if near
     assert sure.knees(np.array([0]))[0] <= unsure.knees(np.array([0]))[0]
+
+
+def test_the_load_now_counts_our_requests_that_finished_since_the_scrape_out() -> None:
+    table = table_with([dict(waiting=0, running=10, kv_usage=0.1)] * 2)
+    detector = KneeDetector(freshness=Freshness(staleness_s=1.0))
+    _engine(detector, 0, 40, range(0, 60))
+    _engine(detector, 1, 40, range(0, 60))
+    for slot in (0, 1):
+        for _ in range(10):  # all ten running are ours, booked before the scrape
+            table.book_pick(slot)
+        table.record_scrape(slot, MetricsSample(waiting=0.0, running=10.0, kv_usage=0.1), now=NOW)
+    snap = table.snapshot()
+    detector.per_endpoint(snap, snap.slots, NOW)  # the scrape read: ten of ours in flight then
+    for _ in range(6):
+        table.book_pick(0)
+        table.release_pick(0)  # six picks since the scrape, and six of ours finished
+    snap = table.snapshot()
+    knee = detector.knees(snap.slots)
+    per = detector.per_endpoint(snap, snap.slots, NOW + 0.5)
+    assert per[0] == pytest.approx(10 / knee[0])  # not 10 + 6: the finished ones are gone
+    assert per[1] == pytest.approx(10 / knee[1])
+
+
+def test_before_any_request_finished_the_slow_start_reads_the_most_running_seen() -> None:
+    table = table_with([dict(waiting=0, running=6, kv_usage=0.0)])
+    detector = KneeDetector(freshness=Freshness(staleness_s=1.0))
+    for _ in range(6):
+        table.book_pick(0)
+    table.record_scrape(0, MetricsSample(waiting=0.0, running=6.0, kv_usage=0.0), now=NOW)
+    snap = table.snapshot()
+    detector.per_endpoint(snap, snap.slots, NOW)
+    table.book_pick(0)
+    table.book_pick(0)  # two more since: one waiting inside counts full, but no more than the slow start's knee
+    snap = table.snapshot()
+    assert detector.per_endpoint(snap, snap.slots, NOW).tolist() == pytest.approx([8 / 12])
+    assert detector.per_endpoint(snap, snap.slots, NOW + 1.5).item() == pytest.approx(8 / 12)  # stale: ours, 8
 
 
 def test_as_a_filter_it_drops_endpoints_at_their_knee_but_never_all() -> None:

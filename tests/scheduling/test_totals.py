@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epp.scheduling import saturation, totals
-from epp.scheduling.framework import Linear
+from epp.scheduling.framework import Linear, weighted_term
 
 needs_native = pytest.mark.skipif(totals.NATIVE is None, reason="the C extension is not built (or EPP_NATIVE=0)")
 
@@ -113,3 +113,19 @@ def test_the_compiled_saturation_pass_is_the_numpy_definition(columns, with_fres
     got = saturation.kept_under(candidates, queue, kv, mask, queue_limit, kv_limit)
     expected = saturation.kept_under_numpy(candidates, queue, kv, mask, queue_limit, kv_limit)
     assert got.dtype == expected.dtype and got.tolist() == expected.tolist()
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(terms())
+def test_the_compiled_rows_are_each_terms_numpy_definition(case) -> None:
+    parts, offset = case
+    flat: list[object] = [x for part in parts for x in part]
+    with np.errstate(all="ignore"):
+        expected_total, expected_rows = totals.weighted_total_rows_numpy(parts, offset)
+        total, rows = totals.weighted_total_rows(flat, offset, parts[0][0].size)
+    assert _same(total, expected_total)
+    assert _same(rows, expected_rows)
+    assert rows.shape == (len(parts), parts[0][0].size)
+    for row, part in zip(rows, parts, strict=True):
+        assert _same(row, weighted_term(*part))

@@ -1,0 +1,581 @@
+/* A route receipt's two costly steps, compiled: the chosen endpoint's and the runner-up's terms read from a detailed
+ * pick, and the receipt's JSON. Built at install when a compiler is there (setup.py: optional); epp.scheduling.receipt
+ * decides at import whether these or the Python code run.
+ *
+ * Not definitions of their own: `pick_terms_python` and `Receipt.json_python` (epp/scheduling/receipt.py) are, and
+ * tests/scheduling/test_receipt_native.py holds the two equal on random inputs (the same doubles, the same bytes).
+ * Every step is the Python code's in its order: the chosen candidate found by bisect_left's own halving, the runner-up
+ * by max()'s comparisons (the first greater replaces) and list.index, a term's extremes by max()/min() over it; the
+ * JSON as orjson writes it (shortest round-trip doubles, positional notation from 1e-5 to below 1e16, "1e-7" and
+ * "1e+16" beyond; NaN and infinities as null; strings UTF-8 with orjson's escapes). An input of another shape (an
+ * array that is not contiguous int64/float64, a number that is not a float, a scorer named twice) answers
+ * NotImplemented and the Python code runs. EPP_NATIVE=0 in the environment at import sets ENABLED to 0. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_TERMS 64
+
+static int
+buffer_of(PyObject *o, Py_buffer *view, const char *formats)
+{
+    if (PyObject_GetBuffer(o, view, PyBUF_FORMAT | PyBUF_STRIDES) < 0)
+        return -1;
+    if (view->itemsize != 8 || view->format == NULL || view->format[0] == '\0' || view->format[1] != '\0' ||
+        strchr(formats, view->format[0]) == NULL || !PyBuffer_IsContiguous(view, 'C')) {
+        PyBuffer_Release(view);
+        return 1;
+    }
+    return 0;
+}
+
+static PyObject *
+float_tuple(const double *values, Py_ssize_t n)
+{
+    PyObject *out = PyTuple_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyFloat_FromDouble(values[i]);
+        if (x == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, x);
+    }
+    return out;
+}
+
+/* pick_terms(scored, total, primary, named, rows) -> (runner slot, chosen terms, runner terms, inert) | NotImplemented
+ *
+ * scored: the candidates scored (int64), total: their totals (float64); named: the detailed run's list of (scorer,
+ * has a term, constant); rows: its terms, one row of len(scored) float64 per scorer that has one (None: none). */
+static PyObject *
+pick_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "pick_terms takes scored, total, primary, named and rows");
+        return NULL;
+    }
+    PyObject *named = args[3];
+    if (!PyList_CheckExact(named) || PyList_GET_SIZE(named) > MAX_TERMS || !PyLong_CheckExact(args[2]))
+        return Py_NewRef(Py_NotImplemented);
+    long long primary = PyLong_AsLongLong(args[2]);
+    if (primary == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return Py_NewRef(Py_NotImplemented);
+    }
+    Py_ssize_t k = PyList_GET_SIZE(named);
+    Py_buffer scored_view, total_view, rows_view;
+    int has_rows = args[4] != Py_None;
+    int got = buffer_of(args[0], &scored_view, "lq");
+    if (got != 0)
+        return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    got = buffer_of(args[1], &total_view, "d");
+    if (got != 0) {
+        PyBuffer_Release(&scored_view);
+        return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    }
+    if (has_rows) {
+        got = buffer_of(args[4], &rows_view, "d");
+        if (got != 0) {
+            PyBuffer_Release(&scored_view);
+            PyBuffer_Release(&total_view);
+            return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+        }
+    }
+    PyObject *result = NULL;
+    const int64_t *slots = (const int64_t *)scored_view.buf;
+    const double *total = (const double *)total_view.buf;
+    const double *rows = has_rows ? (const double *)rows_view.buf : NULL;
+    Py_ssize_t n = scored_view.len / 8;
+    Py_ssize_t row_count = has_rows ? rows_view.len / 8 / (n > 0 ? n : 1) : 0;
+    if (total_view.len != scored_view.len || (has_rows && rows_view.len != row_count * n * 8)) {
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    /* bisect_left, step by step */
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = ((size_t)lo + hi) / 2;
+        if (slots[mid] < primary)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    Py_ssize_t chosen = (n > 0 && lo < n && slots[lo] == primary) ? lo : -1;
+    Py_ssize_t runner = -1;
+    if (chosen >= 0 && n > 1) {
+        /* totals[chosen] = -inf; runner = totals.index(max(totals)) */
+        Py_ssize_t best = 0;
+        double top = chosen == 0 ? -INFINITY : total[0];
+        for (Py_ssize_t i = 1; i < n; i++) {
+            double x = i == chosen ? -INFINITY : total[i];
+            if (x > top) {
+                top = x;
+                best = i;
+            }
+        }
+        runner = best;
+        for (Py_ssize_t i = 0; i < best; i++) {
+            double x = i == chosen ? -INFINITY : total[i];
+            if (x == top) {
+                runner = i;
+                break;
+            }
+        }
+    }
+    Py_ssize_t count = chosen >= 0 ? k : 0;
+    double chosen_terms[MAX_TERMS] = {0}, runner_terms[MAX_TERMS] = {0};
+    PyObject *inert = PyTuple_New(runner >= 0 ? count : 0);
+    if (inert == NULL)
+        goto done;
+    Py_ssize_t row = 0;
+    for (Py_ssize_t t = 0; t < count; t++) {
+        PyObject *item = PyList_GET_ITEM(named, t);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 3 || !PyBool_Check(PyTuple_GET_ITEM(item, 1)) ||
+            !PyFloat_CheckExact(PyTuple_GET_ITEM(item, 2)) || (PyTuple_GET_ITEM(item, 1) == Py_True && row >= row_count)) {
+            Py_DECREF(inert);
+            result = Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        double constant = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(item, 2));
+        int dead;
+        if (PyTuple_GET_ITEM(item, 1) != Py_True) {
+            chosen_terms[t] = runner_terms[t] = constant;
+            dead = constant == 0.0;
+        } else {
+            const double *v = rows + row * n;
+            row++;
+            chosen_terms[t] = constant + v[chosen];
+            if (runner >= 0)
+                runner_terms[t] = constant + v[runner];
+            double top = v[0], bottom = v[0];
+            for (Py_ssize_t i = 1; i < n; i++) {
+                if (v[i] > top)
+                    top = v[i];
+                if (v[i] < bottom)
+                    bottom = v[i];
+            }
+            dead = constant + top == 0.0 && constant + bottom == 0.0;
+        }
+        if (runner >= 0)
+            PyTuple_SET_ITEM(inert, t, Py_NewRef(dead ? Py_True : Py_False));
+    }
+    PyObject *chosen_out = float_tuple(chosen_terms, count);
+    PyObject *runner_out = float_tuple(runner_terms, runner >= 0 ? count : 0);
+    if (chosen_out == NULL || runner_out == NULL) {
+        Py_XDECREF(chosen_out);
+        Py_XDECREF(runner_out);
+        Py_DECREF(inert);
+        goto done;
+    }
+    result = Py_BuildValue("(LNNN)", runner >= 0 ? (long long)slots[runner] : -1LL, chosen_out, runner_out, inert);
+done:
+    if (has_rows)
+        PyBuffer_Release(&rows_view);
+    PyBuffer_Release(&scored_view);
+    PyBuffer_Release(&total_view);
+    return result;
+}
+
+/* -- JSON, as orjson writes it ------------------------------------------------------------------------------- */
+
+typedef struct {
+    char *buf;
+    Py_ssize_t len, cap;
+    char small[1024];
+} Out;
+
+static int
+reserve(Out *o, Py_ssize_t more)
+{
+    if (o->len + more <= o->cap)
+        return 0;
+    Py_ssize_t cap = (o->cap + more) * 2;
+    char *buf = o->buf == o->small ? PyMem_Malloc(cap) : PyMem_Realloc(o->buf, cap);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (o->buf == o->small)
+        memcpy(buf, o->small, o->len);
+    o->buf = buf;
+    o->cap = cap;
+    return 0;
+}
+
+static int
+put(Out *o, const char *s, Py_ssize_t n)
+{
+    if (reserve(o, n) < 0)
+        return -1;
+    memcpy(o->buf + o->len, s, n);
+    o->len += n;
+    return 0;
+}
+
+#define PUT(o, lit) put((o), (lit), (Py_ssize_t)sizeof(lit) - 1)
+
+/* 1: not a str orjson writes (not exact str, surrogates: the Python code answers or raises) */
+static int
+put_str(Out *o, PyObject *s)
+{
+    if (!PyUnicode_CheckExact(s))
+        return 1;
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &n);
+    if (u == NULL) {
+        PyErr_Clear();
+        return 1;
+    }
+    if (reserve(o, 6 * n + 2) < 0)
+        return -1;
+    char *w = o->buf + o->len;
+    *w++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)u[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *w++ = (char)c;
+            continue;
+        }
+        *w++ = '\\';
+        switch (c) {
+        case '"': *w++ = '"'; break;
+        case '\\': *w++ = '\\'; break;
+        case '\b': *w++ = 'b'; break;
+        case '\f': *w++ = 'f'; break;
+        case '\n': *w++ = 'n'; break;
+        case '\r': *w++ = 'r'; break;
+        case '\t': *w++ = 't'; break;
+        default:
+            *w++ = 'u';
+            *w++ = '0';
+            *w++ = '0';
+            *w++ = "0123456789abcdef"[c >> 4];
+            *w++ = "0123456789abcdef"[c & 15];
+        }
+    }
+    *w++ = '"';
+    o->len = w - o->buf;
+    return 0;
+}
+
+static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8};
+
+/* The shortest decimal of x when it has at most 8 digits after the point (2.0, 1.125, 0.05: most terms and ages),
+ * without dtoa (~3k instructions a number): the least k for which y = round(x × 10^k) gives back x as y / 10^k.
+ * That decimal reads back as x (y and 10^k are exact, the division rounds as strtod does), no shorter one does
+ * (a k − 1 one would have been found), and it is the only one of k digits that does, so dtoa's. Positional for
+ * 1e-4 ≤ |x| < 1e15 only, where repr and orjson are too; zeros too. 1: written, 0: not taken, -1: error. */
+static int
+put_short(Out *o, double x)
+{
+    double a = fabs(x);
+    if (a == 0.0)
+        return (signbit(x) ? PUT(o, "-0.0") : PUT(o, "0.0")) < 0 ? -1 : 1;
+    if (!(a >= 1e-4 && a < 1e15))
+        return 0;
+    for (int k = 0; k <= 8; k++) {
+        double p = a * POW10[k];
+        /* Below 2^50 the product is within 1/16 of x × 10^k and x's rounding interval is under 0.5 wide there:
+         * one k-digit decimal at most reads back as x */
+        if (p >= 1125899906842624.0)
+            return 0;
+        double y = nearbyint(p);
+        if (fabs(p - y) > 0.4) /* near the middle: dtoa decides */
+            return 0;
+        if (y / POW10[k] != a)
+            continue;
+        char digits[24];
+        int nd = snprintf(digits, sizeof digits, "%lld", (long long)y);
+        if (reserve(o, nd + k + 4) < 0)
+            return -1;
+        char *w = o->buf + o->len;
+        if (x < 0)
+            *w++ = '-';
+        if (k == 0) {
+            memcpy(w, digits, nd);
+            w += nd;
+            *w++ = '.';
+            *w++ = '0';
+        } else if (nd > k) {
+            memcpy(w, digits, nd - k);
+            w += nd - k;
+            *w++ = '.';
+            memcpy(w, digits + nd - k, k);
+            w += k;
+        } else {
+            *w++ = '0';
+            *w++ = '.';
+            for (int z = 0; z < k - nd; z++)
+                *w++ = '0';
+            memcpy(w, digits, nd);
+            w += nd;
+        }
+        o->len = w - o->buf;
+        return 1;
+    }
+    return 0;
+}
+
+/* A double as orjson writes it: from repr's shortest digits, exponents without padding, 1e-5's decade positional. */
+static int
+put_double(Out *o, double x)
+{
+    if (!isfinite(x))
+        return PUT(o, "null");
+    int shortened = put_short(o, x);
+    if (shortened != 0)
+        return shortened < 0 ? -1 : 0;
+    char *r = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (r == NULL)
+        return -1;
+    char *e = strchr(r, 'e');
+    int rc;
+    if (e == NULL) {
+        rc = put(o, r, (Py_ssize_t)strlen(r));
+    } else {
+        int exponent = atoi(e + 1);
+        if (exponent == -5) { /* "d.ddde-05" → "0.0000dddd" */
+            char digits[40];
+            Py_ssize_t nd = 0;
+            const char *p = r;
+            if (*p == '-')
+                p++;
+            for (; p < e && nd < 39; p++)
+                if (*p != '.')
+                    digits[nd++] = *p;
+            rc = r[0] == '-' ? PUT(o, "-0.0000") : PUT(o, "0.0000");
+            if (rc == 0)
+                rc = put(o, digits, nd);
+        } else {
+            char tail[16];
+            int tn = snprintf(tail, sizeof tail, "e%c%d", exponent < 0 ? '-' : '+', exponent < 0 ? -exponent : exponent);
+            rc = put(o, r, e - r);
+            if (rc == 0)
+                rc = put(o, tail, tn);
+        }
+    }
+    PyMem_Free(r);
+    return rc;
+}
+
+/* 1: not a float (the Python code answers) */
+static int
+put_float(Out *o, PyObject *x)
+{
+    if (!PyFloat_CheckExact(x))
+        return 1;
+    return put_double(o, PyFloat_AS_DOUBLE(x));
+}
+
+/* orjson writes a dict of the pairs, a later pair of the same name replacing the value at the first: not done here */
+static int
+distinct(PyObject *const *names, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 1; i < n; i++)
+        for (Py_ssize_t j = 0; j < i; j++) {
+            int same = PyUnicode_Compare(names[i], names[j]);
+            if (same == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return 0;
+            }
+            if (same == 0)
+                return 0;
+        }
+    return 1;
+}
+
+/* The Receipt's fields, by position (epp.scheduling.receipt.Receipt). */
+enum { PROFILES, CHOSEN, RUNNER_UP, SCORERS, CHOSEN_TERMS, RUNNER_TERMS, CONSTANT, METRICS_AGE, STALE, MISSING, KV,
+       KV_AGE, TOKENS, PREFIX, CANDIDATES, FLOW_WAIT, FIELDS };
+
+#define TRY(call)                                                                                                  \
+    do {                                                                                                           \
+        int rc_ = (call);                                                                                          \
+        if (rc_ != 0) {                                                                                            \
+            rc = rc_;                                                                                              \
+            goto end;                                                                                              \
+        }                                                                                                          \
+    } while (0)
+
+/* {"name":value,...} of the first element (a str) of each tuple in `items` and the value `put_value` writes */
+static int
+put_named(Out *o, PyObject *items, int (*put_value)(Out *, PyObject *), Py_ssize_t width)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    PyObject *names[MAX_TERMS];
+    if (n > MAX_TERMS)
+        return 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != width)
+            return 1;
+        names[i] = PyTuple_GET_ITEM(item, 0);
+        if (!PyUnicode_CheckExact(names[i]))
+            return 1;
+    }
+    if (!distinct(names, n))
+        return 1;
+    int rc = PUT(o, "{");
+    for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
+        if (i)
+            rc = PUT(o, ",");
+        if (rc == 0)
+            rc = put_str(o, names[i]);
+        if (rc == 0)
+            rc = PUT(o, ":");
+        if (rc == 0)
+            rc = put_value(o, PyTuple_GET_ITEM(items, i));
+    }
+    return rc != 0 ? rc : PUT(o, "}");
+}
+
+static int
+put_mode(Out *o, PyObject *kv) /* (name, mode, stale, absent) → mode */
+{
+    return put_str(o, PyTuple_GET_ITEM(kv, 1));
+}
+
+static int
+put_token_mode(Out *o, PyObject *token) /* (name, exact) → "render" | "estimate" */
+{
+    int exact = PyObject_IsTrue(PyTuple_GET_ITEM(token, 1));
+    if (exact < 0)
+        return -1;
+    return exact ? PUT(o, "\"render\"") : PUT(o, "\"estimate\"");
+}
+
+static PyObject *zero;
+
+static int
+put_hit(Out *o, PyObject *prefix) /* (name, first hash, reach) → reach > 0 */
+{
+    int hit = PyObject_RichCompareBool(PyTuple_GET_ITEM(prefix, 2), zero, Py_GT);
+    if (hit < 0)
+        return -1;
+    return hit ? PUT(o, "true") : PUT(o, "false");
+}
+
+static int
+put_age(Out *o, PyObject *age) /* _age: a float below inf, else null (orjson writes NaN and -inf as null too) */
+{
+    return put_float(o, age);
+}
+
+/* receipt_json(receipt) -> str | NotImplemented: `Receipt.json_python`'s text */
+static PyObject *
+receipt_json(PyObject *self, PyObject *receipt)
+{
+    (void)self;
+    if (!PyTuple_Check(receipt) || PyTuple_GET_SIZE(receipt) != FIELDS)
+        return Py_NewRef(Py_NotImplemented);
+    PyObject *const *f = &PyTuple_GET_ITEM(receipt, 0);
+    for (int i = PROFILES; i <= RUNNER_TERMS; i++)
+        if ((i == CHOSEN || i == RUNNER_UP) ? !PyUnicode_CheckExact(f[i]) : !PyTuple_CheckExact(f[i]))
+            return Py_NewRef(Py_NotImplemented);
+    if (!PyTuple_CheckExact(f[KV]) || !PyTuple_CheckExact(f[TOKENS]) || !PyTuple_CheckExact(f[PREFIX]))
+        return Py_NewRef(Py_NotImplemented);
+    PyObject *scorers = f[SCORERS], *chosen = f[CHOSEN_TERMS], *runner = f[RUNNER_TERMS];
+    Py_ssize_t k = PyTuple_GET_SIZE(chosen);
+    int paired = PyTuple_GET_SIZE(runner) > 0;
+    if (PyTuple_GET_SIZE(scorers) != k || (paired && PyTuple_GET_SIZE(runner) != k) || k > MAX_TERMS)
+        return Py_NewRef(Py_NotImplemented); /* zip(strict=True) raises: the Python code says so */
+    if (!distinct(&PyTuple_GET_ITEM(scorers, 0), k))
+        return Py_NewRef(Py_NotImplemented);
+    Out o;
+    o.buf = o.small;
+    o.len = 0;
+    o.cap = sizeof o.small;
+    int rc = 0;
+    TRY(PUT(&o, "{\"profiles\":["));
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[PROFILES]); i++) {
+        if (i)
+            TRY(PUT(&o, ","));
+        TRY(put_str(&o, PyTuple_GET_ITEM(f[PROFILES], i)));
+    }
+    TRY(PUT(&o, "],\"chosen\":"));
+    TRY(put_str(&o, f[CHOSEN]));
+    TRY(PUT(&o, ",\"runnerUp\":"));
+    TRY(PyUnicode_GET_LENGTH(f[RUNNER_UP]) ? put_str(&o, f[RUNNER_UP]) : PUT(&o, "null"));
+    TRY(PUT(&o, ",\"scorers\":{"));
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (i)
+            TRY(PUT(&o, ","));
+        TRY(put_str(&o, PyTuple_GET_ITEM(scorers, i)));
+        TRY(PUT(&o, ":["));
+        TRY(put_float(&o, PyTuple_GET_ITEM(chosen, i)));
+        TRY(PUT(&o, ","));
+        TRY(paired ? put_float(&o, PyTuple_GET_ITEM(runner, i)) : PUT(&o, "null"));
+        TRY(PUT(&o, "]"));
+    }
+    TRY(PUT(&o, "},\"metricsAgeS\":"));
+    TRY(put_age(&o, f[METRICS_AGE]));
+    if (PyTuple_GET_SIZE(f[KV])) {
+        TRY(PUT(&o, ",\"prefix\":"));
+        TRY(put_named(&o, f[KV], put_mode, 4));
+        TRY(PUT(&o, ",\"kvEventsAgeS\":"));
+        TRY(put_age(&o, f[KV_AGE]));
+    }
+    if (PyTuple_GET_SIZE(f[TOKENS])) {
+        TRY(PUT(&o, ",\"tokens\":"));
+        TRY(put_named(&o, f[TOKENS], put_token_mode, 2));
+    }
+    if (PyTuple_GET_SIZE(f[PREFIX])) {
+        TRY(PUT(&o, ",\"prefixHit\":"));
+        TRY(put_named(&o, f[PREFIX], put_hit, 3));
+    }
+    if (!PyFloat_CheckExact(f[FLOW_WAIT])) {
+        rc = 1;
+        goto end;
+    }
+    if (PyFloat_AS_DOUBLE(f[FLOW_WAIT]) != 0.0) { /* NaN is true, as `if self.flow_wait_s` has it */
+        TRY(PUT(&o, ",\"flowWaitS\":"));
+        TRY(put_float(&o, f[FLOW_WAIT]));
+    }
+    TRY(PUT(&o, "}"));
+end:;
+    PyObject *result = rc == 0 ? PyUnicode_DecodeUTF8(o.buf, o.len, NULL) : rc > 0 ? Py_NewRef(Py_NotImplemented) : NULL;
+    if (o.buf != o.small)
+        PyMem_Free(o.buf);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"pick_terms", (PyCFunction)(void (*)(void))pick_terms, METH_FASTCALL,
+     "The runner-up and both endpoints' terms of a detailed pick (receipt.py's pick_terms_python)."},
+    {"receipt_json", (PyCFunction)receipt_json, METH_O, "A receipt's JSON (receipt.py's Receipt.json_python)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int
+exec_module(PyObject *module)
+{
+    zero = PyLong_FromLong(0);
+    if (zero == NULL)
+        return -1;
+    const char *env = getenv("EPP_NATIVE");
+    int enabled = !(env != NULL && strcmp(env, "0") == 0);
+    return PyModule_AddIntConstant(module, "ENABLED", enabled);
+}
+
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, (void *)exec_module},
+    {0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "epp.scheduling._receipt", "A route receipt's terms and JSON (see receipt.py).", 0,
+    methods, slots, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__receipt(void)
+{
+    return PyModuleDef_Init(&module_def);
+}

@@ -1,0 +1,11 @@
+# The compiled receipt steps (epp/scheduling/_receipt.c); epp.scheduling.receipt says when they run.
+from typing import Any
+
+from numpy.typing import NDArray
+
+ENABLED: int
+
+def pick_terms(
+    scored: NDArray[Any], total: NDArray[Any], primary: int, named: object, rows: NDArray[Any] | None
+) -> object: ...
+def receipt_json(receipt: object) -> object: ...

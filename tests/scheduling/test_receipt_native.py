@@ -1,0 +1,165 @@
+"""The compiled receipt steps (epp/scheduling/_receipt.c) equal their Python definitions (epp.scheduling.receipt):
+the same runner-up and terms of a detailed pick, the same JSON text of a receipt, on random inputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from epp.scheduling import receipt
+from epp.scheduling.receipt import Receipt, pick_terms_python
+
+compiled = receipt._COMPILED
+needs_native = pytest.mark.skipif(compiled is None, reason="the C extension is not built (or EPP_NATIVE=0)")
+
+_SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, math.nan, math.inf, -math.inf, 1e-300, 1e300, 3.0, 1e-5, 1.5e-5, 1e-6, 1e16]
+# Short decimals (2.0, 1.125, 0.05: most terms and ages) take the encoder's own path, the others dtoa's.
+decimal = st.builds(lambda m, e: m / 10**e, st.integers(-(10**15), 10**15), st.integers(0, 12))
+number = st.one_of(
+    st.sampled_from(_SPECIAL),
+    st.floats(allow_nan=True, allow_infinity=True, width=64),
+    decimal,
+    decimal.map(lambda x: x * 3),
+)
+# Names and addresses with what JSON escapes: quotes, backslashes, control characters, non-ASCII.
+text = st.text(st.characters(blacklist_categories=["Cs"]), max_size=12)
+
+
+Terms = tuple[np.ndarray, np.ndarray, int, list[tuple[str, bool, float]], np.ndarray | None]
+
+
+@st.composite
+def detailed_picks(draw: st.DrawFn) -> Terms:
+    size = draw(st.integers(1, 12))
+    scored = np.array(sorted(draw(st.sets(st.integers(0, 40), min_size=size, max_size=size))), dtype=np.int64)
+    # Totals are fmax(·, 0) of the weighted sum: never NaN, ties common.
+    totals = st.sampled_from([0.0, 1.0, 2.5, 7.0, math.inf]) | st.floats(0, 10)
+    total = np.array(draw(st.lists(totals, min_size=size, max_size=size)), dtype=np.float64)
+    primary = draw(st.sampled_from([*scored.tolist(), 41, -1]))
+    named: list[tuple[str, bool, float]] = []
+    values: list[list[float]] = []
+    for k in range(draw(st.integers(0, 6))):
+        has_term = draw(st.booleans())
+        if has_term:
+            values.append(draw(st.lists(number, min_size=size, max_size=size)))
+        named.append((f"s{k}", has_term, draw(st.sampled_from([0.0, -0.0, 1.0, 2.0]) | st.floats(-10, 10))))
+    rows = np.array(values, dtype=np.float64).reshape(len(values), size) if values else None
+    return scored, total, primary, named, rows
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, NaN where NaN, the same sign of zero (repr of the floats)."""
+    return repr(a) == repr(b)
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(detailed_picks())
+def test_the_compiled_terms_are_the_python_definition(case: Terms) -> None:
+    assert compiled is not None
+    got = compiled.pick_terms(*case)
+    assert got.__class__ is tuple
+    assert _same(got, pick_terms_python(*case))
+
+
+@needs_native
+def test_terms_of_another_shape_run_the_python_code() -> None:
+    assert compiled is not None
+    scored = np.arange(4, dtype=np.int64)
+    total = np.linspace(0, 1, 4)
+    named = [("s", True, 0.0)]
+    rows = np.linspace(0, 1, 4).reshape(1, 4)
+    assert compiled.pick_terms(scored.astype(np.int32), total, 1, named, rows) is NotImplemented
+    assert compiled.pick_terms(scored, total.astype(np.float32), 1, named, rows) is NotImplemented
+    strided = np.linspace(0, 1, 8).reshape(2, 4)[:, ::2]
+    assert compiled.pick_terms(scored[:2], total[:2], 1, named, strided) is NotImplemented
+    assert receipt.pick_terms(scored[:2], total[:2], 1, named, strided) == pick_terms_python(
+        scored[:2], total[:2], 1, named, strided
+    )
+    assert compiled.pick_terms(scored, total, 1, [*named, ("t", True, 1.0)], rows) is NotImplemented  # one row short
+
+
+@st.composite
+def receipts(draw: st.DrawFn) -> Receipt:
+    k = draw(st.integers(0, 6))
+    names = tuple(draw(st.lists(text, min_size=k, max_size=k, unique=True)))
+    paired = draw(st.booleans())
+    floats = st.lists(number, min_size=k, max_size=k).map(tuple)
+    return Receipt(
+        profiles=tuple(draw(st.lists(text, min_size=1, max_size=3))),
+        chosen=draw(text),
+        runner_up=draw(st.just("") | text),
+        scorers=names,
+        chosen_terms=draw(floats),
+        runner_terms=draw(floats) if paired else (),
+        constant=(),
+        metrics_age_s=draw(number),
+        stale=0,
+        missing=0,
+        kv=tuple(
+            draw(
+                st.lists(
+                    st.tuples(text, st.sampled_from(["precise", "approximate"]) | text, st.just(0), st.just(0)),
+                    max_size=2,
+                    unique_by=lambda t: t[0],
+                )
+            )
+        ),
+        kv_age_s=draw(number),
+        tokens=tuple(draw(st.lists(st.tuples(text, st.booleans()), max_size=2, unique_by=lambda t: t[0]))),
+        prefix=tuple(
+            draw(
+                st.lists(
+                    st.tuples(text, st.integers(0, 2**64 - 1), st.integers(-3, 10**20)),
+                    max_size=2,
+                    unique_by=lambda t: t[0],
+                )
+            )
+        ),
+        candidates=k,
+        flow_wait_s=draw(st.just(0.0) | number),
+    )
+
+
+@needs_native
+@settings(max_examples=500, deadline=None)
+@given(receipts())
+def test_the_compiled_json_is_the_python_definition(r: Receipt) -> None:
+    assert compiled is not None
+    text_out = compiled.receipt_json(r)
+    assert text_out.__class__ is str
+    assert text_out == r.json_python()
+    assert r.json() == r.json_python()
+
+
+@needs_native
+@settings(max_examples=2000, deadline=None)
+@given(number)
+def test_a_double_is_written_as_orjson_writes_it(x: float) -> None:
+    r = Receipt(("p",), "a", "", ("s",), (x,), (), (), x, 0, 0, (), math.nan, (), ())
+    assert orjson.loads(r.json()) == orjson.loads(r.json_python())
+    assert r.json() == r.json_python()
+
+
+@needs_native
+def test_a_receipt_the_encoder_does_not_take_runs_the_python_code() -> None:
+    assert compiled is not None
+    twice = Receipt(("p",), "a", "", ("s", "s"), (1.0, 2.0), (), (), 0.0, 0, 0, (), math.nan, (), ())
+    assert compiled.receipt_json(twice) is NotImplemented
+    assert (
+        twice.json()
+        == twice.json_python()
+        == '{"profiles":["p"],"chosen":"a","runnerUp":null,"scorers":{"s":[2.0,null]},"metricsAgeS":0.0}'
+    )
+    integer = twice._replace(scorers=("s",), chosen_terms=(1,))
+    assert compiled.receipt_json(integer) is NotImplemented
+    assert integer.json() == integer.json_python()
+    uneven = twice._replace(runner_terms=(1.0,))
+    assert compiled.receipt_json(uneven) is NotImplemented
+    with pytest.raises(ValueError):
+        uneven.json()
