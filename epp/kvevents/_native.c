@@ -14,6 +14,8 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "../optional_module.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -383,26 +385,5 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static int
-exec_module(PyObject *module)
-{
-    const char *env = getenv("EPP_NATIVE");
-    int enabled = !(env != NULL && strcmp(env, "0") == 0);
-    return PyModule_AddIntConstant(module, "ENABLED", enabled);
-}
-
-static PyModuleDef_Slot slots[] = {
-    {Py_mod_exec, (void *)exec_module},
-    {0, NULL},
-};
-
-static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "epp.kvevents._native", "Compiled block keys and table lookups (see kernels.py).", 0,
-    methods, slots, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC
-PyInit__native(void)
-{
-    return PyModuleDef_Init(&module_def);
-}
+EPP_OPTIONAL_MODULE(PyInit__native, "epp.kvevents._native",
+                    "Compiled block keys and table lookups (see kernels.py).", methods, NULL)

@@ -15,6 +15,8 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "../optional_module.h"
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -457,26 +459,5 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static int
-exec_module(PyObject *module)
-{
-    const char *env = getenv("EPP_NATIVE");
-    int enabled = !(env != NULL && strcmp(env, "0") == 0);
-    return PyModule_AddIntConstant(module, "ENABLED", enabled);
-}
-
-static PyModuleDef_Slot slots[] = {
-    {Py_mod_exec, (void *)exec_module},
-    {0, NULL},
-};
-
-static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "epp.scheduling._native", "The runner's weighted total and tie search (see totals.py).", 0,
-    methods, slots, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC
-PyInit__native(void)
-{
-    return PyModuleDef_Init(&module_def);
-}
+EPP_OPTIONAL_MODULE(PyInit__native, "epp.scheduling._native",
+                    "The runner's weighted total and tie search (see totals.py).", methods, NULL)

@@ -13,6 +13,8 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "../optional_module.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -554,28 +556,14 @@ static PyMethodDef methods[] = {
 };
 
 static int
-exec_module(PyObject *module)
+setup_module(PyObject *module)
 {
+    (void)module;
     zero = PyLong_FromLong(0);
     if (zero == NULL)
         return -1;
-    const char *env = getenv("EPP_NATIVE");
-    int enabled = !(env != NULL && strcmp(env, "0") == 0);
-    return PyModule_AddIntConstant(module, "ENABLED", enabled);
+    return 0;
 }
 
-static PyModuleDef_Slot slots[] = {
-    {Py_mod_exec, (void *)exec_module},
-    {0, NULL},
-};
-
-static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "epp.scheduling._receipt", "A route receipt's terms and JSON (see receipt.py).", 0,
-    methods, slots, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC
-PyInit__receipt(void)
-{
-    return PyModuleDef_Init(&module_def);
-}
+EPP_OPTIONAL_MODULE(PyInit__receipt, "epp.scheduling._receipt",
+                    "A route receipt's terms and JSON (see receipt.py).", methods, setup_module)
