@@ -150,6 +150,26 @@ except ImportError:  # built without a compiler: the Python code runs
 _METADATA: _Compiled | None = _built if _built is not None and _built.ENABLED else None
 
 
+def _lb_bytes(
+    native: _Compiled,
+    prefix: bytes | None,
+    destination: str,
+    scores: tuple[tuple[str, float], ...],
+    receipt: str | None,
+) -> object:
+    """The compiled call with the wire names (`prefix`: an answer's bytes to append the metadata to, or None)."""
+    return native.lb_metadata(
+        prefix,
+        wire.LB_NAMESPACE,
+        wire.DESTINATION_HEADER,
+        destination,
+        wire.DESTINATION_SCORES_KEY,
+        scores,
+        wire.ROUTE_RECEIPT_KEY,
+        receipt,
+    )
+
+
 def write_metadata(
     response: pb.ProcessingResponse, destination: str, scores: tuple[tuple[str, float], ...], receipt: str | None
 ) -> None:
@@ -157,16 +177,7 @@ def write_metadata(
     in one call, merged in (its entry replaces the one a copied answer has), where the scores struct costs a upb map
     write per endpoint."""
     if _METADATA is not None:
-        raw = _METADATA.lb_metadata(
-            None,
-            wire.LB_NAMESPACE,
-            wire.DESTINATION_HEADER,
-            destination,
-            wire.DESTINATION_SCORES_KEY,
-            scores,
-            wire.ROUTE_RECEIPT_KEY,
-            receipt,
-        )
+        raw = _lb_bytes(_METADATA, None, destination, scores, receipt)
         if raw.__class__ is bytes:
             response.dynamic_metadata.MergeFromString(raw)
             return
@@ -180,16 +191,7 @@ def with_metadata(
     (cheaper than copying the message: upb's copy serializes and parses); None without the compiled code."""
     if _METADATA is None:
         return None
-    whole = _METADATA.lb_metadata(
-        raw,
-        wire.LB_NAMESPACE,
-        wire.DESTINATION_HEADER,
-        destination,
-        wire.DESTINATION_SCORES_KEY,
-        scores,
-        wire.ROUTE_RECEIPT_KEY,
-        receipt,
-    )
+    whole = _lb_bytes(_METADATA, raw, destination, scores, receipt)
     return pb.ProcessingResponse.FromString(whole) if whole.__class__ is bytes else None
 
 
