@@ -35,9 +35,10 @@ from epp.flowcontrol.admission import Admitter
 from epp.requests import InferenceRequest
 from epp.scheduling import conformance_selection
 from epp.scheduling.degradation import DegradationWatch, Transition
+from epp.scheduling.framework import CycleState
 from epp.scheduling.pick_detail import PickDetail
 from epp.scheduling.producers import estimate_tokens
-from epp.scheduling.receipt import Receipt, scored_pairs
+from epp.scheduling.receipt import Receipt, ReceiptReader, scored_pairs
 from epp.scheduling.scheduler import Routing, Scheduler
 
 log = logging.getLogger(__name__)
@@ -292,7 +293,7 @@ class Director:
         receipt = None
         if account and detail is not None and detail.state is not None and self._reader is not None:
             stages = len(routing.stages) if routing is not None else 0
-            receipt = self._account(detail, primary, stages, request, now, watched)
+            receipt = self._account(self._reader, detail.state, primary, stages, request.queued_s, now, watched)
         if routing is not None:
             decision = self._routed(routing, primary, degraded, body, original_model, request.model, tokens)
             decision = decision._replace(prefill=prefill)
@@ -320,25 +321,33 @@ class Director:
         return decision
 
     def _account(
-        self, detail: PickDetail, primary: int, stages: int, request: InferenceRequest, now: float, watched: bool
+        self,
+        reader: ReceiptReader,
+        state: CycleState,
+        primary: int,
+        stages: int,
+        flow_wait_s: float,
+        now: float,
+        watched: bool,
     ) -> str | None:
         """Read the pick's receipt, show it to the degradation watch (`watched`: its sample) and the sink; its JSON
         when it is emitted."""
-        assert self._reader is not None and detail.state is not None and self.watch is not None
-        receipt = self._reader.read(detail.state, primary, request.queued_s)
+        receipt = reader.read(state, primary, flow_wait_s)
         if stages and len(self._profile_names) > 1:  # P/D: the decode profile judged, the others booked too
             receipt = receipt._replace(profiles=self._profile_names[: 1 + stages])
-        transitions = self.watch.observe(receipt, now) if watched else ()
-        if self._sink is not None:
+        watch = self.watch  # built with the reader
+        transitions = watch.observe(receipt, now) if watched and watch is not None else ()
+        sink = self._sink
+        if sink is not None:
             logged = False
             if self._log_every:
                 self._receipts += 1
                 if self._receipts >= self._log_every:
                     self._receipts = 0
                     logged = True
-            self._sink.receipt(receipt, logged)
+            sink.receipt(receipt, logged)
             for transition in transitions:
-                self._sink.transition(transition)
+                sink.transition(transition)
         return receipt.json() if self._emit_receipts else None
 
     def _features(self, snapshot: Snapshot, slot: int, tokens: int, uncached: int, now: float) -> PickFeatures:

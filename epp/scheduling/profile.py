@@ -162,7 +162,7 @@ class ProfileScheduler:
     ) -> tuple[Sequence[int], PickDetail]:
         """`pick`, with the scores and the picked endpoint's cached prefix (`PickDetail`), for the director."""
         slots, state = self.run(snapshot, candidates, request, now, detailed=True)
-        return slots, (self.detail(state, int(slots[0])) if slots else EMPTY)
+        return slots, (detail_of(state, int(slots[0]), self._cached_blocks) if slots else EMPTY)
 
     def detail(self, state: CycleState, primary: int) -> PickDetail:
         """The PickDetail of a run of this profile whose primary slot is `primary`."""

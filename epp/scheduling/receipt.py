@@ -155,7 +155,11 @@ class ReceiptReader:
         runner_terms: tuple[float, ...] = ()
         inert: tuple[bool, ...] = ()
         if scored is not None and scored.size:
-            runner_slot, chosen_terms, runner_terms, inert = pick_terms(scored, total, primary, named, rows)
+            got = _COMPILED.pick_terms(scored, total, primary, named, rows) if _COMPILED is not None else None
+            if got.__class__ is tuple:  # `pick_terms`, without its call
+                runner_slot, chosen_terms, runner_terms, inert = got
+            else:
+                runner_slot, chosen_terms, runner_terms, inert = pick_terms_python(scored, total, primary, named, rows)
         scraped: float = snapshot.scraped_at.item(primary)
         now = state.now
         stale = missing = 0
