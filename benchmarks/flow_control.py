@@ -216,7 +216,10 @@ def simulate(
         now, _, kind, arg = heapq.heappop(heap)
         if kind == _STEP:
             engine = engines[arg]
-            for fin in engine.end_step(now).finished:
+            stepped = engine.end_step(now)
+            for i in stepped.first_tokens:  # the stream's first response byte: the feed learns the TTFT now
+                picker.first_token(arg, i, now - float(run.served_at[i]))
+            for fin in stepped.finished:
                 i = fin.request_id
                 run.ttft[i] = fin.first_token_at - items[i].arrival
                 run.finished_at[i] = fin.finished_at

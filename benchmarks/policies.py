@@ -52,6 +52,12 @@ def timing_of(fin: Finished | None) -> Timing | None:
     return Timing(fin.first_token_at - fin.arrived, tpot, fin.output_tokens, True, 0.0)
 
 
+def first_byte_timing(ttft_s: float) -> Timing:
+    """The first response byte as the stream times it (its TTFT; TPOT and usage not known yet): what the stream
+    hands `Director.first_byte`, so the learners see each TTFT when it happens, as on the serving path."""
+    return Timing(ttft_s, math.nan, -1, True, 0.0)
+
+
 class Policy:
     """One routing policy. `pick` returns a server index; `done` is called when a request finishes there."""
 
@@ -64,8 +70,9 @@ class Policy:
     def done(self, server: int, index: int, fin: Finished | None = None) -> None:
         """`fin`: what the engine measured (the observation feed's timing)."""
 
-    def first_token(self, server: int, index: int) -> None:
-        """Request `index`'s first token came out on `server` (the stream's first response byte)."""
+    def first_token(self, server: int, index: int, ttft_s: float) -> None:
+        """Request `index`'s first token came out on `server` (the stream's first response byte), `ttft_s` after
+        its pick."""
 
     def scrape(self, engines: Sequence[Engine], now: float) -> None:
         pass
@@ -165,8 +172,8 @@ class Picker(Policy):
         self._decisions[index] = decision
         return self._server_of[decision.slot]
 
-    def first_token(self, server: int, index: int) -> None:
-        self.director.first_byte(self._decisions[index])  # type: ignore[arg-type]
+    def first_token(self, server: int, index: int, ttft_s: float) -> None:
+        self.director.first_byte(self._decisions[index], first_byte_timing(ttft_s))  # type: ignore[arg-type]
 
     def done(self, server: int, index: int, fin: Finished | None = None) -> None:
         self.director.complete(self._decisions.pop(index), timing_of(fin))  # type: ignore[arg-type]
@@ -242,9 +249,9 @@ class Split(Policy):
         self._owner[index] = (director, decision)
         return self.replicas[r].server_of(decision.slot)
 
-    def first_token(self, server: int, index: int) -> None:
+    def first_token(self, server: int, index: int, ttft_s: float) -> None:
         director, decision = self._owner[index]
-        director.first_byte(decision)  # type: ignore[arg-type]
+        director.first_byte(decision, first_byte_timing(ttft_s))  # type: ignore[arg-type]
 
     def done(self, server: int, index: int, fin: Finished | None = None) -> None:
         director, decision = self._owner.pop(index)

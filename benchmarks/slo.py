@@ -11,7 +11,8 @@ their own objective (a shed request counts as missed, and the shed are reported 
 pool mixes engine profiles (`--profiles`, cycled; by default 2 H100s and 26 L4s, each half of the capacity), so
 where a request goes decides whether its objective can be met at all: an L4 prefills a median prompt in ~0.4 s.
 Same code path as benchmarks/quality.py: the real Director and scheduler over simulated scrapes; the learner is fed
-by the observation feed (`Policy.done` → `Director.complete` with the engine's timing).
+by the observation feed as on the serving path: each TTFT at its first token (`Policy.first_token` →
+`Director.first_byte`), the rest at the end (`Policy.done` → `Director.complete` with the engine's timing).
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def simulate(
             engine = engines[arg]
             outcome = engine.end_step(now)
             for i in outcome.first_tokens:  # the stream's first response byte
-                policy.first_token(arg, i)
+                policy.first_token(arg, i, now - float(arrivals[i]))
             for fin in outcome.finished:
                 i = fin.request_id
                 ttft[i] = fin.first_token_at - fin.arrived

@@ -1,11 +1,14 @@
-"""The picker's own observations of finished requests: what an endpoint looked like when a request was picked onto
+"""The picker's own observations of routed requests: what an endpoint looked like when a request was picked onto
 it, and what the request then cost there (TTFT, TPOT). The learners (the online latency model, saturation that
 calibrates itself) read nothing else, so they need no sidecar and no training job: every routed request is a
 sample, taken in the process that decides.
 
-Values only. The director makes one `PickFeatures` per pick (`Decision.pick`) and one `Observation` when the request
-ends (`Director.complete`), and hands it to every `ObservationSink` of the scheduler; times are the director's
-clock (virtual time in the benchmarks), durations the stream's, so no learner reads a clock.
+Values only. The director makes one `PickFeatures` per pick (`Decision.pick`) and hands `Observation`s to every
+`ObservationSink` of the scheduler: one at the response's first byte with its TTFT alone (`Director.first_byte`:
+learned when it happens, not when a long response ends) and one when the request ends normally with what the end
+adds (`Director.complete`: TPOT, output tokens; its TTFT NaN when the first byte gave it). A target an observation
+does not carry is NaN. Times are the director's clock (virtual time in the benchmarks), durations the stream's,
+so no learner reads a clock.
 """
 
 from __future__ import annotations
@@ -32,17 +35,17 @@ class PickFeatures(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Observation:
-    """One finished, routed request on one endpoint."""
+    """One routed request on one endpoint: at its first byte (TTFT only) or at its end (the rest)."""
 
     slot: int
     address: str  # the slot's address at pick: a slot reused for another endpoint changes it
     pick: PickFeatures
     ttft_s: float  # first response byte − the decision (a non-streaming response: its whole time); NaN: no byte
     tpot_s: float  # (last chunk − first chunk) / (output tokens − 1); NaN unless streaming with > 1 token
-    output_tokens: int  # from the response's usage; -1: not reported
+    output_tokens: int  # from the response's usage; -1: not reported (or not yet: the first byte's)
     streaming: bool
     waited_s: float  # received → decided (flow-control queue, render call)
-    finished_at: float  # the director's clock when the request ended
+    finished_at: float  # the director's clock when this was observed (the first byte, or the request's end)
 
 
 class ObservationSink(Protocol):

@@ -43,6 +43,7 @@ from epp.scheduling.scheduler import Routing, Scheduler
 log = logging.getLogger(__name__)
 _NO_ENDPOINTS = wire.REJECTED_NO_ENDPOINTS  # upstream's reason when no candidate endpoint exists at all
 _PREFER = wire.PREFER_HEADER
+_NAN = float("nan")  # a target the observation does not carry (not known yet, or already observed)
 
 
 class Federation(Protocol):
@@ -184,8 +185,8 @@ class Director:
         self._uncached = scheduler.uncached
         # The stages before `decide` (the render call, flow control's hold) and after `complete`, which the
         # ext_proc adapter runs for every stream (epp.director.pipeline).
-        # ids of the decisions whose prefill `first_byte` released (each until its `complete`)
-        self._prefill_done: set[int] = set()
+        # ids of the decisions whose first byte came (each until its `complete`) → whether their TTFT was fed then
+        self._first_bytes: dict[int, bool] = {}
         self.pipeline = DecisionPipeline(self.decide, self.complete, clock, tokenizer, flow, first_byte=self.first_byte)
 
     @property
@@ -428,23 +429,35 @@ class Director:
                     wire.REJECTED_SATURATED,
                 )
 
-    def first_byte(self, decision: Decision) -> None:
+    def first_byte(self, decision: Decision, timing: Timing | None = None) -> None:
         """The response's first byte came: the request's prefill is done, so its prefill booking is released now
-        rather than at its end (`complete` then releases the rest). Once per decision; later calls do nothing."""
-        if not decision.prefill or decision.site is not None:
+        rather than at its end (`complete` then releases the rest), and, with the stream's `timing` of it (its TTFT;
+        TPOT and usage are not known yet), every learner of the feed observes the request's TTFT now rather than at
+        its end (a batch request on a slow endpoint completes tens of seconds after its first byte: the latency
+        model and the knee would learn nothing from it meanwhile). `complete` then observes only what the end adds
+        (TPOT), so no TTFT is counted twice. Once per decision; later calls do nothing."""
+        if decision.site is not None:
+            return
+        feed = timing is not None and decision.pick is not None and timing.ttft_s == timing.ttft_s
+        if not decision.prefill and not feed:
             return
         key = id(decision)  # the stream holds `decision` until `complete`: its id is not reused meanwhile
-        done = self._prefill_done
+        done = self._first_bytes
         if key in done:
             return
-        done.add(key)
+        done[key] = feed
         info = self._table.info(decision.slot)
-        if info is not None and info.address == (decision.booked or decision.addresses[0]):
+        ours = info is not None and info.address == (decision.booked or decision.addresses[0])
+        if decision.prefill and ours:
             self._table.release_prefill(decision.slot, decision.prefill)
+        if feed:
+            assert timing is not None
+            self._observe(decision, timing.ttft_s, _NAN, -1, timing)
 
     def complete(self, decision: Decision, timing: Timing | None = None) -> None:
         """The request ended (response done, stream closed or failed): release its in-flight booking; with the
-        response's `timing` (it ended normally), every learner of the feed observes what it cost."""
+        response's `timing` (it ended normally), every learner of the feed observes what it cost (its TTFT only if
+        `first_byte` did not already feed it)."""
         if decision.site is not None:
             if self._federation is not None:
                 self._federation.release(decision.site)
@@ -453,30 +466,33 @@ class Director:
         ours = info is not None and info.address == (decision.booked or decision.addresses[0])
         if ours:
             self._table.release_pick(decision.slot, decision.tokens)
-        if decision.prefill:
-            done = self._prefill_done
-            if done and id(decision) in done:  # released at its first byte
-                done.discard(id(decision))
-            elif ours:
-                self._table.release_prefill(decision.slot, decision.prefill)
+        done = self._first_bytes
+        fed = done.pop(id(decision), None) if done else None
+        if decision.prefill and fed is None and ours:  # not released at its first byte
+            self._table.release_prefill(decision.slot, decision.prefill)
         for slot, address in decision.stages:
             info = self._table.info(slot)
             if info is not None and info.address == address:  # the slot was not reused for another endpoint
                 self._table.release_pick(slot, decision.tokens)
         if self.flow is not None:
             self.flow.wake()  # room may have opened for a queued request
+        if timing is not None and decision.pick is not None:
+            self._observe(decision, _NAN if fed else timing.ttft_s, timing.tpot_s, timing.output_tokens, timing)
+
+    def _observe(self, decision: Decision, ttft_s: float, tpot_s: float, output_tokens: int, timing: Timing) -> None:
+        """Every learner of the feed observes what `decision`'s request cost (NaN: not known, or already fed)."""
         pick = decision.pick
-        if timing is not None and pick is not None:
-            observation = Observation(
-                decision.slot,
-                decision.booked or decision.addresses[0],
-                pick,
-                timing.ttft_s,
-                timing.tpot_s,
-                timing.output_tokens,
-                timing.streaming,
-                timing.waited_s,
-                self._clock(),
-            )
-            for learner in self._learners:
-                learner.observe(observation)
+        assert pick is not None
+        observation = Observation(
+            decision.slot,
+            decision.booked or decision.addresses[0],
+            pick,
+            ttft_s,
+            tpot_s,
+            output_tokens,
+            timing.streaming,
+            timing.waited_s,
+            self._clock(),
+        )
+        for learner in self._learners:
+            learner.observe(observation)

@@ -46,11 +46,15 @@ class CompleteFn(Protocol):
     def __call__(self, decision: Decision, timing: Timing | None = None) -> None: ...
 
 
-FirstByteFn = Callable[[Decision], None]
+class FirstByteFn(Protocol):
+    """The response's first byte came: release the prefill booking; `timing`, the stream's timing of it (its TTFT),
+    for the observation feed."""
+
+    def __call__(self, decision: Decision, timing: Timing | None = None) -> None: ...
 
 
-def _no_first_byte(decision: Decision) -> None:
-    """A pipeline that books no prefill has nothing to release at the first byte."""
+def _no_first_byte(decision: Decision, timing: Timing | None = None) -> None:
+    """A pipeline that books no prefill and feeds no learner has nothing to do at the first byte."""
 
 
 class DecisionPipeline:
@@ -81,7 +85,8 @@ class DecisionPipeline:
         first_byte: FirstByteFn = _no_first_byte,
     ) -> None:
         self._decide = decide
-        # What a stream calls at its response's first byte: the director's `first_byte` (the prefill is done).
+        # What a stream calls at its response's first byte: the director's `first_byte` (the prefill is done, the
+        # TTFT known).
         self.first_byte = first_byte
         self._answer = answer
         self._complete = complete

@@ -41,7 +41,7 @@ class Bookings(Protocol):
 
     def complete(self, decision: Decision, timing: Timing | None = None) -> None: ...
 
-    def first_byte(self, decision: Decision) -> None: ...
+    def first_byte(self, decision: Decision, timing: Timing | None = None) -> None: ...
 
 
 class ResponsePhases:
@@ -195,11 +195,17 @@ class ResponsePhases:
     def _on_response_body(self, msg: m.ProcessingRequest) -> tuple[_Answers, Phase]:
         chunk = msg.response_body
         tracker = self._response
-        if self._record is not None:
-            self._observer.response_chunk(self._record, self._clock(), len(chunk.body))
+        record = self._record
+        first = False
+        if record is not None:
+            first = record.first_byte_at < 0
+            self._observer.response_chunk(record, self._clock(), len(chunk.body))
         decision = self._decision
-        if decision is not None and decision.prefill:  # the first byte: its prefill is done (once per decision)
-            self._bookings.first_byte(decision)
+        if decision is not None:
+            if first and decision.pick is not None:  # the first byte: its prefill is done, its TTFT known
+                self._bookings.first_byte(decision, self._timing(record))
+            elif decision.prefill:  # the first byte (the director releases it once per decision)
+                self._bookings.first_byte(decision)
         if tracker is None:  # response headers were skipped: a plain JSON body is assumed
             tracker = self._response = ResponseTracker(False, self._rewrite, self._usage)
         body, usage = tracker.feed(chunk.body, chunk.end_of_stream)

@@ -4,8 +4,9 @@ Upstream's detectors need a number per deployment: `utilization-detector`'s queu
 `concurrency-detector`'s maxConcurrency. The right number depends on the engine (max-num-seqs 32 or 600, an H100
 or an L4, the prompts it gets), so a mixed pool has no right number at all. This detector needs none: it learns,
 per endpoint, the *knee* — how many requests the engine can hold (running + waiting, ours and anyone's) before
-queueing delay starts to grow — from every finished request (`observe`, the observation feed of
-`epp.datastore.observations`), and reads saturation as each endpoint's load over its knee, averaged over the pool.
+queueing delay starts to grow — from every request's TTFT (`observe`, the observation feed of
+`epp.datastore.observations`, at the response's first byte), and reads saturation as each endpoint's load over
+its knee, averaged over the pool.
 
 The knee, per observation (load `L` = running + effective queue at pick, this request the `L + 1`-th):
 - *delayed* means the request's TTFT per token (uncached prompt tokens + `TOKEN_OFFSET`, so a cached prompt's
@@ -99,7 +100,7 @@ class KneeDetector:
                 self._seen_at[slot] = math.nan
 
     def observe(self, obs: Observation) -> None:
-        """One finished request: its load at pick and its TTFT move the endpoint's floor and knee."""
+        """One request's TTFT (its first byte): its load at pick and its TTFT move the endpoint's floor and knee."""
         if not obs.ttft_s >= 0:  # NaN (no first byte) or a clock that went back
             return
         self._slot(obs.slot, obs.address)

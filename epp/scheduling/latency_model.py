@@ -14,7 +14,7 @@ sample in the deciding process (`epp.datastore.observations`), so a few numbers 
 - λ < 1 forgets: after a model-server change the old samples fade within ~1/(1 − λ) requests, and the ridge term
   keeps the solve well-posed however little an input varies (no covariance wind-up, which plain RLS has);
 - a prediction is one row-wise dot product over the candidates (numpy, no Python loop per endpoint); the solves
-  happen on observations (one d×d solve per finished request, a batched solve of every endpoint now and then).
+  happen on observations (one d×d solve per observed target, a batched solve of every endpoint now and then).
 
 Pure: no clock, no I/O; time is only what the observations carry.
 """
@@ -139,7 +139,7 @@ class LatencyModel:
     # -- the feed's side ----------------------------------------------------------------------------------------
 
     def observe(self, obs: Observation) -> None:
-        """Learn one finished request (ObservationSink)."""
+        """Learn one observation (ObservationSink): the targets it carries (its first byte's TTFT, its end's TPOT)."""
         slot = obs.slot
         if slot < 0:
             return
@@ -161,7 +161,7 @@ class LatencyModel:
             np.array([p.inflight_tokens], dtype=np.float64),
         )[:, 0]
         outer = np.outer(x, x)
-        learned = False
+        learned: list[int] = []  # the targets this observation carries (the first byte's: TTFT; the end's: TPOT)
         for target, value in ((TTFT, obs.ttft_s), (TPOT, obs.tpot_s)):
             if value != value or value < 0:
                 continue
@@ -182,7 +182,7 @@ class LatencyModel:
             self.pool_theta[target] = np.linalg.solve(
                 self._pool_a[target] + 0.1 * self.ridge * self._eye, self._pool_b[target]
             )
-            learned = True
+            learned.append(target)
         if not learned:
             return
         if key == key:
@@ -190,7 +190,7 @@ class LatencyModel:
             class_sums[0][...] += self._a[:, slot] - before_a
             class_sums[1][...] += self._b[:, slot] - before_b
         prior = self._class_prior(slot)
-        for target in (TTFT, TPOT):
+        for target in learned:  # a target not observed keeps its weights until the next refresh
             self.theta[target, slot] = self._solve(target, slot, prior[target])
         self.observations += 1
         self._since_refresh += 1

@@ -116,8 +116,8 @@ class Scheduler:
     description: str = ""
     profiles: tuple[ProfileScheduler, ...] = ()
     kv_events: PrecisePrefixCacheProducer | None = None
-    # The observation feed's learners (epp.datastore.observations): each finished request's Observation goes to
-    # every one; empty: the director builds no pick features at all.
+    # The observation feed's learners (epp.datastore.observations): each request's Observations (its first byte,
+    # its end) go to every one; empty: the director builds no pick features at all.
     learners: tuple[ObservationSink, ...] = ()
     uncached: UncachedTokens | None = None  # None: every prompt token counts as uncached
 

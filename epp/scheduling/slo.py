@@ -3,7 +3,7 @@
 - `predicted-latency-producer`: per candidate, predicted TTFT and TPOT (ms) for this request (its uncached prompt
   tokens by the prefix producer it names, the endpoint's queue, running, KV use and our in-flight), and the
   headroom against the request's `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms` (× `sloBufferFactor`); it learns
-  from every finished request (`observe`: the observation feed) and notes each pick's uncached tokens for it.
+  from every routed request (`observe`: the observation feed) and notes each pick's uncached tokens for it.
 - `slo-headroom-tier-filter`: candidates that meet both SLOs, else those that do not; with both tiers, the
   violating one `epsilonExploreNeg` of the time (so a recovering endpoint is seen again); no prediction: all kept.
 - `latency-scorer`: headroom-based score (upstream's rules: only the positive tier scored when mixed; all negative →

@@ -1,5 +1,6 @@
-"""The observation feed: each routed request that ends normally becomes one Observation for every learner, with
-the endpoint as the pick saw it and what the response cost as the stream timed it."""
+"""The observation feed: each routed request becomes Observations for every learner, with the endpoint as the pick
+saw it and what the response cost as the stream timed it: its TTFT at the first byte, the rest when it ends
+normally."""
 
 from __future__ import annotations
 
@@ -101,13 +102,14 @@ def test_the_stream_times_a_streamed_response_for_the_feed() -> None:
     stream.handle(response_body(b'data: {"choices": [{"text": "a"}]}\n\n', False))
     usage = b'data: {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 5}}\n\ndata: [DONE]\n\n'
     stream.handle(response_body(usage, True))
-    assert len(recorder.seen) == 1
-    obs = recorder.seen[0]
-    assert obs.streaming and obs.output_tokens == 5
-    assert obs.ttft_s > 0 and obs.tpot_s > 0 and not math.isnan(obs.tpot_s)
+    assert len(recorder.seen) == 2  # the TTFT at the first byte, the rest at the end
+    first, end = recorder.seen
+    assert first.streaming and first.ttft_s > 0 and math.isnan(first.tpot_s) and first.output_tokens == -1
+    assert end.streaming and end.output_tokens == 5 and math.isnan(end.ttft_s)
+    assert end.tpot_s > 0 and not math.isnan(end.tpot_s)
 
 
-def test_a_stream_cut_mid_response_is_no_observation() -> None:
+def test_a_stream_cut_mid_response_is_observed_up_to_its_first_byte_only() -> None:
     recorder = Recorder()
     director, table, _ = _setup((recorder,))
     stream = DecidingStream(director, PickerMetrics(CollectorRegistry()), lambda: 1.0, StreamSettings())
@@ -116,4 +118,34 @@ def test_a_stream_cut_mid_response_is_no_observation() -> None:
     stream.handle(response_headers("text/event-stream"))
     stream.handle(response_body(b"data: {}\n\n", False))
     stream.close()
-    assert recorder.seen == [] and table.snapshot().inflight.sum() == 0
+    assert len(recorder.seen) == 1 and table.snapshot().inflight.sum() == 0
+    assert recorder.seen[0].ttft_s == 0.0 and math.isnan(recorder.seen[0].tpot_s)  # its TTFT came; no TPOT
+
+
+def test_the_first_byte_feeds_the_ttft_once_and_the_end_feeds_only_what_it_adds() -> None:
+    recorder = Recorder()
+    director, table, clock = _setup((recorder,))
+    decision = director.decide(_request())
+    clock.now = 100.5
+    director.first_byte(decision, Timing(0.5, math.nan, -1, True, 0.05))
+    director.first_byte(decision, Timing(0.6, math.nan, -1, True, 0.05))  # once per decision
+    assert len(recorder.seen) == 1
+    first = recorder.seen[0]
+    assert (first.ttft_s, first.output_tokens, first.waited_s, first.finished_at) == (0.5, -1, 0.05, 100.5)
+    assert math.isnan(first.tpot_s) and first.pick == decision.pick
+    clock.now = 103.0
+    director.complete(decision, Timing(0.5, 0.02, 120, True, 0.05))
+    assert len(recorder.seen) == 2
+    end = recorder.seen[1]
+    assert math.isnan(end.ttft_s) and (end.tpot_s, end.output_tokens, end.finished_at) == (0.02, 120, 103.0)
+    assert table.snapshot().inflight.sum() == 0
+
+
+def test_a_first_byte_without_timing_leaves_the_ttft_to_the_end() -> None:
+    recorder = Recorder()
+    director, _, _ = _setup((recorder,))
+    decision = director.decide(_request())
+    director.first_byte(decision)
+    assert recorder.seen == []
+    director.complete(decision, Timing(0.2, 0.01, 50, True, 0.0))
+    assert len(recorder.seen) == 1 and recorder.seen[0].ttft_s == 0.2

@@ -50,8 +50,8 @@ class CountingDecider:
         self.completed += 1
         self.inner.complete(decision, timing)
 
-    def first_byte(self, decision: Decision) -> None:
-        self.inner.first_byte(decision)
+    def first_byte(self, decision: Decision, timing: Timing | None = None) -> None:
+        self.inner.first_byte(decision, timing)
 
 
 def decide_now(decider: object, request: NeedDecision, subset: Sequence[str] | None) -> Outcome:

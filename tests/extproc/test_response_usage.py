@@ -114,8 +114,8 @@ class _FailingRelease:
     def complete(self, decision, timing=None) -> None:  # type: ignore[no-untyped-def]
         raise RuntimeError("bug")
 
-    def first_byte(self, decision) -> None:  # type: ignore[no-untyped-def]
-        self.inner.first_byte(decision)
+    def first_byte(self, decision, timing=None) -> None:  # type: ignore[no-untyped-def]
+        self.inner.first_byte(decision, timing)
 
 
 def test_a_failure_of_the_picker_in_the_response_lets_the_chunk_through_unchanged() -> None:

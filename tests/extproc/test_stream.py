@@ -261,8 +261,8 @@ class _Rewriting:
     def complete(self, decision: Decision, timing: Timing | None = None) -> None:
         self.inner.complete(decision, timing)
 
-    def first_byte(self, decision: Decision) -> None:
-        self.inner.first_byte(decision)
+    def first_byte(self, decision: Decision, timing: Timing | None = None) -> None:
+        self.inner.first_byte(decision, timing)
 
 
 def test_model_rewrite_resends_the_new_body_with_its_length_and_restores_the_name_in_the_response() -> None:

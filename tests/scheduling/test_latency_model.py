@@ -134,3 +134,26 @@ def test_the_sum_of_two_workers_models_predicts_as_one_model_fed_both() -> None:
     assert set(control.report()["endpoints"]) == {"127.10.0.1:8000"}  # type: ignore[arg-type]
     control.absorb([], addresses.get)  # no worker has learned: nothing known, the pool's prior alone
     assert control.observations == 0 and control.report()["endpoints"] == {}
+
+
+def test_split_observations_learn_as_one_that_carries_both_targets() -> None:
+    """The first byte's observation (TTFT alone) and the end's (TPOT alone) teach what one with both would."""
+    whole, split = LatencyModel(), LatencyModel()
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        uncached, queue = int(rng.integers(100, 4000)), float(rng.integers(0, 20))
+        ttft, tpot = 20.0 + 0.05 * uncached + 15.0 * queue, 8.0 + 0.5 * queue
+        whole.observe(_obs(0, uncached, queue, ttft, tpot))
+        split.observe(_obs(0, uncached, queue, ttft, math.nan))
+        split.observe(_obs(0, uncached, queue, math.nan, tpot))
+    for probe in ((500, 2.0), (3000, 15.0)):
+        a, b = _predict(whole, 0, *probe), _predict(split, 0, *probe)
+        assert math.isclose(a[0], b[0], rel_tol=1e-3) and math.isclose(a[1], b[1], rel_tol=1e-3)
+
+
+def test_an_observation_without_a_target_leaves_that_targets_weights() -> None:
+    model = LatencyModel()
+    _train(model, 0, lambda u, q: 20.0 + 0.05 * u, 50)
+    before = model.theta[1, 0].copy()
+    model.observe(_obs(0, 1000, 3.0, 90.0, math.nan))  # a first byte: TTFT only
+    assert np.array_equal(model.theta[1, 0], before)

@@ -64,8 +64,8 @@ class _Phased:
         self.active.append({(p, r) for p, r, up, _ in watch.states() if up})
         return server
 
-    def first_token(self, server: int, index: int) -> None:
-        self.inner.first_token(server, index)
+    def first_token(self, server: int, index: int, ttft_s: float) -> None:
+        self.inner.first_token(server, index, ttft_s)
 
     def done(self, server: int, index: int, fin: Any = None) -> None:
         self.inner.done(server, index, fin)
