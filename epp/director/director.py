@@ -37,7 +37,7 @@ from epp.scheduling import conformance_selection
 from epp.scheduling.degradation import DegradationWatch, Transition
 from epp.scheduling.pick_detail import PickDetail
 from epp.scheduling.producers import estimate_tokens
-from epp.scheduling.receipt import Receipt
+from epp.scheduling.receipt import Receipt, scored_pairs
 from epp.scheduling.scheduler import Routing, Scheduler
 
 log = logging.getLogger(__name__)
@@ -94,10 +94,7 @@ WATCH_EVERY = 32
 
 def _scores(addresses: Sequence[str], detail: PickDetail) -> tuple[tuple[str, float], ...]:
     """(address, weighted score) of every endpoint the primary profile scored."""
-    # Plain ints and floats first (`tolist`, one call each): iterating the arrays makes a numpy scalar per element.
-    slots: list[int] = detail.scored.tolist()
-    scores: list[float] = detail.scores.tolist()
-    return tuple((addresses[slot], score) for slot, score in zip(slots, scores, strict=True))
+    return scored_pairs(addresses, detail.scored, detail.scores)
 
 
 class _NullObserver:

@@ -1,9 +1,11 @@
-/* A route receipt's two costly steps, compiled: the chosen endpoint's and the runner-up's terms read from a detailed
- * pick, and the receipt's JSON. Built at install when a compiler is there (setup.py: optional); epp.scheduling.receipt
- * decides at import whether these or the Python code run.
+/* A route receipt's costly steps, compiled: the chosen endpoint's and the runner-up's terms read from a detailed
+ * pick, the receipt's JSON, and the (address, score) pairs of the scores it goes with. Built at install when a
+ * compiler is there (setup.py: optional); epp.scheduling.receipt decides at import whether these or the Python code
+ * run.
  *
- * Not definitions of their own: `pick_terms_python` and `Receipt.json_python` (epp/scheduling/receipt.py) are, and
- * tests/scheduling/test_receipt_native.py holds the two equal on random inputs (the same doubles, the same bytes).
+ * Not definitions of their own: `pick_terms_python`, `Receipt.json_python` and `scored_pairs_python`
+ * (epp/scheduling/receipt.py) are, and tests/scheduling/test_receipt_native.py holds each pair equal on random
+ * inputs (the same doubles, the same bytes).
  * Every step is the Python code's in its order: the chosen candidate found by bisect_left's own halving, the runner-up
  * by max()'s comparisons (the first greater replaces) and list.index, a term's extremes by max()/min() over it; the
  * JSON as orjson writes it (shortest round-trip doubles, positional notation from 1e-5 to below 1e16, "1e-7" and
@@ -182,6 +184,67 @@ done:
         PyBuffer_Release(&rows_view);
     PyBuffer_Release(&scored_view);
     PyBuffer_Release(&total_view);
+    return result;
+}
+
+/* scored_pairs(addresses, slots, scores) -> ((addresses[slot], score), ...) | NotImplemented
+ *
+ * addresses: a tuple or list of str; slots (int64) and scores (float64) of one length, each slot an index into
+ * addresses (anything else: the Python code answers, or raises). */
+static PyObject *
+scored_pairs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "scored_pairs takes addresses, slots and scores");
+        return NULL;
+    }
+    PyObject *addresses = args[0];
+    if (!PyTuple_CheckExact(addresses) && !PyList_CheckExact(addresses))
+        return Py_NewRef(Py_NotImplemented);
+    Py_buffer slots_view, scores_view;
+    int got = buffer_of(args[1], &slots_view, "lq");
+    if (got != 0)
+        return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    got = buffer_of(args[2], &scores_view, "d");
+    if (got != 0) {
+        PyBuffer_Release(&slots_view);
+        return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = slots_view.len / 8;
+    const int64_t *slots = (const int64_t *)slots_view.buf;
+    const double *scores = (const double *)scores_view.buf;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(addresses);
+    PyObject **items = PySequence_Fast_ITEMS(addresses);
+    if (scores_view.len != slots_view.len) {
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (slots[i] < 0 || slots[i] >= size || !PyUnicode_CheckExact(items[slots[i]])) {
+            result = Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+    PyObject *out = PyTuple_New(n);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *score = PyFloat_FromDouble(scores[i]);
+        PyObject *pair = score != NULL ? PyTuple_New(2) : NULL;
+        if (pair == NULL) {
+            Py_XDECREF(score);
+            Py_DECREF(out);
+            goto done;
+        }
+        PyTuple_SET_ITEM(pair, 0, Py_NewRef(items[slots[i]]));
+        PyTuple_SET_ITEM(pair, 1, score);
+        PyTuple_SET_ITEM(out, i, pair);
+    }
+    result = out;
+done:
+    PyBuffer_Release(&slots_view);
+    PyBuffer_Release(&scores_view);
     return result;
 }
 
@@ -552,6 +615,8 @@ static PyMethodDef methods[] = {
     {"pick_terms", (PyCFunction)(void (*)(void))pick_terms, METH_FASTCALL,
      "The runner-up and both endpoints' terms of a detailed pick (receipt.py's pick_terms_python)."},
     {"receipt_json", (PyCFunction)receipt_json, METH_O, "A receipt's JSON (receipt.py's Receipt.json_python)."},
+    {"scored_pairs", (PyCFunction)(void (*)(void))scored_pairs, METH_FASTCALL,
+     "(address, score) of each scored slot (receipt.py's scored_pairs_python)."},
     {NULL, NULL, 0, NULL},
 };
 

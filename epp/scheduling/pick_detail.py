@@ -15,7 +15,6 @@ The profile runner stores its candidates and totals in the pick's state under `S
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
 
 import numpy as np
 
@@ -28,27 +27,59 @@ SCORED = "pick-detail/scored"  # scratch key: (candidates after the filters, the
 TERMS = "pick-detail/terms"
 
 
-class PickDetail(NamedTuple):
-    scored: IntArray  # the slots the primary profile scored (its filters' survivors)
-    scores: FloatArray  # their weighted scores (upstream's sum of clamped score × weight), one per slot
-    cached_blocks: int  # leading prompt blocks the picked endpoint holds (0: none, or no prefix producer ran)
-    state: CycleState | None = None  # the primary profile's pick state: what a route receipt reads
-
-
-EMPTY = PickDetail(np.zeros(0, dtype=np.int64), np.zeros(0), 0)
-
-
 # A scorer's own prefix match for this pick: (state, slot) → leading blocks held (`PrefixCacheScorer.cached_blocks`).
 CachedBlocks = Callable[[CycleState, int], int]
 
 
-def detail_of(state: CycleState, primary: int, scorers: tuple[CachedBlocks, ...] = ()) -> PickDetail:
-    """The detail of a pick whose primary (first) slot is `primary`, from its state and the profile's scorers
-    that match prefixes themselves."""
-    scored, scores = state.scratch.get(SCORED, (EMPTY.scored, EMPTY.scores))
+class PickDetail:
+    """A detailed pick's scores and state; its `cached_blocks` read when asked (only `Prefer: if-available` does:
+    a pick detailed for its scores or receipt pays no prefix lookup of its own)."""
+
+    __slots__ = ("_blocks", "_primary", "_scorers", "scored", "scores", "state")
+
+    def __init__(
+        self,
+        scored: IntArray,
+        scores: FloatArray,
+        state: CycleState | None = None,
+        primary: int = -1,
+        scorers: tuple[CachedBlocks, ...] = (),
+    ) -> None:
+        self.scored = scored  # the slots the primary profile scored (its filters' survivors)
+        self.scores = scores  # their weighted scores (upstream's sum of clamped score × weight), one per slot
+        self.state = state  # the primary profile's pick state: what a route receipt reads
+        self._primary = primary
+        self._scorers = scorers
+        self._blocks = -1  # not read yet
+
+    @property
+    def cached_blocks(self) -> int:
+        """Leading prompt blocks the picked endpoint holds (0: none, or no prefix producer ran)."""
+        if self._blocks < 0:
+            state = self.state
+            self._blocks = cached_blocks(state, self._primary, self._scorers) if state is not None else 0
+        return self._blocks
+
+
+EMPTY = PickDetail(np.zeros(0, dtype=np.int64), np.zeros(0))
+
+
+def cached_blocks(state: CycleState, primary: int, scorers: tuple[CachedBlocks, ...]) -> int:
+    """How many leading prompt blocks `primary` holds by the profile's scorers that match prefixes themselves
+    (`scorers`) and by any prefix producer's match in the pick's state."""
     blocks = max((held(state, primary) for held in scorers), default=0)
     for value in state.scratch.values():
         # Any prefix producer's match counts (a tiered config runs one per tier): the most blocks wins.
         if isinstance(value, PrefixMatch) and value.total > 0 and 0 <= primary < value.matched.size:
             blocks = max(blocks, int(value.matched[primary]))
-    return PickDetail(scored, scores, blocks, state)
+    return blocks
+
+
+def detail_of(state: CycleState, primary: int, scorers: tuple[CachedBlocks, ...] = ()) -> PickDetail:
+    """The detail of a pick whose primary (first) slot is `primary`, from its state and the profile's scorers
+    that match prefixes themselves."""
+    scored, scores = state.scratch.get(SCORED, _UNSCORED)
+    return PickDetail(scored, scores, state, primary, scorers)
+
+
+_UNSCORED = (EMPTY.scored, EMPTY.scores)

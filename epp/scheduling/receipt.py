@@ -42,6 +42,8 @@ class Compiled(Protocol):
 
     def receipt_json(self, receipt: object) -> object: ...
 
+    def scored_pairs(self, addresses: object, slots: IntArray, scores: FloatArray) -> object: ...
+
 
 _built: Compiled | None
 try:  # by name, as epp.scheduling.totals imports its kernels
@@ -254,3 +256,21 @@ def pick_terms(
         if got.__class__ is tuple:
             return got
     return pick_terms_python(scored, total, primary, named, rows)
+
+
+def scored_pairs_python(addresses: Sequence[str], slots: IntArray, scores: FloatArray) -> tuple[tuple[str, float], ...]:
+    """The definition: (address, weighted score) of every endpoint a detailed pick scored (`slots`, `scores`: its
+    `PickDetail`), the `envoy.lb` scores struct's entries and the decision's `scores`."""
+    # Plain ints and floats first (`tolist`, one call each): iterating the arrays makes a numpy scalar per element.
+    listed: list[int] = slots.tolist()
+    values: list[float] = scores.tolist()
+    return tuple((addresses[slot], score) for slot, score in zip(listed, values, strict=True))
+
+
+def scored_pairs(addresses: Sequence[str], slots: IntArray, scores: FloatArray) -> tuple[tuple[str, float], ...]:
+    """`scored_pairs_python`, compiled when it can be (a tuple a pair built in Python: ~15k instructions on 8)."""
+    if _COMPILED is not None:
+        got = _COMPILED.scored_pairs(addresses, slots, scores)
+        if got.__class__ is tuple:
+            return got
+    return scored_pairs_python(addresses, slots, scores)

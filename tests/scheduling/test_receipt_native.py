@@ -163,3 +163,45 @@ def test_a_receipt_the_encoder_does_not_take_runs_the_python_code() -> None:
     assert compiled.receipt_json(uneven) is NotImplemented
     with pytest.raises(ValueError):
         uneven.json()
+
+
+@st.composite
+def scored_cases(draw: st.DrawFn) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+    addresses = tuple(draw(st.lists(text, min_size=1, max_size=12)))
+    size = draw(st.integers(0, len(addresses)))
+    slots = sorted(draw(st.sets(st.integers(0, len(addresses) - 1), min_size=size, max_size=size)))
+    scores = draw(st.lists(number, min_size=size, max_size=size))
+    return addresses, np.array(slots, dtype=np.int64), np.array(scores, dtype=np.float64)
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(scored_cases(), st.booleans())
+def test_the_compiled_scored_pairs_are_the_python_definition(
+    case: tuple[tuple[str, ...], np.ndarray, np.ndarray], listed: bool
+) -> None:
+    assert compiled is not None
+    addresses, slots, scores = case
+    got = compiled.scored_pairs(list(addresses) if listed else addresses, slots, scores)
+    assert got.__class__ is tuple
+    assert _same(got, receipt.scored_pairs_python(addresses, slots, scores))
+    assert all(pair.__class__ is tuple and pair[1].__class__ is float for pair in got)
+
+
+@needs_native
+def test_scored_pairs_of_another_shape_run_the_python_code() -> None:
+    assert compiled is not None
+    addresses = ("a", "b", "c")
+    slots = np.array([0, 2], dtype=np.int64)
+    scores = np.array([1.0, 0.5])
+    assert compiled.scored_pairs(addresses, slots.astype(np.int32), scores) is NotImplemented
+    assert compiled.scored_pairs(addresses, slots, scores.astype(np.float32)) is NotImplemented
+    assert compiled.scored_pairs(addresses, slots, scores[:1]) is NotImplemented
+    negative = np.array([-1], dtype=np.int64)  # Python's index wraps: the definition answers
+    assert compiled.scored_pairs(addresses, negative, scores[:1]) is NotImplemented
+    assert receipt.scored_pairs(addresses, negative, scores[:1]) == (("c", 1.0),)
+    assert compiled.scored_pairs(addresses, np.array([3], dtype=np.int64), scores[:1]) is NotImplemented
+    with pytest.raises(IndexError):
+        receipt.scored_pairs(addresses, np.array([3], dtype=np.int64), scores[:1])
+    assert compiled.scored_pairs(iter(addresses), slots, scores) is NotImplemented
+    assert receipt.scored_pairs(addresses, slots, scores) == (("a", 1.0), ("c", 0.5))
