@@ -139,12 +139,14 @@ def simulate(
     oracle_flows: frozenset[str] = frozenset(),
     stale: frozenset[int] = frozenset(),
     stale_after: float = np.inf,
+    slos: np.ndarray | None = None,
 ) -> Run:
     """One run. `endpoints`: that many reference servers (H100), or the pool's profiles; `own_picks=False`:
     upstream-style dispatch on scraped metrics only (with a config whose detector has no thresholds, upstream's
     default utilization-detector); `gated=False`: no flow control, every request is sent on at arrival (the engines
     queue it); `oracle_flows`: those flows' requests go where the oracle's predicted TTFT is lowest; `stale`: these
-    servers' scrapes stop at `stale_after` (their data goes stale while they keep serving)."""
+    servers' scrapes stop at `stale_after` (their data goes stale while they keep serving); `slos`: each request's
+    TTFT objective in seconds (`x-llm-d-slo-ttft-ms`: the queue's deadline ordering and the SLO plugins read it)."""
     profiles = [profile_named("h100")] * endpoints if isinstance(endpoints, int) else list(endpoints)
     engines = [Engine(profile) for profile in profiles]
     now = 0.0
@@ -190,7 +192,10 @@ def simulate(
             if item is None:
                 break
             i = int(item.ticket)  # type: ignore[call-overload]
-            request = InferenceRequest(str(i), ApiKind.COMPLETIONS, MODEL, prompt=prompt_text(i, items[i]))
+            slo = float(slos[i]) * 1e3 if slos is not None else None
+            request = InferenceRequest(
+                str(i), ApiKind.COMPLETIONS, MODEL, prompt=prompt_text(i, items[i]), slo_ttft_ms=slo
+            )
             subset = None
             if flows[i] in oracle_flows:
                 best = oracle.pick(i, items[i], sim_request(i, items[i]), now)
@@ -228,7 +233,10 @@ def simulate(
             if engine.busy:
                 heapq.heappush(heap, (now + engine.begin_step(now), next(seq), _STEP, arg))
         elif kind == _ARRIVAL:
-            item = QueuedRequest(ticket=arg, flow_id=flows[arg], priority=priorities[arg], received_at=now)
+            slo_s = float(slos[arg]) if slos is not None else None
+            item = QueuedRequest(
+                ticket=arg, flow_id=flows[arg], priority=priorities[arg], received_at=now, slo_ttft_s=slo_s
+            )
             refused = fc.enqueue(item, now)
             if refused is not None:
                 run.outcome[arg] = refused.value

@@ -217,16 +217,22 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         for c in concurrencies:
             for port, _, _ in targets.values():
                 wrk(f"http://127.0.0.1:{port}/v1/chat/completions", 2, c, script)  # warm-up, and a check it serves
-            runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+            split_of = {f"envoy+epp-w{w}": _Split(pickers[w][2].pid, pickers[w][1]) for w in workers}
             loads = []
             for _ in range(args.rounds):
                 for name, (port, roots, behind_envoy) in targets.items():
                     pids = [p for r in roots for p in descendants(r)]
-                    cpu_before = _cpu_seconds(pids)
+                    if name in split_of:
+                        split_of[name].before(pids)
+                    cpu_before_by_pid = _cpu_by_pid(pids)
+                    cpu_before = sum(cpu_before_by_pid.values())
                     envoy_before = _cpu_seconds([envoy_pid]) if behind_envoy else 0.0
                     tls_before = _tls_counts(admin, clusters.get(name))
                     loads.append(_load_1m())
-                    result = wrk(f"http://127.0.0.1:{port}/v1/chat/completions", args.seconds, c, script)
+                    result: dict[str, Any] = dict(
+                        wrk(f"http://127.0.0.1:{port}/v1/chat/completions", args.seconds, c, script)
+                    )
                     tls_after = _tls_counts(admin, clusters.get(name))
                     result["handshakes"] = tls_after[0] - tls_before[0]
                     result["resumed"] = tls_after[1] - tls_before[1]
@@ -235,14 +241,96 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     result["envoy_us"] = (
                         1e6 * (_cpu_seconds([envoy_pid]) - envoy_before) / n if behind_envoy else float("nan")
                     )
+                    if name in split_of:
+                        result["split"] = split_of[name].after(cpu_before_by_pid, n)
                     runs[name].append(result)
             row: dict[str, Any] = {"concurrency": c, "load_1m": [min(loads), max(loads)], "cores": os.cpu_count()}
             for name, rs in runs.items():
-                row[name] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+                row[name] = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "split"}
+                if "split" in rs[0]:
+                    row[name]["split"] = {
+                        k: statistics.median(r["split"].get(k, 0.0) for r in rs) for k in rs[0]["split"]
+                    }
                 row[name]["rps_all"] = [round(r["rps"]) for r in rs]
             results.append(row)
             print(json.dumps(row), flush=True)
     return results
+
+
+def _cpu_by_pid(pids: list[int]) -> dict[int, float]:
+    """utime + stime of each of these processes, in seconds (a process gone is left out)."""
+    return {pid: _cpu_seconds([pid]) for pid in pids if Path(f"/proc/{pid}").exists()}
+
+
+def _wakeups(pid: int) -> int:
+    """How often the process has slept and been woken so far: its threads' voluntary context switches, from
+    /proc (a thread gone is left out; 0 if the process is)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                for line in (task / "status").read_text().splitlines():
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+    return total
+
+
+def _role(root: int, pid: int) -> str:
+    """What a process of the picker is, from its command line: the root (`control`; with `--workers 1` the one
+    serving process), a serving worker, the scrape child, the KV-events feeder."""
+    if pid == root:
+        return "control"
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "other"
+    module = argv[argv.index(b"epp.supervision.launch") + 1].decode() if b"epp.supervision.launch" in argv else ""
+    return {"epp.app.worker": "worker", "epp.scrape.child": "scrape", "epp.app.kv_feeder": "feeder"}.get(
+        module, "other"
+    )
+
+
+class _Split:
+    """One picker's CPU per request by process (control, each worker, scrape child) and each worker's share of the
+    streams, over one run: the workers' streams from /debug/pool (read outside the measured window: reading it asks
+    every worker to render its metrics)."""
+
+    def __init__(self, root: int, metrics_port: int) -> None:
+        self._root = root
+        self._url = f"http://127.0.0.1:{metrics_port}/debug/pool"
+        self._streams: dict[int, int] = {}
+        self._wakeups: dict[int, int] = {}
+
+    def _workers(self) -> dict[int, tuple[int, int]]:
+        """pid → (worker index, streams so far)."""
+        with urllib.request.urlopen(self._url) as r:
+            report = json.loads(r.read())
+        return {int(w["pid"]): (int(w["worker"]), int(w["streams"])) for w in report.get("workers", [])}
+
+    def before(self, pids: list[int]) -> None:
+        self._streams = {pid: streams for pid, (_, streams) in self._workers().items()}
+        self._wakeups = {pid: _wakeups(pid) for pid in pids}
+
+    def after(self, cpu_before: dict[int, float], requests: float) -> dict[str, float]:
+        """µs of CPU per request (of all the run's requests) by process, and each worker's share of the streams:
+        `control`, `scrape`, `worker0_us` / `worker0_streams` (share of the streams, 0–1), …, ordered by index;
+        `wakeups`: the picker's processes' voluntary context switches per request, all of them together."""
+        cpu_after = _cpu_by_pid(list(cpu_before))
+        workers = self._workers()
+        streams = {pid: workers[pid][1] - self._streams.get(pid, 0) for pid in workers}
+        total_streams = max(1, sum(streams.values()))
+        out: dict[str, float] = {
+            "wakeups": sum(_wakeups(pid) - before for pid, before in self._wakeups.items()) / requests
+        }
+        for pid, before in cpu_before.items():
+            us = 1e6 * (cpu_after.get(pid, before) - before) / requests
+            if pid in workers:
+                out[f"worker{workers[pid][0]}_us"] = us
+                out[f"worker{workers[pid][0]}_streams"] = streams[pid] / total_streams
+            else:
+                role = _role(self._root, pid)
+                out[role] = out.get(role, 0.0) + us
+        return dict(sorted(out.items()))
 
 
 def _tls_counts(admin_port: int, cluster: str | None) -> tuple[float, float]:
@@ -289,11 +377,33 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"| {row['concurrency']} | {name} | {r['rps']:,.0f} ({' '.join(map(str, r['rps_all']))}) | "
                 f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f} | {r['router_us']:,.0f} | {envoy} | {r['bad']:.0f} | {tls} |"
             )
+    lines += ["", split_table(results)]
     for row in results:
         lines.append(
             f"\nc={row['concurrency']}: 1-min load average {row['load_1m'][0]:.1f}-{row['load_1m'][1]:.1f} "
             f"on {row['cores']} cores"
         )
+    return "\n".join(lines)
+
+
+def split_table(results: list[dict[str, Any]]) -> str:
+    """The pickers' CPU per request by process (medians over the rounds), each worker's share of the streams."""
+    lines = [
+        "| c | router | control µs/request | scrape child | each worker µs/request (share of streams) | other "
+        "| wakeups/request |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in results:
+        for name, r in row.items():
+            if not isinstance(r, dict) or "split" not in r:
+                continue
+            split = r["split"]
+            workers = sorted({k.split("_")[0] for k in split if k.startswith("worker")})
+            each = " · ".join(f"{split[f'{w}_us']:,.0f} ({split[f'{w}_streams']:.0%})" for w in workers) or "—"
+            lines.append(
+                f"| {row['concurrency']} | {name} | {split.get('control', 0.0):,.0f} | {split.get('scrape', 0.0):,.0f}"
+                f" | {each} | {split.get('other', 0.0) + split.get('feeder', 0.0):,.0f} | {split['wakeups']:.2f} |"
+            )
     return "\n".join(lines)
 
 

@@ -13,6 +13,10 @@ where a request goes decides whether its objective can be met at all: an L4 pref
 Same code path as benchmarks/quality.py: the real Director and scheduler over simulated scrapes; the learner is fed
 by the observation feed as on the serving path: each TTFT at its first token (`Policy.first_token` →
 `Director.first_byte`), the rest at the end (`Policy.done` → `Director.complete` with the engine's timing).
+`slo-tiers-queued` puts the picker's own flow-control queue in front of `slo-tiers` (benchmarks.flow_control's
+harness: the real queues and gauge), ordered by `slo-deadline-ordering-policy` and gated by
+`self-calibrating-detector`; its TTFT counts from arrival (the wait in the picker's queue included), and its row
+gives that wait (the others: none).
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
+from benchmarks.flow_control import Setup
+from benchmarks.flow_control import simulate as fc_simulate
 from benchmarks.policies import MODEL, Oracle, Picker
 from benchmarks.virtual_time import capacity, simulate
 from benchmarks.workloads import Item, load, prompt_text, scaled_arrivals
@@ -30,6 +37,8 @@ from epp.config.decode import parse_config
 from epp.datastore.objectives import ObjectiveStore
 from epp.director import Director
 from epp.errors import EppError, ErrorCode
+from epp.flowcontrol import Outcome
+from epp.flowcontrol.types import DEFAULT_FLOW
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import Scheduler, build_scheduler
 from epp.sim.engine import Engine, SimRequest
@@ -44,11 +53,14 @@ def slo_config(
     buffer: float = 1.0,
     speed_tiers: bool = False,
     admitter: bool = False,
+    flow_control: bool = False,
 ) -> dict[str, object]:
     """Our built-in profile with upstream's SLO plugins added (as upstream's predicted-latency sample adds them):
     the prefix match from an approximate producer that both the prefix scorer and the latency producer read (its
     uncached tokens), the headroom tier filter before the scorers, and the latency scorer beside the load and
-    prefix scorers."""
+    prefix scorers. `flow_control`: the picker's own queue in front of it (feature gate `flowControl`), ordered by
+    `slo-deadline-ordering-policy` (received + the request's TTFT objective: interactive requests first), held
+    while `self-calibrating-detector` reads the pool saturated (no number to tune)."""
     prefix = {"prefixMatchInfoProducerName": "approx-prefix-cache-producer"}
     scorers = [
         ("queue-scorer", 2.0, {}),
@@ -72,15 +84,31 @@ def slo_config(
         *({"pluginRef": t, "weight": w} for t, w, _ in scorers if w > 0),
         {"pluginRef": "max-score-picker"},
     ]
-    return {
+    doc: dict[str, object] = {
         "apiVersion": "llm-d.ai/v1alpha1",
         "kind": "EndpointPickerConfig",
         "plugins": plugins,
         "schedulingProfiles": [{"name": "default", "plugins": refs}],
     }
+    if flow_control:
+        band = {"fairnessPolicyRef": "global-strict-fairness-policy", "orderingPolicyRef": DEADLINE_ORDERING}
+        plugins += [
+            {"type": "self-calibrating-detector"},
+            {"type": "global-strict-fairness-policy"},
+            {"type": DEADLINE_ORDERING},
+        ]
+        doc["featureGates"] = ["flowControl"]
+        doc["flowControl"] = {
+            "defaultPriorityBand": band,
+            "defaultNegativePriorityBand": band,
+            "saturationDetector": {"pluginRef": "self-calibrating-detector"},
+        }
+    return doc
 
 
 SHEDDABLE = "sheddable"  # the objective (priority -1) a sheddable request names
+DEADLINE_ORDERING = "slo-deadline-ordering-policy"
+QUEUE_TTL_S = 60.0  # flow control's queue-wait budget (its default): a request still queued then is shed
 
 
 class SloPicker(Picker):
@@ -156,6 +184,31 @@ class SloOracle(Oracle):
         return int(np.argmin(ttft))
 
 
+QUEUED = "slo-tiers-queued"  # slo-tiers behind the picker's own deadline-ordered queue
+
+
+def flow_controlled(
+    items: Sequence[Item],
+    arrivals: np.ndarray,
+    pool: Sequence[EngineProfile],
+    doc: dict[str, object],
+    slos: np.ndarray,
+    sheddable: np.ndarray,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The picker with flow control in front (`slo_config(flow_control=True)`), in benchmarks.flow_control's harness
+    (the real queues, gauge, director and scheduler; the same engines, scrapes and observation feed as `simulate`):
+    each request's TTFT from its arrival (its wait in the picker's queue included; NaN: shed), whether it was
+    dispatched, and its wait in the queue (NaN: shed). A sheddable request is of priority -1 (its own band)."""
+    timed = [replace(item, arrival=float(at)) for item, at in zip(items, arrivals, strict=True)]
+    priorities = [-1 if s else 0 for s in sheddable.tolist()]
+    flows = [DEFAULT_FLOW] * len(items)
+    setup = Setup(QUEUED, parse_config(doc, "<slo-queued>"))
+    result = fc_simulate(timed, priorities, flows, list(pool), setup, QUEUE_TTL_S, seed=seed, slos=slos)
+    served = np.array([outcome == Outcome.DISPATCHED.value for outcome in result.outcome])
+    return result.ttft, served, result.served_at - arrivals
+
+
 def run(args: argparse.Namespace) -> list[str]:
     items = load(args.workload, args.requests, None, args.seed)
     profiles = [profile_named(p.strip()) for p in args.profiles.split(",")]
@@ -188,6 +241,9 @@ def run(args: argparse.Namespace) -> list[str]:
             chosen["slo-tiers-admit"] = lambda e, c: SloPicker(
                 "slo-tiers-admit", n, slo(speed_tiers=True, admitter=True), c, slos, shed
             )
+        # The picker's own queue in front of slo-tiers (benchmarks.flow_control's harness: the real queues, gauge,
+        # director and scheduler), deadline-ordered: run below, not by `simulate`
+        chosen[QUEUED] = None
         chosen["oracle"] = lambda e, c: Oracle(e, args.seed)
         chosen["slo-oracle"] = lambda e, c: SloOracle(e, args.seed, slos)
         return chosen
@@ -201,25 +257,35 @@ def run(args: argparse.Namespace) -> list[str]:
         f"sheddable {args.sheddable:g} ({int(shed.sum())} requests, priority -1)",
         "",
         f"| load | policy | SLO attainment | by class ({' / '.join(names)}) | shed | TTFT p50 ms | TTFT p90 ms | "
-        "vs default | vs oracle |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "vs default | vs oracle | queue wait p50 / p90 ms (by class p90) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     skip = int(len(items) * args.warmup)
     for ld in [float(x) for x in args.load.split(",")]:
         arrivals = scaled_arrivals(items, ld * pool_capacity)
-        got: dict[str, tuple[float, np.ndarray, str, int]] = {}
+        got: dict[str, tuple[float, np.ndarray, str, int, str]] = {}
+        kind = classes[skip:]
         for name, factory in factories().items():
-            result = simulate(items, arrivals, pool, factory, scrape_interval=args.scrape_interval)
-            ttft = result.ttft[skip:]
+            waits = "—"
+            if factory is None:
+                doc = slo_config(args.latency_weight, args.tiers_strategy, speed_tiers=True, flow_control=True)
+                ttft_all, served, wait_all = flow_controlled(items, arrivals, pool, doc, slos, shed, args.seed)
+                refused = int(np.count_nonzero(~served[skip:]))
+                wait = wait_all[skip:]
+                per_class = " / ".join(f"{np.nanpercentile(wait[kind == k], 90) * 1e3:.0f}" for k in range(len(names)))
+                waits = f"{np.nanpercentile(wait, 50) * 1e3:.0f} / {np.nanpercentile(wait, 90) * 1e3:.0f} ({per_class})"
+            else:
+                result = simulate(items, arrivals, pool, factory, scrape_interval=args.scrape_interval)
+                ttft_all, refused = result.ttft, int(np.count_nonzero(result.server[skip:] < 0))
+            ttft = ttft_all[skip:]
             hit = ttft <= slos[skip:]
-            kind = classes[skip:]
             by_class = " / ".join(f"{float(np.mean(hit[kind == k])):.3f}" for k in range(len(names)))
-            got[name] = (float(np.mean(hit)), ttft, by_class, int(np.count_nonzero(result.server[skip:] < 0)))
-        for name, (met, ttft, by_class, refused) in got.items():
+            got[name] = (float(np.mean(hit)), ttft, by_class, refused, waits)
+        for name, (met, ttft, by_class, refused, waits) in got.items():
             lines.append(
                 f"| {ld:.2f} | {name} | {met:.3f} | {by_class} | {refused} | {np.nanpercentile(ttft, 50) * 1e3:.0f} | "
                 f"{np.nanpercentile(ttft, 90) * 1e3:.0f} | {met / got['default'][0]:.2f}x | "
-                f"{met / got['oracle'][0]:.2f}x |"
+                f"{met / got['oracle'][0]:.2f}x | {waits} |"
             )
     return lines
 

@@ -9,10 +9,12 @@ sends), so the mirror keeps both maps: control slot to ours, ours to control.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from epp.datastore.rows import FAILURES, OK, SCRAPED_AT, VALUES, VERSION, read_rows
-from epp.datastore.table import EndpointInfo, EndpointTable
+from epp.datastore.table import EndpointInfo, EndpointTable, Snapshot
 
 INFLIGHT, PICKS, TOKENS = 0, 1, 2  # the in-flight matrix's columns: picks in flight, picks since scrape, tokens
 MATRIX_COLUMNS = 3
@@ -32,6 +34,7 @@ class MirrorTable(EndpointTable):
         self._cells = inflight.data.cast("B").cast("q")
         self._base = me * inflight.shape[1] * MATRIX_COLUMNS
         self._control_of: list[int] = []  # our slot → control slot (-1: none), as Python ints
+        self._named: list[tuple[float, int]] = []  # control slot → (its token, our slot), as Python numbers
         self._versions = b""  # the rows' versions when last read: unchanged, no row was written since
         n = rows.shape[0]
         self._tokens = np.full(n, -1.0)
@@ -41,6 +44,9 @@ class MirrorTable(EndpointTable):
         self._high = 0
         self._pairs = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))  # (our slots, control slots)
         inflight[me] = 0
+        # Called as a decision reads the table (`view`), before it does: the worker refreshes it there when it is
+        # older than its refresh period (epp.app.worker), so no timer has to keep it fresh.
+        self.on_read: Callable[[], None] | None = None
 
     def mirror(self, members: list[tuple[int, float, EndpointInfo, list[str], list[str]]]) -> None:
         """The control process's membership: (its slot, token, info, running adapters, waiting adapters)."""
@@ -60,6 +66,7 @@ class MirrorTable(EndpointTable):
         self._applied[self._tokens != old_tokens] = 0.0  # another endpoint in that row: take its rows afresh
         self._high = max((m[0] for m in members), default=-1) + 1
         self._control_of = self._control.tolist()
+        self._named = list(zip(self._tokens.tolist(), self._local.tolist(), strict=True))
         self._versions = b""  # other tokens: every row read afresh
         ours = np.flatnonzero(self._control >= 0)
         self._pairs = (ours, self._control[ours])
@@ -67,6 +74,11 @@ class MirrorTable(EndpointTable):
             self.follow_stamps(self._stamp_array, *self._pairs)
         gone = np.flatnonzero((old_tokens >= 0) & (self._tokens != old_tokens))
         self._matrix[self._me, gone] = 0  # our picks on an endpoint that left are nobody's load
+
+    def view(self) -> Snapshot:
+        if self.on_read is not None:
+            self.on_read()
+        return super().view()
 
     def refresh(self) -> int:
         """Take the rows scraped since the last call and everyone's in-flight sums; returns the rows taken."""
@@ -112,10 +124,11 @@ class MirrorTable(EndpointTable):
 
     def local_of(self, control: int, token: int) -> int | None:
         """Our slot of the control process's `control` slot, if it still holds the endpoint that had `token`."""
-        if not 0 <= control < len(self._local) or self._tokens[control] != token:
+        named = self._named
+        if not 0 <= control < len(named):
             return None
-        local = int(self._local[control])
-        return local if local >= 0 else None
+        held, local = named[control]
+        return local if held == token and local >= 0 else None
 
     def release_pick(self, slot: int, tokens: int = 0) -> None:
         super().release_pick(slot, tokens)

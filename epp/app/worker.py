@@ -11,8 +11,9 @@ it decides on comes through memory it shares with the control process:
 - the in-flight matrix: one row per worker, one column per endpoint, (in flight, picks since the last scrape,
   prompt tokens in flight).
   Each worker writes its own row when it books or releases a pick; every decision reads the sum over all rows,
-  refreshed every `REFRESH_S` while a stream is open and as one starts (idle, every `IDLE_S`: an idle worker
-  costs next to no CPU), so a burst split over workers is seen whole, as one process would see it;
+  refreshed as the decision reads the table when the last refresh is `REFRESH_S` old (so no decision reads older
+  sums, and no timer runs for it: a busy worker refreshes at most every `REFRESH_S`, an idle one every `IDLE_S`,
+  next to no CPU), so a burst split over workers is seen whole, as one process would see it;
 - a stats row (streams started, pid, picks learned from the other workers, picks of theirs lost) the control
   process shows per worker in /metrics and /debug/pool;
 - the shared log of picks (epp.app.pick_log): each worker's prefix scorers learn their own picks at once and the
@@ -78,8 +79,8 @@ from epp.supervision.pipe import recv_fd, watch_pipe
 
 log = logging.getLogger(__name__)
 
-REFRESH_S = 0.01  # shared rows and in-flight sums → this worker's table, while a stream is open
-IDLE_S = 0.5  # the same with no stream open (a stream that starts refreshes the table first if it is older)
+REFRESH_S = 0.01  # shared rows, in-flight sums, the others' picks → this worker's table, as a decision reads it
+IDLE_S = 0.5  # the same with no decision reading it (the others' picks learned before their ring laps ours)
 METRICS_S = 0.5  # at most this often, and only when something changed: this worker's metrics → the control process
 STATS_COLUMNS = 4  # streams started, pid, picks learned from the pick log, picks lost from it (lapped)
 
@@ -160,24 +161,15 @@ class Render:
 
 
 class _CountingObserver:
-    """The worker's metrics as the ext_proc server's observer, counting started streams in the shared stats row
-    and the streams open now; `on_start` runs as a stream starts (before its request is decided)."""
+    """The worker's metrics as the ext_proc server's observer, counting started streams in the shared stats row."""
 
-    def __init__(self, inner: Any, stats: np.ndarray, on_start: Callable[[], None]) -> None:
+    def __init__(self, inner: Any, stats: np.ndarray) -> None:
         self._inner = inner
         self._stats = stats
-        self._on_start = on_start
-        self.open = 0
 
     def stream_started(self) -> None:
         self._stats[0] += 1
-        self.open += 1
-        self._on_start()
         self._inner.stream_started()
-
-    def stream_finished(self, code: str, seconds: float) -> None:
-        self.open -= 1
-        self._inner.stream_finished(code, seconds)
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._inner, name)
@@ -274,28 +266,27 @@ async def _worker(
         decider = TracingDirector(director, tracer)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    wake = asyncio.Event()  # a stream started, or the worker must stop: the loop below runs now
+    wake = asyncio.Event()  # the worker must stop: the loop below runs now
     refreshed_at = [-1.0]
-    sleeping = [False]  # the loop below waits IDLE_S (no stream was open)
 
     def refresh() -> None:
         """The shared rows and in-flight sums into our table, the other workers' picks into our prefix scorers."""
-        refreshed_at[0] = loop.time()
+        refreshed_at[0] = loop.time()  # first: `_learn` reads the table too
         table.refresh()
         _learn(pick_log, table, scorers, stats[index])
 
-    def stream_began() -> None:
-        """While no stream is open the loop below ticks slowly: a stream's decision gets what it would have read."""
+    def on_read() -> None:
+        """A decision reads the table: what the control process and the other workers wrote, if we last took it
+        `REFRESH_S` ago or more."""
         if loop.time() - refreshed_at[0] >= REFRESH_S:
             refresh()
-        if sleeping[0]:  # from now on the loop ticks every REFRESH_S; busy, a stream's start does not wake it
-            wake.set()
 
     def halt() -> None:
         stop.set()
         wake.set()
 
-    observer = _CountingObserver(metrics, stats[index], stream_began)
+    table.on_read = on_read
+    observer = _CountingObserver(metrics, stats[index])
     pools: WorkerPools | None = None
     if settings.endpoints.multi:  # several pools: the same per-pool directors as one process, on this table
         from epp.app.pool_path import pools_processor
@@ -369,11 +360,11 @@ async def _worker(
     next_metrics = 0.0
     try:
         while not stop.is_set():
-            # Every REFRESH_S while a stream is open; idle, every IDLE_S (a new stream refreshes first, above).
-            sleeping[0] = not observer.open
-            await wait_set(wake, IDLE_S if sleeping[0] else REFRESH_S)
+            # Decisions refresh the table as they read it (`on_read`); with none, the others' picks are learned
+            # here, every IDLE_S, before their rings lap ours.
+            await wait_set(wake, IDLE_S)
             wake.clear()
-            if loop.time() - refreshed_at[0] >= REFRESH_S / 2:  # not just refreshed by a stream's start
+            if loop.time() - refreshed_at[0] >= IDLE_S / 2:
                 refresh()
             if loop.time() >= next_metrics:
                 next_metrics = loop.time() + METRICS_S

@@ -127,6 +127,18 @@ class PrefixIndex:
                 matched[np.unpackbits(raw, bitorder="little")[:size].view(np.bool_)] = seg_length
         return matched
 
+    def holds_young(self, slot: int, address: str, hashes: list[int], capacity: int) -> bool:
+        """Whether `add(slot, address, hashes, …, capacity)` would change nothing: the slot is still `address`'s,
+        every block is in its young generation (so its bit is set: a young or old block always has it), and the
+        generation would not turn. One C-level subset test, where `add` needs the match first."""
+        young = self._young.get(slot)
+        return (
+            young is not None
+            and len(young) < max(1, capacity // 2)
+            and self._owner.get(slot) == address
+            and young.issuperset(hashes)
+        )
+
     def add(
         self, slot: int, address: str, hashes: list[int], already_held: int, capacity: int, reach: int | None = None
     ) -> None:
@@ -176,10 +188,11 @@ def learn_pick(index: PrefixIndex, snapshot: Snapshot, slot: int, hashes: list[i
     if not hashes or slot >= snapshot.present.size or not snapshot.present[slot]:
         return
     index.sync(snapshot)
+    address, capacity = snapshot.addresses[slot], slot_capacity(index, snapshot, slot, auto_tune)
+    if index.holds_young(slot, address, hashes, capacity):
+        return  # `add` would change nothing (a repeat since the generation turned): its match is not needed either
     held = int(index.match(hashes, slot + 1)[slot])
-    index.add(
-        slot, snapshot.addresses[slot], hashes, held, slot_capacity(index, snapshot, slot, auto_tune), index.reach
-    )
+    index.add(slot, address, hashes, held, capacity, index.reach)
 
 
 class PrefixCacheScorer(LinearScorer):

@@ -43,6 +43,27 @@ def test_each_worker_sees_every_workers_picks_in_flight() -> None:
     assert matrix[1].sum(axis=0).tolist() == [1, 2, 0]  # b's own row: one in flight, two picks since the scrape
 
 
+def test_a_decisions_read_refreshes_the_table_first_so_no_timer_has_to() -> None:
+    """A worker's decision reads the table through `view`, which calls `on_read` first: the worker refreshes there
+    (when its last refresh is old enough), so another worker's booking is seen at the next decision with no
+    periodic refresh."""
+    block, matrix = shared()
+    a, b = MirrorTable(block, matrix, 0), MirrorTable(block, matrix, 1)
+    for table in (a, b):
+        table.mirror(members(2))
+    reads: list[int] = []
+
+    def on_read() -> None:
+        reads.append(a.refresh())
+
+    a.on_read = on_read
+    b.book_pick(b.slot_of("127.0.0.1:8001") or 0)
+    view = a.view()
+    assert int(view.inflight[a.slot_of("127.0.0.1:8001") or 0]) == 1 and len(reads) == 1
+    b.release_pick(b.slot_of("127.0.0.1:8001") or 0)
+    assert int(a.view().inflight[a.slot_of("127.0.0.1:8001") or 0]) == 0 and len(reads) == 2
+
+
 def test_a_dead_workers_cleared_row_stops_counting() -> None:
     block, matrix = shared()
     a, b = MirrorTable(block, matrix, 0), MirrorTable(block, matrix, 1)

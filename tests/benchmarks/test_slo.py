@@ -24,17 +24,18 @@ def _args(spec: str, sheddable: float = 0.0, load: str = "0.8") -> argparse.Name
 @pytest.mark.parametrize("spec", ["0.5:0.15,0.5:10", "relative"])
 def test_every_policy_gets_an_attainment_row(spec: str) -> None:
     rows = [line for line in run(_args(spec)) if line.startswith("| 0.80 |")]
-    assert [row.split(" | ")[1] for row in rows] == ["default", "slo", "slo-tiers", "oracle", "slo-oracle"]
+    names = ["default", "slo", "slo-tiers", "slo-tiers-queued", "oracle", "slo-oracle"]
+    assert [row.split(" | ")[1] for row in rows] == names
     for row in rows:
         assert 0.0 <= float(row.split(" | ")[2]) <= 1.0
         assert all(0.0 <= float(v) <= 1.0 for v in row.split(" | ")[3].split(" / "))
-        assert row.split(" | ")[4] == "0"  # nothing sheddable: nothing shed
+        assert row.split(" | ")[4] == "0"  # nothing sheddable: nothing shed (the queue's TTL is not reached)
 
 
 def test_with_sheddable_requests_the_admitter_gets_a_row_and_the_shed_are_counted_as_missed() -> None:
     rows = [line for line in run(_args("0.5:0.15,0.5:10", sheddable=1.0, load="1.5")) if line.startswith("| 1.50 |")]
     names = [row.split(" | ")[1] for row in rows]
-    assert names == ["default", "slo", "slo-tiers", "slo-tiers-admit", "oracle", "slo-oracle"]
+    assert names == ["default", "slo", "slo-tiers", "slo-tiers-admit", "slo-tiers-queued", "oracle", "slo-oracle"]
     served = 200 - 20  # after the warm-up's 10 %
     for row in rows:
         shed = int(row.split(" | ")[4])
@@ -50,3 +51,11 @@ def test_class_objectives_are_drawn_by_share_and_never_below_twice_the_unloaded_
     assert (slos >= 2.0 * own - 1e-12).all()
     assert set(np.unique(classes).tolist()) == {0, 1} and 0.4 < float(np.mean(classes == 0)) < 0.6
     assert (slos[classes == 1] >= 10.0).all()
+
+
+def test_the_queued_profile_reports_its_wait_in_the_pickers_queue_and_the_others_none() -> None:
+    rows = {line.split(" | ")[1]: line for line in run(_args("0.5:0.15,0.5:10")) if line.startswith("| 0.80 |")}
+    waits = rows["slo-tiers-queued"].rstrip(" |").split(" | ")[-1]
+    p50, p90 = (float(v) for v in waits.split(" (")[0].split(" / "))
+    assert 0.0 <= p50 <= p90
+    assert all(rows[name].rstrip(" |").split(" | ")[-1] == "—" for name in ("default", "slo", "slo-tiers"))

@@ -1,6 +1,8 @@
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from epp.scheduling.prefix import PrefixCacheScorer, PrefixIndex
+from epp.scheduling.prefix import PrefixCacheScorer, PrefixIndex, learn_pick
 from tests.scheduling.tables import request, state, table_with
 
 SYSTEM = "You are a helpful assistant. " * 20  # ~580 bytes: 9 blocks of 64
@@ -82,3 +84,43 @@ def test_match_handles_many_holders_via_bit_unpacking() -> None:
     expected = np.full(100, 2.0)
     expected[7] = 3
     assert m.tolist() == expected.tolist()
+
+
+# A pick learned from another serving worker (`learn_pick`) skips its match when the add would change nothing
+# (`PrefixIndex.holds_young`); the index must end exactly as the definition, a match and an add every time, leaves it.
+# The capacity moves between picks, as an auto-tuned one does when a scrape reports other GPU blocks.
+_CHAINS = [[(chain << 8) | depth for depth in range(1, 9)] for chain in range(3)]
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["learn", "learn", "foreign"]),
+        st.integers(0, 2),
+        st.integers(0, 2),
+        st.integers(1, 8),
+        st.sampled_from([2, 6, 12, 24]),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=_OPS)
+def test_a_learned_pick_leaves_the_index_as_a_match_and_an_add_would(ops: list[tuple[str, int, int, int, int]]) -> None:
+    snap = table_with([{}, {}, {}]).snapshot()
+    fast, definition = PrefixIndex(2), PrefixIndex(2)
+    for op, slot, chain, depth, capacity in ops:
+        hashes = _CHAINS[chain][:depth]
+        fast.default_capacity = definition.default_capacity = capacity
+        if op == "foreign":  # the slot recorded for another endpoint: the next learn must start it afresh
+            for index in (fast, definition):
+                index.add(slot, "127.10.9.9:8000", hashes, 0, capacity)
+            continue
+        learn_pick(fast, snap, slot, hashes, auto_tune=False)
+        definition.sync(snap)
+        held = int(definition.match(hashes, slot + 1)[slot])
+        definition.add(slot, snap.addresses[slot], hashes, held, capacity, definition.reach)
+        assert (fast._holders, fast._young, fast._old, fast._owner) == (
+            definition._holders,
+            definition._young,
+            definition._old,
+            definition._owner,
+        )
