@@ -1,11 +1,12 @@
 /* A route receipt's costly steps, compiled: the chosen endpoint's and the runner-up's terms read from a detailed
- * pick, the receipt's JSON, and the (address, score) pairs of the scores it goes with. Built at install when a
+ * pick, the receipt's JSON, the (address, score) pairs of the scores it goes with,
+ * and the chosen endpoint's metrics age with the candidates' unusable-data counts. Built at install when a
  * compiler is there (setup.py: optional); epp.scheduling.receipt decides at import whether these or the Python code
  * run.
  *
- * Not definitions of their own: `pick_terms_python`, `Receipt.json_python` and `scored_pairs_python`
- * (epp/scheduling/receipt.py) are, and tests/scheduling/test_receipt_native.py holds each pair equal on random
- * inputs (the same doubles, the same bytes).
+ * Not definitions of their own: `pick_terms_python`, `Receipt.json_python`, `scored_pairs_python` and
+ * `signal_health_python` (epp/scheduling/receipt.py) are, and tests/scheduling/test_receipt_native.py holds each
+ * pair equal on random inputs (the same doubles, the same bytes).
  * Every step is the Python code's in its order: the chosen candidate found by bisect_left's own halving, the runner-up
  * by max()'s comparisons (the first greater replaces) and list.index, a term's extremes by max()/min() over it; the
  * JSON as orjson writes it (shortest round-trip doubles, positional notation from 1e-5 to below 1e16, "1e-7" and
@@ -245,6 +246,85 @@ scored_pairs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 done:
     PyBuffer_Release(&slots_view);
     PyBuffer_Release(&scores_view);
+    return result;
+}
+
+/* signal_health(scraped_at, failures, candidates, primary, now, staleness_s, max_failures)
+ *     -> (the primary's metrics age, stale, missing) | NotImplemented
+ *
+ * scraped_at (float64) and failures (int64): the snapshot's columns; candidates (int64): slots into them; primary a
+ * slot; now and staleness_s floats, max_failures an int. A candidate whose data is not usable (freshness.usable:
+ * scraped at or after now - staleness_s and fewer than max_failures failures) counts stale when it was scraped (a
+ * scraped_at that is not NaN), missing when not; the age is now - scraped_at[primary], inf when that is NaN. */
+static PyObject *
+signal_health(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "signal_health takes scraped_at, failures, candidates, primary, now, staleness_s, max_failures");
+        return NULL;
+    }
+    if (!PyLong_CheckExact(args[3]) || !PyFloat_CheckExact(args[4]) || !PyFloat_CheckExact(args[5]) ||
+        !PyLong_CheckExact(args[6]))
+        return Py_NewRef(Py_NotImplemented);
+    int overflow = 0;
+    long long primary = PyLong_AsLongLongAndOverflow(args[3], &overflow);
+    if (overflow)
+        return Py_NewRef(Py_NotImplemented);
+    long long max_failures = PyLong_AsLongLongAndOverflow(args[6], &overflow);
+    if (overflow)
+        return Py_NewRef(Py_NotImplemented);
+    if ((primary == -1 || max_failures == -1) && PyErr_Occurred())
+        return NULL;
+    double now = PyFloat_AS_DOUBLE(args[4]);
+    double since = now - PyFloat_AS_DOUBLE(args[5]);
+    Py_buffer scraped_view, failures_view, candidates_view;
+    int got = buffer_of(args[0], &scraped_view, "d");
+    if (got != 0)
+        return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    got = buffer_of(args[1], &failures_view, "lq");
+    if (got != 0) {
+        PyBuffer_Release(&scraped_view);
+        return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    }
+    got = buffer_of(args[2], &candidates_view, "lq");
+    if (got != 0) {
+        PyBuffer_Release(&scraped_view);
+        PyBuffer_Release(&failures_view);
+        return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+    }
+    PyObject *result = NULL;
+    Py_ssize_t size = scraped_view.len / 8;
+    const double *scraped = (const double *)scraped_view.buf;
+    const int64_t *failures = (const int64_t *)failures_view.buf;
+    const int64_t *candidates = (const int64_t *)candidates_view.buf;
+    Py_ssize_t n = candidates_view.len / 8;
+    if (failures_view.len != scraped_view.len || primary < 0 || primary >= size) {
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    long stale = 0, missing = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t slot = candidates[i];
+        if (slot < 0 || slot >= size) {
+            result = Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        double at = scraped[slot];
+        if (!(at >= since && failures[slot] < max_failures)) {
+            if (at == at)
+                stale++;
+            else
+                missing++;
+        }
+    }
+    double last = scraped[primary];
+    result = Py_BuildValue("(dll)", last == last ? now - last : (double)INFINITY, stale, missing);
+done:
+    PyBuffer_Release(&scraped_view);
+    PyBuffer_Release(&failures_view);
+    PyBuffer_Release(&candidates_view);
     return result;
 }
 
@@ -617,6 +697,8 @@ static PyMethodDef methods[] = {
     {"receipt_json", (PyCFunction)receipt_json, METH_O, "A receipt's JSON (receipt.py's Receipt.json_python)."},
     {"scored_pairs", (PyCFunction)(void (*)(void))scored_pairs, METH_FASTCALL,
      "(address, score) of each scored slot (receipt.py's scored_pairs_python)."},
+    {"signal_health", (PyCFunction)(void (*)(void))signal_health, METH_FASTCALL,
+     "The primary's metrics age and the candidates' stale and missing counts (receipt.py's signal_health_python)."},
     {NULL, NULL, 0, NULL},
 };
 

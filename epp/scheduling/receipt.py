@@ -23,7 +23,8 @@ from typing import NamedTuple, Protocol, cast
 
 import orjson
 
-from epp.datastore.table import FloatArray, IntArray
+from epp.datastore.freshness import Freshness, usable
+from epp.datastore.table import FloatArray, IntArray, Snapshot
 from epp.scheduling.framework import CycleState, Producer, produced
 from epp.scheduling.pick_detail import SCORED, TERMS
 from epp.scheduling.precise import NEVER, PrecisePrefixCacheProducer
@@ -43,6 +44,17 @@ class Compiled(Protocol):
     def receipt_json(self, receipt: object) -> object: ...
 
     def scored_pairs(self, addresses: object, slots: IntArray, scores: FloatArray) -> object: ...
+
+    def signal_health(
+        self,
+        scraped_at: FloatArray,
+        failures: IntArray,
+        candidates: IntArray,
+        primary: int,
+        now: float,
+        staleness_s: float,
+        max_failures: int,
+    ) -> object: ...
 
 
 _built: Compiled | None
@@ -160,18 +172,25 @@ class ReceiptReader:
                 runner_slot, chosen_terms, runner_terms, inert = got
             else:
                 runner_slot, chosen_terms, runner_terms, inert = pick_terms_python(scored, total, primary, named, rows)
-        scraped: float = snapshot.scraped_at.item(primary)
         now = state.now
-        stale = missing = 0
-        mask = state.usable(state.candidates)
-        if mask is not None:
-            scraped_at = snapshot.scraped_at
-            for slot, ok in zip(state.candidates.tolist(), mask.tolist(), strict=True):
-                if not ok:
-                    if scraped_at[slot] == scraped_at[slot]:
-                        stale += 1
-                    else:
-                        missing += 1
+        freshness = state.freshness
+        health = (
+            _COMPILED.signal_health(
+                snapshot.scraped_at,
+                snapshot.scrape_failures,
+                state.candidates,
+                primary,
+                now,
+                freshness.staleness_s,
+                freshness.max_failures,
+            )
+            if _COMPILED is not None
+            else None
+        )
+        if health.__class__ is tuple:  # `signal_health`, without its call
+            metrics_age, stale, missing = health
+        else:
+            metrics_age, stale, missing = signal_health_python(snapshot, state.candidates, primary, now, freshness)
         kv: tuple[tuple[str, str, int, int], ...] = ()
         kv_age = math.nan
         for p in self._precise:
@@ -189,28 +208,52 @@ class ReceiptReader:
             if found is not None:
                 hashes = found[0]
                 prefix += ((plugin.name, hashes[0] if hashes else 0, found[2]),)
-        return Receipt(
-            self._profiles,
-            addresses[primary],
-            addresses[runner_slot] if runner_slot >= 0 else "",
-            self.scorers if len(named) == len(self.scorers) else tuple(t[0] for t in named),
-            chosen_terms,
-            runner_terms,
-            inert,
-            now - scraped if scraped == scraped else math.inf,
-            stale,
-            missing,
-            kv,
-            kv_age,
-            tokens,
-            prefix,
-            int(state.candidates.size),
-            flow_wait_s,
+        # The tuple's own constructor: Receipt(...) is a Python-level __new__ of 16 arguments (~20 bytecodes).
+        return _new_receipt(
+            Receipt,
+            (
+                self._profiles,
+                addresses[primary],
+                addresses[runner_slot] if runner_slot >= 0 else "",
+                self.scorers if len(named) == len(self.scorers) else tuple(t[0] for t in named),
+                chosen_terms,
+                runner_terms,
+                inert,
+                metrics_age,
+                stale,
+                missing,
+                kv,
+                kv_age,
+                tokens,
+                prefix,
+                int(state.candidates.size),
+                flow_wait_s,
+            ),
         )
 
 
 _NOT_SCORED: tuple[None, None] = (None, None)
+_new_receipt = tuple.__new__
 _NO_TERMS: tuple[list[tuple[str, bool, float]], None] = ([], None)
+
+
+def signal_health_python(
+    snapshot: Snapshot, candidates: IntArray, primary: int, now: float, freshness: Freshness
+) -> tuple[float, int, int]:
+    """The definition: the age of `primary`'s metrics row (inf: never scraped), and how many of `candidates` have
+    data that is not usable now (`epp.datastore.freshness.usable`): stale (scraped, but too old or failing) and
+    missing (never scraped)."""
+    scraped_at = snapshot.scraped_at
+    scraped: float = scraped_at.item(primary)
+    stale = missing = 0
+    ok = usable(scraped_at[candidates], snapshot.scrape_failures[candidates], now, freshness)
+    for slot, fine in zip(candidates.tolist(), ok.tolist(), strict=True):
+        if not fine:
+            if scraped_at[slot] == scraped_at[slot]:
+                stale += 1
+            else:
+                missing += 1
+    return now - scraped if scraped == scraped else math.inf, stale, missing
 
 
 def pick_terms_python(

@@ -18,6 +18,7 @@ from epp.discovery.static import parse_static_endpoints
 from epp.extproc.messages import decision_metadata
 from epp.requests.openai import ApiKind, InferenceRequest
 from epp.scheduling import build_scheduler
+from epp.scheduling.receipt import Receipt
 from epp.scrape.engines import EngineRegistry, extract
 from tests.scrape.vllm_page import vllm_page
 
@@ -113,6 +114,33 @@ def test_stale_rows_are_counted_on_the_receipt() -> None:
     decision = director.decide(_request())
     assert decision.receipt is not None
     assert json.loads(decision.receipt)["metricsAgeS"] == 100.25
+
+
+class _Kept:
+    """A receipt sink that keeps what it is handed."""
+
+    def __init__(self) -> None:
+        self.receipts: list[Receipt] = []
+
+    def receipt(self, receipt: Receipt, logged: bool) -> None:
+        self.receipts.append(receipt)
+
+    def transition(self, transition: object) -> None:
+        pass
+
+
+def test_a_read_receipt_has_every_field_and_counts_unusable_rows() -> None:
+    # The reader builds its Receipt by the tuple's own constructor: one value a field, in the fields' order.
+    kept = _Kept()
+    table = _table(scraped_at=900.0)  # every row 100 s old: scraped, not usable
+    Director(table, build_scheduler(None, seed=1), clock=lambda: NOW, emit_receipts=True, receipts=kept).decide(
+        _request()
+    )
+    (receipt,) = kept.receipts
+    assert len(receipt) == len(Receipt._fields)
+    assert receipt == Receipt(*receipt)
+    assert (receipt.stale, receipt.missing, receipt.candidates) == (len(ADDRESSES), 0, len(ADDRESSES))
+    assert receipt.metrics_age_s == 100.25
 
 
 def test_receipt_metrics_families_and_alarm_series_exist_from_start() -> None:

@@ -4,6 +4,8 @@ the same runner-up and terms of a detailed pick, the same JSON text of a receipt
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
+from typing import cast
 
 import numpy as np
 import orjson
@@ -11,6 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from epp.datastore.freshness import Freshness
+from epp.datastore.table import Snapshot
 from epp.scheduling import receipt
 from epp.scheduling.receipt import Receipt, pick_terms_python
 
@@ -205,3 +209,58 @@ def test_scored_pairs_of_another_shape_run_the_python_code() -> None:
         receipt.scored_pairs(addresses, np.array([3], dtype=np.int64), scores[:1])
     assert compiled.scored_pairs(iter(addresses), slots, scores) is NotImplemented
     assert receipt.scored_pairs(addresses, slots, scores) == (("a", 1.0), ("c", 0.5))
+
+
+@st.composite
+def health_cases(draw: st.DrawFn) -> tuple[SimpleNamespace, np.ndarray, int, float, Freshness]:
+    size = draw(st.integers(1, 12))
+    ages = st.sampled_from([math.nan, 0.0, 1.0, 2.0, 2.5, 1e9, -1.0]) | st.floats(-5, 50)
+    now = draw(st.sampled_from([1000.0, 0.0, 2.0]) | st.floats(-1e6, 1e6))
+    scraped_at = np.array([now - a for a in draw(st.lists(ages, min_size=size, max_size=size))], dtype=np.float64)
+    failures = np.array(draw(st.lists(st.integers(0, 6), min_size=size, max_size=size)), dtype=np.int64)
+    count = draw(st.integers(0, size))
+    candidates = np.array(sorted(draw(st.sets(st.integers(0, size - 1), min_size=count, max_size=count))), np.int64)
+    primary = draw(st.integers(0, size - 1))
+    freshness = Freshness(draw(st.sampled_from([2.0, 0.5, 30.0])), draw(st.integers(1, 5)))
+    return SimpleNamespace(scraped_at=scraped_at, scrape_failures=failures), candidates, primary, now, freshness
+
+
+@needs_native
+@settings(max_examples=500, deadline=None)
+@given(health_cases())
+def test_the_compiled_signal_health_is_the_python_definition(
+    case: tuple[SimpleNamespace, np.ndarray, int, float, Freshness],
+) -> None:
+    assert compiled is not None
+    snapshot, candidates, primary, now, freshness = case
+    got = compiled.signal_health(
+        snapshot.scraped_at,
+        snapshot.scrape_failures,
+        candidates,
+        primary,
+        now,
+        freshness.staleness_s,
+        freshness.max_failures,
+    )
+    assert got.__class__ is tuple
+    assert _same(got, receipt.signal_health_python(cast(Snapshot, snapshot), candidates, primary, now, freshness))
+
+
+@needs_native
+def test_signal_health_of_another_shape_runs_the_python_code() -> None:
+    assert compiled is not None
+    scraped_at = np.array([10.0, math.nan, 5.0])
+    failures = np.array([0, 0, 4], dtype=np.int64)
+    candidates = np.array([0, 1, 2], dtype=np.int64)
+    args = (10.0, 2.0, 3)
+    assert compiled.signal_health(scraped_at, failures, candidates, 0, *args) == (0.0, 1, 1)
+    assert compiled.signal_health(scraped_at, failures, candidates, 1, *args) == (math.inf, 1, 1)
+    assert compiled.signal_health(scraped_at.astype(np.float32), failures, candidates, 0, *args) is NotImplemented
+    assert compiled.signal_health(scraped_at, failures.astype(np.int32), candidates, 0, *args) is NotImplemented
+    assert compiled.signal_health(scraped_at, failures[:2], candidates, 0, *args) is NotImplemented
+    assert compiled.signal_health(scraped_at, failures, candidates, 3, *args) is NotImplemented
+    assert compiled.signal_health(scraped_at, failures, candidates, -1, *args) is NotImplemented
+    assert compiled.signal_health(scraped_at, failures, np.array([3], np.int64), 0, *args) is NotImplemented
+    assert compiled.signal_health(scraped_at, failures, candidates, 0, 10, 2.0, 3) is NotImplemented  # an int now
+    snapshot = cast(Snapshot, SimpleNamespace(scraped_at=scraped_at, scrape_failures=failures))
+    assert receipt.signal_health_python(snapshot, candidates, 0, 10.0, Freshness(2.0, 3)) == (0.0, 1, 1)
