@@ -443,7 +443,356 @@ small_extremes(PyObject *self, PyObject *arg)
     return result;
 }
 
+/* ---- The default profile in two calls (epp/scheduling/fused.py): not a definition either. The plugins are
+ * (saturation.py's SaturationFilter, scorers.py's QueueScorer, KvCacheUtilizationScorer and InflightLoadScorer,
+ * prefix.py's PrefixCacheScorer, pickers.py's MaxScorePicker, profile.py's runner), and
+ * tests/scheduling/test_fused.py holds the two equal. Every step is theirs, in their order. */
+
+#define FUSED_MAX 32 /* framework.SMALL_POOL: larger pools run the plugins */
+
+/* `framework.extremes` of n doubles (n ≥ 1): (lo, hi) of the known values (NaN, NaN when none), *unknown set when
+ * a value is NaN. Without a NaN: the first least and greatest (Python's min and max of the list); with one: fmin
+ * and fmax over the known values (numpy's NaN-ignoring reductions). */
+static void
+fused_extremes(const double *x, Py_ssize_t n, double *lo, double *hi, int *unknown)
+{
+    int nan = 0;
+    double l = NAN, h = NAN;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (isnan(x[i])) {
+            nan = 1;
+            continue;
+        }
+        if (isnan(l) || x[i] < l)
+            l = x[i];
+        if (isnan(h) || x[i] > h)
+            h = x[i];
+    }
+    *lo = l;
+    *hi = h;
+    *unknown = nan;
+}
+
+/* A `Linear` form's part (framework.Linear.part) and offset: has = 0 when the part is None. */
+typedef struct {
+    int has;
+    const double *values;
+    double coef, fill, offset;
+    int has_fill;
+} fused_term;
+
+/* `scorers.lower_is_better` of `values` with their extremes, then `Linear.part(weight)`. */
+static void
+fused_lower_is_better(fused_term *t, const double *values, double lo, double hi, int unknown, double weight)
+{
+    double fill = 0.5, scale, offset;
+    int has_fill = unknown;
+    if (hi > lo) {
+        scale = 1.0 / (hi - lo);
+        offset = hi * scale;
+        if (scale <= 1e300 && isfinite(offset)) {
+            t->has = 1;
+            t->values = values;
+            t->coef = weight * -scale;
+            t->has_fill = has_fill;
+            t->fill = weight * (fill - offset);
+            t->offset = weight * offset;
+            return;
+        }
+    }
+    if (lo == lo) { /* Linear(values if unknown else None, 0.0, 1.0, fill) */
+        t->has = unknown;
+        t->values = values;
+        t->coef = weight * 0.0;
+        t->has_fill = has_fill;
+        t->fill = weight * (fill - 1.0);
+        t->offset = weight * 1.0;
+        return;
+    }
+    t->has = 0; /* Linear(None, 0.0, NEUTRAL) */
+    t->offset = weight * 0.5;
+}
+
+/* numpy's float64 add.reduce of n ≥ 1 contiguous values: the first, plus the pairwise sum of the rest
+ * (numpy's loops_utils pairwise_sum; n ≤ FUSED_MAX so one block). */
+static double
+fused_numpy_sum(const double *a, Py_ssize_t n)
+{
+    double res = a[0];
+    const double *b = a + 1;
+    Py_ssize_t m = n - 1, i;
+    if (m < 8) {
+        double r = -0.0;
+        for (i = 0; i < m; i++)
+            r += b[i];
+        return res + r;
+    }
+    double r[8];
+    for (i = 0; i < 8; i++)
+        r[i] = b[i];
+    for (i = 8; i < m - (m % 8); i += 8)
+        for (int j = 0; j < 8; j++)
+            r[j] += b[i + j];
+    double s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < m; i++)
+        s += b[i];
+    return res + s;
+}
+
+/* The columns both calls read, by buffer: candidates (int64), waiting, picks since scrape (int64), kv usage,
+ * scraped at, scrape failures (int64). */
+enum { F_CAND, F_WAIT, F_PICKS, F_KV, F_SCRAPED, F_FAIL, F_COLUMNS };
+
+static int
+fused_columns(PyObject *const *args, Py_buffer *views, int *held, Py_ssize_t *n, Py_ssize_t *slots)
+{
+    static const char *formats[F_COLUMNS] = {"l", "d", "l", "d", "d", "l"};
+    for (int b = 0; b < F_COLUMNS; b++) {
+        int got = typed(args[b], &views[b], formats[b], 8, 0);
+        if (got != 0)
+            return got;
+        held[b] = 1;
+    }
+    *n = views[F_CAND].len / 8;
+    *slots = views[F_WAIT].len / 8;
+    for (int b = F_WAIT; b < F_COLUMNS; b++)
+        if (views[b].len / 8 != *slots) {
+            PyErr_SetString(PyExc_ValueError, "the snapshot's columns differ in length");
+            return -1;
+        }
+    const long *c = (const long *)views[F_CAND].buf;
+    for (Py_ssize_t i = 0; i < *n; i++)
+        if (c[i] < 0 || c[i] >= *slots) {
+            PyErr_SetString(PyExc_IndexError, "a candidate outside the snapshot");
+            return -1;
+        }
+    return 0;
+}
+
+static void
+fused_release(Py_buffer *views, int *held, int count)
+{
+    for (int b = 0; b < count; b++)
+        if (held[b])
+            PyBuffer_Release(&views[b]);
+}
+
+/* fused_filter(candidates, waiting, picks, kv, scraped_at, failures, fresh_from, max_failures, queue_limit,
+ *              kv_limit, out) -> int | NotImplemented
+ *
+ * `SaturationFilter.filter` over `CycleState.usable` and the effective queue (waiting + picks, NaN where the data
+ * is not usable): into `out` the candidates it keeps, their count returned; len(candidates) when it keeps them all
+ * (every one usable and under both limits, or none or all would be kept). fresh_from = now − staleness. */
+static PyObject *
+fused_filter(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "fused_filter takes 11 arguments");
+        return NULL;
+    }
+    double fresh_from = PyFloat_AsDouble(args[6]);
+    long long max_failures = PyLong_AsLongLong(args[7]);
+    double ql = PyFloat_AsDouble(args[8]), kl = PyFloat_AsDouble(args[9]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer views[F_COLUMNS + 1];
+    int held[F_COLUMNS + 1] = {0};
+    Py_ssize_t n, slots;
+    PyObject *result = NULL;
+    int got = fused_columns(args, views, held, &n, &slots);
+    if (got == 0) {
+        got = typed(args[10], &views[F_COLUMNS], "l", 8, 1);
+        held[F_COLUMNS] = got == 0;
+    }
+    if (got != 0) {
+        result = got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    if (n < 1 || n > FUSED_MAX || views[F_COLUMNS].len < n * 8) {
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    const long *c = (const long *)views[F_CAND].buf, *picks = (const long *)views[F_PICKS].buf;
+    const long *fail = (const long *)views[F_FAIL].buf;
+    const double *w = (const double *)views[F_WAIT].buf, *kv = (const double *)views[F_KV].buf;
+    const double *at = (const double *)views[F_SCRAPED].buf;
+    long *out = (long *)views[F_COLUMNS].buf;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long s = c[i];
+        int fresh = at[s] >= fresh_from && (long long)fail[s] < max_failures;
+        if (fresh && !(w[s] + (double)picks[s] >= ql || kv[s] >= kl))
+            out[k++] = s;
+    }
+    result = PyLong_FromSsize_t(k == 0 ? n : k);
+done:
+    fused_release(views, held, F_COLUMNS + 1);
+    return result;
+}
+
+/* fused_score(candidates, waiting, picks, kv, scraped_at, failures, fresh_from, max_failures, matched, prefix_scale,
+ *             w_queue, w_kv, w_prefix, w_inflight, tie, draw, total) -> int | NotImplemented
+ *
+ * The default profile's scorers over `candidates` (the filter's result): queue-scorer, kv-cache-utilization-scorer,
+ * prefix-cache-scorer (matched: blocks per slot, float64 over the snapshot, or None when nobody holds the first
+ * block; prefix_scale = 1 / prompt blocks), inflight-load-scorer, each `Linear` weighted; their total into `total`
+ * (`weighted_total`), and the max-score picker's choice (`max_tie`), an index into candidates. */
+static PyObject *
+fused_score(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 17) {
+        PyErr_SetString(PyExc_TypeError, "fused_score takes 17 arguments");
+        return NULL;
+    }
+    double fresh_from = PyFloat_AsDouble(args[6]);
+    long long max_failures = PyLong_AsLongLong(args[7]);
+    double prefix_scale = PyFloat_AsDouble(args[9]);
+    double wq = PyFloat_AsDouble(args[10]), wkv = PyFloat_AsDouble(args[11]);
+    double wp = PyFloat_AsDouble(args[12]), wi = PyFloat_AsDouble(args[13]);
+    double tie = PyFloat_AsDouble(args[14]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer views[F_COLUMNS + 2];
+    int held[F_COLUMNS + 2] = {0};
+    Py_ssize_t n, slots;
+    PyObject *result = NULL;
+    int got = fused_columns(args, views, held, &n, &slots);
+    if (got == 0 && args[8] != Py_None) {
+        got = doubles(args[8], &views[F_COLUMNS], 0);
+        held[F_COLUMNS] = got == 0;
+    }
+    if (got == 0) {
+        got = doubles(args[16], &views[F_COLUMNS + 1], 1);
+        held[F_COLUMNS + 1] = got == 0;
+    }
+    if (got != 0) {
+        result = got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    if (n < 1 || n > FUSED_MAX || views[F_COLUMNS + 1].len != n * 8 ||
+        (held[F_COLUMNS] && views[F_COLUMNS].len / 8 < slots)) {
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    const long *c = (const long *)views[F_CAND].buf, *picks = (const long *)views[F_PICKS].buf;
+    const long *fail = (const long *)views[F_FAIL].buf;
+    const double *w = (const double *)views[F_WAIT].buf, *kvc = (const double *)views[F_KV].buf;
+    const double *at = (const double *)views[F_SCRAPED].buf;
+    const double *matched_col = held[F_COLUMNS] ? (const double *)views[F_COLUMNS].buf : NULL;
+    double *total = (double *)views[F_COLUMNS + 1].buf;
+    double queue[FUSED_MAX], kv[FUSED_MAX], load[FUSED_MAX], matched[FUSED_MAX], known[FUSED_MAX];
+    int fresh[FUSED_MAX];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long s = c[i];
+        fresh[i] = at[s] >= fresh_from && (long long)fail[s] < max_failures;
+        queue[i] = fresh[i] ? w[s] : NAN;
+        kv[i] = fresh[i] ? kvc[s] : NAN;
+        load[i] = fresh[i] ? w[s] + (double)picks[s] : NAN;
+        matched[i] = matched_col != NULL ? matched_col[s] : 0.0;
+    }
+    fused_term terms[4];
+    double lo, hi;
+    int unknown;
+    /* queue-scorer: lower_is_better of waiting */
+    fused_extremes(queue, n, &lo, &hi, &unknown);
+    fused_lower_is_better(&terms[0], queue, lo, hi, unknown, wq);
+    /* kv-cache-utilization-scorer: 1 − kv clipped to [0, 1], unknown 0.5 */
+    fused_extremes(kv, n, &lo, &hi, &unknown);
+    if (lo < 0.0 || hi > 1.0)
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!isnan(kv[i]))
+                kv[i] = kv[i] < 0.0 ? 0.0 : kv[i] > 1.0 ? 1.0 : kv[i];
+    terms[1] = (fused_term){1, kv, wkv * -1.0, wkv * (0.5 - 1.0), wkv * 1.0, unknown};
+    /* prefix-cache-scorer: matched / prompt blocks, 0 when nobody holds the first block */
+    if (matched_col != NULL)
+        terms[2] = (fused_term){prefix_scale != 0.0, matched, wp * prefix_scale, 0.0, wp * 0.0, 0};
+    else
+        terms[2] = (fused_term){0, NULL, 0.0, 0.0, wp * 0.0, 0};
+    /* inflight-load-scorer: the effective queue, unknown → the known candidates' mean + own picks */
+    fused_extremes(load, n, &lo, &hi, &unknown);
+    if (unknown) {
+        Py_ssize_t m = 0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!isnan(load[i]))
+                known[m++] = load[i];
+        double typical = m ? fused_numpy_sum(known, m) / (double)m : 0.0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (isnan(load[i]))
+                load[i] = typical + (double)picks[c[i]];
+        fused_extremes(load, n, &lo, &hi, &unknown);
+    }
+    fused_lower_is_better(&terms[3], load, lo, hi, unknown, wi);
+    double offset = 0.0;
+    for (int t = 0; t < 4; t++)
+        offset += terms[t].offset;
+    double top = NAN;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double sum = 0.0;
+        int first = 1;
+        for (int t = 0; t < 4; t++) {
+            if (!terms[t].has)
+                continue;
+            double x = terms[t].values[i] * terms[t].coef;
+            if (terms[t].has_fill) {
+                if (isnan(x))
+                    x = terms[t].fill;
+                else if (isinf(x))
+                    x = x > 0 ? DBL_MAX : -DBL_MAX;
+            }
+            sum = first ? x : sum + x;
+            first = 0;
+        }
+        if (first) /* no term: the same score everywhere (the runner's uniform scores, no fmax) */
+            total[i] = offset;
+        else {
+            if (offset != 0.0)
+                sum += offset;
+            total[i] = sum >= 0.0 ? sum : 0.0;
+        }
+        if (!isnan(total[i]) && (isnan(top) || total[i] > top))
+            top = total[i];
+    }
+    double floor = top - tie;
+    Py_ssize_t ties = 0, choice = -1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (total[i] >= floor && ties++ == 0)
+            choice = i;
+    if (ties == 0) {
+        PyErr_SetString(PyExc_IndexError, "no score to pick from");
+        goto done;
+    }
+    if (ties > 1) {
+        PyObject *u = PyObject_CallNoArgs(args[15]);
+        if (u == NULL)
+            goto done;
+        double x = PyFloat_AsDouble(u);
+        Py_DECREF(u);
+        if (x == -1.0 && PyErr_Occurred())
+            goto done;
+        Py_ssize_t k = (Py_ssize_t)(x * (double)ties);
+        if (k < 0 || k >= ties) {
+            PyErr_SetString(PyExc_IndexError, "draw() outside [0, 1)");
+            goto done;
+        }
+        for (Py_ssize_t i = choice;; i++)
+            if (total[i] >= floor && k-- == 0) {
+                choice = i;
+                break;
+            }
+    }
+    result = PyLong_FromSsize_t(choice);
+done:
+    fused_release(views, held, F_COLUMNS + 2);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"fused_filter", (PyCFunction)(void (*)(void))fused_filter, METH_FASTCALL,
+     "The default profile's saturation filter (fused.py)."},
+    {"fused_score", (PyCFunction)(void (*)(void))fused_score, METH_FASTCALL,
+     "The default profile's scorers, total and max-score pick (fused.py)."},
     {"kept_under", (PyCFunction)(void (*)(void))kept_under, METH_FASTCALL,
      "The saturation filter's elementwise pass into `out` (saturation.py's kept_under_numpy)."},
     {"weighted_total", (PyCFunction)(void (*)(void))weighted_total, METH_FASTCALL,

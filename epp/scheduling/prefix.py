@@ -256,6 +256,11 @@ class PrefixCacheScorer(LinearScorer):
                 self.hit_bytes.observe(reach * hasher.block_bytes)
         return cached
 
+    def lookup_for(self, state: CycleState, candidates: IntArray) -> tuple[list[int], FloatArray, int]:
+        """This pick's lookup, run now if it has not (`candidates`: the filters' result, whose first slot's engine
+        block size an auto-tuned scorer hashes with): what `linear` scores, for the fused default profile."""
+        return self._state(state, candidates)
+
     def linear(self, state: CycleState, candidates: IntArray) -> Linear:
         hashes, matched, reach = self._state(state, candidates)
         if not reach:  # nobody holds even the first block (or the prompt is shorter than one block)

@@ -26,6 +26,7 @@ from epp.scheduling.framework import (
     Scorer,
     sanitize,
 )
+from epp.scheduling.fused import fused_default
 from epp.scheduling.pick_detail import EMPTY, SCORED, TERMS, PickDetail, detail_of
 from epp.scheduling.receipt import ReceiptReader
 from epp.scheduling.saturation import SaturationDetector
@@ -106,6 +107,14 @@ class ProfileScheduler:
         self._every = 0  # 0: never instrumented
         self._count = 0
         self._uniform: dict[tuple[int, float], FloatArray] = {}  # (candidates, offset) → read-only equal scores
+        # The default profile's shape runs as two compiled calls (`epp.scheduling.fused`) where it can; None else.
+        self.fused = fused_default(
+            profile.producers,
+            profile.filters,
+            [(s.scorer, s.weight) for s in profile.scorers],
+            profile.picker,
+            self.freshness,
+        )
 
     def instrument(self, wrapper: PluginWrapper) -> None:
         """Run one pick in `wrapper.every` through wrapped plugin methods (per-plugin durations); the others, and
@@ -125,6 +134,7 @@ class ProfileScheduler:
             wrapper.timed("Picker", self._picker, self._picker.pick),
         )
         self._every = max(1, wrapper.every)
+        self.fused = None  # an instrumented pick times the plugins: they run
 
     @property
     def profiles(self) -> tuple[ProfileScheduler, ...]:
@@ -179,6 +189,12 @@ class ProfileScheduler:
         """`pick`, with the pick's state (what its producers published): a profile handler's deciders read it;
         `detailed` also keeps the scored candidates and totals in it, for `detail`."""
         state = CycleState(snapshot, candidates, request, now, self.freshness)
+        if self.fused is not None and not detailed:
+            fused = self.fused.run(state, candidates)
+            if fused is not None:
+                for observer in self._observers:
+                    observer.picked(state, fused[0])
+                return fused, state
         filters, scorers, pick = self._plain
         if self._every:
             self._count += 1

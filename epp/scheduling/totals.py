@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -54,6 +54,11 @@ class Kernels(Protocol):
     ) -> object: ...
 
     def prefix_match(self, holders: dict[int, int], hashes: list[int], out: FloatArray) -> object: ...
+
+    # epp.scheduling.fused: an int, or NotImplemented where the plugins must run (read by its class)
+    def fused_filter(self, *args: object) -> Any: ...
+
+    def fused_score(self, *args: object) -> Any: ...
 
 
 _compiled: Kernels | None
