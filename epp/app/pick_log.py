@@ -73,6 +73,16 @@ class PickLog:
         words[at + _STAMP] = seq + 1  # whole
         words[me] = seq + 1
 
+    def pending(self) -> bool:
+        """Whether another worker appended since the last `read` (a head moved): a few int compares, so a refresh
+        with nothing new to learn skips the rest."""
+        words, me = self._words, self._me
+        return any(words[worker] != start for worker, start in enumerate(self._next) if worker != me)
+
+    def heads(self) -> list[int]:
+        """Every ring's head (records appended so far), as Python ints."""
+        return self._words[: self._workers].tolist()
+
     def read(self) -> Iterable[tuple[int, int, int, list[int]]]:
         """(scorer position, control slot, token, hashes) of every whole record the other workers appended since the
         last call. A writer that restarted from an older head (its ring reset) is read from there."""

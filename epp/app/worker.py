@@ -13,7 +13,8 @@ it decides on comes through memory it shares with the control process:
   Each worker writes its own row when it books or releases a pick; every decision reads the sum over all rows,
   refreshed as the decision reads the table when the last refresh is `REFRESH_S` old (so no decision reads older
   sums, and no timer runs for it: a busy worker refreshes at most every `REFRESH_S`, an idle one every `IDLE_S`,
-  next to no CPU), so a burst split over workers is seen whole, as one process would see it;
+  sooner while the others' picks come fast, `idle_wait`: next to no CPU), so a burst split over workers is seen
+  whole, as one process would see it;
 - a stats row (streams started, pid, picks learned from the other workers, picks of theirs lost) the control
   process shows per worker in /metrics and /debug/pool;
 - the shared log of picks (epp.app.pick_log): each worker's prefix scorers learn their own picks at once and the
@@ -54,7 +55,7 @@ import numpy as np
 from epp.app.kv_feeder import FeederStatus, KvDirectory, KvGone, SharedKvIndex, TableSegment
 from epp.app.kv_metrics import PreciseFallbacksCollector
 from epp.app.mirror_table import MATRIX_COLUMNS, MirrorTable
-from epp.app.pick_log import PickLog, ring_words
+from epp.app.pick_log import CAPACITY, PickLog, ring_words
 from epp.app.pool_metrics import PrefixCollector
 from epp.app.receipt_metrics import ReceiptMetrics
 from epp.app.settings import ServeSettings
@@ -358,14 +359,18 @@ async def _worker(
     end.ready()
     beating = asyncio.ensure_future(end.keep_alive())
     next_metrics = 0.0
+    wait, heads, heads_at = IDLE_S, pick_log.heads(), loop.time()
     try:
         while not stop.is_set():
             # Decisions refresh the table as they read it (`on_read`); with none, the others' picks are learned
-            # here, every IDLE_S, before their rings lap ours.
-            await wait_set(wake, IDLE_S)
+            # here, every IDLE_S or sooner when the others append fast (`idle_wait`), before their rings lap ours.
+            await wait_set(wake, wait)
             wake.clear()
-            if loop.time() - refreshed_at[0] >= IDLE_S / 2:
+            if loop.time() - refreshed_at[0] >= wait / 2:
                 refresh()
+            now, latest = loop.time(), pick_log.heads()
+            appended = max((b - a for w, (a, b) in enumerate(zip(heads, latest, strict=True)) if w != index), default=0)
+            wait, heads, heads_at = idle_wait(appended, now - heads_at), latest, now
             if loop.time() >= next_metrics:
                 next_metrics = loop.time() + METRICS_S
                 with contextlib.suppress(OSError):
@@ -378,6 +383,16 @@ async def _worker(
         if tracer_provider is not None:  # the spans still batched
             await loop.run_in_executor(None, tracer_provider.shutdown)
     return 0
+
+
+def idle_wait(appended: int, elapsed: float) -> float:
+    """How long a worker with no decision waits before it reads the pick log again: `IDLE_S`, or less when another
+    worker's ring took `appended` records in the last `elapsed` seconds, so that at that rate a quarter of a ring
+    (`CAPACITY` / 4) is written meanwhile, not the whole ring: above ~2,000 picks a second the others' rings would
+    lap ours in `IDLE_S` (`picks_lost`). An idle pool waits `IDLE_S`; at most one read per 256 of the others' picks."""
+    if appended <= 0 or elapsed <= 0:
+        return IDLE_S
+    return max(REFRESH_S, min(IDLE_S, CAPACITY / 4 * elapsed / appended))
 
 
 class Learner(Protocol):
@@ -450,7 +465,7 @@ def _learn(
     stats: np.ndarray,
 ) -> None:
     """The other workers' picks since the last call, into our prefix scorers (their counts into our stats row)."""
-    if not scorers:
+    if not scorers or not pick_log.pending():
         return
     snapshot = table.view()
     learned, lost = 0, pick_log.lost
@@ -459,8 +474,10 @@ def _learn(
         if local is not None and position < len(scorers):
             scorers[position].learn(snapshot, local, hashes)
             learned += 1
-    stats[2] += learned
-    stats[3] += pick_log.lost - lost
+    if learned:
+        stats[2] += learned
+    if pick_log.lost != lost:
+        stats[3] += pick_log.lost - lost
 
 
 def child_main(end: ChildEnd) -> int:

@@ -7,7 +7,7 @@ import numpy as np
 
 from epp.app.mirror_table import MATRIX_COLUMNS, MirrorTable
 from epp.app.pick_log import CAPACITY, MAX_HASHES, PickLog, ring_words
-from epp.app.worker import _learn, _sharing
+from epp.app.worker import IDLE_S, REFRESH_S, _learn, _sharing, idle_wait
 from epp.datastore.rows import NCOL, TOKEN
 from epp.datastore.table import EndpointInfo
 from epp.requests import ApiKind, InferenceRequest
@@ -95,3 +95,15 @@ def test_a_repeat_taken_by_another_worker_goes_where_the_first_went() -> None:
     assert stats[1, 2] == len(prompts) and stats[1, 3] == 0
     again = [pick(1, p + " and a new question") for p in prompts]
     assert again == first
+
+
+def test_an_idle_worker_reads_the_log_before_a_fast_writer_laps_its_ring() -> None:
+    """With no decision, a worker reads the others' picks every `IDLE_S`, or often enough that a writer keeping its
+    last rate fills a quarter of a ring meanwhile: at 20,000 picks a second, every 12.8 ms, not every 0.5 s (by
+    when 10,000 picks would have lapped a 1,024-record ring); an idle pool still waits `IDLE_S`."""
+    assert idle_wait(0, 0.5) == IDLE_S
+    assert idle_wait(100, 0.5) == IDLE_S  # 200 picks a second: 100 meanwhile, far from a lap
+    for rate in (2_000, 20_000, 200_000):
+        wait = idle_wait(rate // 2, 0.5)
+        assert wait * rate <= CAPACITY / 4 or wait == REFRESH_S
+    assert idle_wait(10**9, 0.5) == REFRESH_S  # never a busy loop

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epp.app.mirror_table import MATRIX_COLUMNS, MirrorTable
 from epp.app.settings import ServeSettings
@@ -134,3 +136,38 @@ def test_the_control_process_shows_the_workers_bookings_summed() -> None:
         assert int(table.column("inflight")[slot]) == 0
     finally:
         asyncio.run(pool.stop(0.0))  # no worker was started: closes the shared memory
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    workers=st.integers(1, 4),
+    slots=st.lists(st.integers(0, 7), min_size=1, max_size=8, unique=True),
+    steps=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 7), st.booleans(), st.integers(0, 50)), max_size=40),
+)
+def test_a_small_pools_bookings_summed_on_python_ints_equal_numpys_sum(
+    workers: int, slots: list[int], steps: list[tuple[int, int, bool, int]]
+) -> None:
+    """`MirrorTable._sum_cells` (a small pool's refresh) is `set_bookings(ours, matrix[:, theirs].sum(axis=0))`:
+    the same three columns after any bookings and releases by any workers, control slots out of order."""
+    block, matrix = shared(workers)
+    spec = [(slot, float(slot), EndpointInfo(f"127.0.0.1:{8000 + slot}"), [], []) for slot in slots]
+    tables = [MirrorTable(block, matrix, me) for me in range(workers)]
+    for table in tables:
+        table.mirror(spec)
+    reference = MirrorTable(block, matrix.copy(), 0)  # the numpy path, on a copy of the same cells
+    reference.mirror(spec)
+    assert tables[0]._small is not None
+    reference._small = None
+    for worker, pick, release, tokens in steps:
+        table = tables[worker % workers]
+        slot = table.slot_of(f"127.0.0.1:{8000 + slots[pick % len(slots)]}")
+        assert slot is not None
+        if release:
+            table.release_pick(slot, tokens)
+        else:
+            table.book_pick(slot, tokens)
+        reference._matrix[...] = matrix
+        tables[0].refresh()
+        reference.refresh()
+        for name in ("inflight", "picks_since_scrape", "inflight_tokens"):
+            assert tables[0].column(name).tolist() == reference.column(name).tolist(), name
