@@ -137,8 +137,8 @@ class MirrorTable(EndpointTable):
     def stamped(self, sources: np.ndarray) -> None:
         self._matrix[self._me, sources, PICKS] = 0  # a repeated page is a fresh one too: it shows our picks
 
-    def book_pick(self, slot: int, tokens: int = 0) -> None:
-        super().book_pick(slot, tokens)
+    def book_pick(self, slot: int, tokens: int = 0, prefill: int = 0) -> None:
+        super().book_pick(slot, tokens, prefill)  # prefill is this process's own: not in the shared matrix
         control_of = self._control_of
         control = control_of[slot] if slot < len(control_of) else -1
         if control >= 0:
@@ -162,8 +162,8 @@ class MirrorTable(EndpointTable):
         held, local = named[control]
         return local if held == token and local >= 0 else None
 
-    def release_pick(self, slot: int, tokens: int = 0) -> None:
-        super().release_pick(slot, tokens)
+    def release_pick(self, slot: int, tokens: int = 0, prefill: int = 0) -> None:
+        super().release_pick(slot, tokens, prefill)
         control_of = self._control_of
         control = control_of[slot] if slot < len(control_of) else -1
         if control >= 0:

@@ -328,7 +328,9 @@ class EndpointTable:
             self._waiting_adapters[slot] = w
             self._adapters_cache = None
 
-    def book_pick(self, slot: int, tokens: int = 0) -> None:
+    def book_pick(self, slot: int, tokens: int = 0, prefill: int = 0) -> None:
+        """A pick in flight on `slot` with its `tokens`; `prefill`: its uncached tokens booked too, as
+        `book_prefill` books them (one call per decision instead of two)."""
         # Read as Python ints (`item`) and written back: `column[slot] += 1` makes and adds a numpy scalar, ~1k
         # instructions more per booking (benchmarks/stream_path.py --instructions).
         c = self._cols
@@ -338,15 +340,23 @@ class EndpointTable:
         if tokens:
             held = c["inflight_tokens"]
             held[slot] = held.item(slot) + tokens
+        if prefill:
+            held = c["prefill_tokens"]
+            held[slot] = held.item(slot) + prefill
 
-    def release_pick(self, slot: int, tokens: int = 0) -> None:
-        inflight = self._cols["inflight"]
+    def release_pick(self, slot: int, tokens: int = 0, prefill: int = 0) -> None:
+        """`book_pick`'s booking ends; `prefill`: its prefill tokens released too, as `release_prefill` does."""
+        c = self._cols
+        inflight = c["inflight"]
         count = inflight.item(slot)  # a Python int: half the cost of comparing a numpy scalar, then subtracting
         if count > 0:
             inflight[slot] = count - 1
         if tokens:
-            held = self._cols["inflight_tokens"]
+            held = c["inflight_tokens"]
             held[slot] = max(0, held.item(slot) - tokens)
+        if prefill:
+            held = c["prefill_tokens"]
+            held[slot] = max(0, held.item(slot) - prefill)
 
     def book_prefill(self, slot: int, tokens: int) -> None:
         """A pick's uncached prompt tokens: prefill queued on `slot` until its first response byte

@@ -285,8 +285,7 @@ class Director:
         tokens = len(request.token_ids) if request.token_ids else estimate_tokens(request.prompt)
         prefill = self._uncached(primary, tokens) if self._uncached is not None else tokens
         pick = self._features(snapshot, primary, tokens, prefill, now) if self._learners else None
-        self._table.book_pick(primary, tokens)
-        self._table.book_prefill(primary, prefill)
+        self._table.book_pick(primary, tokens, prefill)  # the prefill booked with it, in the same call
         addresses = snapshot.addresses
         scores = _scores(addresses, detail) if self._emit_scores and detail is not None else ()
         routing = self._routing(slots, addresses) if self._routing is not None else None
@@ -470,12 +469,10 @@ class Director:
             return
         info = self._table.info(decision.slot)
         ours = info is not None and info.address == (decision.booked or decision.addresses[0])
-        if ours:
-            self._table.release_pick(decision.slot, decision.tokens)
         done = self._first_bytes
         fed = done.pop(id(decision), None) if done else None
-        if decision.prefill and fed is None and ours:  # not released at its first byte
-            self._table.release_prefill(decision.slot, decision.prefill)
+        if ours:  # the prefill with it unless released at its first byte
+            self._table.release_pick(decision.slot, decision.tokens, decision.prefill if fed is None else 0)
         for slot, address in decision.stages:
             info = self._table.info(slot)
             if info is not None and info.address == address:  # the slot was not reused for another endpoint

@@ -443,7 +443,7 @@ small_extremes(PyObject *self, PyObject *arg)
     return result;
 }
 
-/* ---- The default profile in two calls (epp/scheduling/fused.py): not a definition either. The plugins are
+/* ---- The default profile in one call (epp/scheduling/fused.py): not a definition either. The plugins are
  * (saturation.py's SaturationFilter, scorers.py's QueueScorer, KvCacheUtilizationScorer and InflightLoadScorer,
  * prefix.py's PrefixCacheScorer, pickers.py's MaxScorePicker, profile.py's runner), and
  * tests/scheduling/test_fused.py holds the two equal. Every step is theirs, in their order. */
@@ -577,119 +577,106 @@ fused_release(Py_buffer *views, int *held, int count)
             PyBuffer_Release(&views[b]);
 }
 
-/* fused_filter(candidates, waiting, picks, kv, scraped_at, failures, fresh_from, max_failures, queue_limit,
- *              kv_limit, out) -> int | NotImplemented
+/* fused_pick(candidates, waiting, picks, kv, scraped_at, failures, fresh_from, max_failures, queue_limit, kv_limit,
+ *            lookup, state, w_queue, w_kv, w_prefix, w_inflight, tie, draw, totals) -> int | NotImplemented
  *
- * `SaturationFilter.filter` over `CycleState.usable` and the effective queue (waiting + picks, NaN where the data
- * is not usable): into `out` the candidates it keeps, their count returned; len(candidates) when it keeps them all
- * (every one usable and under both limits, or none or all would be kept). fresh_from = now − staleness. */
+ * The default profile's pick (fused.py): `SaturationFilter.filter` over `CycleState.usable` (fresh_from =
+ * now − staleness) and the effective queue (waiting + picks, NaN where the data is not usable); then the prefix
+ * scorer's lookup, `lookup(state, first)` with the first kept slot (the slot its hasher reads the block size of),
+ * answering (hashes, matched per slot, reach); then over the kept candidates queue-scorer,
+ * kv-cache-utilization-scorer, prefix-cache-scorer and inflight-load-scorer, each `Linear` weighted, their total
+ * (`weighted_total`) and the max-score picker's choice (`max_tie`, `draw` called only on a tie): the slot is
+ * returned. `totals`: None, or n float64 that get the kept candidates' totals first, NaN after them. NotImplemented
+ * (nothing called, nothing written) for a pool of more than FUSED_MAX candidates or a column of another type. */
 static PyObject *
-fused_filter(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "fused_filter takes 11 arguments");
+    if (nargs != 19) {
+        PyErr_SetString(PyExc_TypeError, "fused_pick takes 19 arguments");
         return NULL;
     }
     double fresh_from = PyFloat_AsDouble(args[6]);
     long long max_failures = PyLong_AsLongLong(args[7]);
     double ql = PyFloat_AsDouble(args[8]), kl = PyFloat_AsDouble(args[9]);
-    if (PyErr_Occurred())
-        return NULL;
-    Py_buffer views[F_COLUMNS + 1];
-    int held[F_COLUMNS + 1] = {0};
-    Py_ssize_t n, slots;
-    PyObject *result = NULL;
-    int got = fused_columns(args, views, held, &n, &slots);
-    if (got == 0) {
-        got = typed(args[10], &views[F_COLUMNS], "l", 8, 1);
-        held[F_COLUMNS] = got == 0;
-    }
-    if (got != 0) {
-        result = got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
-        goto done;
-    }
-    if (n < 1 || n > FUSED_MAX || views[F_COLUMNS].len < n * 8) {
-        result = Py_NewRef(Py_NotImplemented);
-        goto done;
-    }
-    const long *c = (const long *)views[F_CAND].buf, *picks = (const long *)views[F_PICKS].buf;
-    const long *fail = (const long *)views[F_FAIL].buf;
-    const double *w = (const double *)views[F_WAIT].buf, *kv = (const double *)views[F_KV].buf;
-    const double *at = (const double *)views[F_SCRAPED].buf;
-    long *out = (long *)views[F_COLUMNS].buf;
-    Py_ssize_t k = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        long s = c[i];
-        int fresh = at[s] >= fresh_from && (long long)fail[s] < max_failures;
-        if (fresh && !(w[s] + (double)picks[s] >= ql || kv[s] >= kl))
-            out[k++] = s;
-    }
-    result = PyLong_FromSsize_t(k == 0 ? n : k);
-done:
-    fused_release(views, held, F_COLUMNS + 1);
-    return result;
-}
-
-/* fused_score(candidates, waiting, picks, kv, scraped_at, failures, fresh_from, max_failures, matched, prefix_scale,
- *             w_queue, w_kv, w_prefix, w_inflight, tie, draw, total) -> int | NotImplemented
- *
- * The default profile's scorers over `candidates` (the filter's result): queue-scorer, kv-cache-utilization-scorer,
- * prefix-cache-scorer (matched: blocks per slot, float64 over the snapshot, or None when nobody holds the first
- * block; prefix_scale = 1 / prompt blocks), inflight-load-scorer, each `Linear` weighted; their total into `total`
- * (`weighted_total`), and the max-score picker's choice (`max_tie`), an index into candidates. */
-static PyObject *
-fused_score(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)self;
-    if (nargs != 17) {
-        PyErr_SetString(PyExc_TypeError, "fused_score takes 17 arguments");
-        return NULL;
-    }
-    double fresh_from = PyFloat_AsDouble(args[6]);
-    long long max_failures = PyLong_AsLongLong(args[7]);
-    double prefix_scale = PyFloat_AsDouble(args[9]);
-    double wq = PyFloat_AsDouble(args[10]), wkv = PyFloat_AsDouble(args[11]);
-    double wp = PyFloat_AsDouble(args[12]), wi = PyFloat_AsDouble(args[13]);
-    double tie = PyFloat_AsDouble(args[14]);
+    double wq = PyFloat_AsDouble(args[12]), wkv = PyFloat_AsDouble(args[13]);
+    double wp = PyFloat_AsDouble(args[14]), wi = PyFloat_AsDouble(args[15]);
+    double tie = PyFloat_AsDouble(args[16]);
     if (PyErr_Occurred())
         return NULL;
     Py_buffer views[F_COLUMNS + 2];
     int held[F_COLUMNS + 2] = {0};
     Py_ssize_t n, slots;
-    PyObject *result = NULL;
+    PyObject *result = NULL, *found = NULL;
     int got = fused_columns(args, views, held, &n, &slots);
-    if (got == 0 && args[8] != Py_None) {
-        got = doubles(args[8], &views[F_COLUMNS], 0);
-        held[F_COLUMNS] = got == 0;
-    }
-    if (got == 0) {
-        got = doubles(args[16], &views[F_COLUMNS + 1], 1);
+    if (got == 0 && args[18] != Py_None) {
+        got = doubles(args[18], &views[F_COLUMNS + 1], 1);
         held[F_COLUMNS + 1] = got == 0;
     }
     if (got != 0) {
         result = got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
         goto done;
     }
-    if (n < 1 || n > FUSED_MAX || views[F_COLUMNS + 1].len != n * 8 ||
-        (held[F_COLUMNS] && views[F_COLUMNS].len / 8 < slots)) {
+    if (n < 1 || n > FUSED_MAX || (held[F_COLUMNS + 1] && views[F_COLUMNS + 1].len != n * 8)) {
         result = Py_NewRef(Py_NotImplemented);
         goto done;
     }
-    const long *c = (const long *)views[F_CAND].buf, *picks = (const long *)views[F_PICKS].buf;
+    const long *cand = (const long *)views[F_CAND].buf, *picks = (const long *)views[F_PICKS].buf;
     const long *fail = (const long *)views[F_FAIL].buf;
     const double *w = (const double *)views[F_WAIT].buf, *kvc = (const double *)views[F_KV].buf;
     const double *at = (const double *)views[F_SCRAPED].buf;
-    const double *matched_col = held[F_COLUMNS] ? (const double *)views[F_COLUMNS].buf : NULL;
-    double *total = (double *)views[F_COLUMNS + 1].buf;
+    /* the filter: the kept candidates, or all of them when none or all would be kept */
+    long c[FUSED_MAX];
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long s = cand[i];
+        int fresh = at[s] >= fresh_from && (long long)fail[s] < max_failures;
+        if (fresh && !(w[s] + (double)picks[s] >= ql || kvc[s] >= kl))
+            c[k++] = s;
+    }
+    if (k == 0 || k == n) {
+        k = n;
+        memcpy(c, cand, (size_t)n * sizeof(long));
+    }
+    n = k;
+    /* the prefix lookup */
+    PyObject *call[2] = {args[11], PyLong_FromLong(c[0])};
+    if (call[1] == NULL)
+        goto done;
+    found = PyObject_Vectorcall(args[10], call, 2, NULL);
+    Py_DECREF(call[1]);
+    if (found == NULL)
+        goto done;
+    if (!PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 3 || !PyList_Check(PyTuple_GET_ITEM(found, 0))) {
+        PyErr_SetString(PyExc_TypeError, "lookup answers (hashes, matched, reach)");
+        goto done;
+    }
+    Py_ssize_t blocks = PyList_GET_SIZE(PyTuple_GET_ITEM(found, 0));
+    Py_ssize_t reach = PyLong_AsSsize_t(PyTuple_GET_ITEM(found, 2));
+    if (reach == -1 && PyErr_Occurred())
+        goto done;
+    const double *matched_col = NULL;
+    if (reach) {
+        got = doubles(PyTuple_GET_ITEM(found, 1), &views[F_COLUMNS], 0);
+        if (got != 0) {
+            result = got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        held[F_COLUMNS] = 1;
+        if (views[F_COLUMNS].len / 8 < slots || blocks == 0) {
+            result = Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        matched_col = (const double *)views[F_COLUMNS].buf;
+    }
+    double total[FUSED_MAX];
     double queue[FUSED_MAX], kv[FUSED_MAX], load[FUSED_MAX], matched[FUSED_MAX], known[FUSED_MAX];
-    int fresh[FUSED_MAX];
     for (Py_ssize_t i = 0; i < n; i++) {
         long s = c[i];
-        fresh[i] = at[s] >= fresh_from && (long long)fail[s] < max_failures;
-        queue[i] = fresh[i] ? w[s] : NAN;
-        kv[i] = fresh[i] ? kvc[s] : NAN;
-        load[i] = fresh[i] ? w[s] + (double)picks[s] : NAN;
+        int fresh = at[s] >= fresh_from && (long long)fail[s] < max_failures;
+        queue[i] = fresh ? w[s] : NAN;
+        kv[i] = fresh ? kvc[s] : NAN;
+        load[i] = fresh ? w[s] + (double)picks[s] : NAN;
         matched[i] = matched_col != NULL ? matched_col[s] : 0.0;
     }
     fused_term terms[4];
@@ -707,7 +694,7 @@ fused_score(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     terms[1] = (fused_term){1, kv, wkv * -1.0, wkv * (0.5 - 1.0), wkv * 1.0, unknown};
     /* prefix-cache-scorer: matched / prompt blocks, 0 when nobody holds the first block */
     if (matched_col != NULL)
-        terms[2] = (fused_term){prefix_scale != 0.0, matched, wp * prefix_scale, 0.0, wp * 0.0, 0};
+        terms[2] = (fused_term){1, matched, wp * (1.0 / (double)blocks), 0.0, wp * 0.0, 0};
     else
         terms[2] = (fused_term){0, NULL, 0.0, 0.0, wp * 0.0, 0};
     /* inflight-load-scorer: the effective queue, unknown → the known candidates' mean + own picks */
@@ -754,6 +741,12 @@ fused_score(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (!isnan(total[i]) && (isnan(top) || total[i] > top))
             top = total[i];
     }
+    if (held[F_COLUMNS + 1]) {
+        double *out = (double *)views[F_COLUMNS + 1].buf;
+        Py_ssize_t all = views[F_COLUMNS + 1].len / 8;
+        for (Py_ssize_t i = 0; i < all; i++)
+            out[i] = i < n ? total[i] : NAN;
+    }
     double floor = top - tie;
     Py_ssize_t ties = 0, choice = -1;
     for (Py_ssize_t i = 0; i < n; i++)
@@ -764,35 +757,34 @@ fused_score(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     if (ties > 1) {
-        PyObject *u = PyObject_CallNoArgs(args[15]);
+        PyObject *u = PyObject_CallNoArgs(args[17]);
         if (u == NULL)
             goto done;
         double x = PyFloat_AsDouble(u);
         Py_DECREF(u);
         if (x == -1.0 && PyErr_Occurred())
             goto done;
-        Py_ssize_t k = (Py_ssize_t)(x * (double)ties);
-        if (k < 0 || k >= ties) {
+        Py_ssize_t draw = (Py_ssize_t)(x * (double)ties);
+        if (draw < 0 || draw >= ties) {
             PyErr_SetString(PyExc_IndexError, "draw() outside [0, 1)");
             goto done;
         }
         for (Py_ssize_t i = choice;; i++)
-            if (total[i] >= floor && k-- == 0) {
+            if (total[i] >= floor && draw-- == 0) {
                 choice = i;
                 break;
             }
     }
-    result = PyLong_FromSsize_t(choice);
+    result = PyLong_FromLong(c[choice]);
 done:
+    Py_XDECREF(found);
     fused_release(views, held, F_COLUMNS + 2);
     return result;
 }
 
 static PyMethodDef methods[] = {
-    {"fused_filter", (PyCFunction)(void (*)(void))fused_filter, METH_FASTCALL,
-     "The default profile's saturation filter (fused.py)."},
-    {"fused_score", (PyCFunction)(void (*)(void))fused_score, METH_FASTCALL,
-     "The default profile's scorers, total and max-score pick (fused.py)."},
+    {"fused_pick", (PyCFunction)(void (*)(void))fused_pick, METH_FASTCALL,
+     "The default profile's filter, scorers, total and max-score pick (fused.py)."},
     {"kept_under", (PyCFunction)(void (*)(void))kept_under, METH_FASTCALL,
      "The saturation filter's elementwise pass into `out` (saturation.py's kept_under_numpy)."},
     {"weighted_total", (PyCFunction)(void (*)(void))weighted_total, METH_FASTCALL,

@@ -1,11 +1,11 @@
-"""The default profile's filter → scorers → pick in two compiled calls, when a profile is exactly that shape.
+"""The default profile's filter → scorers → pick in one compiled call, when a profile is exactly that shape.
 
 The shape (`default_config`, recognised once, when the runner is built): no producer; one filter, the saturation
 filter (`utilization-detector`); scorers queue-scorer, kv-cache-utilization-scorer, prefix-cache-scorer (the
 self-contained index) and inflight-load-scorer in that order, any positive weights; a max-score picker returning
 one slot. Per pick the plugins cost ~130k instructions of Python and numpy dispatch for a few dozen multiplications
-(benchmarks/RESULTS.md, stream_path); here `fused_filter` and `fused_score` (epp/scheduling/_native.c) do the same
-steps element by element, and only the prefix lookup (hashing the prompt, matching the index) stays the scorer's own.
+(benchmarks/RESULTS.md, stream_path); here `fused_pick` (epp/scheduling/_native.c) does the same steps element by
+element, calling back only for the prefix lookup (hashing the prompt, matching the index: the scorer's own code).
 
 Not a definition: the plugins are, and the runner runs them whenever this answers None (a pool of more than
 `framework.SMALL_POOL` candidates, a detailed or instrumented pick, `EPP_NATIVE=0`, no compiler, a column of
@@ -16,8 +16,6 @@ the same times) and the same totals. Observers (the prefix index's learning) run
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import numpy as np
 
 from epp.datastore import Freshness
 from epp.datastore.table import FloatArray, IntArray
@@ -32,7 +30,7 @@ _SHAPE = (QueueScorer, KvCacheUtilizationScorer, PrefixCacheScorer, InflightLoad
 
 
 class FusedDefault:
-    """The default profile's run as two kernel calls; `run` answers None where the plugins must run."""
+    """The default profile's run as one kernel call; `run` answers None where the plugins must run."""
 
     def __init__(
         self,
@@ -46,42 +44,26 @@ class FusedDefault:
         factor = 1.0 + t.headroom
         self.queue_limit, self.kv_limit = t.queue_depth * factor, t.kv_util * factor  # the filter's own arithmetic
         self.weights = weights
-        self.prefix = prefix
         self.draw = picker._draw  # the picker's RNG: the same draws as its `pick`
         self.staleness_s = freshness.staleness_s
         self.max_failures = freshness.max_failures
-        self.last_total: FloatArray | None = None  # the last run's totals (for the equality test)
+        self.lookup = prefix.lookup_first  # called by the kernel with the first candidate the filter kept
+        # None, or an array the kernel writes each run's totals into (the kept candidates', then NaN): the
+        # equality test's window into a plain pick, which keeps no totals.
+        self.totals: FloatArray | None = None
 
     def run(self, state: CycleState, candidates: IntArray) -> Sequence[int] | None:
         kernels = NATIVE
-        n = candidates.size
-        if kernels is None or n == 0:
+        if kernels is None:
             return None
         snapshot = state.snapshot
-        waiting, picks, kv = snapshot.waiting, snapshot.picks_since_scrape, snapshot.kv_usage
-        scraped_at, failures = snapshot.scraped_at, snapshot.scrape_failures
-        fresh_from = state.now - self.staleness_s
-        kept: IntArray = np.empty(n, dtype=np.int64)
-        count = kernels.fused_filter(
-            candidates, waiting, picks, kv, scraped_at, failures, fresh_from, self.max_failures,
-            self.queue_limit, self.kv_limit, kept,
-        )  # fmt: skip
-        if count.__class__ is not int:
-            return None
-        if count != n:
-            candidates = kept[:count]
-        hashes, matched, reach = self.prefix.lookup_for(state, candidates)
-        total: FloatArray = np.empty(candidates.size)
         wq, wkv, wp, wi = self.weights
-        choice = kernels.fused_score(
-            candidates, waiting, picks, kv, scraped_at, failures, fresh_from, self.max_failures,
-            matched if reach else None, 1.0 / len(hashes) if reach else 0.0,
-            wq, wkv, wp, wi, _TIE, self.draw, total,
+        slot = kernels.fused_pick(
+            candidates, snapshot.waiting, snapshot.picks_since_scrape, snapshot.kv_usage, snapshot.scraped_at,
+            snapshot.scrape_failures, state.now - self.staleness_s, self.max_failures, self.queue_limit,
+            self.kv_limit, self.lookup, state, wq, wkv, wp, wi, _TIE, self.draw, self.totals,
         )  # fmt: skip
-        if choice.__class__ is not int:
-            return None
-        self.last_total = total
-        return (candidates.item(choice),)
+        return (slot,) if slot.__class__ is int else None
 
 
 def fused_default(

@@ -17,7 +17,10 @@ The knee, per observation (load `L` = running + effective queue at pick, this re
   per undelayed observation near the knee (a probe), so a gate at the knee still discovers more room;
 - delayed at a load below the knee: the knee moves halfway down to that load.
 The slow start also reads the scrapes: twice the most requests the engine was seen running (held without a queue),
-so a pool whose data goes stale before any request has finished still serves by its own bookings.
+so a pool whose data goes stale before any request has finished still serves by its own bookings; and it holds
+between scrapes: with fresh data a probing endpoint counts full once its load has doubled from what its last scrape
+showed it holding (TCP's slow start doubles once per round trip), so a burst within one scrape interval does not
+jump to a knee learned from one good moment long before (a 32-sequence engine's slow-start knee of 52).
 The floor follows the fast requests at once and drifts up slowly (low load only): a slower model server is
 relearned, and a slot whose address changed starts again.
 
@@ -202,6 +205,12 @@ class KneeDetector:
         with np.errstate(invalid="ignore"):
             by_knee = load / knee
         per = np.where(settled, by_knee, np.where(np.isnan(knee), cold, np.fmin(cold, by_knee)))
+        # The slow start also holds between scrapes: a probing endpoint whose data is fresh counts full once its load
+        # has doubled from what its last scrape showed it holding (TCP's slow start doubles once per round trip),
+        # so a burst within one scrape interval cannot jump to a knee learned long before (stale: the knee alone)
+        held = np.fmax(np.nan_to_num(snapshot.running[candidates] + snapshot.waiting[candidates], nan=0.0), 1.0)
+        doubled = probing & known_load & (c >= 1.0) & (load >= SLOW_START * held)
+        per[doubled] = np.fmax(per[doubled], 1.0)
         # What the engine itself says: a request waiting in its own queue (its batch or KV is full), KV use.
         waiting = np.nan_to_num(snapshot.waiting[candidates], nan=0.0) * c
         kv = np.nan_to_num(snapshot.kv_usage[candidates], nan=0.0) * c

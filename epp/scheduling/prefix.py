@@ -227,11 +227,12 @@ class PrefixCacheScorer(LinearScorer):
         self.hit_ratio = PlainHistogram(buckets.PREFIX_HIT_RATIO)
         self.hit_bytes = PlainHistogram(buckets.PREFIX_HIT_BYTES)
 
-    def _hasher(self, snapshot: Snapshot, candidates: IntArray) -> BlockHasher:
+    def _hasher(self, snapshot: Snapshot, first: int) -> BlockHasher:
         block = self.block_size
-        if self.auto_tune and candidates.size:
-            # One pool, one engine config: upstream reads pod 0. `item` gives Python numbers, no numpy scalars.
-            tokens = snapshot.block_size.item(candidates.item(0))
+        if self.auto_tune and first >= 0:
+            # One pool, one engine config: upstream reads pod 0 (`first`, the first candidate's slot; -1: none).
+            # `item` gives Python numbers, no numpy scalars.
+            tokens = snapshot.block_size.item(first)
             if math.isfinite(tokens) and tokens > 0:
                 block = int(tokens) * AVERAGE_BYTES_PER_TOKEN
         hasher = self._hashers.get(block)
@@ -244,8 +245,17 @@ class PrefixCacheScorer(LinearScorer):
     def _state(self, state: CycleState, candidates: IntArray) -> tuple[list[int], FloatArray, int]:
         cached: tuple[list[int], FloatArray, int] | None = state.scratch.get(self._key)
         if cached is None:
+            cached = self.lookup_first(state, candidates.item(0) if candidates.size else -1)
+        return cached
+
+    def lookup_first(self, state: CycleState, first: int) -> tuple[list[int], FloatArray, int]:
+        """This pick's lookup (`_state`), run now if it has not, where `first` is the first candidate's slot
+        (whose engine block size an auto-tuned scorer hashes with; -1: no candidate): the fused default profile
+        calls it with the first candidate the filter kept, as `linear` would."""
+        cached: tuple[list[int], FloatArray, int] | None = state.scratch.get(self._key)
+        if cached is None:
             request = state.request
-            hasher = self._hasher(state.snapshot, candidates)
+            hasher = self._hasher(state.snapshot, first)
             hashes: list[int] = hasher.hash_prompt(request.prompt, request.model).tolist()
             self.index.sync(state.snapshot)
             matched = self.index.match(hashes, state.snapshot.present.size) if hashes else _NO_MATCH
@@ -255,11 +265,6 @@ class PrefixCacheScorer(LinearScorer):
                 self.hit_ratio.observe(reach / len(hashes))
                 self.hit_bytes.observe(reach * hasher.block_bytes)
         return cached
-
-    def lookup_for(self, state: CycleState, candidates: IntArray) -> tuple[list[int], FloatArray, int]:
-        """This pick's lookup, run now if it has not (`candidates`: the filters' result, whose first slot's engine
-        block size an auto-tuned scorer hashes with): what `linear` scores, for the fused default profile."""
-        return self._state(state, candidates)
 
     def linear(self, state: CycleState, candidates: IntArray) -> Linear:
         hashes, matched, reach = self._state(state, candidates)

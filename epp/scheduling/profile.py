@@ -107,7 +107,7 @@ class ProfileScheduler:
         self._every = 0  # 0: never instrumented
         self._count = 0
         self._uniform: dict[tuple[int, float], FloatArray] = {}  # (candidates, offset) → read-only equal scores
-        # The default profile's shape runs as two compiled calls (`epp.scheduling.fused`) where it can; None else.
+        # The default profile's shape runs as one compiled call (`epp.scheduling.fused`) where it can; None else.
         self.fused = fused_default(
             profile.producers,
             profile.filters,

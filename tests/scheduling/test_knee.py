@@ -156,6 +156,31 @@ def test_before_any_request_finished_the_slow_start_reads_the_most_running_seen(
     assert detector.per_endpoint(snap, snap.slots, NOW + 1.5).item() == pytest.approx(8 / 12)  # stale: ours, 8
 
 
+def test_between_scrapes_a_probing_endpoints_load_at_most_doubles_from_its_last_scrape() -> None:
+    table = table_with([dict(waiting=0, running=5, kv_usage=0.0)])
+    detector = KneeDetector(freshness=Freshness(staleness_s=1.0))
+    for load in (0, 10, 24):  # held 25 without delay long ago: the slow start's knee is 50
+        detector.observe(_obs(0, load, BASE_TTFT))
+    assert detector.probing(np.array([0]))[0]
+    for _ in range(5):
+        table.book_pick(0)
+    table.record_scrape(0, MetricsSample(waiting=0.0, running=5.0, kv_usage=0.0), now=NOW)
+    snap = table.snapshot()
+    assert detector.per_endpoint(snap, snap.slots, NOW).item() == 0.0  # slow start, nothing waiting inside
+    for _ in range(4):  # a burst within the scrape interval: 9 < 2 × 5, by the knee
+        table.book_pick(0)
+    snap = table.snapshot()
+    assert detector.per_endpoint(snap, snap.slots, NOW).item() == pytest.approx(9 / 50)
+    table.book_pick(0)  # 10 = twice what the scrape showed: full until the next scrape shows the room
+    snap = table.snapshot()
+    assert detector.per_endpoint(snap, snap.slots, NOW).item() == pytest.approx(1.0)
+    assert detector.per_endpoint(snap, snap.slots, NOW + 1.5).item() < 1.0  # stale: by the knee and ours alone
+    _engine(detector, 0, 8, range(0, 30))  # settled: the knee alone
+    snap = table.snapshot()
+    assert not detector.probing(snap.slots)[0]
+    assert detector.per_endpoint(snap, snap.slots, NOW).item() == pytest.approx(10 / detector.knees(snap.slots)[0])
+
+
 def test_as_a_filter_it_drops_endpoints_at_their_knee_but_never_all() -> None:
     table = table_with([dict(waiting=0, running=2, kv_usage=0.0), dict(waiting=0, running=40, kv_usage=0.0)])
     detector = KneeDetector()
