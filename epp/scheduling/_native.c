@@ -513,30 +513,30 @@ fused_lower_is_better(fused_term *t, const double *values, double lo, double hi,
     t->offset = weight * 0.5;
 }
 
-/* numpy's float64 add.reduce of n ≥ 1 contiguous values: the first, plus the pairwise sum of the rest
- * (numpy's loops_utils pairwise_sum; n ≤ FUSED_MAX so one block). */
+/* numpy's float64 add.reduce of n ≥ 1 contiguous values: numpy 2.4's pairwise_sum over all n (loops_utils: below
+ * 8 values one running sum from -0.0; else 8 running sums, combined pairwise, then the rest one by one; n ≤ FUSED_MAX
+ * so one block). Not the first value plus the pairwise sum of the rest: that differs by an ulp now and then
+ * (tests/scheduling/test_fused.py holds the fused totals equal to the plugins', which use `ndarray.mean`). */
 static double
 fused_numpy_sum(const double *a, Py_ssize_t n)
 {
-    double res = a[0];
-    const double *b = a + 1;
-    Py_ssize_t m = n - 1, i;
-    if (m < 8) {
+    Py_ssize_t i;
+    if (n < 8) {
         double r = -0.0;
-        for (i = 0; i < m; i++)
-            r += b[i];
-        return res + r;
+        for (i = 0; i < n; i++)
+            r += a[i];
+        return r;
     }
     double r[8];
     for (i = 0; i < 8; i++)
-        r[i] = b[i];
-    for (i = 8; i < m - (m % 8); i += 8)
+        r[i] = a[i];
+    for (i = 8; i < n - (n % 8); i += 8)
         for (int j = 0; j < 8; j++)
-            r[j] += b[i + j];
+            r[j] += a[i + j];
     double s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
-    for (; i < m; i++)
-        s += b[i];
-    return res + s;
+    for (; i < n; i++)
+        s += a[i];
+    return s;
 }
 
 /* The columns both calls read, by buffer: candidates (int64), waiting, picks since scrape (int64), kv usage,
