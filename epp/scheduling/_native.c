@@ -158,6 +158,44 @@ weighted_total_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return total_into(shifted, nargs - 1, nargs > 1 ? args[1] : Py_None);
 }
 
+/* The max-score pick of n scores (`max_tie`'s and `fused_pick`'s one rule): the highest, ties (scores ≥ max − tie;
+ * NaN is never one) broken by `draw()`, a float in [0, 1) called only when there are several: the k-th tie in index
+ * order, k = int(draw() × ties). The index, or -1 with an exception set (no score; a draw outside [0, 1)). */
+static Py_ssize_t
+tie_choice(const double *s, Py_ssize_t n, double tie, PyObject *draw)
+{
+    double hi = NAN;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!isnan(s[i]) && (isnan(hi) || s[i] > hi))
+            hi = s[i];
+    double floor = hi - tie;
+    Py_ssize_t ties = 0, first = -1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (s[i] >= floor && ties++ == 0)
+            first = i;
+    if (ties == 0) {
+        PyErr_SetString(PyExc_IndexError, "no score to pick from");
+        return -1;
+    }
+    if (ties == 1)
+        return first;
+    PyObject *u = PyObject_CallNoArgs(draw);
+    if (u == NULL)
+        return -1;
+    double x = PyFloat_AsDouble(u);
+    Py_DECREF(u);
+    if (x == -1.0 && PyErr_Occurred())
+        return -1;
+    Py_ssize_t k = (Py_ssize_t)(x * (double)ties);
+    if (k < 0 || k >= ties) {
+        PyErr_SetString(PyExc_IndexError, "draw() outside [0, 1)");
+        return -1;
+    }
+    for (Py_ssize_t i = first;; i++)
+        if (s[i] >= floor && k-- == 0)
+            return i;
+}
+
 /* max_tie(scores, tie, draw) -> int | NotImplemented
  *
  * The index of the highest score, ties (scores ≥ max − tie; NaN is never one) broken by `draw()`, a float in
@@ -177,43 +215,10 @@ max_tie(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int got = doubles(args[0], &view, 0);
     if (got != 0)
         return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
-    const double *s = (const double *)view.buf;
-    Py_ssize_t n = view.len / 8, ties = 0, first = -1;
-    double hi = NAN;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (!isnan(s[i]) && (isnan(hi) || s[i] > hi))
-            hi = s[i];
-    double floor = hi - tie;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (s[i] >= floor) {
-            if (ties++ == 0)
-                first = i;
-        }
     PyObject *result = NULL;
-    if (ties == 0) {
-        PyErr_SetString(PyExc_IndexError, "no score to pick from");
+    Py_ssize_t choice = tie_choice((const double *)view.buf, view.len / 8, tie, args[2]);
+    if (choice < 0)
         goto done;
-    }
-    Py_ssize_t choice = first;
-    if (ties > 1) {
-        PyObject *u = PyObject_CallNoArgs(args[2]);
-        if (u == NULL)
-            goto done;
-        double x = PyFloat_AsDouble(u);
-        Py_DECREF(u);
-        if (x == -1.0 && PyErr_Occurred())
-            goto done;
-        Py_ssize_t k = (Py_ssize_t)(x * (double)ties);
-        if (k < 0 || k >= ties) {
-            PyErr_SetString(PyExc_IndexError, "draw() outside [0, 1)");
-            goto done;
-        }
-        for (Py_ssize_t i = first;; i++)
-            if (s[i] >= floor && k-- == 0) {
-                choice = i;
-                break;
-            }
-    }
     result = PyLong_FromSsize_t(choice);
 done:
     PyBuffer_Release(&view);
@@ -714,7 +719,6 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     double offset = 0.0;
     for (int t = 0; t < 4; t++)
         offset += terms[t].offset;
-    double top = NAN;
     for (Py_ssize_t i = 0; i < n; i++) {
         double sum = 0.0;
         int first = 1;
@@ -738,8 +742,6 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 sum += offset;
             total[i] = sum >= 0.0 ? sum : 0.0;
         }
-        if (!isnan(total[i]) && (isnan(top) || total[i] > top))
-            top = total[i];
     }
     if (held[F_COLUMNS + 1]) {
         double *out = (double *)views[F_COLUMNS + 1].buf;
@@ -747,34 +749,9 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         for (Py_ssize_t i = 0; i < all; i++)
             out[i] = i < n ? total[i] : NAN;
     }
-    double floor = top - tie;
-    Py_ssize_t ties = 0, choice = -1;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (total[i] >= floor && ties++ == 0)
-            choice = i;
-    if (ties == 0) {
-        PyErr_SetString(PyExc_IndexError, "no score to pick from");
+    Py_ssize_t choice = tie_choice(total, n, tie, args[17]);
+    if (choice < 0)
         goto done;
-    }
-    if (ties > 1) {
-        PyObject *u = PyObject_CallNoArgs(args[17]);
-        if (u == NULL)
-            goto done;
-        double x = PyFloat_AsDouble(u);
-        Py_DECREF(u);
-        if (x == -1.0 && PyErr_Occurred())
-            goto done;
-        Py_ssize_t draw = (Py_ssize_t)(x * (double)ties);
-        if (draw < 0 || draw >= ties) {
-            PyErr_SetString(PyExc_IndexError, "draw() outside [0, 1)");
-            goto done;
-        }
-        for (Py_ssize_t i = choice;; i++)
-            if (total[i] >= floor && draw-- == 0) {
-                choice = i;
-                break;
-            }
-    }
     result = PyLong_FromLong(c[choice]);
 done:
     Py_XDECREF(found);
