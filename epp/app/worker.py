@@ -28,11 +28,13 @@ changes them (the watch runs once, there); the worker's router reads its own cop
 so a worker that has not heard the sites routes nothing remote. With `--tracing`, the worker exports its own spans
 (its OTLP exporter, the control process's resource plus `epp.worker`).
 
-The worker's own metrics go to the control process at most every `METRICS_S` and only when a number changed
-(an idle worker sends nothing): its request series as a delta of the series that moved
-(epp.observability.worker_series), which the control process folds under the picker's label caps and renders on a
-scrape; the exposition text of its few other families (the prefix index, the sampled plugin timings, refusal
-counters), summed there, only when the control process's /metrics or /debug/pool is read (`Render`).
+The worker's own metrics go to the control process when they are read there (its /metrics or /debug/pool asks
+every worker, `Render`), and only then: no clock drives them. Its request series as a delta of the series that
+moved (epp.observability.worker_series), which the control process folds under the picker's label caps and renders;
+the exposition text of its few other families (the prefix index, the sampled plugin timings, refusal counters),
+summed there. A worker with a predicted-latency producer also sends its model's sums (with the series) at most
+every `METRICS_S` when a number changed: the control process's models, their sum, are what flow control's
+`latency-slo-admitter` reads.
 The worker is a child of the child-process kit (epp.supervision): started by `child_main`, it ignores the
 process group's SIGTERM and SIGINT while the control process lives (that process stops it with `Stop`), and drains
 and exits within a second of the control process's end, however it ended (the pipe's EOF, the parent-death
@@ -82,7 +84,8 @@ log = logging.getLogger(__name__)
 
 REFRESH_S = 0.01  # shared rows, in-flight sums, the others' picks → this worker's table, as a decision reads it
 IDLE_S = 0.5  # the same with no decision reading it (the others' picks learned before their ring laps ours)
-METRICS_S = 0.5  # at most this often, and only when something changed: this worker's metrics → the control process
+METRICS_S = 0.5  # with a latency model, at most this often when something changed: its sums → the control process
+QUIET_KEPT = 8  # per slot, the picks a refresh remembers as having changed nothing (`_learn`)
 STATS_COLUMNS = 4  # streams started, pid, picks learned from the pick log, picks lost from it (lapped)
 
 
@@ -146,9 +149,10 @@ class Sites:
 
 @dataclass(frozen=True, slots=True)
 class Metrics:
-    """Worker → control, at most every `METRICS_S`: the request series that moved (None: none did), what each
-    predicted-latency-producer's model learned (`LatencyModel.export`, by the config's order: the control process's
-    models are their sum); on `Render`, the exposition text of the worker's other families (else None)."""
+    """Worker → control, on `Render` (and with a latency model at most every `METRICS_S`): the request series that
+    moved (None: none did), what each predicted-latency-producer's model learned (`LatencyModel.export`, by the
+    config's order: the control process's models are their sum); on `Render`, the exposition text of the worker's
+    other families (else None)."""
 
     series: SeriesDelta | None
     exposition: bytes | None
@@ -166,7 +170,7 @@ class _CountingObserver:
 
     def __init__(self, inner: Any, stats: np.ndarray) -> None:
         self._inner = inner
-        self._stats = stats
+        self._stats = stats.data.cast("B").cast("q")  # our stats row as Python ints: no numpy scalar per stream
 
     def stream_started(self) -> None:
         self._stats[0] += 1
@@ -371,7 +375,7 @@ async def _worker(
             now, latest = loop.time(), pick_log.heads()
             appended = max((b - a for w, (a, b) in enumerate(zip(heads, latest, strict=True)) if w != index), default=0)
             wait, heads, heads_at = idle_wait(appended, now - heads_at), latest, now
-            if loop.time() >= next_metrics:
+            if models and loop.time() >= next_metrics:  # what flow control's latency admitter reads, there
                 next_metrics = loop.time() + METRICS_S
                 with contextlib.suppress(OSError):
                     send_metrics()
@@ -398,7 +402,10 @@ def idle_wait(appended: int, elapsed: float) -> float:
 class Learner(Protocol):
     """What learns another worker's pick from the shared log (a prefix scorer, an approximate producer)."""
 
-    def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> None: ...
+    def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> bool:
+        """Learn the pick; False only when what it learns from is left exactly as it was (the same pick learned
+        again right after, over the same snapshot, would leave it so too)."""
+        ...
 
 
 class OwedStores:
@@ -409,9 +416,10 @@ class OwedStores:
     def __init__(self, producer: PrecisePrefixCacheProducer) -> None:
         self._producer = producer
 
-    def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> None:
+    def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> bool:
         if hashes and slot < snapshot.present.size and snapshot.present[slot]:
             self._producer.expect_stores(snapshot.addresses[slot], owed_since(hashes))
+        return True
 
 
 def owed_record(now: float) -> list[int]:
@@ -469,11 +477,25 @@ def _learn(
         return
     snapshot = table.view()
     learned, lost = 0, pick_log.lost
+    # By (scorer, slot): the picks learned since that slot's index last changed, each of which changed nothing.
+    # Only a learn on the same slot changes what `learn` reads for it (the snapshot is the same throughout), so the
+    # same pick again changes nothing either: a repeated prompt costs a list compare, not a learn.
+    quiet: dict[tuple[int, int], list[list[int]]] = {}
     for position, control, token, hashes in pick_log.read():
         local = table.local_of(control, token)
-        if local is not None and position < len(scorers):
-            scorers[position].learn(snapshot, local, hashes)
-            learned += 1
+        if local is None or position >= len(scorers):
+            continue
+        learned += 1
+        key = (position, local)
+        seen = quiet.get(key)
+        if seen is not None and hashes in seen:
+            continue
+        if scorers[position].learn(snapshot, local, hashes):
+            quiet.pop(key, None)
+        elif seen is None:
+            quiet[key] = [hashes]
+        elif len(seen) < QUIET_KEPT:
+            seen.append(hashes)
     if learned:
         stats[2] += learned
     if pick_log.lost != lost:

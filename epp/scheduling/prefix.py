@@ -182,17 +182,20 @@ def slot_capacity(index: PrefixIndex, snapshot: Snapshot, slot: int, auto_tune: 
     return index.default_capacity
 
 
-def learn_pick(index: PrefixIndex, snapshot: Snapshot, slot: int, hashes: list[int], auto_tune: bool) -> None:
+def learn_pick(index: PrefixIndex, snapshot: Snapshot, slot: int, hashes: list[int], auto_tune: bool) -> bool:
     """A pick another decider of this picker made (a serving worker's, from the shared pick log): `slot` now holds
-    `hashes`, recorded in `index` as if this decider had picked it. A slot not in `snapshot` is ignored."""
+    `hashes`, recorded in `index` as if this decider had picked it. A slot not in `snapshot` is ignored. False when
+    `index` is left as it was (ignored, or a repeat its young generation holds): the same pick learned again right
+    after, over the same snapshot, leaves it as it is too."""
     if not hashes or slot >= snapshot.present.size or not snapshot.present[slot]:
-        return
+        return False
     index.sync(snapshot)
     address, capacity = snapshot.addresses[slot], slot_capacity(index, snapshot, slot, auto_tune)
     if index.holds_young(slot, address, hashes, capacity):
-        return  # `add` would change nothing (a repeat since the generation turned): its match is not needed either
+        return False  # `add` would change nothing (a repeat since the generation turned): nor would its match
     held = int(index.match(hashes, slot + 1)[slot])
     index.add(slot, address, hashes, held, capacity, index.reach)
+    return True
 
 
 class PrefixCacheScorer(LinearScorer):
@@ -295,10 +298,11 @@ class PrefixCacheScorer(LinearScorer):
         if self.on_pick is not None:
             self.on_pick(slot, hashes)
 
-    def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> None:
+    def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> bool:
         """A pick another decider of this picker made (a serving worker's, from the shared pick log): `slot` now
-        holds `hashes`, recorded as if this scorer had picked it. A slot not in `snapshot` is ignored."""
-        learn_pick(self.index, snapshot, slot, hashes, self.auto_tune)
+        holds `hashes`, recorded as if this scorer had picked it. A slot not in `snapshot` is ignored. False: the
+        index is as it was (`learn_pick`)."""
+        return learn_pick(self.index, snapshot, slot, hashes, self.auto_tune)
 
     def _capacity(self, snapshot: Snapshot, slot: int) -> int:
         return slot_capacity(self.index, snapshot, slot, self.auto_tune)

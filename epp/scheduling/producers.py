@@ -205,10 +205,11 @@ class ApproxPrefixCacheProducer:
         if self.on_pick is not None:
             self.on_pick(slot, hashes)
 
-    def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> None:
+    def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> bool:
         """A pick another serving worker made (from the shared pick log): `slot` now holds `hashes`, recorded as if
-        this producer had seen it. A slot not in `snapshot` is ignored."""
-        learn_pick(self.index, snapshot, slot, hashes, self.auto_tune)
+        this producer had seen it. A slot not in `snapshot` is ignored. False: the index is as it was
+        (`learn_pick`)."""
+        return learn_pick(self.index, snapshot, slot, hashes, self.auto_tune)
 
     def _capacity(self, snapshot: Snapshot, slot: int) -> int:
         return slot_capacity(self.index, snapshot, slot, self.auto_tune)

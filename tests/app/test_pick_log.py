@@ -4,6 +4,8 @@ prompt taken by another worker goes where the first went."""
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epp.app.mirror_table import MATRIX_COLUMNS, MirrorTable
 from epp.app.pick_log import CAPACITY, MAX_HASHES, PickLog, ring_words
@@ -12,6 +14,7 @@ from epp.datastore.rows import NCOL, TOKEN
 from epp.datastore.table import EndpointInfo
 from epp.requests import ApiKind, InferenceRequest
 from epp.scheduling import build_scheduler
+from epp.scheduling.prefix import PrefixCacheScorer, learn_pick
 
 
 def block(workers: int) -> np.ndarray:
@@ -95,6 +98,48 @@ def test_a_repeat_taken_by_another_worker_goes_where_the_first_went() -> None:
     assert stats[1, 2] == len(prompts) and stats[1, 3] == 0
     again = [pick(1, p + " and a new question") for p in prompts]
     assert again == first
+
+
+_CHAINS = [[(chain << 8) | depth for depth in range(1, 9)] for chain in range(3)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    batches=st.lists(
+        st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1), st.integers(1, 4), st.integers(1, 3)), max_size=12),
+        max_size=8,
+    ),
+    capacity=st.sampled_from([2, 6, 12]),
+)
+def test_a_batch_learned_leaves_the_index_as_each_pick_learned_in_turn_does(
+    batches: list[list[tuple[int, int, int, int]]], capacity: int
+) -> None:
+    """`_learn` skips a record equal to one it learned since that slot last changed, when learning that one changed
+    nothing (a repeated prompt); the index ends exactly as `learn_pick` on every record, one after another, leaves
+    it. Repeats come in runs and interleaved over the slots, and the generations turn (small capacities)."""
+    rows = np.zeros((16, NCOL))
+    rows[:, TOKEN] = -1.0
+    matrix = np.zeros((2, 16, MATRIX_COLUMNS), dtype=np.int64)
+    table = MirrorTable(rows, matrix, 1)
+    table.mirror(members(3))
+    table.synced = True
+    shared, stats = block(2), np.zeros((2, 4), dtype=np.int64)
+    writer, reader = PickLog(shared, 2, 0), PickLog(shared, 2, 1)
+    fast = PrefixCacheScorer(lru_capacity=capacity, auto_tune=False)
+    definition = PrefixCacheScorer(lru_capacity=capacity, auto_tune=False)
+    picks = 0
+    for batch in batches:
+        for slot, chain, depth, times in batch:
+            for _ in range(times):
+                writer.append(0, slot, 10 + slot, _CHAINS[chain][:depth])
+                local = table.local_of(slot, 10 + slot)
+                assert local is not None
+                learn_pick(definition.index, table.view(), local, _CHAINS[chain][:depth], auto_tune=False)
+                picks += 1
+        _learn(reader, table, [fast], stats[1])
+        a, b = fast.index, definition.index
+        assert (a._holders, a._young, a._old, a._owner) == (b._holders, b._young, b._old, b._owner)
+    assert stats[1, 2] == picks
 
 
 def test_an_idle_worker_reads_the_log_before_a_fast_writer_laps_its_ring() -> None:
