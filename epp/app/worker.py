@@ -486,14 +486,14 @@ def _learn(
         if local is None or position >= len(scorers):
             continue
         learned += 1
-        key = (position, local)
-        seen = quiet.get(key)
+        seen = quiet.get((position, local)) if quiet else None  # distinct prompts: no lookup at all
         if seen is not None and hashes in seen:
             continue
         if scorers[position].learn(snapshot, local, hashes):
-            quiet.pop(key, None)
+            if seen is not None:
+                del quiet[position, local]
         elif seen is None:
-            quiet[key] = [hashes]
+            quiet[position, local] = [hashes]
         elif len(seen) < QUIET_KEPT:
             seen.append(hashes)
     if learned:
