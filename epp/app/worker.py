@@ -403,8 +403,8 @@ class Learner(Protocol):
     """What learns another worker's pick from the shared log (a prefix scorer, an approximate producer)."""
 
     def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> bool:
-        """Learn the pick; False only when what it learns from is left exactly as it was (the same pick learned
-        again right after, over the same snapshot, would leave it so too)."""
+        """Learn the pick; False only when its state is left exactly as it was, and learning the same pick again
+        over the same snapshot would leave it so too until a pick of the same slot changes it (`_learn` skips it)."""
         ...
 
 
