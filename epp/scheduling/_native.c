@@ -591,14 +591,19 @@ fused_release(Py_buffer *views, int *held, int count)
  * answering (hashes, matched per slot, reach); then over the kept candidates queue-scorer,
  * kv-cache-utilization-scorer, prefix-cache-scorer and inflight-load-scorer, each `Linear` weighted, their total
  * (`weighted_total`) and the max-score picker's choice (`max_tie`, `draw` called only on a tie): the slot is
- * returned. `totals`: None, or n float64 that get the kept candidates' totals first, NaN after them. NotImplemented
- * (nothing called, nothing written) for a pool of more than FUSED_MAX candidates or a column of another type. */
+ * returned. `totals`: None, or n float64 that get the kept candidates' totals first, NaN after them. `detail`: None,
+ * or (kept, rows, constants) for a detailed pick (the runner's `SCORED` and `TERMS`): kept (n int64) gets the k kept
+ * candidates first, rows (4 × n float64) each weighted term that has per-candidate values (`weighted_total_rows`'
+ * rows) as a k-long row, one after another from the start (m rows: m × k values), constants (4 float64) each
+ * scorer's constant part (weight × its form's offset); the answer is then (slot, k, has), bit t of `has` set when
+ * scorer t has a row. NotImplemented (nothing called, nothing written) for a pool of more than FUSED_MAX
+ * candidates or a column of another type. */
 static PyObject *
 fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 19) {
-        PyErr_SetString(PyExc_TypeError, "fused_pick takes 19 arguments");
+    if (nargs != 20) {
+        PyErr_SetString(PyExc_TypeError, "fused_pick takes 20 arguments");
         return NULL;
     }
     double fresh_from = PyFloat_AsDouble(args[6]);
@@ -609,20 +614,41 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     double tie = PyFloat_AsDouble(args[16]);
     if (PyErr_Occurred())
         return NULL;
-    Py_buffer views[F_COLUMNS + 2];
-    int held[F_COLUMNS + 2] = {0};
+    /* the columns, the prefix match (F_COLUMNS), totals (+1), and the detail's kept, rows, constants (+2..+4) */
+    enum { F_MATCH = F_COLUMNS, F_TOTALS, F_KEPT, F_ROWS, F_CONSTANTS, F_VIEWS };
+    Py_buffer views[F_VIEWS];
+    int held[F_VIEWS] = {0};
     Py_ssize_t n, slots;
     PyObject *result = NULL, *found = NULL;
+    PyObject *detail = args[19];
+    if (detail != Py_None && (!PyTuple_Check(detail) || PyTuple_GET_SIZE(detail) != 3)) {
+        PyErr_SetString(PyExc_TypeError, "detail is None or (kept, rows, constants)");
+        return NULL;
+    }
     int got = fused_columns(args, views, held, &n, &slots);
     if (got == 0 && args[18] != Py_None) {
-        got = doubles(args[18], &views[F_COLUMNS + 1], 1);
-        held[F_COLUMNS + 1] = got == 0;
+        got = doubles(args[18], &views[F_TOTALS], 1);
+        held[F_TOTALS] = got == 0;
+    }
+    if (got == 0 && detail != Py_None) {
+        got = typed(PyTuple_GET_ITEM(detail, 0), &views[F_KEPT], "l", 8, 1);
+        held[F_KEPT] = got == 0;
+        if (got == 0) {
+            got = doubles(PyTuple_GET_ITEM(detail, 1), &views[F_ROWS], 1);
+            held[F_ROWS] = got == 0;
+        }
+        if (got == 0) {
+            got = doubles(PyTuple_GET_ITEM(detail, 2), &views[F_CONSTANTS], 1);
+            held[F_CONSTANTS] = got == 0;
+        }
     }
     if (got != 0) {
         result = got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
         goto done;
     }
-    if (n < 1 || n > FUSED_MAX || (held[F_COLUMNS + 1] && views[F_COLUMNS + 1].len != n * 8)) {
+    if (n < 1 || n > FUSED_MAX || (held[F_TOTALS] && views[F_TOTALS].len != n * 8) ||
+        (held[F_KEPT] &&
+         (views[F_KEPT].len != n * 8 || views[F_ROWS].len != 4 * n * 8 || views[F_CONSTANTS].len != 4 * 8))) {
         result = Py_NewRef(Py_NotImplemented);
         goto done;
     }
@@ -662,17 +688,17 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     const double *matched_col = NULL;
     if (reach) {
-        got = doubles(PyTuple_GET_ITEM(found, 1), &views[F_COLUMNS], 0);
+        got = doubles(PyTuple_GET_ITEM(found, 1), &views[F_MATCH], 0);
         if (got != 0) {
             result = got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
             goto done;
         }
-        held[F_COLUMNS] = 1;
-        if (views[F_COLUMNS].len / 8 < slots || blocks == 0) {
+        held[F_MATCH] = 1;
+        if (views[F_MATCH].len / 8 < slots || blocks == 0) {
             result = Py_NewRef(Py_NotImplemented);
             goto done;
         }
-        matched_col = (const double *)views[F_COLUMNS].buf;
+        matched_col = (const double *)views[F_MATCH].buf;
     }
     double total[FUSED_MAX];
     double queue[FUSED_MAX], kv[FUSED_MAX], load[FUSED_MAX], matched[FUSED_MAX], known[FUSED_MAX];
@@ -719,6 +745,14 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     double offset = 0.0;
     for (int t = 0; t < 4; t++)
         offset += terms[t].offset;
+    /* a detailed pick's rows: term t's row at its rank among the terms that have one (row[t] = -1: none) */
+    double *rows = held[F_ROWS] ? (double *)views[F_ROWS].buf : NULL;
+    Py_ssize_t row[4];
+    long has = 0;
+    for (int t = 0, m = 0; t < 4; t++) {
+        row[t] = terms[t].has ? (Py_ssize_t)(m++) * n : -1;
+        has |= terms[t].has ? 1L << t : 0;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         double sum = 0.0;
         int first = 1;
@@ -732,6 +766,8 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 else if (isinf(x))
                     x = x > 0 ? DBL_MAX : -DBL_MAX;
             }
+            if (rows != NULL)
+                rows[row[t] + i] = x;
             sum = first ? x : sum + x;
             first = 0;
         }
@@ -743,19 +779,25 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             total[i] = sum >= 0.0 ? sum : 0.0;
         }
     }
-    if (held[F_COLUMNS + 1]) {
-        double *out = (double *)views[F_COLUMNS + 1].buf;
-        Py_ssize_t all = views[F_COLUMNS + 1].len / 8;
+    if (held[F_TOTALS]) {
+        double *out = (double *)views[F_TOTALS].buf;
+        Py_ssize_t all = views[F_TOTALS].len / 8;
         for (Py_ssize_t i = 0; i < all; i++)
             out[i] = i < n ? total[i] : NAN;
+    }
+    if (held[F_KEPT]) {
+        memcpy(views[F_KEPT].buf, c, (size_t)n * sizeof(long));
+        double *constants = (double *)views[F_CONSTANTS].buf;
+        for (int t = 0; t < 4; t++)
+            constants[t] = terms[t].offset;
     }
     Py_ssize_t choice = tie_choice(total, n, tie, args[17]);
     if (choice < 0)
         goto done;
-    result = PyLong_FromLong(c[choice]);
+    result = held[F_KEPT] ? Py_BuildValue("(lnl)", c[choice], n, has) : PyLong_FromLong(c[choice]);
 done:
     Py_XDECREF(found);
-    fused_release(views, held, F_COLUMNS + 2);
+    fused_release(views, held, F_VIEWS);
     return result;
 }
 

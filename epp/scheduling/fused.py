@@ -7,19 +7,27 @@ one slot. Per pick the plugins cost ~130k instructions of Python and numpy dispa
 (benchmarks/RESULTS.md, stream_path); here `fused_pick` (epp/scheduling/_native.c) does the same steps element by
 element, calling back only for the prefix lookup (hashing the prompt, matching the index: the scorer's own code).
 
+A detailed pick (a route receipt, the degradation watch's sample, scores emitted) runs fused too: the same call
+also writes the kept candidates, each scorer's weighted term (a terms × candidates buffer, `weighted_total_rows`'
+rows) and constant part, which `run_detailed` keeps in the pick's state as the runner's detailed run does.
+
 Not a definition: the plugins are, and the runner runs them whenever this answers None (a pool of more than
-`framework.SMALL_POOL` candidates, a detailed or instrumented pick, `EPP_NATIVE=0`, no compiler, a column of
-another dtype). tests/scheduling/test_fused.py holds the two equal: the same slots (the picker's own RNG, drawn
-the same times) and the same totals. Observers (the prefix index's learning) run after it as after the plugins.
+`framework.SMALL_POOL` candidates, an instrumented pick, `EPP_NATIVE=0`, no compiler, a column of another dtype).
+tests/scheduling/test_fused.py holds the two equal: the same slots (the picker's own RNG, drawn the same times), the
+same totals and the same detail (kept candidates, terms, constants). Observers (the prefix index's learning) run
+after it as after the plugins.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from epp.datastore import Freshness
 from epp.datastore.table import FloatArray, IntArray
 from epp.scheduling.framework import CycleState, Filter, Picker, Scorer
+from epp.scheduling.pick_detail import SCORED, TERMS
 from epp.scheduling.pickers import _TIE, MaxScorePicker
 from epp.scheduling.prefix import PrefixCacheScorer
 from epp.scheduling.saturation import SaturationFilter
@@ -39,6 +47,7 @@ class FusedDefault:
         prefix: PrefixCacheScorer,
         picker: MaxScorePicker,
         freshness: Freshness,
+        names: tuple[str, str, str, str],
     ) -> None:
         t = saturation.thresholds
         factor = 1.0 + t.headroom
@@ -47,6 +56,7 @@ class FusedDefault:
         self.draw = picker._draw  # the picker's RNG: the same draws as its `pick`
         self.staleness_s = freshness.staleness_s
         self.max_failures = freshness.max_failures
+        self.names = names  # the scorers', in order: a detailed pick's terms are named by them
         self.lookup = prefix.lookup_first  # called by the kernel with the first candidate the filter kept
         # None, or an array the kernel writes each run's totals into (the kept candidates', then NaN): the
         # equality test's window into a plain pick, which keeps no totals.
@@ -61,9 +71,40 @@ class FusedDefault:
         slot = kernels.fused_pick(
             candidates, snapshot.waiting, snapshot.picks_since_scrape, snapshot.kv_usage, snapshot.scraped_at,
             snapshot.scrape_failures, state.now - self.staleness_s, self.max_failures, self.queue_limit,
-            self.kv_limit, self.lookup, state, wq, wkv, wp, wi, _TIE, self.draw, self.totals,
+            self.kv_limit, self.lookup, state, wq, wkv, wp, wi, _TIE, self.draw, self.totals, None,
         )  # fmt: skip
         return (slot,) if slot.__class__ is int else None
+
+    def run_detailed(self, state: CycleState, candidates: IntArray) -> Sequence[int] | None:
+        """`run`, keeping in `state` what the runner's detailed pick keeps (`pick_detail.SCORED`: the kept
+        candidates and their totals; `pick_detail.TERMS`: each scorer's (name, has a term, constant part) and the
+        terms' rows), written by the same kernel call; None where the plugins must run."""
+        kernels = NATIVE
+        if kernels is None:
+            return None
+        snapshot = state.snapshot
+        wq, wkv, wp, wi = self.weights
+        size = candidates.size
+        kept: IntArray = np.empty(size, dtype=np.int64)
+        totals: FloatArray = np.empty(size)
+        rows: FloatArray = np.empty(4 * size)
+        constants: FloatArray = np.empty(4)
+        got = kernels.fused_pick(
+            candidates, snapshot.waiting, snapshot.picks_since_scrape, snapshot.kv_usage, snapshot.scraped_at,
+            snapshot.scrape_failures, state.now - self.staleness_s, self.max_failures, self.queue_limit,
+            self.kv_limit, self.lookup, state, wq, wkv, wp, wi, _TIE, self.draw, totals, (kept, rows, constants),
+        )  # fmt: skip
+        if got.__class__ is not tuple:
+            return None
+        slot, k, has = got
+        named = [
+            (name, bool(has >> t & 1), constant)
+            for t, (name, constant) in enumerate(zip(self.names, constants.tolist(), strict=True))
+        ]
+        m = has.bit_count()
+        state.scratch[SCORED] = (kept[:k], totals[:k])
+        state.scratch[TERMS] = (named, rows[: m * k].reshape(m, k) if m else None)
+        return (slot,)
 
 
 def fused_default(
@@ -85,4 +126,5 @@ def fused_default(
     prefix = scorers[2][0]
     assert isinstance(prefix, PrefixCacheScorer)
     weights = (scorers[0][1], scorers[1][1], scorers[2][1], scorers[3][1])
-    return FusedDefault(filters[0], weights, prefix, picker, freshness)
+    names = (scorers[0][0].name, scorers[1][0].name, scorers[2][0].name, scorers[3][0].name)
+    return FusedDefault(filters[0], weights, prefix, picker, freshness, names)

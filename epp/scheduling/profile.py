@@ -189,8 +189,8 @@ class ProfileScheduler:
         """`pick`, with the pick's state (what its producers published): a profile handler's deciders read it;
         `detailed` also keeps the scored candidates and totals in it, for `detail`."""
         state = CycleState(snapshot, candidates, request, now, self.freshness)
-        if self.fused is not None and not detailed:
-            fused = self.fused.run(state, candidates)
+        if self.fused is not None:
+            fused = self.fused.run_detailed(state, candidates) if detailed else self.fused.run(state, candidates)
             if fused is not None:
                 for observer in self._observers:
                     observer.picked(state, fused[0])

@@ -1,7 +1,8 @@
 """The fused default profile (epp.scheduling.fused, one call into epp/scheduling/_native.c) decides as its plugins
 do: on random pools (unknown and out-of-range metrics, stale, failing and never-scraped endpoints, saturated pools,
 candidate subsets, prompts that hit the prefix index) the same slots, drawn from the same picker RNG, and the same
-totals, pick after pick (each booked, each learned by the prefix index)."""
+totals, pick after pick (each booked, each learned by the prefix index); a detailed pick keeps the same detail (the
+kept candidates, their totals, each scorer's name, term row and constant part: what a route receipt reads)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from epp.datastore import EndpointTable
 from epp.datastore.table import EndpointInfo, MetricsSample
 from epp.scheduling import build_scheduler, upstream_default_config
-from epp.scheduling.pick_detail import SCORED
+from epp.scheduling.pick_detail import SCORED, TERMS
 from epp.scheduling.profile import ProfileScheduler
 from epp.scheduling.totals import NATIVE
 from tests.scheduling.tables import NOW, address, request
@@ -90,6 +91,51 @@ def test_fused_default_decides_as_its_plugins(rows, subset_bits, prompts, seed) 
             assert np.isnan(totals[scored.size :]).all()
         else:
             assert (totals == -1.0).all()  # the plugins ran
+        table.book_pick(int(got[0]))
+
+
+def _assert_same_detail(got: dict[str, object], want: dict[str, object]) -> None:
+    (got_scored, got_total), (want_scored, want_total) = got[SCORED], want[SCORED]  # type: ignore[misc]
+    np.testing.assert_array_equal(got_scored, want_scored)
+    np.testing.assert_array_equal(got_total, want_total)
+    (got_named, got_rows), (want_named, want_rows) = got[TERMS], want[TERMS]  # type: ignore[misc]
+    assert got_named == want_named
+    assert [type(c) for _, _, c in got_named] == [type(c) for _, _, c in want_named]
+    if want_rows is None:
+        assert got_rows is None
+    else:
+        assert got_rows is not None and got_rows.shape == want_rows.shape and got_rows.flags.c_contiguous
+        np.testing.assert_array_equal(got_rows, want_rows)
+
+
+@needs_native
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(row, min_size=1, max_size=34),
+    subset_bits=st.integers(0, 2**34 - 1),
+    prompts=st.lists(st.sampled_from(PROMPTS), min_size=1, max_size=6),
+    detailed=st.lists(st.booleans(), min_size=6, max_size=6),
+    seed=st.integers(0, 3),
+)
+def test_a_detailed_fused_pick_keeps_what_the_plugins_keep(rows, subset_bits, prompts, detailed, seed) -> None:
+    table = _table(rows)
+    fused, plain = _handlers(seed)
+    for prompt, detail in zip(prompts, detailed, strict=False):
+        snap = table.snapshot()
+        candidates = np.array([s for s in snap.slots.tolist() if subset_bits >> s & 1], dtype=np.int64)
+        if candidates.size == 0:
+            candidates = snap.slots
+        got, got_state = fused.run(snap, candidates, request(prompt), NOW, detailed=detail)
+        want, want_state = plain.run(snap, candidates, request(prompt), NOW, detailed=detail)
+        assert list(got) == list(want)
+        if detail:
+            _assert_same_detail(got_state.scratch, want_state.scratch)
+            assert (
+                fused.detail(got_state, int(got[0])).cached_blocks
+                == plain.detail(want_state, int(want[0])).cached_blocks
+            )
+        else:
+            assert SCORED not in got_state.scratch and TERMS not in got_state.scratch
         table.book_pick(int(got[0]))
 
 
