@@ -131,6 +131,7 @@ class EndpointTable:
         self._ints = np.zeros((len(_INT_COLUMNS), self._capacity), dtype=np.int64)
         self._bools = np.zeros((len(_BOOL_COLUMNS), self._capacity), dtype=np.bool_)
         self._cols: dict[str, np.ndarray] = {}
+        self._counts: dict[str, memoryview] = {}
         self._bind_columns()
         self.version = 0  # bumps on every membership change
         self.scrape_version = 0  # bumps on every recorded scrape or failure: a reader can skip an unchanged table
@@ -243,6 +244,8 @@ class EndpointTable:
         for block, names in ((self._floats, _FLOAT_COLUMNS), (self._ints, _INT_COLUMNS), (self._bools, _BOOL_COLUMNS)):
             for i, name in enumerate(names):
                 self._cols[name] = block[i]
+        # The int rows again as memoryviews (the same memory): the per-pick bookings' cheap element access.
+        self._counts = {name: memoryview(self._ints[i]) for i, name in enumerate(_INT_COLUMNS)}
 
     def _reset_row(self, slot: int) -> None:
         self._floats[:, slot] = NAN
@@ -369,32 +372,30 @@ class EndpointTable:
     def book_pick(self, slot: int, tokens: int = 0, prefill: int = 0) -> None:
         """A pick in flight on `slot` with its `tokens`; `prefill`: its uncached tokens booked too, as
         `book_prefill` books them (one call per decision instead of two)."""
-        # Read as Python ints (`item`) and written back: `column[slot] += 1` makes and adds a numpy scalar, ~1k
-        # instructions more per booking (benchmarks/stream_path.py --instructions).
-        c = self._cols
-        inflight, picks = c["inflight"], c["picks_since_scrape"]
-        inflight[slot] = inflight.item(slot) + 1
-        picks[slot] = picks.item(slot) + 1
+        # Through memoryviews of the int rows (`_counts`): read and written as Python ints, where numpy's
+        # `item` and item assignment cost ~600 instructions a pair (`column[slot] += 1`, a numpy scalar: ~1k more)
+        # (benchmarks/stream_path.py --instructions).
+        c = self._counts
+        c["inflight"][slot] += 1
+        c["picks_since_scrape"][slot] += 1
         if tokens:
-            held = c["inflight_tokens"]
-            held[slot] = held.item(slot) + tokens
+            c["inflight_tokens"][slot] += tokens
         if prefill:
-            held = c["prefill_tokens"]
-            held[slot] = held.item(slot) + prefill
+            c["prefill_tokens"][slot] += prefill
 
     def release_pick(self, slot: int, tokens: int = 0, prefill: int = 0) -> None:
         """`book_pick`'s booking ends; `prefill`: its prefill tokens released too, as `release_prefill` does."""
-        c = self._cols
+        c = self._counts  # memoryviews: Python ints, as `book_pick`
         inflight = c["inflight"]
-        count = inflight.item(slot)  # a Python int: half the cost of comparing a numpy scalar, then subtracting
+        count = inflight[slot]
         if count > 0:
             inflight[slot] = count - 1
         if tokens:
             held = c["inflight_tokens"]
-            held[slot] = max(0, held.item(slot) - tokens)
+            held[slot] = max(0, held[slot] - tokens)
         if prefill:
             held = c["prefill_tokens"]
-            held[slot] = max(0, held.item(slot) - prefill)
+            held[slot] = max(0, held[slot] - prefill)
 
     def book_prefill(self, slot: int, tokens: int) -> None:
         """A pick's uncached prompt tokens: prefill queued on `slot` until its first response byte
