@@ -145,11 +145,12 @@ class _Response(asyncio.BufferedProtocol):
                 if end > _MAX_HEADER_BYTES:
                     raise ScrapeError("response headers too large")
                 return
-            header = bytes(memoryview(buf)[:head])
-            if header == self._header:  # a server repeats its headers (its Date moves once a second): read once
+            if head == len(self._header) and buf.startswith(self._header):
+                # A server repeats its headers (its Date moves once a second): read once.
                 self.status, self.length, self.chunked, self.gzip, self.close_after = self._header_says
                 self._check_length()
             else:
+                header = bytes(memoryview(buf)[:head])
                 self._headers(header.decode("latin-1"))
                 self._header, self._header_says = (
                     header,
@@ -320,13 +321,14 @@ class HttpConnection:
             self.close()
             raise
 
-    async def _exchange(self, loop: asyncio.AbstractEventLoop, proto: _Response, max_bytes: int) -> bytes:
+    def _exchange(self, loop: asyncio.AbstractEventLoop, proto: _Response, max_bytes: int) -> asyncio.Future[bytes]:
+        """The request sent; the future of its response (a plain call, not a coroutine: one frame less a scrape)."""
         proto.max_bytes = max_bytes
         waiter: asyncio.Future[bytes] = loop.create_future()
         proto.waiter = waiter
         assert proto.transport is not None
         proto.transport.write(self._request)
-        return await waiter
+        return waiter
 
     def close(self) -> None:
         proto, self._proto = self._proto, None
