@@ -65,7 +65,7 @@ class MetricsSample:
 
 
 # The order of these tuples is the row order of the blocks; `snapshot()` indexes rows by position.
-_FLOAT_COLUMNS = ("waiting", "running", "kv_usage", "max_lora", "block_size", "num_blocks", "scraped_at")
+_FLOAT_COLUMNS = SCRAPE_ROW  # the float block's rows are a shared row's values, in order (`scrape_rows`)
 _INT_COLUMNS = ("scrape_failures", "inflight", "picks_since_scrape", "inflight_tokens", "prefill_tokens")
 _BOOL_COLUMNS = ("present", "scrape_ok")
 
@@ -131,9 +131,12 @@ class EndpointTable:
         self._ints = np.zeros((len(_INT_COLUMNS), self._capacity), dtype=np.int64)
         self._bools = np.zeros((len(_BOOL_COLUMNS), self._capacity), dtype=np.bool_)
         self._cols: dict[str, np.ndarray] = {}
+        self._counts: dict[str, memoryview] = {}
         self._bind_columns()
         self.version = 0  # bumps on every membership change
         self.scrape_version = 0  # bumps on every recorded scrape or failure: a reader can skip an unchanged table
+        self._scraped_slots: set[int] = set()  # slots with a scrape or failure recorded since `take_scraped`
+        self._repeated_slots: set[int] = set()  # slots with a repeated page recorded since then (`record_repeat`)
         self._scrape_listeners: list[Callable[[], None]] = []
         self._membership_listeners: list[Callable[[], None]] = []
         self._members_cache: tuple[int, tuple[str, ...], tuple[EndpointInfo | None, ...]] | None = None
@@ -241,6 +244,8 @@ class EndpointTable:
         for block, names in ((self._floats, _FLOAT_COLUMNS), (self._ints, _INT_COLUMNS), (self._bools, _BOOL_COLUMNS)):
             for i, name in enumerate(names):
                 self._cols[name] = block[i]
+        # The int rows again as memoryviews (the same memory): the per-pick bookings' cheap element access.
+        self._counts = {name: memoryview(self._ints[i]) for i, name in enumerate(_INT_COLUMNS)}
 
     def _reset_row(self, slot: int) -> None:
         self._floats[:, slot] = NAN
@@ -271,8 +276,27 @@ class EndpointTable:
         for listener in self._scrape_listeners:
             listener()
 
+    def take_scraped(self) -> tuple[list[int], list[int]]:
+        """Since the last call, in no order: the slots that had a scrape or a failed scrape recorded
+        (`record_scrape`, `record_scrape_failure`), and those that had only repeated pages (`record_repeat`): what
+        a publisher of changed rows (the scrape child) looks at instead of the whole table. A slot removed
+        meanwhile may be among them."""
+        scraped, self._scraped_slots = self._scraped_slots, set()
+        repeated, self._repeated_slots = self._repeated_slots, set()
+        return list(scraped), [slot for slot in repeated if slot not in scraped]
+
+    def scrape_rows(self, slots: IntArray) -> tuple[FloatArray, BoolArray, IntArray]:
+        """The live `SCRAPE_ROW` values of `slots` (one row each, copied), their `scrape_ok` and
+        `scrape_failures`: a few rows read without a snapshot of the whole table."""
+        return self._floats[:, slots].T, self._cols["scrape_ok"][slots], self._cols["scrape_failures"][slots]
+
+    def adapters_of(self, slot: int) -> tuple[frozenset[str], frozenset[str]]:
+        """The running and waiting LoRA adapters the last page of `slot` listed."""
+        return self._running_adapters[slot], self._waiting_adapters[slot]
+
     def record_scrape(self, slot: int, sample: MetricsSample, now: float) -> None:
         self.scrape_version += 1
+        self._scraped_slots.add(slot)
         c = self._cols
         c["waiting"][slot] = sample.waiting
         c["running"][slot] = sample.running
@@ -293,9 +317,26 @@ class EndpointTable:
         if self._scrape_listeners:
             self._scraped()
 
+    def record_repeat(self, slot: int, now: float) -> bool:
+        """The endpoint's page said again what its last recorded scrape said: `record_scrape` with that sample,
+        which writes only the time (and restarts the picks since the scrape, as a fresh page does). False, with
+        nothing recorded, where the row is not that scrape's any more (a failure since, or the row reset): the
+        caller records the page whole."""
+        c = self._cols
+        if not c["scrape_ok"][slot] or c["scrape_failures"][slot]:
+            return False
+        self.scrape_version += 1
+        self._repeated_slots.add(slot)
+        c["scraped_at"][slot] = now
+        c["picks_since_scrape"][slot] = 0
+        if self._scrape_listeners:
+            self._scraped()
+        return True
+
     def record_scrape_failure(self, slot: int) -> int:
         """Count a failed scrape; the old values stay (they age into staleness). Returns the failure streak."""
         self.scrape_version += 1
+        self._scraped_slots.add(slot)
         self._cols["scrape_ok"][slot] = False
         self._cols["scrape_failures"][slot] += 1
         if self._scrape_listeners:
@@ -331,32 +372,30 @@ class EndpointTable:
     def book_pick(self, slot: int, tokens: int = 0, prefill: int = 0) -> None:
         """A pick in flight on `slot` with its `tokens`; `prefill`: its uncached tokens booked too, as
         `book_prefill` books them (one call per decision instead of two)."""
-        # Read as Python ints (`item`) and written back: `column[slot] += 1` makes and adds a numpy scalar, ~1k
-        # instructions more per booking (benchmarks/stream_path.py --instructions).
-        c = self._cols
-        inflight, picks = c["inflight"], c["picks_since_scrape"]
-        inflight[slot] = inflight.item(slot) + 1
-        picks[slot] = picks.item(slot) + 1
+        # Through memoryviews of the int rows (`_counts`): read and written as Python ints, where numpy's
+        # `item` and item assignment cost ~600 instructions a pair (`column[slot] += 1`, a numpy scalar: ~1k more)
+        # (benchmarks/stream_path.py --instructions).
+        c = self._counts
+        c["inflight"][slot] += 1
+        c["picks_since_scrape"][slot] += 1
         if tokens:
-            held = c["inflight_tokens"]
-            held[slot] = held.item(slot) + tokens
+            c["inflight_tokens"][slot] += tokens
         if prefill:
-            held = c["prefill_tokens"]
-            held[slot] = held.item(slot) + prefill
+            c["prefill_tokens"][slot] += prefill
 
     def release_pick(self, slot: int, tokens: int = 0, prefill: int = 0) -> None:
         """`book_pick`'s booking ends; `prefill`: its prefill tokens released too, as `release_prefill` does."""
-        c = self._cols
+        c = self._counts  # memoryviews: Python ints, as `book_pick`
         inflight = c["inflight"]
-        count = inflight.item(slot)  # a Python int: half the cost of comparing a numpy scalar, then subtracting
+        count = inflight[slot]
         if count > 0:
             inflight[slot] = count - 1
         if tokens:
             held = c["inflight_tokens"]
-            held[slot] = max(0, held.item(slot) - tokens)
+            held[slot] = max(0, held[slot] - tokens)
         if prefill:
             held = c["prefill_tokens"]
-            held[slot] = max(0, held.item(slot) - prefill)
+            held[slot] = max(0, held[slot] - prefill)
 
     def book_prefill(self, slot: int, tokens: int) -> None:
         """A pick's uncached prompt tokens: prefill queued on `slot` until its first response byte

@@ -218,7 +218,20 @@ async def _linger(grace_s: float) -> None:
 
 
 def add_to_server(processor: ExternalProcessor, server: grpc.aio.Server) -> None:
-    pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
+    """`pb_grpc.add_ExternalProcessorServicer_to_server`'s registration, with a serializer that also takes an
+    answer held as its bytes (`messages.EncodedAnswer`): the generated one accepts messages only."""
+    handlers = {
+        "Process": grpc.stream_stream_rpc_method_handler(
+            processor.Process,
+            request_deserializer=m.ProcessingRequest.FromString,
+            response_serializer=m.serialize,
+        )
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
+    server.add_registered_method_handlers(_SERVICE, handlers)  # type: ignore[attr-defined]  # grpcio's stubs lag
+
+
+_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
 _IDLE = "idle"

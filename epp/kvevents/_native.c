@@ -307,6 +307,21 @@ done:
     return result;
 }
 
+/* Block j of the chain both prompt hash calls compute: acc (the hash of block j − 1, or the seed) plus the c_i of
+ * block j's words, i.e. h[j] = seed + Σ_{i < (j+1)·words} c_i (mod 2^64). */
+static inline uint64_t
+chain_block(const unsigned char *w, const uint64_t *k, Py_ssize_t words, Py_ssize_t j, uint64_t shift, uint64_t acc)
+{
+    for (Py_ssize_t t = 0; t < words; t++) {
+        Py_ssize_t i = j * words + t;
+        uint64_t x;
+        memcpy(&x, w + 8 * i, 8);
+        x *= k[i];
+        acc += x ^ (x >> shift);
+    }
+    return acc;
+}
+
 /* prompt_hashes(data, words, n, k, shift, seed, out) -> None
  *
  * The prefix scorer's chained block hashes (epp/scheduling/hashing.py, `BlockHasher.hash_bytes`): data read as
@@ -356,20 +371,72 @@ prompt_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     const uint64_t *k = (const uint64_t *)kb.buf;
     uint64_t *h = (uint64_t *)out.buf;
     uint64_t acc = seed;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        for (Py_ssize_t t = 0; t < words; t++) {
-            Py_ssize_t i = j * words + t;
-            uint64_t x;
-            memcpy(&x, w + 8 * i, 8);
-            x *= k[i];
-            acc += x ^ (x >> shift);
-        }
-        h[j] = acc;
-    }
+    for (Py_ssize_t j = 0; j < n; j++)
+        h[j] = acc = chain_block(w, k, words, j, shift, acc);
     result = Py_None;
     Py_INCREF(result);
 done:
     PyBuffer_Release(&out);
+    PyBuffer_Release(&kb);
+    PyBuffer_Release(&data);
+    return result;
+}
+
+/* prompt_hash_list(data, words, max_blocks, k, shift, seed) -> list[int]
+ *
+ * `prompt_hashes` of the n = min(len(data) // (8·words), max_blocks) whole blocks of data (`hash_bytes`' n),
+ * answered as a list of Python ints (what the prefix index keys on: `hash_bytes(...).tolist()`), with no uint64
+ * array made and read back. */
+static PyObject *
+prompt_hash_list(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "prompt_hash_list takes 6 arguments");
+        return NULL;
+    }
+    Py_ssize_t words, max_blocks;
+    uint64_t shift, seed;
+    if (ssize_arg(args[1], &words, "words") < 0 || ssize_arg(args[2], &max_blocks, "max_blocks") < 0 ||
+        u64_arg(args[4], &shift, "shift") < 0 || u64_arg(args[5], &seed, "seed") < 0)
+        return NULL;
+    if (words < 1 || words > PY_SSIZE_T_MAX / 8 || shift > 63) {
+        PyErr_SetString(PyExc_ValueError, "words must be positive and the shift in 0..63");
+        return NULL;
+    }
+    Py_buffer data, kb;
+    if (PyObject_GetBuffer(args[0], &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[3], &kb, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = data.len / (8 * words);
+    if (n > max_blocks)
+        n = max_blocks;
+    if (n > PY_SSIZE_T_MAX / words / 8 || data.len < n * words * 8 || kb.len < n * words * 8) {
+        PyErr_SetString(PyExc_ValueError, "data or k hold fewer than n blocks of words");
+        goto done;
+    }
+    if (aligned8(&kb, "k") < 0)
+        goto done;
+    result = PyList_New(n);
+    if (result == NULL)
+        goto done;
+    const unsigned char *w = (const unsigned char *)data.buf;
+    const uint64_t *k = (const uint64_t *)kb.buf;
+    uint64_t acc = seed;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        acc = chain_block(w, k, words, j, shift, acc);
+        PyObject *v = PyLong_FromUnsignedLongLong(acc);
+        if (v == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, j, v);
+    }
+done:
     PyBuffer_Release(&kb);
     PyBuffer_Release(&data);
     return result;
@@ -382,6 +449,8 @@ static PyMethodDef methods[] = {
      "Per endpoint slot, the leading keys it holds, into `out`; returns the leading keys found (shared.py)."},
     {"prompt_hashes", (PyCFunction)(void (*)(void))prompt_hashes, METH_FASTCALL,
      "A prompt's chained block hashes into `out` (hashing.py's prefix identifiers, its constants as arguments)."},
+    {"prompt_hash_list", (PyCFunction)(void (*)(void))prompt_hash_list, METH_FASTCALL,
+     "A prompt's chained block hashes as a list of ints (prompt_hashes, no array)."},
     {NULL, NULL, 0, NULL},
 };
 

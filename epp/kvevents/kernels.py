@@ -56,6 +56,8 @@ class Kernels(Protocol):
 
     def prompt_hashes(self, data: Buf, words: int, n: int, k: Buf, shift: int, seed: int, out: Buf) -> None: ...
 
+    def prompt_hash_list(self, data: Buf, words: int, max_blocks: int, k: Buf, shift: int, seed: int) -> list[int]: ...
+
 
 _compiled: Kernels | None
 try:

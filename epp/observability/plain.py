@@ -56,6 +56,28 @@ class PlainHistogram:
         return sum(self.counts)
 
 
+class RecurringHistogram(PlainHistogram):
+    """A `PlainHistogram` of values that recur (the prefix index's hit ratio and bytes: ratios of small block
+    counts, whole blocks of bytes): each value's bucket, `bisect_left` as `observe`'s, remembered for the next time
+    (a dict lookup, where the bisect costs ~700 instructions), for up to `memo` distinct values."""
+
+    __slots__ = ("_buckets", "_memo")
+
+    def __init__(self, bounds: Sequence[float], memo: int = 512) -> None:
+        super().__init__(bounds)
+        self._buckets: dict[float, int] = {}
+        self._memo = memo
+
+    def observe(self, value: float) -> None:
+        bucket = self._buckets.get(value)
+        if bucket is None:
+            bucket = bisect.bisect_left(self.bounds, value)
+            if len(self._buckets) < self._memo:
+                self._buckets[value] = bucket
+        self.counts[bucket] += 1
+        self.sum += value
+
+
 _ARRAYS: dict[tuple[float, ...], np.ndarray] = {}  # bounds → the same as a float array (a few dozen bucket sets)
 
 

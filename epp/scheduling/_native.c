@@ -582,8 +582,9 @@ fused_release(Py_buffer *views, int *held, int count)
             PyBuffer_Release(&views[b]);
 }
 
-/* fused_pick(candidates, waiting, picks, kv, scraped_at, failures, fresh_from, max_failures, queue_limit, kv_limit,
- *            lookup, state, w_queue, w_kv, w_prefix, w_inflight, tie, draw, totals) -> int | NotImplemented
+/* fused_pick(candidates, (waiting, picks, kv, scraped_at, failures), fresh_from, state,
+ *            (max_failures, queue_limit, kv_limit, lookup, w_queue, w_kv, w_prefix, w_inflight, tie, draw),
+ *            totals, detail) -> int | (int, int, int) | NotImplemented
  *
  * The default profile's pick (fused.py): `SaturationFilter.filter` over `CycleState.usable` (fresh_from =
  * now − staleness) and the effective queue (waiting + picks, NaN where the data is not usable); then the prefix
@@ -602,16 +603,23 @@ static PyObject *
 fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 20) {
-        PyErr_SetString(PyExc_TypeError, "fused_pick takes 20 arguments");
+    if (nargs != 7 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != F_COLUMNS - 1 ||
+        !PyTuple_Check(args[4]) || PyTuple_GET_SIZE(args[4]) != 10) {
+        PyErr_SetString(PyExc_TypeError, "fused_pick takes candidates, (5 columns), fresh_from, state, (10 fixed), "
+                                         "totals and detail");
         return NULL;
     }
-    double fresh_from = PyFloat_AsDouble(args[6]);
-    long long max_failures = PyLong_AsLongLong(args[7]);
-    double ql = PyFloat_AsDouble(args[8]), kl = PyFloat_AsDouble(args[9]);
-    double wq = PyFloat_AsDouble(args[12]), wkv = PyFloat_AsDouble(args[13]);
-    double wp = PyFloat_AsDouble(args[14]), wi = PyFloat_AsDouble(args[15]);
-    double tie = PyFloat_AsDouble(args[16]);
+    PyObject *columns[F_COLUMNS] = {args[0]};
+    for (int b = 1; b < F_COLUMNS; b++)
+        columns[b] = PyTuple_GET_ITEM(args[1], b - 1);
+    PyObject *const *fixed = &PyTuple_GET_ITEM(args[4], 0);
+    PyObject *state = args[3], *lookup = fixed[3], *draw = fixed[9], *totals_arg = args[5];
+    double fresh_from = PyFloat_AsDouble(args[2]);
+    long long max_failures = PyLong_AsLongLong(fixed[0]);
+    double ql = PyFloat_AsDouble(fixed[1]), kl = PyFloat_AsDouble(fixed[2]);
+    double wq = PyFloat_AsDouble(fixed[4]), wkv = PyFloat_AsDouble(fixed[5]);
+    double wp = PyFloat_AsDouble(fixed[6]), wi = PyFloat_AsDouble(fixed[7]);
+    double tie = PyFloat_AsDouble(fixed[8]);
     if (PyErr_Occurred())
         return NULL;
     /* the columns, the prefix match (F_COLUMNS), totals (+1), and the detail's kept, rows, constants (+2..+4) */
@@ -620,14 +628,14 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int held[F_VIEWS] = {0};
     Py_ssize_t n, slots;
     PyObject *result = NULL, *found = NULL;
-    PyObject *detail = args[19];
+    PyObject *detail = args[6];
     if (detail != Py_None && (!PyTuple_Check(detail) || PyTuple_GET_SIZE(detail) != 3)) {
         PyErr_SetString(PyExc_TypeError, "detail is None or (kept, rows, constants)");
         return NULL;
     }
-    int got = fused_columns(args, views, held, &n, &slots);
-    if (got == 0 && args[18] != Py_None) {
-        got = doubles(args[18], &views[F_TOTALS], 1);
+    int got = fused_columns(columns, views, held, &n, &slots);
+    if (got == 0 && totals_arg != Py_None) {
+        got = doubles(totals_arg, &views[F_TOTALS], 1);
         held[F_TOTALS] = got == 0;
     }
     if (got == 0 && detail != Py_None) {
@@ -671,10 +679,10 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     n = k;
     /* the prefix lookup */
-    PyObject *call[2] = {args[11], PyLong_FromLong(c[0])};
+    PyObject *call[2] = {state, PyLong_FromLong(c[0])};
     if (call[1] == NULL)
         goto done;
-    found = PyObject_Vectorcall(args[10], call, 2, NULL);
+    found = PyObject_Vectorcall(lookup, call, 2, NULL);
     Py_DECREF(call[1]);
     if (found == NULL)
         goto done;
@@ -791,7 +799,7 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         for (int t = 0; t < 4; t++)
             constants[t] = terms[t].offset;
     }
-    Py_ssize_t choice = tie_choice(total, n, tie, args[17]);
+    Py_ssize_t choice = tie_choice(total, n, tie, draw);
     if (choice < 0)
         goto done;
     result = held[F_KEPT] ? Py_BuildValue("(lnl)", c[choice], n, has) : PyLong_FromLong(c[choice]);

@@ -4,8 +4,9 @@
  * compiler is there (setup.py: optional); epp.scheduling.receipt decides at import whether these or the Python code
  * run.
  *
- * Not definitions of their own: `pick_terms_python`, `Receipt.json_python`, `scored_pairs_python` and
- * `signal_health_python` (epp/scheduling/receipt.py) are, and tests/scheduling/test_receipt_native.py holds each
+ * `receipt_of` is the two read steps and the receipt's assembly in one call (the read of every emitted receipt).
+ * Not definitions of their own: `pick_terms_python`, `Receipt.json_python`, `scored_pairs_python`,
+ * `signal_health_python` and `ReceiptReader.read_python` (epp/scheduling/receipt.py) are, and tests/scheduling/test_receipt_native.py holds each
  * pair equal on random inputs (the same doubles, the same bytes).
  * Every step is the Python code's in its order: the chosen candidate found by bisect_left's own halving, the runner-up
  * by max()'s comparisons (the first greater replaces) and list.index, a term's extremes by max()/min() over it; the
@@ -257,14 +258,8 @@ done:
  * scraped at or after now - staleness_s and fewer than max_failures failures) counts stale when it was scraped (a
  * scraped_at that is not NaN), missing when not; the age is now - scraped_at[primary], inf when that is NaN. */
 static PyObject *
-signal_health(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+health_of(PyObject *const *args, Py_ssize_t *count)
 {
-    (void)self;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError,
-                        "signal_health takes scraped_at, failures, candidates, primary, now, staleness_s, max_failures");
-        return NULL;
-    }
     if (!PyLong_CheckExact(args[3]) || !PyFloat_CheckExact(args[4]) || !PyFloat_CheckExact(args[5]) ||
         !PyLong_CheckExact(args[6]))
         return Py_NewRef(Py_NotImplemented);
@@ -300,6 +295,7 @@ signal_health(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     const int64_t *failures = (const int64_t *)failures_view.buf;
     const int64_t *candidates = (const int64_t *)candidates_view.buf;
     Py_ssize_t n = candidates_view.len / 8;
+    *count = n;
     if (failures_view.len != scraped_view.len || primary < 0 || primary >= size) {
         result = Py_NewRef(Py_NotImplemented);
         goto done;
@@ -325,6 +321,90 @@ done:
     PyBuffer_Release(&scraped_view);
     PyBuffer_Release(&failures_view);
     PyBuffer_Release(&candidates_view);
+    return result;
+}
+
+static PyObject *
+signal_health(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "signal_health takes scraped_at, failures, candidates, primary, now, staleness_s, max_failures");
+        return NULL;
+    }
+    Py_ssize_t count;
+    return health_of(args, &count);
+}
+
+static PyObject *empty_str, *no_terms;
+
+/* receipt_of(Receipt, profiles, addresses, scorers, scored, total, primary, named, rows, scraped_at, failures,
+ *            candidates, now, staleness_s, max_failures, kv, kv_age, tokens, prefix, flow_wait)
+ *     -> Receipt | NotImplemented
+ *
+ * `ReceiptReader.read_python`'s receipt in one call: pick_terms (when `scored` is not None) and signal_health as
+ * above, the chosen endpoint's and the runner-up's addresses, and the fields the reader passes as they are (kv,
+ * tokens and prefix: what its producers said). `scorers` is the receipt's only when `named` has one entry per
+ * scorer (else NotImplemented: the Python code names them from `named`); a primary outside `addresses` likewise. */
+static PyObject *
+receipt_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 20) {
+        PyErr_SetString(PyExc_TypeError, "receipt_of takes 20 arguments (receipt.py's ReceiptReader.read)");
+        return NULL;
+    }
+    PyObject *type = args[0], *addresses = args[2], *scorers = args[3], *named = args[7];
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type) ||
+        (!PyTuple_CheckExact(addresses) && !PyList_CheckExact(addresses)) || !PyTuple_CheckExact(scorers) ||
+        !PyList_CheckExact(named) || PyList_GET_SIZE(named) != PyTuple_GET_SIZE(scorers) ||
+        !PyLong_CheckExact(args[6]))
+        return Py_NewRef(Py_NotImplemented);
+    PyObject *terms;
+    if (args[4] == Py_None) {
+        terms = Py_NewRef(no_terms);
+    } else {
+        PyObject *pick_args[5] = {args[4], args[5], args[6], named, args[8]};
+        terms = pick_terms(self, pick_args, 5);
+        if (terms == NULL || !PyTuple_CheckExact(terms))
+            return terms;
+    }
+    PyObject *health_args[7] = {args[9], args[10], args[11], args[6], args[12], args[13], args[14]};
+    Py_ssize_t count = 0;
+    PyObject *health = health_of(health_args, &count);
+    if (health == NULL || !PyTuple_CheckExact(health)) {
+        Py_DECREF(terms);
+        return health;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(addresses);
+    PyObject **items = PySequence_Fast_ITEMS(addresses);
+    long long primary = PyLong_AsLongLong(args[6]); /* in range: signal_health took it */
+    long long runner = PyLong_AsLongLong(PyTuple_GET_ITEM(terms, 0));
+    if (primary < 0 || primary >= size || runner >= size || (runner == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    PyObject *candidates = PyLong_FromSsize_t(count);
+    if (candidates == NULL)
+        goto done;
+    result = ((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, 16);
+    if (result == NULL) {
+        Py_DECREF(candidates);
+        goto done;
+    }
+    PyObject *fields[16] = {
+        args[1], items[primary], runner >= 0 ? items[runner] : empty_str, scorers,
+        PyTuple_GET_ITEM(terms, 1), PyTuple_GET_ITEM(terms, 2), PyTuple_GET_ITEM(terms, 3),
+        PyTuple_GET_ITEM(health, 0), PyTuple_GET_ITEM(health, 1), PyTuple_GET_ITEM(health, 2),
+        args[15], args[16], args[17], args[18], NULL, args[19],
+    };
+    for (int i = 0; i < 16; i++)
+        PyTuple_SET_ITEM(result, i, i == 14 ? candidates : Py_NewRef(fields[i]));
+done:
+    Py_DECREF(terms);
+    Py_DECREF(health);
     return result;
 }
 
@@ -697,6 +777,8 @@ static PyMethodDef methods[] = {
     {"receipt_json", (PyCFunction)receipt_json, METH_O, "A receipt's JSON (receipt.py's Receipt.json_python)."},
     {"scored_pairs", (PyCFunction)(void (*)(void))scored_pairs, METH_FASTCALL,
      "(address, score) of each scored slot (receipt.py's scored_pairs_python)."},
+    {"receipt_of", (PyCFunction)(void (*)(void))receipt_of, METH_FASTCALL,
+     "A detailed pick's receipt in one call (receipt.py's ReceiptReader.read_python)."},
     {"signal_health", (PyCFunction)(void (*)(void))signal_health, METH_FASTCALL,
      "The primary's metrics age and the candidates' stale and missing counts (receipt.py's signal_health_python)."},
     {NULL, NULL, 0, NULL},
@@ -707,7 +789,9 @@ setup_module(PyObject *module)
 {
     (void)module;
     zero = PyLong_FromLong(0);
-    if (zero == NULL)
+    empty_str = PyUnicode_FromString("");
+    no_terms = Py_BuildValue("(i()()())", -1);
+    if (zero == NULL || empty_str == NULL || no_terms == NULL)
         return -1;
     return 0;
 }

@@ -54,6 +54,7 @@ class BlockHasher:
         self.block_bytes = self.words * WORD
         self.max_blocks = max(1, min(max_blocks, _MAX_WORDS // self.words))
         self._k = _multipliers(self.words * self.max_blocks)
+        self._limit = self.block_bytes * self.max_blocks  # characters of prompt that cover every hashed byte
         self._seeds: dict[str, int] = {}
         # The compiled loop (`kernels.NATIVE`: one call instead of seven numpy calls a prompt), or None: numpy below.
         self._native = kernels.NATIVE
@@ -75,6 +76,23 @@ class BlockHasher:
         # Slice characters first so a 128 KB prompt is not encoded whole; a char is ≥ 1 byte, so `limit` chars
         # always cover `limit` bytes.
         return self.hash_bytes(prompt[:limit].encode("utf-8", "surrogatepass"), model)
+
+    def hash_list(self, prompt: str, model: str) -> list[int]:
+        """`hash_prompt(prompt, model).tolist()` (the prefix index's keys), compiled when it can be: one call that
+        answers the list, no uint64 array made and read back."""
+        native = self._native
+        if native is None:
+            hashes: list[int] = self.hash_prompt(prompt, model).tolist()
+            return hashes
+        seed = self._seeds.get(model)
+        return native.prompt_hash_list(
+            prompt[: self._limit].encode("utf-8", "surrogatepass"),  # as `hash_prompt` slices and encodes
+            self.words,
+            self.max_blocks,
+            self._k,
+            _SHIFT_BITS,
+            seed if seed is not None else self.seed(model),
+        )
 
     def hash_bytes(self, data: bytes, model: str) -> U64Array:
         """The chained hashes of the whole blocks of `data` (prompt bytes, or token ids as uint32: 4 bytes each)."""

@@ -33,7 +33,12 @@ data is usable, then `staleness / age` (0 once it fails `max_failures` scrapes i
 observation taken on stale features moves the knee by `c` of a full step. A stale endpoint keeps taking requests up
 to its knee, counted by our own bookings; a wholly stale pool too (no freeze). KV-cache use is the one physical
 limit read as is (1.0 = full). An endpoint not yet learned borrows the pool's median knee; with no knee learned
-anywhere (a cold pool), one request waiting inside it counts full, as `queueDepthThreshold: 1`.
+anywhere (a cold pool), one request waiting inside it counts full, as `queueDepthThreshold: 1`; and so does a
+settled endpoint whose data is fresh, whatever room its knee leaves, until its next scrape is overdue (twice the last
+interval between its scrapes: then the knee and our bookings alone). The knee bounds the load where the engine's
+queue does not show it (a batch with room whose TTFT grows); the queue paces dispatch to the scrapes, so requests are
+not sent in bursts that share the engine's steps, which read as delays at any load and pulled the knee far below
+what the engine holds (the noisy neighbour of `benchmarks.flow_control`: 25.9 req/s served of 55).
 
 Pure: `now` and the observations' `finished_at` are its only time; bounded per-slot state (a few floats), written
 by the observations and by the first read of each scrape (reading a snapshot again changes nothing).
@@ -77,6 +82,7 @@ class KneeDetector:
         self._top = np.full(0, np.nan)  # the most requests it was seen running (fresh scrapes)
         self._seen_at = np.full(0, np.nan)  # the last scrape read (its scraped_at)
         self._ours_at_scrape = np.full(0, np.nan)  # our requests in flight when it was taken
+        self._interval = np.full(0, np.nan)  # the time between its last two scrapes read
         self._address: list[str] = []
         self.observations = 0
 
@@ -91,6 +97,7 @@ class KneeDetector:
             self._top = np.concatenate([self._top, np.full(grow, np.nan)])
             self._seen_at = np.concatenate([self._seen_at, np.full(grow, np.nan)])
             self._ours_at_scrape = np.concatenate([self._ours_at_scrape, np.full(grow, np.nan)])
+            self._interval = np.concatenate([self._interval, np.full(grow, np.nan)])
             self._address += [""] * grow
         if self._address[slot] != address:  # a new endpoint in a reused slot: what we knew was another's
             known = self._address[slot] != ""  # else only its scrapes were read (what they said is its own)
@@ -101,6 +108,7 @@ class KneeDetector:
             if known:
                 self._top[slot] = math.nan
                 self._seen_at[slot] = math.nan
+                self._interval[slot] = math.nan
 
     def observe(self, obs: Observation) -> None:
         """One request's TTFT (its first byte): its load at pick and its TTFT move the endpoint's floor and knee."""
@@ -159,6 +167,7 @@ class KneeDetector:
         if not new.any():
             return
         slots = candidates[new]
+        self._interval[slots] = scraped_at[new] - self._seen_at[slots]  # NaN for a first scrape
         self._seen_at[slots] = scraped_at[new]
         self._ours_at_scrape[slots] = snapshot.inflight[slots] - snapshot.picks_since_scrape[slots]
         running = snapshot.running[slots]
@@ -204,7 +213,15 @@ class KneeDetector:
         cold = c * np.nan_to_num(queue, nan=0.0)  # no knee yet: one request waiting inside the engine is full
         with np.errstate(invalid="ignore"):
             by_knee = load / knee
-        per = np.where(settled, by_knee, np.where(np.isnan(knee), cold, np.fmin(cold, by_knee)))
+        # Whatever room its knee leaves, a settled endpoint whose data is fresh counts full once one request waits
+        # inside it (scraped + our picks since), as one with no knee yet does: contention is resolved in the picker's
+        # queue, where priority and fairness apply, and dispatch is paced by the scrapes, not sent in bursts that
+        # share the engine's steps (and read as delays that pull the knee down). Not once the next scrape is overdue
+        # (twice the last interval): our picks since only grow then, and a scrape outage would hold the pool full
+        # until its data counts stale; the knee and our bookings count it.
+        recent = (c >= 1.0) & ~(age > 2.0 * self._interval[candidates])
+        queued = np.where(recent, np.nan_to_num(queue, nan=0.0), 0.0)
+        per = np.where(settled, np.fmax(by_knee, queued), np.where(np.isnan(knee), cold, np.fmin(cold, by_knee)))
         # The slow start also holds between scrapes: a probing endpoint whose data is fresh counts full once its load
         # has doubled from what its last scrape showed it holding (TCP's slow start doubles once per round trip),
         # so a burst within one scrape interval cannot jump to a knee learned long before (stale: the knee alone)

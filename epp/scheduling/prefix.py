@@ -28,7 +28,7 @@ import numpy as np
 from epp.datastore import Snapshot
 from epp.datastore.table import FloatArray, IntArray
 from epp.observability import buckets
-from epp.observability.plain import PlainHistogram
+from epp.observability.plain import RecurringHistogram
 from epp.scheduling.framework import CycleState, Linear, LinearScorer
 from epp.scheduling.hashing import BlockHasher
 from epp.scheduling.totals import NATIVE
@@ -156,14 +156,19 @@ class PrefixIndex:
             already_held = 0
         bit = 1 << slot
         holders = self._holders
-        shared_until = len(hashes) if reach is None else max(already_held, reach)
-        for h in hashes[already_held:shared_until]:
-            holders[h] = holders.get(h, 0) | bit
-        if shared_until < len(hashes):
+        n = len(hashes)
+        # max(already_held, reach) and max(1, capacity // 2) as comparisons: no builtin call on every pick
+        shared_until = n if reach is None else (already_held if already_held > reach else reach)
+        if already_held < shared_until:
+            for h in hashes[already_held:shared_until]:
+                holders[h] = holders.get(h, 0) | bit
+        if shared_until < n:
             holders.update(zip(hashes[shared_until:], repeat(bit)))
-        young = self._young.setdefault(slot, set())
+        young = self._young.get(slot)
+        if young is None:
+            young = self._young[slot] = set()
         young.update(hashes)
-        if len(young) >= max(1, capacity // 2):
+        if len(young) >= (capacity // 2 if capacity >= 2 else 1):
             old = self._old.get(slot, set())
             keep = ~bit
             for h in old - young:
@@ -222,13 +227,14 @@ class PrefixCacheScorer(LinearScorer):
         self.auto_tune = auto_tune
         self.index = PrefixIndex(lru_capacity)
         self._hashers: dict[int, BlockHasher] = {}
+        self._by_tokens: dict[float, BlockHasher] = {}  # engine block size (tokens, as scraped) → its hasher
         self._key = f"prefix-cache:{name}"
         # Called with (slot, block hashes) after each pick is recorded: how the serving workers share their picks.
         self.on_pick: Callable[[int, list[int]], None] | None = None
         # Per lookup: matched share of the prompt and matched bytes (upstream's prefix_indexer_hit_* histograms),
         # plain counts read when /metrics is scraped.
-        self.hit_ratio = PlainHistogram(buckets.PREFIX_HIT_RATIO)
-        self.hit_bytes = PlainHistogram(buckets.PREFIX_HIT_BYTES)
+        self.hit_ratio = RecurringHistogram(buckets.PREFIX_HIT_RATIO)
+        self.hit_bytes = RecurringHistogram(buckets.PREFIX_HIT_BYTES)
 
     def _hasher(self, snapshot: Snapshot, first: int) -> BlockHasher:
         block = self.block_size
@@ -236,8 +242,18 @@ class PrefixCacheScorer(LinearScorer):
             # One pool, one engine config: upstream reads pod 0 (`first`, the first candidate's slot; -1: none).
             # `item` gives Python numbers, no numpy scalars.
             tokens = snapshot.block_size.item(first)
+            known = self._by_tokens.get(tokens)  # the hasher of an engine block size seen before (never NaN's)
+            if known is not None:
+                return known
             if math.isfinite(tokens) and tokens > 0:
                 block = int(tokens) * AVERAGE_BYTES_PER_TOKEN
+                if len(self._by_tokens) >= 8:  # scraped values: bounded, as `_hashers` is
+                    self._by_tokens.clear()
+                hasher = self._by_tokens[tokens] = self._hasher_of(block)
+                return hasher
+        return self._hasher_of(block)
+
+    def _hasher_of(self, block: int) -> BlockHasher:
         hasher = self._hashers.get(block)
         if hasher is None:
             if len(self._hashers) >= 8:  # block sizes come from scraped metrics: bound what they can allocate
@@ -257,16 +273,19 @@ class PrefixCacheScorer(LinearScorer):
         calls it with the first candidate the filter kept, as `linear` would."""
         cached: tuple[list[int], FloatArray, int] | None = state.scratch.get(self._key)
         if cached is None:
-            request = state.request
-            hasher = self._hasher(state.snapshot, first)
-            hashes: list[int] = hasher.hash_prompt(request.prompt, request.model).tolist()
-            self.index.sync(state.snapshot)
-            matched = self.index.match(hashes, state.snapshot.present.size) if hashes else _NO_MATCH
-            reach = self.index.reach if hashes else 0
-            cached = state.scratch[self._key] = (hashes, matched, reach)
+            request, snapshot, index = state.request, state.snapshot, self.index
+            hasher = self._hasher(snapshot, first)
+            hashes = hasher.hash_list(request.prompt, request.model)
+            if snapshot.version != index._version:  # `sync`'s own test, without its call
+                index.sync(snapshot)
             if hashes:
+                matched = index.match(hashes, snapshot.present.size)
+                reach = index.reach
                 self.hit_ratio.observe(reach / len(hashes))
                 self.hit_bytes.observe(reach * hasher.block_bytes)
+            else:
+                matched, reach = _NO_MATCH, 0
+            cached = state.scratch[self._key] = (hashes, matched, reach)
         return cached
 
     def linear(self, state: CycleState, candidates: IntArray) -> Linear:
@@ -288,13 +307,14 @@ class PrefixCacheScorer(LinearScorer):
         return int(cached[1][slot])
 
     def picked(self, state: CycleState, slot: int) -> None:
-        hashes, matched, reach = self._state(state, state.candidates)
+        cached: tuple[list[int], FloatArray, int] | None = state.scratch.get(self._key)  # `_state`, inlined
+        hashes, matched, reach = cached if cached is not None else self._state(state, state.candidates)
         if not hashes:
             return
         snapshot = state.snapshot
-        self.index.add(
-            slot, snapshot.addresses[slot], hashes, int(matched.item(slot)), self._capacity(snapshot, slot), reach
-        )
+        index = self.index
+        capacity = slot_capacity(index, snapshot, slot, self.auto_tune)  # `_capacity`, inlined
+        index.add(slot, snapshot.addresses[slot], hashes, int(matched.item(slot)), capacity, reach)
         if self.on_pick is not None:
             self.on_pick(slot, hashes)
 
@@ -303,9 +323,6 @@ class PrefixCacheScorer(LinearScorer):
         holds `hashes`, recorded as if this scorer had picked it. A slot not in `snapshot` is ignored. False: the
         index is as it was (`learn_pick`)."""
         return learn_pick(self.index, snapshot, slot, hashes, self.auto_tune)
-
-    def _capacity(self, snapshot: Snapshot, slot: int) -> int:
-        return slot_capacity(self.index, snapshot, slot, self.auto_tune)
 
 
 _NO_MATCH: FloatArray = np.zeros(0)

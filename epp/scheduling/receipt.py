@@ -43,6 +43,8 @@ class Compiled(Protocol):
 
     def receipt_json(self, receipt: object) -> object: ...
 
+    def receipt_of(self, *fields: object) -> object: ...
+
     def scored_pairs(self, addresses: object, slots: IntArray, scores: FloatArray) -> object: ...
 
     def signal_health(
@@ -140,6 +142,7 @@ class ReceiptReader:
         ]
         lookups += [p for p in producers if isinstance(p, ApproxPrefixCacheProducer)]
         self._lookups = tuple(lookups)
+        self._producing = bool(self._precise or self._tokens or self._lookups)
         self._profiles = (profile,)
 
     def watched(self) -> list[tuple[str, str]]:
@@ -153,8 +156,42 @@ class ReceiptReader:
         return pairs
 
     def read(self, state: CycleState, primary: int, flow_wait_s: float = 0.0) -> Receipt:
-        """The receipt of a detailed pick whose primary slot is `primary`. One pass over the scorers' terms (a
-        receipt is read on one pick in `WATCH_EVERY`, or on every pick with receipts emitted: each bytecode counts)."""
+        """`read_python`, in one compiled call where it can be (`_receipt.receipt_of`: a receipt is read on one pick
+        in `WATCH_EVERY`, or on every pick with receipts emitted: each bytecode counts)."""
+        if _COMPILED is None:
+            return self.read_python(state, primary, flow_wait_s)
+        kv, kv_age, tokens, prefix = self._produced(state, primary) if self._producing else _NOTHING_PRODUCED
+        snapshot = state.snapshot
+        scored, total = state.scratch.get(SCORED, _NOT_SCORED)
+        named, rows = state.scratch.get(TERMS) or _NO_TERMS
+        freshness = state.freshness
+        got = _COMPILED.receipt_of(
+            Receipt,
+            self._profiles,
+            snapshot.addresses,
+            self.scorers,
+            scored,
+            total,
+            primary,
+            named,
+            rows,
+            snapshot.scraped_at,
+            snapshot.scrape_failures,
+            state.candidates,
+            state.now,
+            freshness.staleness_s,
+            freshness.max_failures,
+            kv,
+            kv_age,
+            tokens,
+            prefix,
+            flow_wait_s,
+        )
+        return got if got.__class__ is Receipt else self.read_python(state, primary, flow_wait_s)
+
+    def read_python(self, state: CycleState, primary: int, flow_wait_s: float = 0.0) -> Receipt:
+        """The definition: the receipt of a detailed pick whose primary slot is `primary` (its steps' definitions:
+        `pick_terms_python`, `signal_health_python`)."""
         snapshot = state.snapshot
         addresses = snapshot.addresses
         scratch = state.scratch
@@ -167,47 +204,10 @@ class ReceiptReader:
         runner_terms: tuple[float, ...] = ()
         inert: tuple[bool, ...] = ()
         if scored is not None and scored.size:
-            got = _COMPILED.pick_terms(scored, total, primary, named, rows) if _COMPILED is not None else None
-            if got.__class__ is tuple:  # `pick_terms`, without its call
-                runner_slot, chosen_terms, runner_terms, inert = got
-            else:
-                runner_slot, chosen_terms, runner_terms, inert = pick_terms_python(scored, total, primary, named, rows)
+            runner_slot, chosen_terms, runner_terms, inert = pick_terms_python(scored, total, primary, named, rows)
         now = state.now
-        freshness = state.freshness
-        health = (
-            _COMPILED.signal_health(
-                snapshot.scraped_at,
-                snapshot.scrape_failures,
-                state.candidates,
-                primary,
-                now,
-                freshness.staleness_s,
-                freshness.max_failures,
-            )
-            if _COMPILED is not None
-            else None
-        )
-        if health.__class__ is tuple:  # `signal_health`, without its call
-            metrics_age, stale, missing = health
-        else:
-            metrics_age, stale, missing = signal_health_python(snapshot, state.candidates, primary, now, freshness)
-        kv: tuple[tuple[str, str, int, int], ...] = ()
-        kv_age = math.nan
-        for p in self._precise:
-            kv += ((p.name, *p.untrusted(state)),)
-            last = p.view.last_event_at(addresses[primary])
-            kv_age = math.inf if last == NEVER else max(0.0, now - last)
-        tokens = (
-            tuple((name, bool(getattr(produced(state, name), "exact", False))) for name in self._tokens)
-            if self._tokens
-            else ()
-        )
-        prefix: tuple[tuple[str, int, int], ...] = ()
-        for plugin in self._lookups:
-            found = plugin.lookup(state)
-            if found is not None:
-                hashes = found[0]
-                prefix += ((plugin.name, hashes[0] if hashes else 0, found[2]),)
+        metrics_age, stale, missing = signal_health_python(snapshot, state.candidates, primary, now, state.freshness)
+        kv, kv_age, tokens, prefix = self._produced(state, primary)
         # The tuple's own constructor: Receipt(...) is a Python-level __new__ of 16 arguments (~20 bytecodes).
         return _new_receipt(
             Receipt,
@@ -231,7 +231,37 @@ class ReceiptReader:
             ),
         )
 
+    def _produced(self, state: CycleState, primary: int) -> Produced:
+        """What the profile's producers said of this pick: (precise producer, mode, stale, absent) each, the chosen
+        endpoint's last KV event's age (NaN: no precise producer), (token producer, rendered) each, (prefix plugin,
+        the prompt's first block hash or 0, longest match) each."""
+        addresses = state.snapshot.addresses
+        now = state.now
+        kv: tuple[tuple[str, str, int, int], ...] = ()
+        kv_age = math.nan
+        for p in self._precise:
+            kv += ((p.name, *p.untrusted(state)),)
+            last = p.view.last_event_at(addresses[primary])
+            kv_age = math.inf if last == NEVER else max(0.0, now - last)
+        tokens = (
+            tuple((name, bool(getattr(produced(state, name), "exact", False))) for name in self._tokens)
+            if self._tokens
+            else ()
+        )
+        prefix: tuple[tuple[str, int, int], ...] = ()
+        for plugin in self._lookups:
+            found = plugin.lookup(state)
+            if found is not None:
+                hashes = found[0]
+                prefix += ((plugin.name, hashes[0] if hashes else 0, found[2]),)
+        return kv, kv_age, tokens, prefix
 
+
+# (precise producers' modes, the chosen endpoint's KV-event age, token producers' modes, prefix plugins' matches)
+Produced = tuple[
+    tuple[tuple[str, str, int, int], ...], float, tuple[tuple[str, bool], ...], tuple[tuple[str, int, int], ...]
+]
+_NOTHING_PRODUCED: Produced = ((), math.nan, (), ())
 _NOT_SCORED: tuple[None, None] = (None, None)
 _new_receipt = tuple.__new__
 _NO_TERMS: tuple[list[tuple[str, bool, float]], None] = ([], None)

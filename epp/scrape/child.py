@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from epp.datastore.rows import NCOL, SCRAPE_ROW, SCRAPED_AT_VALUE, scrape_values, write_rows, write_stamps
+from epp.datastore.rows import NCOL, SCRAPE_ROW, SCRAPED_AT_VALUE, write_rows, write_stamps
 from epp.datastore.table import EndpointInfo, EndpointTable
 from epp.scrape.engines import EngineRegistry
 from epp.scrape.scraper import EndpointStatus, ScrapeService, ScrapeSettings
@@ -101,72 +101,81 @@ async def run(end: ChildEnd, block: np.ndarray, stamps: np.ndarray | None = None
     await svc.start()
     end.ready()
     beating = asyncio.ensure_future(end.keep_alive())
-    next_status = loop.time() + STATUS_S
+    status_due = False
+    status_timer: asyncio.TimerHandle | None = None
+
+    def status_clock() -> None:  # a Status every STATUS_S: one timer a second, not one per pass
+        nonlocal status_due, status_timer
+        status_due = True
+        landed.set()
+        status_timer = loop.call_later(STATUS_S, status_clock)
+
+    status_timer = loop.call_later(STATUS_S, status_clock)
     mapped = -1
     parent = np.zeros(0, dtype=np.int64)
     tokens = np.zeros(0)
-    last_at = np.zeros(0)
     last_values = np.zeros((0, len(SCRAPE_ROW)))
     last_failures = np.zeros(0, dtype=np.int64)
     last_ok = np.zeros(0, dtype=np.bool_)
     adapters: list[tuple[frozenset[str], frozenset[str]] | None] = []
     try:
-        published = -1
         while not stop.is_set():
             # Woken by what changed, not by a clock: an idle pool costs a wake-up per scrape round.
-            await wait_set(landed, next_status - loop.time())
+            await landed.wait()
             landed.clear()
             if svc.in_flight and not stop.is_set():  # the rest of the round gets PUBLISH_S to land: one pass
                 svc.round_done.clear()
                 await wait_set(svc.round_done, PUBLISH_S)
             if stop.is_set():
                 break
-            if loop.time() >= next_status:
-                next_status = loop.time() + STATUS_S
+            if status_due:
+                status_due = False
                 end.send(Status(svc.status(), dict(svc.rejected_values), dict(svc.poll_errors)))
-            if table.scrape_version == published and table.version == mapped:
-                continue  # no scrape landed since the last pass: nothing to copy or compare
-            published = table.scrape_version
-            snap = table.snapshot()
-            n = len(snap.present)
-            if snap.version != mapped:  # membership changed: map local slots to parent rows, republish all
-                mapped = snap.version
+            touched, repeated = table.take_scraped()  # the slots scraped since the last pass: only those are read
+            if table.version != mapped:  # membership changed: map local slots to parent rows, republish all
+                mapped = table.version
+                n = len(table.column("present"))
                 parent = np.full(n, -1, dtype=np.int64)
                 tokens = np.full(n, -1.0)
-                for local, address in enumerate(snap.addresses):
-                    where = by_address.get(address)
-                    if where is not None and snap.present[local]:
-                        parent[local], tokens[local] = where
-                last_at = np.full(n, -np.inf)
+                for address, (slot, token) in by_address.items():
+                    local = table.slot_of(address)
+                    if local is not None:
+                        parent[local], tokens[local] = slot, token
                 last_values = np.full((n, len(SCRAPE_ROW)), np.nan)
                 last_failures = np.full(n, -1, dtype=np.int64)  # never a row's: every row is republished
                 last_ok = np.zeros(n, dtype=np.bool_)
                 adapters = [None] * n
-            at = np.where(np.isnan(snap.scraped_at), -1.0, snap.scraped_at)  # never scraped: -1, equal to itself
-            failures, ok = snap.scrape_failures, snap.scrape_ok
-            moved = np.flatnonzero((parent >= 0) & ((at != last_at) | (failures != last_failures)))
+                touched, repeated = np.flatnonzero(parent >= 0).tolist(), []
+            if repeated and stamps is not None:  # pages that repeated the row as published: a stamp, no message
+                at = table.column("scraped_at")
+                for local in repeated:
+                    if local < len(parent) and parent[local] >= 0:
+                        stamps[parent[local]] = at[local]
+                stamps[-1] += 1.0  # the pass count, after the stamps (epp.datastore.rows)
+            elif repeated:
+                touched += repeated
+            moved = np.array([local for local in touched if local < len(parent) and parent[local] >= 0], np.int64)
             if not moved.size:
                 continue
-            last_at[moved] = at[moved]
-            values = scrape_values(snap, moved)
+            values, ok, failures = table.scrape_rows(moved)
             before = last_values[moved]
             same = ((values == before) | (np.isnan(values) & np.isnan(before)))[:, _BUT_AT].all(axis=1)
-            same &= (failures[moved] == last_failures[moved]) & (ok[moved] == last_ok[moved])
+            same &= (failures == last_failures[moved]) & (ok == last_ok[moved])
             if stamps is not None and same.any():  # the page repeated what the row says: a stamp, no message
-                write_stamps(stamps, parent[moved[same]], snap.scraped_at[moved[same]])
+                write_stamps(stamps, parent[moved[same]], values[same, SCRAPED_AT_VALUE])
             else:
                 same[:] = False
-            changed = moved[~same]
-            if changed.size:
-                write_rows(block, parent[changed], tokens[changed], values[~same], ok[changed], failures[changed])
+            if not same.all():
+                changed = moved[~same]
+                write_rows(block, parent[changed], tokens[changed], values[~same], ok[~same], failures[~same])
                 last_values[changed] = values[~same]
-                last_failures[changed] = failures[changed]
-                last_ok[changed] = ok[changed]
+                last_failures[changed] = failures[~same]
+                last_ok[changed] = ok[~same]
                 end.send(Landed())
             news = []
-            for local in moved.tolist():
-                pair = (snap.running_adapters[local], snap.waiting_adapters[local])
-                if snap.scrape_ok[local] and adapters[local] != pair:
+            for i, local in enumerate(moved.tolist()):
+                pair = table.adapters_of(local)
+                if ok[i] and adapters[local] != pair:
                     adapters[local] = pair
                     news.append((int(parent[local]), float(tokens[local]), sorted(pair[0]), sorted(pair[1])))
             if news:
@@ -174,6 +183,8 @@ async def run(end: ChildEnd, block: np.ndarray, stamps: np.ndarray | None = None
     except (EOFError, OSError):
         pass
     finally:
+        if status_timer is not None:
+            status_timer.cancel()
         beating.cancel()
         loop.remove_reader(end.conn.fileno())
         await svc.stop()

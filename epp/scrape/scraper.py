@@ -31,6 +31,7 @@ endpoint is unusable (`/debug/pool`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -161,8 +162,10 @@ class ScrapeService:
         self._supervisor: asyncio.Task[None] | None = None
         self._members_changed = asyncio.Event()
         table.add_membership_listener(self._members_changed.set)
-        self._sem: asyncio.Semaphore | None = None
-        self._tick = asyncio.Event()  # set and cleared at once on every tick: each poller waiting on it starts
+        # The concurrency bound: free places, and the scrapes waiting for one (each handed a place as one ends).
+        self._free = self.settings.concurrency
+        self._queue: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiting: list[asyncio.Future[None]] = []  # a future per poller waiting for the next tick
         self._ticker: asyncio.TimerHandle | None = None
         self.in_flight = 0  # scrapes under way now
         self.round_done = asyncio.Event()  # set when the last scrape under way ends (a reader clears it)
@@ -178,7 +181,6 @@ class ScrapeService:
     async def start(self) -> None:
         if self._supervisor is not None:
             return
-        self._sem = asyncio.Semaphore(self.settings.concurrency)
         self.sync()
         self._supervisor = asyncio.create_task(self._supervise(), name="scrape-supervisor")
         self._next_tick()
@@ -298,30 +300,58 @@ class ScrapeService:
         self._ticker = asyncio.get_running_loop().call_later(delay, self._on_tick)
 
     def _on_tick(self) -> None:
-        self._tick.set()  # wakes every waiter now; cleared at once, so the next wait is for the next tick
-        self._tick.clear()
+        waiting, self._waiting = self._waiting, []
+        for tick in waiting:  # every poller waiting starts (one whose task was cancelled meanwhile is skipped)
+            if not tick.done():
+                tick.set_result(None)
         self._next_tick()
+
+    async def _wait_place(self) -> None:
+        """Wait for a place under the concurrency bound, handed over by `_release` (a large pool's round)."""
+        place = asyncio.get_running_loop().create_future()
+        self._queue.append(place)
+        try:
+            await place
+        except asyncio.CancelledError:
+            if place.done() and not place.cancelled():  # handed a place as we were cancelled: pass it on
+                self._release()
+            raise
+
+    def _release(self) -> None:
+        queue = self._queue
+        while queue:
+            place = queue.popleft()
+            if not place.done():  # a waiter cancelled meanwhile is skipped
+                place.set_result(None)
+                return
+        self._free += 1
 
     async def _poll(self, info: EndpointInfo) -> None:
         s = self.settings
         engine = self.engines.for_engine(info.engine)
         status = self._status.setdefault(info.address, EndpointStatus(info.address, engine.name))
         client = self._client_factory(info)
-        assert self._sem is not None
-        sem = self._sem
-        tick = self._tick
+        loop = asyncio.get_running_loop()
         skip = 0  # ticks left to wait out after a failure (the backoff, in intervals)
         last: tuple[bytes, _Page] | None = None  # the previous page and what it said
         try:
             while True:
-                await tick.wait()
+                tick = loop.create_future()
+                self._waiting.append(tick)
+                await tick
                 if skip:
                     skip -= 1
                     continue
                 self.in_flight += 1
                 try:
-                    async with sem:
+                    if self._free and not self._queue:  # a place under the bound, taken with no await
+                        self._free -= 1
+                    else:
+                        await self._wait_place()
+                    try:
                         ok, last = await self._scrape_once(info, engine, client, status, last)
+                    finally:
+                        self._release()
                 finally:
                     self.in_flight -= 1
                     if not self.in_flight:
@@ -344,10 +374,12 @@ class ScrapeService:
         s = self.settings
         st.scrapes += 1
         problem: str
+        repeat = False
         try:
             body = await client.get(s.timeout_s, s.max_page_bytes)
             if last is not None and body == last[0]:  # the same bytes say the same: no decode, no parse
                 result, bad_utf8 = last[1]
+                repeat = st.streak == 0  # and the table's row holds what they said (unless reset: record_repeat)
             else:
                 try:
                     text, bad_utf8 = body.decode("utf-8"), False
@@ -371,7 +403,8 @@ class ScrapeService:
                 if slot is None:
                     return True, last  # removed meanwhile; sync() cancels this poller
                 now = self._clock()
-                self.table.record_scrape(slot, result.sample, now)
+                if not (repeat and self.table.record_repeat(slot, now)):
+                    self.table.record_scrape(slot, result.sample, now)
                 st.streak = 0
                 st.last_ok_at = now
                 st.signals_found = result.signals_found

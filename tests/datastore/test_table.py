@@ -135,3 +135,29 @@ def test_a_stamp_dates_a_scraped_row_and_restarts_its_picks_when_the_table_is_re
     assert math.isnan(view.scraped_at[b])  # never scraped: a stamp vouches for no values
     write_stamps(stamps, np.array([5]), np.array([11.0]))  # older than the row's page: ignored
     assert t.snapshot().scraped_at[a] == 12.0
+
+
+def test_a_repeated_page_moves_only_the_time_and_is_told_apart_from_a_new_record() -> None:
+    t = EndpointTable()
+    a, b = t.upsert(EndpointInfo("a:1")), t.upsert(EndpointInfo("b:1"))
+    assert not t.record_repeat(a, 1.0)  # never scraped: the row holds no page to repeat
+    t.record_scrape(a, MetricsSample(waiting=3), 1.0)
+    t.record_scrape(b, MetricsSample(waiting=4), 1.0)
+    t.book_pick(a)
+    assert sorted(t.take_scraped()[0]) == [a, b] and t.take_scraped() == ([], [])
+    version = t.scrape_version
+    assert t.record_repeat(a, 2.0)
+    snap = t.snapshot()
+    assert (snap.waiting[a], snap.scraped_at[a], snap.picks_since_scrape[a]) == (3.0, 2.0, 0)
+    assert t.scrape_version == version + 1
+    t.record_repeat(b, 2.0)
+    t.record_scrape(b, MetricsSample(waiting=5), 2.5)  # a new record wins over a repeat in the same pass
+    assert t.take_scraped() == ([b], [a])
+    t.record_scrape_failure(a)
+    assert not t.record_repeat(a, 3.0)  # a failure since: the row is not that page's any more
+    assert t.snapshot().scraped_at[a] == 2.0
+    t.remove("b:1")
+    b = t.upsert(EndpointInfo("b:1"))
+    assert not t.record_repeat(b, 3.0)  # a reset row
+    values, ok, failures = t.scrape_rows(np.array([a]))
+    assert values.shape == (1, 7) and values[0, 0] == 3.0 and not ok[0] and failures[0] == 1

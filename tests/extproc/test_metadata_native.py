@@ -63,6 +63,12 @@ def test_a_memoized_answer_with_scores_and_a_receipt_is_the_python_definitions(
     expected.CopyFrom(cached)
     decision_metadata(expected, "", pairs, receipt)
     assert got == expected
+    # Held as its bytes (neither parsed nor encoded again): the memoized answer's, then the metadata's, which a
+    # reader merges into the same message (the envoy.lb entry replaces the memoized one's).
+    assert isinstance(got, messages.EncodedAnswer) == bool(pairs or receipt)  # without either: the memoized one
+    assert got.SerializeToString() == messages.serialize(got)
+    assert got.SerializeToString().startswith(cached.SerializeToString())
+    assert messages.ProcessingResponse.FromString(got.SerializeToString()) == expected
     assert answers.decision(phase, headers, destination) == cached  # the memoized one is not written into
     assert messages.with_metadata(cached.SerializeToString(), destination, pairs, receipt) in (expected, None)
     fresh = answers.decision(phase, headers, destination, cacheable=False, scores=pairs, receipt=receipt)
@@ -91,3 +97,14 @@ def test_scores_of_another_shape_run_the_python_code() -> None:
     expected = messages.ProcessingResponse()
     decision_metadata(expected, "a", (("a", 1),), None)
     assert got == expected
+
+
+def test_an_encoded_answer_reads_as_its_message() -> None:
+    message = messages.ProcessingResponse()
+    decision_metadata(message, "10.0.0.1:8000", (("10.0.0.1:8000", 1.5),), '{"chosen":"10.0.0.1:8000"}')
+    answer = messages.EncodedAnswer(message.SerializeToString())
+    assert answer == message and message == answer and answer == messages.EncodedAnswer(message.SerializeToString())
+    assert answer.WhichOneof("response") is None
+    lb = answer.dynamic_metadata.fields[wire.LB_NAMESPACE].struct_value.fields
+    assert lb[wire.ROUTE_RECEIPT_KEY].string_value == '{"chosen":"10.0.0.1:8000"}'
+    assert messages.serialize(message) == message.SerializeToString() == answer.SerializeToString()

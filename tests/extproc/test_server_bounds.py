@@ -15,17 +15,21 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from prometheus_client import CollectorRegistry
 
+from epp import wire
+from epp.datastore import EndpointInfo, EndpointTable
+from epp.director import Director
 from epp.errors import ConfigError
 from epp.extproc.bounds import ServerLimits
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.stream import StreamSettings
 from epp.observability.metrics import PickerMetrics
-from tests.extproc.envoy import BODY, body_msg, headers_msg, inflight, make_director
+from epp.scheduling import build_scheduler
+from tests.extproc.envoy import BODY, POOL, body_msg, headers_msg, inflight, make_director
 
 
 class _Server:
-    def __init__(self, limits: ServerLimits) -> None:
-        self.director = make_director()
+    def __init__(self, limits: ServerLimits, director: Director | None = None) -> None:
+        self.director = director or make_director()
         self.metrics = PickerMetrics(CollectorRegistry())
         self.processor = ExternalProcessor(self.director, self.metrics, StreamSettings(), limits=limits)
         self.grpc = grpc.aio.server()
@@ -41,8 +45,8 @@ class _Server:
 async def make_server() -> AsyncIterator[object]:
     servers: list[_Server] = []
 
-    async def start(limits: ServerLimits) -> _Server:
-        server = _Server(limits)
+    async def start(limits: ServerLimits, director: Director | None = None) -> _Server:
+        server = _Server(limits, director)
         await server.grpc.start()
         servers.append(server)
         return server
@@ -104,6 +108,24 @@ async def test_streams_above_the_cap_get_503_and_are_counted(make_server) -> Non
         await client.close()
     await _until(lambda: server.processor.open_streams == 0)
     assert inflight(server.director) == 0
+
+
+async def test_an_answer_held_as_its_bytes_is_written_by_grpc(make_server) -> None:  # type: ignore[no-untyped-def]
+    """With scores and a receipt the decision's answer is built as wire bytes (`messages.EncodedAnswer`), which
+    the generated servicer's serializer would refuse: `add_to_server`'s writes them."""
+    table = EndpointTable()
+    table.replace_all(EndpointInfo(address=a) for a in POOL)
+    table.synced = True
+    director = Director(table, build_scheduler(None, seed=1), clock=lambda: 0.0, emit_receipts=True)
+    server = await make_server(ServerLimits(), director)
+    client = _Client(server.port)
+    await client.send(headers_msg())
+    await client.send(body_msg(BODY, True))
+    lb = (await client.answer()).dynamic_metadata.fields[wire.LB_NAMESPACE].struct_value.fields
+    assert lb[wire.DESTINATION_HEADER].string_value in POOL
+    assert set(lb[wire.DESTINATION_SCORES_KEY].struct_value.fields) == set(POOL)
+    assert '"chosen":"' + lb[wire.DESTINATION_HEADER].string_value in lb[wire.ROUTE_RECEIPT_KEY].string_value
+    await client.close()
 
 
 async def test_a_stream_idle_before_its_request_is_complete_gets_503(make_server) -> None:  # type: ignore[no-untyped-def]

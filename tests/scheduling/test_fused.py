@@ -72,15 +72,18 @@ def _handlers(seed: int) -> tuple[ProfileScheduler, ProfileScheduler]:
     subset_bits=st.integers(0, 2**34 - 1),
     prompts=st.lists(st.sampled_from(PROMPTS), min_size=1, max_size=6),
     seed=st.integers(0, 3),
+    live=st.booleans(),
 )
-def test_fused_default_decides_as_its_plugins(rows, subset_bits, prompts, seed) -> None:
+def test_fused_default_decides_as_its_plugins(rows, subset_bits, prompts, seed, live) -> None:
+    # live: the director's snapshot, the table's cached view (the same object pick after pick, its columns the
+    # table's own memory, bookings showing through), whose columns the fused run keeps as memoryviews.
     table = _table(rows)
     fused, plain = _handlers(seed)
     for prompt in prompts:
-        snap = table.snapshot()
+        snap = table.view() if live else table.snapshot()
         candidates = np.array([s for s in snap.slots.tolist() if subset_bits >> s & 1], dtype=np.int64)
-        if candidates.size == 0:
-            candidates = snap.slots
+        if candidates.size == 0 or (live and subset_bits & 1):
+            candidates = snap.slots  # the view's own slot array: the fused run's kept memoryview of it
         totals = fused.fused.totals = np.full(candidates.size, -1.0)  # type: ignore[union-attr]
         got, _ = fused.run(snap, candidates, request(prompt), NOW)
         want, state = plain.run(snap, candidates, request(prompt), NOW, detailed=True)

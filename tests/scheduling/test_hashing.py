@@ -89,3 +89,27 @@ def test_compiled_block_hashes_of_a_long_prompt_at_the_default_cap() -> None:
     compiled = hasher.hash_prompt(prompt, "llama")
     assert compiled.size == 256
     assert compiled.tolist() == _numpy_twin(hasher).hash_prompt(prompt, "llama").tolist()
+
+
+@pytest.mark.skipif(kernels.NATIVE is None, reason="the compiled kernels are switched off")
+@settings(max_examples=200)
+@given(
+    block_bytes=st.integers(1, 300),
+    max_blocks=st.integers(1, 40),
+    prompt=st.text(max_size=2048),
+    model=st.text(max_size=20),
+)
+def test_the_compiled_hash_list_is_the_numpy_definitions_list(
+    block_bytes: int, max_blocks: int, prompt: str, model: str
+) -> None:
+    hasher = BlockHasher(block_bytes, max_blocks)
+    listed = hasher.hash_list(prompt, model)
+    assert listed == _numpy_twin(hasher).hash_prompt(prompt, model).tolist()
+    assert all(type(h) is int for h in listed)
+    assert _numpy_twin(hasher).hash_list(prompt, model) == listed  # the uncompiled path answers the same list
+
+
+def test_a_long_prompt_hash_list_at_the_default_cap() -> None:
+    hasher = BlockHasher(64, 256)
+    prompt = "".join(chr(32 + (i * 7919) % 9000) for i in range(40_000))
+    assert hasher.hash_list(prompt, "llama") == _numpy_twin(hasher).hash_prompt(prompt, "llama").tolist()

@@ -79,6 +79,25 @@ def test_saturation_is_load_over_knee_and_a_request_waiting_in_the_engine_counts
     assert detector.saturation(snap, snap.slots[:0], NOW) == 1.0
 
 
+def test_a_request_waiting_inside_counts_full_whatever_the_knee_until_the_next_scrape_is_overdue() -> None:
+    table = table_with([dict(waiting=0, running=4, kv_usage=0.1)])
+    detector = KneeDetector(freshness=Freshness(staleness_s=2.0))
+    _engine(detector, 0, 40, range(0, 60))
+    for at in (NOW - 0.05, NOW):  # scraped every 50 ms
+        table.record_scrape(0, MetricsSample(waiting=0.0, running=4.0, kv_usage=0.1), now=at)
+        snap = table.snapshot()
+        detector.per_endpoint(snap, snap.slots, at)
+    knee = float(detector.knees(np.array([0]))[0])
+    assert knee > 20
+    assert detector.per_endpoint(snap, snap.slots, NOW + 0.01).item() == pytest.approx(max(4 / knee, 0.1))
+    table.book_pick(0)  # one pick since the scrape: it waits inside until a scrape shows it taken, far below the knee
+    snap = table.snapshot()
+    assert detector.per_endpoint(snap, snap.slots, NOW + 0.01).item() == pytest.approx(1.0)
+    assert detector.per_endpoint(snap, snap.slots, NOW + 0.08).item() == pytest.approx(1.0)  # the scrape not overdue
+    # a scrape outage: overdue (twice the interval) but not stale yet, by the knee and our bookings: no freeze
+    assert detector.per_endpoint(snap, snap.slots, NOW + 0.2).item() == pytest.approx(max(5 / knee, 0.1))
+
+
 def test_an_endpoint_not_yet_learned_borrows_the_pools_median_knee() -> None:
     table = table_with([dict(waiting=0, running=5, kv_usage=0.0)] * 3)
     snap = table.snapshot()
@@ -100,7 +119,8 @@ def test_stale_data_lowers_confidence_toward_our_own_bookings_instead_of_full_or
     snap = table.snapshot()
     knee = detector.knees(snap.slots)
     fresh = detector.per_endpoint(snap, snap.slots, NOW)
-    assert fresh[0] == pytest.approx(23 / knee[0])  # running + our picks since the scrape
+    assert fresh[0] == pytest.approx(3.0)  # our 3 picks since the fresh scrape wait inside as far as it tells: full
+    assert fresh[1] == pytest.approx(20 / knee[1])
     half = detector.per_endpoint(snap, snap.slots, NOW + 2.0)  # twice the staleness: confidence 1/2
     assert half[0] == pytest.approx(max(0.5 * 23 + 0.5 * 3, 0.25) / knee[0])
     gone = detector.per_endpoint(snap, snap.slots, NOW + 1e6)  # only our own 3 in flight are left
@@ -126,17 +146,21 @@ def test_the_load_now_counts_our_requests_that_finished_since_the_scrape_out() -
     _engine(detector, 0, 40, range(0, 60))
     _engine(detector, 1, 40, range(0, 60))
     for slot in (0, 1):
-        for _ in range(10):  # all ten running are ours, booked before the scrape
+        for _ in range(10):  # all ten running are ours, booked before the scrapes
             table.book_pick(slot)
-        table.record_scrape(slot, MetricsSample(waiting=0.0, running=10.0, kv_usage=0.1), now=NOW)
-    snap = table.snapshot()
-    detector.per_endpoint(snap, snap.slots, NOW)  # the scrape read: ten of ours in flight then
+    for at in (NOW - 0.1, NOW):  # scraped every 0.1 s
+        for slot in (0, 1):
+            table.record_scrape(slot, MetricsSample(waiting=0.0, running=10.0, kv_usage=0.1), now=at)
+        snap = table.snapshot()
+        detector.per_endpoint(snap, snap.slots, at)  # each scrape read: ten of ours in flight then
     for _ in range(6):
         table.book_pick(0)
         table.release_pick(0)  # six picks since the scrape, and six of ours finished
     snap = table.snapshot()
     knee = detector.knees(snap.slots)
-    per = detector.per_endpoint(snap, snap.slots, NOW + 0.5)
+    # before the next scrape is due, the six picks since count as waiting inside (as far as the scrape tells)
+    assert detector.per_endpoint(snap, snap.slots, NOW + 0.15)[0] == pytest.approx(6.0)
+    per = detector.per_endpoint(snap, snap.slots, NOW + 0.5)  # the next scrape overdue: by the knee
     assert per[0] == pytest.approx(10 / knee[0])  # not 10 + 6: the finished ones are gone
     assert per[1] == pytest.approx(10 / knee[1])
 
@@ -175,10 +199,10 @@ def test_between_scrapes_a_probing_endpoints_load_at_most_doubles_from_its_last_
     snap = table.snapshot()
     assert detector.per_endpoint(snap, snap.slots, NOW).item() == pytest.approx(1.0)
     assert detector.per_endpoint(snap, snap.slots, NOW + 1.5).item() < 1.0  # stale: by the knee and ours alone
-    _engine(detector, 0, 8, range(0, 30))  # settled: the knee alone
+    _engine(detector, 0, 8, range(0, 30))  # settled: the knee, and the picks since the fresh scrape
     snap = table.snapshot()
     assert not detector.probing(snap.slots)[0]
-    assert detector.per_endpoint(snap, snap.slots, NOW).item() == pytest.approx(10 / detector.knees(snap.slots)[0])
+    assert detector.per_endpoint(snap, snap.slots, NOW).item() == pytest.approx(5.0)  # they wait inside: full
 
 
 def test_as_a_filter_it_drops_endpoints_at_their_knee_but_never_all() -> None:

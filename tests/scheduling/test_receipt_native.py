@@ -264,3 +264,73 @@ def test_signal_health_of_another_shape_runs_the_python_code() -> None:
     assert compiled.signal_health(scraped_at, failures, candidates, 0, 10, 2.0, 3) is NotImplemented  # an int now
     snapshot = cast(Snapshot, SimpleNamespace(scraped_at=scraped_at, scrape_failures=failures))
     assert receipt.signal_health_python(snapshot, candidates, 0, 10.0, Freshness(2.0, 3)) == (0.0, 1, 1)
+
+
+@st.composite
+def read_cases(draw: st.DrawFn) -> tuple[receipt.ReceiptReader, SimpleNamespace, int]:
+    """A reader and a detailed pick's state over a table of 42 slots (the picks' slots and primaries are below)."""
+    scored, total, primary, named, rows = draw(detailed_picks())
+    size = 42
+    now = draw(st.sampled_from([1000.0, 0.0]) | st.floats(-1e6, 1e6))
+    ages = st.sampled_from([math.nan, 0.0, 1.0, 2.5, -1.0]) | st.floats(-5, 50)
+    scraped_at = np.array([now - a for a in draw(st.lists(ages, min_size=size, max_size=size))], dtype=np.float64)
+    failures = np.array(draw(st.lists(st.integers(0, 6), min_size=size, max_size=size)), dtype=np.int64)
+    candidates = np.unique(np.concatenate([scored, np.array(draw(st.lists(st.integers(0, size - 1))), np.int64)]))
+    addresses = tuple(draw(st.lists(text, min_size=size, max_size=size)))
+    weighted = tuple(name for name, _, _ in named)
+    if draw(st.booleans()) and weighted:  # the reader's scorers not the pick's: the Python code names them
+        weighted = weighted[1:]
+    reader = receipt.ReceiptReader(draw(text), (), (), weighted)
+    scratch: dict[str, object] = {}
+    if draw(st.integers(0, 5)):  # else not detailed: no terms at all
+        scratch[receipt.SCORED] = (scored, total)
+        scratch[receipt.TERMS] = (named, rows)
+    state = SimpleNamespace(
+        snapshot=SimpleNamespace(addresses=addresses, scraped_at=scraped_at, scrape_failures=failures),
+        scratch=scratch,
+        candidates=candidates,
+        now=now,
+        freshness=Freshness(draw(st.sampled_from([2.0, 0.5, 30.0])), draw(st.integers(1, 5))),
+    )
+    return reader, state, primary
+
+
+@needs_native
+@settings(max_examples=500, deadline=None)
+@given(read_cases(), number)
+def test_the_compiled_read_is_the_python_definition(
+    case: tuple[receipt.ReceiptReader, SimpleNamespace, int], flow_wait: float
+) -> None:
+    reader, state, primary = case
+    expected: Receipt | None = None
+    try:
+        expected = reader.read_python(state, primary, flow_wait)  # type: ignore[arg-type]
+    except IndexError:  # a primary outside the table: both raise
+        with pytest.raises(IndexError):
+            reader.read(state, primary, flow_wait)  # type: ignore[arg-type]
+        return
+    got = reader.read(state, primary, flow_wait)  # type: ignore[arg-type]
+    assert got.__class__ is Receipt
+    assert _same(got, expected)
+
+
+@needs_native
+def test_a_read_of_the_usual_shape_is_one_compiled_call() -> None:
+    """The path every emitted receipt takes: `receipt_of` answers (not the Python code)."""
+    assert compiled is not None
+    scored = np.array([0, 2, 3], dtype=np.int64)
+    total = np.array([1.0, 3.0, 2.0])
+    named = [("a", True, 0.5), ("b", False, 1.0)]
+    rows = np.array([[0.0, 2.0, 1.0]])
+    args = (scored, total, 2, named, rows, np.array([9.0, 9.5, 9.75, math.nan]), np.zeros(4, np.int64), scored)
+    got = compiled.receipt_of(
+        Receipt, ("p",), ("w", "x", "y", "z"), ("a", "b"), *args, 10.0, 2.0, 3, (), math.nan, (), (), 0.0
+    )
+    assert got.__class__ is Receipt
+    assert got == Receipt(
+        ("p",), "y", "z", ("a", "b"), (2.5, 1.0), (1.5, 1.0), (False, False), 0.25, 0, 1, (), math.nan, (), (), 3, 0.0
+    )
+    rest = (10.0, 2.0, 3, (), 0.0, (), (), 0.0)
+    # The primary outside the addresses; the reader's scorers not the pick's: the Python code answers.
+    assert compiled.receipt_of(Receipt, ("p",), ("w",), ("a", "b"), *args, *rest) is NotImplemented
+    assert compiled.receipt_of(Receipt, ("p",), ("w", "x", "y", "z"), ("a",), *args, *rest) is NotImplemented

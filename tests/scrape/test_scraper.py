@@ -244,3 +244,55 @@ async def test_a_repeated_page_is_not_parsed_again_but_still_dates_the_row(monke
         assert len(parsed) == 2
     finally:
         await svc.stop()
+
+
+async def test_a_kept_alive_connection_that_stops_answering_times_out_and_recovers(servers, service_for) -> None:
+    server = await serve(servers, vllm_page(waiting=2).encode())
+    table = EndpointTable()
+    table.upsert(EndpointInfo(server.address))
+    svc = service_for(table, ScrapeSettings(interval_s=0.02, timeout_s=0.2, staleness_s=60.0, backoff_max_s=0.05))
+    await svc.start()
+    await wait_for(lambda: svc.status()[server.address].scrapes >= 3)
+    server.mode = "hang"  # the kept-alive connection's next request gets no answer
+    await wait_for(lambda: svc.status()[server.address].failures >= 1)
+    assert svc.status()[server.address].last_error == "timed out after 0.2s"
+    assert svc.poll_errors.get("timeout", 0) >= 1
+    server.mode = "ok"
+    failures = svc.status()[server.address].failures
+    await wait_for(lambda: svc.status()[server.address].streak == 0)  # a new connection answers again
+    assert svc.status()[server.address].failures <= failures + 1
+    assert row(table, server.address)["waiting"] == 2.0
+
+
+class _SlowClient:
+    """Answers after a few loop turns, counting how many gets are under way at once (all its instances)."""
+
+    now = 0
+    most = 0
+
+    async def get(self, timeout_s: float, max_bytes: int) -> bytes:
+        _SlowClient.now += 1
+        _SlowClient.most = max(_SlowClient.most, _SlowClient.now)
+        try:
+            await asyncio.sleep(0.005)
+        finally:
+            _SlowClient.now -= 1
+        return vllm_page().encode()
+
+    def close(self) -> None:
+        pass
+
+
+async def test_the_concurrency_bound_holds_across_endpoints() -> None:
+    table = EndpointTable()
+    for i in range(6):
+        table.upsert(EndpointInfo(f"127.0.0.1:{9000 + i}"))
+    settings = ScrapeSettings(interval_s=0.02, concurrency=2)
+    svc = ScrapeService(table, settings, seed=1, client_factory=lambda info: _SlowClient())
+    await svc.start()
+    try:
+        await wait_for(lambda: all(s.scrapes >= 3 for s in svc.status().values()))
+        assert _SlowClient.most == 2  # never more than the bound, and the bound was reached
+    finally:
+        await svc.stop()
+    assert _SlowClient.now == 0
