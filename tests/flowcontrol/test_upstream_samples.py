@@ -30,7 +30,7 @@ def _table(waiting: float) -> EndpointTable:
     table = EndpointTable()
     for i in range(2):
         slot = table.upsert(EndpointInfo(address=f"127.10.0.{i + 1}:8000", labels={}, pod_name=f"p{i}"))
-        table.record_scrape(slot, MetricsSample(waiting=waiting, kv_usage=0.1), now=NOW)
+        table.record_scrape(slot, MetricsSample(waiting=waiting, kv_usage=0.0), now=NOW)
     return table
 
 
