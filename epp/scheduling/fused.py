@@ -110,10 +110,12 @@ class FusedDefault:
         totals: FloatArray = np.empty(size)
         rows: FloatArray = np.empty(4 * size)
         constants: FloatArray = np.empty(4)
-        columns = self._columns_of(state.snapshot)
+        snapshot = state.snapshot
+        columns = self._columns if snapshot is self._snapshot else self._columns_of(snapshot)
         got = kernels.fused_pick(
-            candidates, columns, state.now - self.staleness_s, state, self._fixed, totals, (kept, rows, constants)
-        )
+            self._slots_view if candidates is self._slots else candidates,
+            columns, state.now - self.staleness_s, state, self._fixed, totals, (kept, rows, constants),
+        )  # fmt: skip
         if got.__class__ is not tuple:
             return None
         slot, k, has = got

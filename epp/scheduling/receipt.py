@@ -144,6 +144,14 @@ class ReceiptReader:
         self._lookups = tuple(lookups)
         self._producing = bool(self._precise or self._tokens or self._lookups)
         self._profiles = (profile,)
+        # The snapshot the signal columns were read from, with them and its slots as memoryviews (as
+        # `epp.scheduling.fused` keeps them): the director's snapshot is the table's cached view, the same object
+        # pick after pick until membership changes, and a memoryview hands the kernel its buffer for a fraction of
+        # numpy's buffer export (~800 instructions an array).
+        self._snapshot: Snapshot | None = None
+        self._columns: tuple[memoryview, memoryview] | None = None
+        self._slots: IntArray | None = None
+        self._slots_view: memoryview | None = None
 
     def watched(self) -> list[tuple[str, str]]:
         """The (plugin, reason) pairs the degradation watch follows for this profile."""
@@ -162,6 +170,9 @@ class ReceiptReader:
             return self.read_python(state, primary, flow_wait_s)
         kv, kv_age, tokens, prefix = self._produced(state, primary) if self._producing else _NOTHING_PRODUCED
         snapshot = state.snapshot
+        columns = self._columns if snapshot is self._snapshot else self._columns_of(snapshot)
+        assert columns is not None
+        candidates = state.candidates
         scored, total = state.scratch.get(SCORED, _NOT_SCORED)
         named, rows = state.scratch.get(TERMS) or _NO_TERMS
         freshness = state.freshness
@@ -175,9 +186,9 @@ class ReceiptReader:
             primary,
             named,
             rows,
-            snapshot.scraped_at,
-            snapshot.scrape_failures,
-            state.candidates,
+            columns[0],
+            columns[1],
+            self._slots_view if candidates is self._slots else candidates,
             state.now,
             freshness.staleness_s,
             freshness.max_failures,
@@ -188,6 +199,13 @@ class ReceiptReader:
             flow_wait_s,
         )
         return got if got.__class__ is Receipt else self.read_python(state, primary, flow_wait_s)
+
+    def _columns_of(self, snapshot: Snapshot) -> tuple[memoryview, memoryview]:
+        self._snapshot = snapshot
+        self._columns = columns = (snapshot.scraped_at.data, snapshot.scrape_failures.data)
+        slots = getattr(snapshot, "slot_index", None)  # a Snapshot's; None of a test's stand-in
+        self._slots, self._slots_view = slots, (slots.data if slots is not None else None)
+        return columns
 
     def read_python(self, state: CycleState, primary: int, flow_wait_s: float = 0.0) -> Receipt:
         """The definition: the receipt of a detailed pick whose primary slot is `primary` (its steps' definitions:
