@@ -21,7 +21,7 @@ all: test
 # setup.py and the C sources: a change rebuilds the optional extensions in place (epp.kvevents.kernels,
 # epp.scheduling.totals, the route receipts epp.scheduling.receipt, the header map and envoy.lb metadata of
 # epp.extproc.messages, the native ext_proc front epp.extproc.native)
-$(STAMP): pyproject.toml constraints.txt setup.py epp/kvevents/_native.c epp/scheduling/_native.c epp/scheduling/_receipt.c epp/extproc/_metadata.c epp/extproc/_headers.c epp/optional_module.h $(wildcard epp/extproc/native/*.[ch])
+$(STAMP): pyproject.toml constraints.txt setup.py epp/kvevents/_native.c epp/scheduling/_native.c epp/scheduling/_receipt.c epp/extproc/_metadata.c epp/extproc/_headers.c epp/app/_pick_log.c epp/optional_module.h $(wildcard epp/extproc/native/*.[ch])
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	# xds-protos also ships an older copy of opentelemetry/proto; whichever installs last owns those files, and

@@ -1,5 +1,5 @@
 """The compiled kernels of `epp.kvevents` (block keys, shared-table lookups), of `epp.scheduling.totals` (the
-runner's weighted total and tie search), the ext_proc request header map (`epp.extproc.messages`) and the ext_proc
+runner's weighted total and tie search), the serving workers' pick log (`epp.app.pick_log`), the ext_proc request header map (`epp.extproc.messages`) and the ext_proc
 front's HTTP/2 framing (`epp.extproc.native`): optional, so an install without a
 compiler (a slim image) still works and runs the numpy code they are measured against (`epp.kvevents.kernels`).
 Everything else about the package is in pyproject.toml."""
@@ -18,6 +18,13 @@ setup(
         Extension(
             "epp.scheduling._native",
             ["epp/scheduling/_native.c"],
+            depends=["epp/optional_module.h"],
+            optional=True,
+        ),
+        # The serving workers' pick log, a record per call (epp.app.pick_log): without it the Python code runs.
+        Extension(
+            "epp.app._pick_log",
+            ["epp/app/_pick_log.c"],
             depends=["epp/optional_module.h"],
             optional=True,
         ),

@@ -22,7 +22,10 @@ _.allow_mode_override
 _.writeable
 
 # Parameters a caller's signature requires: signal handlers and context-manager exits; the C extension's
-# arguments, named in the Protocol that types it (epp/kvevents/kernels.py, as epp/kvevents/_native.pyi).
+# arguments, named in the Protocol that types it (epp/kvevents/kernels.py, as epp/kvevents/_native.pyi; the pick
+# log's, epp/app/pick_log.py, as epp/app/_pick_log.pyi).
+record_words
+max_hashes
 signum
 exc_type
 table_keys

@@ -5,7 +5,9 @@ Two workers over one table of 2 endpoints, the default profile's prefix scorer e
 its pick (`PickLog.append`, as its scorer's `on_pick` does) and every `--batch` requests worker B refreshes (its
 table from the shared rows and in-flight matrix, then `_learn`: the records read and learned), as a busy worker's
 decisions do at most every 10 ms. Prompts of 11 blocks (the 752-byte chat body of benchmarks/routers.py):
-`repeat`, one prompt for every request (what benchmarks/routers.py sends), or `distinct`, a new prompt each.
+`repeat`, one prompt for every request (what benchmarks/routers.py sends), or `distinct`, a new prompt each; their
+hashes are made before the count starts (the picking worker's scorer made them for its own pick, as one process's
+does), so the count is the record's cost, not the driver's arithmetic.
 
     .venv/bin/python -m benchmarks.worker_share [--requests 2000] [--batch 5] [--root CHECKOUT ...]
 
@@ -29,9 +31,10 @@ from pathlib import Path
 
 BLOCKS = 11
 WORKLOADS = ("repeat", "distinct")
+WARM = 300
 
 
-def build(workload: str, batch: int) -> Callable[[], None]:
+def build(workload: str, batch: int, requests: int) -> Callable[[], None]:
     import numpy as np
 
     from epp.app.mirror_table import MATRIX_COLUMNS, MirrorTable
@@ -57,12 +60,14 @@ def build(workload: str, batch: int) -> Callable[[], None]:
     writer, reader = PickLog(shared, workers, 0), PickLog(shared, workers, 1)
     scorers = list(build_scheduler(None, seed=1).prefix_scorers)
     counter = [0]
+    # The prompts' block hashes, made before the count starts: the picking worker's scorer hashed them for its own
+    # pick (one process does that too), so what is counted is what the record costs, not this driver's arithmetic.
+    chains = range(requests + 1) if workload == "distinct" else [0] * (requests + 1)
+    prompts = [[(chain << 8 | depth) * 0x9E3779B97F4A7C15 % 2**64 for depth in range(BLOCKS)] for chain in chains]
 
     def one() -> None:
         n = counter[0] = counter[0] + 1
-        chain = n if workload == "distinct" else 0
-        hashes = [(chain << 8 | depth) * 0x9E3779B97F4A7C15 % 2**64 for depth in range(BLOCKS)]
-        writer.append(0, n % endpoints, 10 + n % endpoints, hashes)
+        writer.append(0, n % endpoints, 10 + n % endpoints, prompts[n])
         if n % batch == 0:
             tables[1].refresh()
             _learn(reader, tables[1], scorers, stats[1])
@@ -71,8 +76,8 @@ def build(workload: str, batch: int) -> Callable[[], None]:
 
 
 def _child(workload: str, requests: int, batch: int) -> None:
-    one = build(workload, batch)
-    for _ in range(300):  # warm: the index holds what it will hold
+    one = build(workload, batch, WARM + requests)
+    for _ in range(WARM):  # warm: the index holds what it will hold
         one()
 
     def step(_: None, __: int) -> None:

@@ -1,4 +1,4 @@
-/* The module definition every optional C extension of epp shares (epp/kvevents/_native.c,
+/* The module definition every optional C extension of epp shares (epp/kvevents/_native.c, epp/app/_pick_log.c,
  * epp/scheduling/_native.c and _receipt.c, epp/extproc/_headers.c and _metadata.c).
  *
  * Each is a fast path beside a Python definition that stays the reference: `ENABLED` tells the Python side whether

@@ -20,8 +20,10 @@ that has since left, or whose slot was reused, is dropped, not learned for its s
 
 from __future__ import annotations
 
+import importlib
 from array import array
 from collections.abc import Iterable
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -30,6 +32,30 @@ MAX_HASHES = 256  # block hashes kept per record (the prefix scorer's default de
 _HEADER = 4  # stamp, control slot, token, scorer position << 16 | hash count
 RECORD_WORDS = _HEADER + MAX_HASHES
 _STAMP, _SLOT, _TOKEN, _SHAPE = range(_HEADER)
+
+
+class Kernels(Protocol):
+    """The extension's functions (epp/app/_pick_log.pyi): `PickLog.append_python` and one ring's range of
+    `PickLog.read_python`, a call each."""
+
+    ENABLED: int
+
+    def write_record(
+        self, block: object, at: int, seq: int, slot: int, token: int, shape: int, hashes: list[int], head: int
+    ) -> None: ...
+
+    def read_records(
+        self, block: object, base: int, capacity: int, record_words: int, start: int, head: int, max_hashes: int
+    ) -> tuple[list[tuple[int, int, int, list[int]]], int]: ...
+
+
+_compiled: Kernels | None
+try:  # built without a compiler: the Python code runs
+    _compiled = cast(Kernels, importlib.import_module("epp.app._pick_log"))
+except ImportError:
+    _compiled = None
+
+NATIVE: Kernels | None = _compiled if _compiled is not None and _compiled.ENABLED else None
 
 
 def ring_words(workers: int) -> int:
@@ -41,7 +67,8 @@ class PickLog:
     """One worker's end of the shared log: it writes its own ring and reads everyone else's. `me` −1: a reader of
     every ring that writes none (the control process, which learns the precise producer's owed stores)."""
 
-    def __init__(self, block: np.ndarray, workers: int, me: int) -> None:
+    def __init__(self, block: np.ndarray, workers: int, me: int, native: Kernels | None = NATIVE) -> None:
+        self._native = native  # None: the Python definitions run (tests hold the two equal)
         self._rings = block[workers:].reshape(workers, CAPACITY, RECORD_WORDS)
         # The same words as Python ints (flat memoryviews of the one contiguous block, signed and unsigned): a
         # record's header and hashes cost a few index operations, not a numpy scalar each (~3.3 → ~1 µs a record).
@@ -58,7 +85,20 @@ class PickLog:
         return self._workers + (worker * CAPACITY + seq % CAPACITY) * RECORD_WORDS
 
     def append(self, position: int, slot: int, token: int, hashes: list[int]) -> None:
-        """One pick of ours: `hashes` now on the control process's `slot` (with its `token`), by scorer `position`."""
+        """One pick of ours: `hashes` now on the control process's `slot` (with its `token`), by scorer `position`:
+        `append_python`, compiled when it can be (one call, not an array and a dozen memoryview operations)."""
+        native = self._native
+        if native is None:
+            self.append_python(position, slot, token, hashes)
+            return
+        me = self._me
+        seq = self._words[me]
+        count = len(hashes) if len(hashes) <= MAX_HASHES else MAX_HASHES
+        at = self._workers + (me * CAPACITY + seq % CAPACITY) * RECORD_WORDS  # `_record`, inlined
+        native.write_record(self._words, at, seq, slot, token, position << 16 | count, hashes, me)
+
+    def append_python(self, position: int, slot: int, token: int, hashes: list[int]) -> None:
+        """The definition of `append`."""
         words, me = self._words, self._me
         seq = words[me]
         at = self._record(me, seq)
@@ -85,7 +125,31 @@ class PickLog:
 
     def read(self) -> Iterable[tuple[int, int, int, list[int]]]:
         """(scorer position, control slot, token, hashes) of every whole record the other workers appended since the
-        last call. A writer that restarted from an older head (its ring reset) is read from there."""
+        last call. A writer that restarted from an older head (its ring reset) is read from there. `read_python`,
+        compiled when it can be (a call per ring, not a generator step, two slices and a copy per record)."""
+        native = self._native
+        if native is None:
+            return self.read_python()
+        words, records = self._words, []
+        for worker, start in enumerate(self._next):
+            if worker == self._me:
+                continue
+            head = words[worker]
+            if head < start:
+                start = 0  # the ring was reset under us: read it afresh
+            if head - start > CAPACITY:
+                self.lost += head - start - CAPACITY
+                start = head - CAPACITY
+            if head > start:
+                base = self._workers + worker * CAPACITY * RECORD_WORDS
+                taken, lost = native.read_records(words, base, CAPACITY, RECORD_WORDS, start, head, MAX_HASHES)
+                records += taken
+                self.lost += lost
+            self._next[worker] = head
+        return records
+
+    def read_python(self) -> Iterable[tuple[int, int, int, list[int]]]:
+        """The definition of `read` (a generator: each ring's position moves as it is read to its end)."""
         words, unsigned = self._words, self._unsigned
         for worker, start in enumerate(self._next):
             if worker == self._me:

@@ -4,11 +4,12 @@ prompt taken by another worker goes where the first went."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epp.app.mirror_table import MATRIX_COLUMNS, MirrorTable
-from epp.app.pick_log import CAPACITY, MAX_HASHES, PickLog, ring_words
+from epp.app.pick_log import CAPACITY, MAX_HASHES, NATIVE, RECORD_WORDS, PickLog, ring_words
 from epp.app.worker import IDLE_S, REFRESH_S, _learn, _sharing, idle_wait
 from epp.datastore.rows import NCOL, TOKEN
 from epp.datastore.table import EndpointInfo
@@ -152,3 +153,55 @@ def test_an_idle_worker_reads_the_log_before_a_fast_writer_laps_its_ring() -> No
         wait = idle_wait(rate // 2, 0.5)
         assert wait * rate <= CAPACITY / 4 or wait == REFRESH_S
     assert idle_wait(10**9, 0.5) == REFRESH_S  # never a busy loop
+
+
+@pytest.mark.skipif(NATIVE is None, reason="the pick log's extension is not built")
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["append", "append", "read", "tear"]),
+            st.integers(0, 2),  # the worker that appends or reads, or the ring torn
+            st.integers(0, 3),  # scorer position
+            st.integers(0, 2**40),  # control slot
+            st.lists(st.integers(0, 2**64 - 1), max_size=MAX_HASHES + 3),
+            st.integers(1, CAPACITY // 3),  # appends in a row (laps), or the record torn
+        ),
+        max_size=30,
+    )
+)
+def test_the_compiled_log_writes_and_reads_what_the_python_definition_does(
+    steps: list[tuple[str, int, int, int, list[int], int]],
+) -> None:
+    """`append` and `read` through the extension leave the block, and read back the records and the losses, exactly
+    as `append_python` and `read_python` do: laps, long and 64-bit hashes, records torn mid-read."""
+    workers = 3
+    blocks = (block(workers), block(workers))
+    logs = [
+        [PickLog(b, workers, me, native=kernels) for me in range(workers)]
+        for b, kernels in zip(blocks, (NATIVE, None), strict=True)
+    ]
+    for kind, worker, position, slot, hashes, times in steps:
+        if kind == "append":
+            for i in range(times):
+                for side in logs:
+                    side[worker].append(position, slot, i, hashes)
+        elif kind == "read":
+            native_log, python_log = logs[0][worker], logs[1][worker]
+            assert list(native_log.read()) == list(python_log.read())
+            assert native_log.lost == python_log.lost
+        else:
+            for b in blocks:
+                b[workers + (worker * CAPACITY + times) * RECORD_WORDS] = -1  # a record being rewritten
+        assert np.array_equal(blocks[0], blocks[1])
+
+
+@pytest.mark.skipif(NATIVE is None, reason="the pick log's extension is not built")
+def test_the_compiled_log_refuses_a_hash_out_of_range_before_writing() -> None:
+    shared = block(2)
+    log = PickLog(shared, 2, 0)
+    with pytest.raises(OverflowError):
+        log.append(0, 1, 1, [1, 2**64])
+    with pytest.raises(OverflowError):
+        log.append(0, 1, 1, [-1])
+    assert not shared.any()
