@@ -123,6 +123,17 @@ class PickLog:
         """Every ring's head (records appended so far), as Python ints."""
         return self._words[: self._workers].tolist()
 
+    def _unread_from(self, start: int, head: int) -> int:
+        """The first record of a ring still to read, past `start` (where this reader stopped) up to `head`: from 0
+        when its writer restarted from an older head (the ring reset under us), and never more than the ring holds
+        (what a writer lapped is counted in `lost`)."""
+        if head < start:
+            start = 0
+        if head - start > CAPACITY:
+            self.lost += head - start - CAPACITY
+            start = head - CAPACITY
+        return start
+
     def read(self) -> Iterable[tuple[int, int, int, list[int]]]:
         """(scorer position, control slot, token, hashes) of every whole record the other workers appended since the
         last call. A writer that restarted from an older head (its ring reset) is read from there. `read_python`,
@@ -135,11 +146,7 @@ class PickLog:
             if worker == self._me:
                 continue
             head = words[worker]
-            if head < start:
-                start = 0  # the ring was reset under us: read it afresh
-            if head - start > CAPACITY:
-                self.lost += head - start - CAPACITY
-                start = head - CAPACITY
+            start = self._unread_from(start, head)
             if head > start:
                 base = self._workers + worker * CAPACITY * RECORD_WORDS
                 taken, lost = native.read_records(words, base, CAPACITY, RECORD_WORDS, start, head, MAX_HASHES)
@@ -155,11 +162,7 @@ class PickLog:
             if worker == self._me:
                 continue
             head = words[worker]
-            if head < start:
-                start = 0  # the ring was reset under us: read it afresh
-            if head - start > CAPACITY:
-                self.lost += head - start - CAPACITY
-                start = head - CAPACITY
+            start = self._unread_from(start, head)
             for seq in range(start, head):
                 at = self._record(worker, seq)
                 stamp, slot, token, shape = words[at : at + _HEADER]  # a copy, before the hashes (the seqlock's order)
