@@ -13,14 +13,18 @@ The knee, per observation (load `L` = running + effective queue at pick, this re
   one step counts) was more than `DELAY_FACTOR` × the endpoint's floor: its queueing delay at least matched the
   work itself, the classic knee (an M/M/1 queue at half load waits one service time);
 - not delayed: the endpoint held `L + 1` without queueing. Until the first delay the knee is twice the largest
-  such load (a slow start: an endpoint never seen full has room we have not seen); after it, one request more
-  per undelayed observation near the knee (a probe), so a gate at the knee still discovers more room;
+  such load (a slow start: an endpoint never seen full has room we have not seen); after it, the knee × 1.01 per
+  undelayed observation near the knee (a probe), so a gate at the knee still discovers more room, the step doubling
+  every `CLIMB_DOUBLING` such observations in a row (never past twice the load held): a slow start ended early by a
+  burst's delay (knees of 15-30 on 256-sequence H100s) climbs back in seconds, not the ~40 s ×1.01 took; a delay
+  near the knee starts the step again;
 - delayed at a load below the knee: the knee moves halfway down to that load.
 The slow start also reads the scrapes: twice the most requests the engine was seen running (held without a queue),
 so a pool whose data goes stale before any request has finished still serves by its own bookings; and it holds
-between scrapes: with fresh data a probing endpoint counts full once its load has doubled from what its last scrape
-showed it holding (TCP's slow start doubles once per round trip), so a burst within one scrape interval does not
-jump to a knee learned from one good moment long before (a 32-sequence engine's slow-start knee of 52).
+between scrapes: with fresh data a probing endpoint counts full once its load has grown `PACE` × (1.25) from what
+its last scrape showed it holding (as TCP's slow start grows once per round trip), so a burst within one scrape
+interval does not jump to a knee learned from one good moment long before (a 32-sequence engine's slow-start knee
+of 52; doubling per scrape let 49 requests wait inside the engines in benchmarks.flow_control's overshoot).
 The floor follows the fast requests at once and drifts up slowly (low load only): a slower model server is
 relearned, and a slot whose address changed starts again.
 
@@ -63,6 +67,8 @@ SLOW_START = 2.0  # until the first delay, the knee is this × the largest load 
 NEAR_KNEE = 0.9  # an undelayed observation at or above this × the knee probes further
 NEAR_KNEE_ABOVE = 1.1  # a delayed observation up to this × the knee pulls it down
 STEP_UP = 0.01  # the probe: the knee × (1 + this) per undelayed observation near it
+CLIMB_DOUBLING = 2.0  # the probe's step doubles every this many undelayed observations near the knee in a row
+PACE = 1.25  # between scrapes a probing endpoint with fresh data holds at most this × its last scrape's load
 STEP_DOWN = 0.04  # the knee × (1 − this) per delayed observation below it: it settles where a fifth of the
 #                   requests near it are delayed (0.01 / (0.01 + 0.04)), a few unlucky ones do not pull it down
 
@@ -79,6 +85,7 @@ class KneeDetector:
         self._knee = np.full(0, np.nan)  # requests the endpoint holds before queueing delay grows; NaN: unknown
         self._floor = np.full(0, np.nan)  # its undelayed TTFT per token
         self._probing = np.zeros(0, dtype=bool)  # slow start: no delay seen yet
+        self._run = np.zeros(0)  # undelayed observations near the knee since the last delayed one there
         self._top = np.full(0, np.nan)  # the most requests it was seen running (fresh scrapes)
         self._seen_at = np.full(0, np.nan)  # the last scrape read (its scraped_at)
         self._ours_at_scrape = np.full(0, np.nan)  # our requests in flight when it was taken
@@ -94,6 +101,7 @@ class KneeDetector:
             self._knee = np.concatenate([self._knee, np.full(grow, np.nan)])
             self._floor = np.concatenate([self._floor, np.full(grow, np.nan)])
             self._probing = np.concatenate([self._probing, np.ones(grow, dtype=bool)])
+            self._run = np.concatenate([self._run, np.zeros(grow)])
             self._top = np.concatenate([self._top, np.full(grow, np.nan)])
             self._seen_at = np.concatenate([self._seen_at, np.full(grow, np.nan)])
             self._ours_at_scrape = np.concatenate([self._ours_at_scrape, np.full(grow, np.nan)])
@@ -105,6 +113,7 @@ class KneeDetector:
             self._knee[slot] = math.nan
             self._floor[slot] = math.nan
             self._probing[slot] = True
+            self._run[slot] = 0.0
             if known:
                 self._top[slot] = math.nan
                 self._seen_at[slot] = math.nan
@@ -138,9 +147,12 @@ class KneeDetector:
                 self._probing[s] = False
                 knee = max(held, 0.5 * knee)
         elif not delayed and held >= NEAR_KNEE * knee:  # room at (or past) the knee: probe further
-            knee *= 1.0 + STEP_UP * c
+            step = min(STEP_UP * 2.0 ** (self._run[s] / CLIMB_DOUBLING), SLOW_START - 1.0)
+            knee = max(knee, min(knee * (1.0 + step * c), SLOW_START * held))
+            self._run[s] += c
         elif delayed and 0.5 * knee <= held <= NEAR_KNEE_ABOVE * knee:  # a delay at or below the knee (far
             knee *= 1.0 - STEP_DOWN * c  # below it, one is noise; far above, it is what a knee predicts)
+            self._run[s] = 0.0
         self._knee[s] = max(knee, 1.0)
         self._floor[s] = floor
         self.observations += 1
@@ -223,11 +235,11 @@ class KneeDetector:
         queued = np.where(recent, np.nan_to_num(queue, nan=0.0), 0.0)
         per = np.where(settled, np.fmax(by_knee, queued), np.where(np.isnan(knee), cold, np.fmin(cold, by_knee)))
         # The slow start also holds between scrapes: a probing endpoint whose data is fresh counts full once its load
-        # has doubled from what its last scrape showed it holding (TCP's slow start doubles once per round trip),
+        # has grown PACE × from what its last scrape showed it holding (TCP's slow start grows once per round trip),
         # so a burst within one scrape interval cannot jump to a knee learned long before (stale: the knee alone)
         held = np.fmax(np.nan_to_num(snapshot.running[candidates] + snapshot.waiting[candidates], nan=0.0), 1.0)
-        doubled = probing & known_load & (c >= 1.0) & (load >= SLOW_START * held)
-        per[doubled] = np.fmax(per[doubled], 1.0)
+        paced = probing & known_load & (c >= 1.0) & (load >= PACE * held)
+        per[paced] = np.fmax(per[paced], 1.0)
         # What the engine itself says: a request waiting in its own queue (its batch or KV is full), KV use.
         waiting = np.nan_to_num(snapshot.waiting[candidates], nan=0.0) * c
         kv = np.nan_to_num(snapshot.kv_usage[candidates], nan=0.0) * c

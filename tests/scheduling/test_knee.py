@@ -13,7 +13,7 @@ from epp.datastore.observations import Observation, PickFeatures
 from epp.errors import ConfigError
 from epp.flowcontrol.gauge import PoolGauge
 from epp.scheduling import build_scheduler
-from epp.scheduling.knee import KneeDetector
+from epp.scheduling.knee import PACE, STEP_DOWN, STEP_UP, KneeDetector
 from tests.scheduling.tables import NOW, address, state, table_with
 
 BASE_TTFT = 0.06  # an unloaded 1,000-token prefill
@@ -49,6 +49,30 @@ def test_undelayed_load_raises_the_knee_by_slow_start_before_any_delay() -> None
         detector.observe(_obs(0, load, BASE_TTFT))
     assert detector.knees(np.array([0]))[0] == pytest.approx(22.0)  # 2 × (10 + 1)
     assert detector.probing(np.array([0]))[0]
+
+
+def test_after_the_slow_start_the_climb_accelerates_while_the_knee_keeps_finding_room() -> None:
+    """A slow start ended early (a burst's delay at 15) climbs back fast while requests at the knee are not delayed:
+    the probe's step doubles every CLIMB_DOUBLING of them in a row, never past twice the load held; one delay there
+    starts the step again from STEP_UP."""
+    detector = KneeDetector()
+    for load in (0, 7, 14):
+        detector.observe(_obs(0, load, BASE_TTFT))
+    detector.observe(_obs(0, 14, 5 * BASE_TTFT))  # the burst's delay ends the slow start at 15
+    assert not detector.probing(np.array([0]))[0]
+    steps = 0
+    while detector.knees(np.array([0]))[0] < 200 and steps < 100:
+        knee = float(detector.knees(np.array([0]))[0])
+        detector.observe(_obs(0, math.ceil(knee) - 1, BASE_TTFT))  # held at the knee, no delay
+        assert detector.knees(np.array([0]))[0] <= 2 * math.ceil(knee)
+        steps += 1
+    assert steps < 40  # ×1.01 a step would take 270
+    knee = float(detector.knees(np.array([0]))[0])
+    detector.observe(_obs(0, math.ceil(knee) - 1, 5 * BASE_TTFT))  # a delay at the knee: down, the step reset
+    after = float(detector.knees(np.array([0]))[0])
+    assert after == pytest.approx(knee * (1 - STEP_DOWN))
+    detector.observe(_obs(0, math.ceil(after) - 1, BASE_TTFT))
+    assert detector.knees(np.array([0]))[0] == pytest.approx(after * (1 + STEP_UP))
 
 
 def test_a_slot_reused_by_another_endpoint_starts_again() -> None:
@@ -173,14 +197,15 @@ def test_before_any_request_finished_the_slow_start_reads_the_most_running_seen(
     table.record_scrape(0, MetricsSample(waiting=0.0, running=6.0, kv_usage=0.0), now=NOW)
     snap = table.snapshot()
     detector.per_endpoint(snap, snap.slots, NOW)
-    table.book_pick(0)
-    table.book_pick(0)  # two more since: one waiting inside counts full, but no more than the slow start's knee
+    table.book_pick(0)  # one more since: one waiting inside counts full, but no more than the slow start's knee
     snap = table.snapshot()
-    assert detector.per_endpoint(snap, snap.slots, NOW).tolist() == pytest.approx([8 / 12])
+    assert detector.per_endpoint(snap, snap.slots, NOW).tolist() == pytest.approx([7 / 12])
+    table.book_pick(0)
+    snap = table.snapshot()
     assert detector.per_endpoint(snap, snap.slots, NOW + 1.5).item() == pytest.approx(8 / 12)  # stale: ours, 8
 
 
-def test_between_scrapes_a_probing_endpoints_load_at_most_doubles_from_its_last_scrape() -> None:
+def test_between_scrapes_a_probing_endpoints_load_grows_at_most_by_pace_from_its_last_scrape() -> None:
     table = table_with([dict(waiting=0, running=5, kv_usage=0.0)])
     detector = KneeDetector(freshness=Freshness(staleness_s=1.0))
     for load in (0, 10, 24):  # held 25 without delay long ago: the slow start's knee is 50
@@ -191,18 +216,18 @@ def test_between_scrapes_a_probing_endpoints_load_at_most_doubles_from_its_last_
     table.record_scrape(0, MetricsSample(waiting=0.0, running=5.0, kv_usage=0.0), now=NOW)
     snap = table.snapshot()
     assert detector.per_endpoint(snap, snap.slots, NOW).item() == 0.0  # slow start, nothing waiting inside
-    for _ in range(4):  # a burst within the scrape interval: 9 < 2 × 5, by the knee
-        table.book_pick(0)
+    table.book_pick(0)  # a burst within the scrape interval: 6 < PACE × 5, by the knee
     snap = table.snapshot()
-    assert detector.per_endpoint(snap, snap.slots, NOW).item() == pytest.approx(9 / 50)
-    table.book_pick(0)  # 10 = twice what the scrape showed: full until the next scrape shows the room
+    assert PACE * 5 > 6
+    assert detector.per_endpoint(snap, snap.slots, NOW).item() == pytest.approx(6 / 50)
+    table.book_pick(0)  # 7 ≥ PACE × what the scrape showed: full until the next scrape shows the room
     snap = table.snapshot()
     assert detector.per_endpoint(snap, snap.slots, NOW).item() == pytest.approx(1.0)
     assert detector.per_endpoint(snap, snap.slots, NOW + 1.5).item() < 1.0  # stale: by the knee and ours alone
     _engine(detector, 0, 8, range(0, 30))  # settled: the knee, and the picks since the fresh scrape
     snap = table.snapshot()
     assert not detector.probing(snap.slots)[0]
-    assert detector.per_endpoint(snap, snap.slots, NOW).item() == pytest.approx(5.0)  # they wait inside: full
+    assert detector.per_endpoint(snap, snap.slots, NOW).item() == pytest.approx(2.0)  # they wait inside: full
 
 
 def test_as_a_filter_it_drops_endpoints_at_their_knee_but_never_all() -> None:
