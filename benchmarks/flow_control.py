@@ -28,6 +28,10 @@ Workloads (benchmarks/RESULTS.md, "Flow control"):
 
 `--config benchmarks/configs/flow-control-fair-share.yaml`: the option that meets the noisy neighbour's bound
 (the fair-share gate at overShareCeiling 0.58), every workload and bound in the same run.
+
+`--seeds 0-9`: the three workloads of `--config` alone (no upstream defaults, no fair-share curve) at each seed,
+each seed's figures and their mean, standard deviation, min and max: one seed's figures differ from another's by
+more than two configurations do, so a comparison is read against this spread.
 """
 
 from __future__ import annotations
@@ -428,10 +432,48 @@ def verdict(results: dict[str, dict[str, object]]) -> dict[str, bool]:
     }
 
 
+SEED_FIGURES = {  # per seed: workload, figure
+    "priority overload ratio": ("priority-overload", "ratio"),
+    "priority overload sheddable served": ("priority-overload", "sheddable_served"),
+    "noisy neighbour ratio": ("noisy-neighbour", "ratio"),
+    "noisy neighbour served req/s": ("noisy-neighbour", "served_rps"),
+    "overshoot ratio": ("overshoot", "ratio"),
+    "overshoot engine queue peak": ("overshoot", "engine_queue_peak_ours"),
+}
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`0-4` or `0,2,5` (or both: `0-2,7`)."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.strip().partition("-")
+        seeds += range(int(low), int(high or low) + 1)
+    return seeds
+
+
+def over_seeds(setup: Setup, endpoints: int, seeds: Sequence[int], n: int) -> dict[str, object]:
+    """The three workloads at each seed, and each figure's spread across them."""
+    per_seed: dict[str, dict[str, float]] = {}
+    for seed in seeds:
+        one = {
+            "priority-overload": priority_overload(setup, endpoints, seed, n),
+            "noisy-neighbour": noisy_neighbour(setup, endpoints, seed, n),
+            "overshoot": overshoot(setup, endpoints, seed, n),
+        }
+        per_seed[str(seed)] = {k: float(one[w][f]) for k, (w, f) in SEED_FIGURES.items()}  # type: ignore[arg-type]
+    spread = {}
+    for k in SEED_FIGURES:
+        v = np.array([fig[k] for fig in per_seed.values()])
+        sd = float(v.std(ddof=1)) if v.size > 1 else 0.0
+        spread[k] = {"mean": float(v.mean()), "sd": sd, "min": float(v.min()), "max": float(v.max())}
+    return {"config": setup.name, "seeds": list(seeds), "per_seed": per_seed, "spread": spread}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--endpoints", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="", help="e.g. 0-9: the config's three workloads at each seed, and the spread")
     ap.add_argument("--requests", type=int, default=4000)
     ap.add_argument("--config", type=Path, default=RECOMMENDED, help="the flow-control configuration to measure")
     ap.add_argument("--chart", default="")
@@ -439,6 +481,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     setups = [Setup(str(args.config), load_config(args.config, allow_experimental=True, warn=False)), UPSTREAM_DEFAULTS]
     e, s, n = args.endpoints, args.seed, args.requests
+    if args.seeds:
+        print(json.dumps(over_seeds(setups[0], e, parse_seeds(args.seeds), n), indent=2))
+        return 0
     results: dict[str, object] = {"capacity_rps": pool_capacity(e, s)}
     series = {}
     for i, setup in enumerate(setups):

@@ -6,7 +6,7 @@ or an L4, the prompts it gets), so a mixed pool has no right number at all. This
 per endpoint, the *knee* — how many requests the engine can hold (running + waiting, ours and anyone's) before
 queueing delay starts to grow — from every request's TTFT (`observe`, the observation feed of
 `epp.datastore.observations`, at the response's first byte), and reads saturation as each endpoint's load over
-its knee, averaged over the pool.
+its knee, averaged over the pool (each endpoint at most full while any has room).
 
 The knee, per observation (load `L` = running + effective queue at pick, this request the `L + 1`-th):
 - *delayed* means the request's TTFT per token (uncached prompt tokens + `TOKEN_OFFSET`, so a cached prompt's
@@ -19,6 +19,12 @@ The knee, per observation (load `L` = running + effective queue at pick, this re
   burst's delay (knees of 15-30 on 256-sequence H100s) climbs back in seconds, not the ~40 s ×1.01 took; a delay
   near the knee starts the step again;
 - delayed at a load below the knee: the knee moves halfway down to that load.
+Observations come only at first bytes, so a knee below the load an endpoint already holds (a burst's delay ended
+its slow start low) would learn nothing until requests finished; with fresh data, nothing waiting inside and no
+prefill of ours pending there (`Snapshot.prefill_tokens`: this process's picks), the knee reads one above the load:
+one request at a time tests it, as TCP's ACKs clock its window. With the pool's mean counting no endpoint past full
+while another has room, benchmarks.flow_control's noisy neighbour served 54.4 req/s, now 55.5 (seeds 0-9), as the
+threshold configuration.
 The slow start also reads the scrapes: twice the most requests the engine was seen running (held without a queue),
 so a pool whose data goes stale before any request has finished still serves by its own bookings; and it holds
 between scrapes: with fresh data a probing endpoint counts full once its load has grown `PACE` × (1.25) from what
@@ -194,8 +200,9 @@ class KneeDetector:
         out[known] = self._probing[candidates[known]]
         return out
 
-    def per_endpoint(self, snapshot: Snapshot, candidates: IntArray, now: float) -> FloatArray:
-        """Each candidate's load over its knee (KV use where that is higher)."""
+    def per_endpoint(self, snapshot: Snapshot, candidates: IntArray, now: float, test: bool = True) -> FloatArray:
+        """Each candidate's load over its knee (KV use where that is higher). `test`: an untested knee (below the
+        load, fresh data, nothing waiting inside, no prefill of ours pending) reads one above the load."""
         t = self.freshness
         age = now - snapshot.scraped_at[candidates]
         c = np.where(age <= t.staleness_s, 1.0, t.staleness_s / np.maximum(age, 1e-12))
@@ -223,6 +230,17 @@ class KneeDetector:
         # as the scrapes show): before any request has finished a pool whose data goes stale still serves
         knee = np.where(probing, np.fmax(knee, SLOW_START * self._top[candidates]), knee)
         cold = c * np.nan_to_num(queue, nan=0.0)  # no knee yet: one request waiting inside the engine is full
+        recent = (c >= 1.0) & ~(age > 2.0 * self._interval[candidates])
+        # A settled endpoint learns only at first bytes: once its load passes its knee (a slow start ended by a
+        # burst's delay at a load the engine holds easily) and every request of ours there has had its first byte,
+        # nothing can move the knee until requests finish (a whole request's life: 1.6 s for 200 tokens) and the
+        # load falls back under it. With its data fresh, nothing waiting inside it and no prefill of ours pending
+        # there, its knee is at least one above its load: one request at a time tests it, clocked by its first
+        # byte as TCP's window by its ACKs (undelayed, the climb; delayed, the knee comes down and the queue the
+        # request leaves holds the next one back).
+        if test:
+            untested = settled & recent & ~(queue > 0.0) & (snapshot.prefill_tokens[candidates] <= 0)
+            knee = np.where(untested, np.fmax(knee, load + 1.0), knee)
         with np.errstate(invalid="ignore"):
             by_knee = load / knee
         # Whatever room its knee leaves, a settled endpoint whose data is fresh counts full once one request waits
@@ -231,7 +249,6 @@ class KneeDetector:
         # share the engine's steps (and read as delays that pull the knee down). Not once the next scrape is overdue
         # (twice the last interval): our picks since only grow then, and a scrape outage would hold the pool full
         # until its data counts stale; the knee and our bookings count it.
-        recent = (c >= 1.0) & ~(age > 2.0 * self._interval[candidates])
         queued = np.where(recent, np.nan_to_num(queue, nan=0.0), 0.0)
         per = np.where(settled, np.fmax(by_knee, queued), np.where(np.isnan(knee), cold, np.fmin(cold, by_knee)))
         # The slow start also holds between scrapes: a probing endpoint whose data is fresh counts full once its load
@@ -246,16 +263,22 @@ class KneeDetector:
         return np.fmax(np.fmax(per, waiting), kv)
 
     def saturation(self, snapshot: Snapshot, candidates: IntArray, now: float) -> float:
+        """The mean over the candidates, each counting at most full while any of them has room: an endpoint past
+        its knee has no room, but takes none from the others (unbounded, one at 1.4× held a pool of four at 1.07
+        while two sat at 0.97 with nothing pending, and they waited for its requests to finish). With none below
+        1.0 the mean as it is, whose excess over a ceiling sizes what eviction reclaims."""
         if candidates.size == 0:
             return 1.0
-        return float(self.per_endpoint(snapshot, candidates, now).mean())
+        per = self.per_endpoint(snapshot, candidates, now)
+        return float((np.minimum(per, 1.0) if bool((per < 1.0).any()) else per).mean())
 
     def saturated(self, snapshot: Snapshot, candidates: IntArray, now: float) -> bool:
         return self.saturation(snapshot, candidates, now) >= 1.0
 
     def filter(self, state: CycleState, candidates: IntArray) -> IntArray:
-        """As a filter: drops endpoints at or over their knee, unless that would drop every candidate."""
-        kept = candidates[self.per_endpoint(state.snapshot, candidates, state.now) < 1.0]
+        """As a filter: drops endpoints at or over their knee, unless that would drop every candidate (an untested
+        knee as learned: where another endpoint has room, a request goes there rather than test one)."""
+        kept = candidates[self.per_endpoint(state.snapshot, candidates, state.now, test=False) < 1.0]
         return kept if 0 < kept.size < candidates.size else candidates
 
     def describe(self) -> dict[str, object]:

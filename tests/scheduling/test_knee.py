@@ -103,6 +103,20 @@ def test_saturation_is_load_over_knee_and_a_request_waiting_in_the_engine_counts
     assert detector.saturation(snap, snap.slots[:0], NOW) == 1.0
 
 
+def test_while_any_endpoint_has_room_none_counts_more_than_full_in_the_pools_saturation() -> None:
+    table = table_with([dict(waiting=3, running=4, kv_usage=0.1), dict(waiting=0, running=4, kv_usage=0.1)])
+    snap = table.snapshot()
+    detector = KneeDetector()
+    _engine(detector, 0, 8, range(0, 30))
+    _engine(detector, 1, 8, range(0, 30))
+    per = detector.per_endpoint(snap, snap.slots, NOW)
+    assert per[0] == pytest.approx(3.0) and per[1] < 1.0  # three waiting inside one; room in the other
+    assert detector.saturation(snap, snap.slots, NOW) == pytest.approx((1.0 + per[1]) / 2)
+    full = table_with([dict(waiting=3, running=4, kv_usage=0.1), dict(waiting=1, running=4, kv_usage=0.1)])
+    snap = full.snapshot()
+    assert detector.saturation(snap, snap.slots, NOW) == pytest.approx(2.0)  # no room anywhere: the excess, as is
+
+
 def test_a_request_waiting_inside_counts_full_whatever_the_knee_until_the_next_scrape_is_overdue() -> None:
     table = table_with([dict(waiting=0, running=4, kv_usage=0.1)])
     detector = KneeDetector(freshness=Freshness(staleness_s=2.0))
@@ -144,7 +158,8 @@ def test_stale_data_lowers_confidence_toward_our_own_bookings_instead_of_full_or
     knee = detector.knees(snap.slots)
     fresh = detector.per_endpoint(snap, snap.slots, NOW)
     assert fresh[0] == pytest.approx(3.0)  # our 3 picks since the fresh scrape wait inside as far as it tells: full
-    assert fresh[1] == pytest.approx(20 / knee[1])
+    assert knee[1] < 20
+    assert fresh[1] == pytest.approx(20 / 21)  # past its knee, but fresh, nothing waiting, nothing pending: untested
     half = detector.per_endpoint(snap, snap.slots, NOW + 2.0)  # twice the staleness: confidence 1/2
     assert half[0] == pytest.approx(max(0.5 * 23 + 0.5 * 3, 0.25) / knee[0])
     gone = detector.per_endpoint(snap, snap.slots, NOW + 1e6)  # only our own 3 in flight are left
@@ -228,6 +243,33 @@ def test_between_scrapes_a_probing_endpoints_load_grows_at_most_by_pace_from_its
     snap = table.snapshot()
     assert not detector.probing(snap.slots)[0]
     assert detector.per_endpoint(snap, snap.slots, NOW).item() == pytest.approx(2.0)  # they wait inside: full
+
+
+def test_a_knee_below_the_load_held_is_tested_one_request_at_a_time_while_nothing_is_pending() -> None:
+    """Past its knee with fresh data and nothing waiting inside it, an endpoint whose requests have all had their
+    first byte gets no observation until some finish: its knee reads one above its load, so one request tests it;
+    while that one's prefill is pending, or once anything waits inside, the knee counts as learned."""
+    table = table_with([dict(waiting=0, running=30, kv_usage=0.1)])
+    detector = KneeDetector(freshness=Freshness(staleness_s=1.0))
+    _engine(detector, 0, 10, range(0, 30))
+    for at in (NOW - 0.05, NOW):  # scraped every 50 ms
+        table.record_scrape(0, MetricsSample(waiting=0.0, running=30.0, kv_usage=0.1), now=at)
+        snap = table.snapshot()
+        detector.per_endpoint(snap, snap.slots, at)
+    knee = float(detector.knees(np.array([0]))[0])
+    assert knee < 30 and not detector.probing(np.array([0]))[0]
+    assert detector.per_endpoint(snap, snap.slots, NOW + 0.01).item() == pytest.approx(30 / 31)  # room for one
+    table.book_prefill(0, 1000)  # one pick's prefill pending (its pick not counted here): the knee as learned
+    snap = table.snapshot()
+    assert detector.per_endpoint(snap, snap.slots, NOW + 0.01).item() == pytest.approx(30 / knee)
+    table.release_prefill(0, 1000)  # its first byte: nothing pending, untested again
+    table.record_scrape(0, MetricsSample(waiting=1.0, running=30.0, kv_usage=0.1), now=NOW + 0.05)
+    snap = table.snapshot()  # but one waits inside (31 held): full, by the knee as learned
+    assert detector.per_endpoint(snap, snap.slots, NOW + 0.06).item() == pytest.approx(31 / knee)
+    table.record_scrape(0, MetricsSample(waiting=0.0, running=30.0, kv_usage=0.1), now=NOW + 0.1)
+    snap = table.snapshot()
+    assert detector.per_endpoint(snap, snap.slots, NOW + 0.11).item() == pytest.approx(30 / 31)
+    assert detector.per_endpoint(snap, snap.slots, NOW + 1.5).item() > 1.0  # stale: the knee and our bookings
 
 
 def test_as_a_filter_it_drops_endpoints_at_their_knee_but_never_all() -> None:
