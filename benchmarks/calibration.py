@@ -30,13 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.flow_control import RECOMMENDED, SCRAPE_S, Setup, _items, p, simulate
+from benchmarks.flow_control import RECOMMENDED, SCRAPE_S, THRESHOLD, Setup, _items, p, simulate
 from benchmarks.virtual_time import capacity
 from benchmarks.workloads import Item
 from epp.app.config_file import load_config
 from epp.sim.profiles import EngineProfile, profile_named
 
-SELF_CALIBRATING = Path(__file__).parent / "configs" / "flow-control-self-calibrating.yaml"
+SELF_CALIBRATING = RECOMMENDED  # benchmarks/configs/flow-control-self-calibrating.yaml, the recommended one
 _CAPS = ("h100-s32", "h100-s128", "h100", "h100-s600")  # max-num-seqs 32, 128, 256, 600
 POOLS: dict[str, tuple[str, ...]] = {
     "1 × h100-s32": ("h100-s32",),
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
     names = list(POOLS) if args.pools == "all" else [x.strip() for x in args.pools.split(",")]
-    configs = [SELF_CALIBRATING] + ([RECOMMENDED] if args.threshold_config else [])
+    configs = [SELF_CALIBRATING] + ([THRESHOLD] if args.threshold_config else [])
     setups = [Setup(c.name, load_config(c, allow_experimental=True, warn=False)) for c in configs]
     results: dict[str, object] = {}
     for name in names:

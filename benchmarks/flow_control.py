@@ -2,7 +2,8 @@
 endpoint table fed by simulated scrapes, and the simulator's engine model — no clock, deterministic per seed.
 
 Every workload runs with one configuration, the one docs/flow-control.md recommends
-(`benchmarks/configs/flow-control.yaml`, built by the same code as `epp serve --config-file`), and, to compare,
+(`benchmarks/configs/flow-control-self-calibrating.yaml`, built by the same code as `epp serve --config-file`;
+`--config benchmarks/configs/flow-control.yaml`: the threshold one), and, to compare,
 with upstream's defaults (the gate on, nothing else set: utilization-detector queueDepthThreshold 5,
 static-usage-limit 1.0, global-strict fairness; for the noisy neighbour also with round-robin fairness alone). Only
 each workload's TTL is its own.
@@ -24,7 +25,7 @@ Workloads (benchmarks/RESULTS.md, "Flow control"):
   only (`SaturationDetector(count_own_picks=False)`: the same configuration, one switch).
 
     .venv/bin/python -m benchmarks.flow_control [--endpoints 4] [--seed 0] [--requests 4000] \
-        [--config benchmarks/configs/flow-control.yaml] [--chart benchmarks/flow_control.png]
+        [--config benchmarks/configs/flow-control-self-calibrating.yaml] [--chart benchmarks/flow_control.png]
 
 `--config benchmarks/configs/flow-control-fair-share.yaml`: the option that meets the noisy neighbour's bound
 (the fair-share gate at overShareCeiling 0.58), every workload and bound in the same run.
@@ -63,7 +64,8 @@ from epp.sim.profiles import EngineProfile, profile_named
 
 _STEP, _ARRIVAL, _SCRAPE, _TIMER = 0, 1, 2, 3
 SCRAPE_S = 0.05
-RECOMMENDED = Path(__file__).parent / "configs" / "flow-control.yaml"
+RECOMMENDED = Path(__file__).parent / "configs" / "flow-control-self-calibrating.yaml"
+THRESHOLD = Path(__file__).parent / "configs" / "flow-control.yaml"  # queueDepthThreshold 1, for a measured pool
 SHARE_CURVE = (1.0, 0.75, 0.65, 0.6, 0.58, 0.5)  # round-robin-fairness-policy overShareCeiling (1.0: no gate)
 
 

@@ -114,13 +114,13 @@ def test_an_out_of_range_gate_parameter_is_refused(params: str) -> None:
         build_scheduler(load_config(None, text=_CONFIG.replace("{PARAMS}", params), warn=False))
 
 
-def test_the_fair_share_option_file_is_the_recommended_file_with_only_the_gate_added() -> None:
+def test_the_fair_share_option_file_is_the_threshold_file_with_only_the_gate_added() -> None:
     configs = Path(__file__).parents[2] / "benchmarks" / "configs"
     option = load_config(configs / "flow-control-fair-share.yaml", allow_experimental=True, warn=False)
-    recommended = load_config(configs / "flow-control.yaml", allow_experimental=True, warn=False)
+    threshold = load_config(configs / "flow-control.yaml", allow_experimental=True, warn=False)
     gated = [p for p in option.plugins if p.parameters.get("overShareCeiling") is not None]
     assert [(p.type, dict(p.parameters)) for p in gated] == [
         ("round-robin-fairness-policy", {"overShareCeiling": 0.58})
     ]
-    assert [p for p in option.plugins if p not in gated] == [p for p in recommended.plugins if p.name != gated[0].name]
-    assert option.profiles == recommended.profiles and option.flow_control == recommended.flow_control
+    assert [p for p in option.plugins if p not in gated] == [p for p in threshold.plugins if p.name != gated[0].name]
+    assert option.profiles == threshold.profiles and option.flow_control == threshold.flow_control
