@@ -596,9 +596,11 @@ fused_release(Py_buffer *views, int *held, int count)
  * or (kept, rows, constants) for a detailed pick (the runner's `SCORED` and `TERMS`): kept (n int64) gets the k kept
  * candidates first, rows (4 × n float64) each weighted term that has per-candidate values (`weighted_total_rows`'
  * rows) as a k-long row, one after another from the start (m rows: m × k values), constants (4 float64) each
- * scorer's constant part (weight × its form's offset); the answer is then (slot, k, has), bit t of `has` set when
- * scorer t has a row. NotImplemented (nothing called, nothing written) for a pool of more than FUSED_MAX
- * candidates or a column of another type. */
+ * scorer's constant part (weight × its form's offset); the answer is then (slot, (k, has, b0, b1, b2, b3)), bit t
+ * of `has` set when scorer t has a row, b0..b3 the constants' bits (the detail's shape: of one shape the detail
+ * differs only in the buffers' values, so the caller keeps its views of them by it; bits, not floats, so that 0.0
+ * and -0.0 differ and NaN matches itself). NotImplemented (nothing called, nothing written) for a pool of more than
+ * FUSED_MAX candidates or a column of another type. */
 static PyObject *
 fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -802,7 +804,13 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t choice = tie_choice(total, n, tie, draw);
     if (choice < 0)
         goto done;
-    result = held[F_KEPT] ? Py_BuildValue("(lnl)", c[choice], n, has) : PyLong_FromLong(c[choice]);
+    if (held[F_KEPT]) {
+        unsigned long long bits[4];
+        for (int t = 0; t < 4; t++)
+            memcpy(&bits[t], &terms[t].offset, 8);
+        result = Py_BuildValue("(l(nlKKKK))", c[choice], n, has, bits[0], bits[1], bits[2], bits[3]);
+    } else
+        result = PyLong_FromLong(c[choice]);
 done:
     Py_XDECREF(found);
     fused_release(views, held, F_VIEWS);

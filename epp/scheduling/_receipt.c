@@ -569,6 +569,26 @@ put_short(Out *o, double x)
  * a fifth of repr's (dtoa's bignum search, ~7k instructions such a double), and its text is the definition's. */
 static PyObject *orjson_dumps;
 
+/* orjson's text of the last doubles it wrote here, by their bits (direct-mapped, MEMO entries): a pick's terms repeat
+ * from one pick to the next (3.0000000000000004 for a prefix scorer's full match weighted 3), and a call of
+ * orjson.dumps costs ~1.2k instructions where a hit is a compare and a copy. A double's text is a function of its
+ * bits alone, so a hit writes what the call would. Under the GIL, as every call here. */
+#define MEMO 64
+#define MEMO_TEXT 32
+static struct {
+    uint64_t bits;
+    unsigned char len; /* 0: empty */
+    char text[MEMO_TEXT];
+} memo[MEMO];
+
+static unsigned
+memo_slot(uint64_t bits)
+{
+    bits ^= bits >> 29;
+    bits *= 0xbf58476d1ce4e5b9ULL;
+    return (unsigned)(bits >> 58); /* 6 bits: MEMO */
+}
+
 /* A float as orjson writes it. 1: not a float (the Python code answers) */
 static int
 put_float(Out *o, PyObject *x)
@@ -581,10 +601,24 @@ put_float(Out *o, PyObject *x)
     int shortened = put_short(o, d);
     if (shortened != 0)
         return shortened < 0 ? -1 : 0;
+    uint64_t bits;
+    memcpy(&bits, &d, 8);
+    unsigned at = memo_slot(bits);
+    if (memo[at].len && memo[at].bits == bits)
+        return put(o, memo[at].text, memo[at].len);
     PyObject *text = PyObject_CallOneArg(orjson_dumps, x);
     if (text == NULL)
         return -1;
-    int rc = PyBytes_CheckExact(text) ? put(o, PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text)) : 1;
+    int rc = 1;
+    if (PyBytes_CheckExact(text)) {
+        Py_ssize_t n = PyBytes_GET_SIZE(text);
+        rc = put(o, PyBytes_AS_STRING(text), n);
+        if (rc == 0 && n > 0 && n <= MEMO_TEXT) {
+            memo[at].bits = bits;
+            memo[at].len = (unsigned char)n;
+            memcpy(memo[at].text, PyBytes_AS_STRING(text), n);
+        }
+    }
     Py_DECREF(text);
     return rc;
 }

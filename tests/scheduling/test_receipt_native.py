@@ -151,6 +151,17 @@ def test_a_double_is_written_as_orjson_writes_it(x: float) -> None:
 
 
 @needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.lists(number, min_size=1, max_size=300))
+def test_a_double_written_again_is_written_as_before(xs: list[float]) -> None:
+    """The encoder keeps orjson's text of the doubles it wrote by their bits (a pick's terms repeat): a double
+    written again, after others that share or take its place, is the definition's text still."""
+    for x in [*xs, *reversed(xs), *xs]:
+        r = Receipt(("p",), "a", "", ("s",), (x,), (), (), x, 0, 0, (), math.nan, (), ())
+        assert r.json() == r.json_python()
+
+
+@needs_native
 def test_a_receipt_the_encoder_does_not_take_runs_the_python_code() -> None:
     assert compiled is not None
     twice = Receipt(("p",), "a", "", ("s", "s"), (1.0, 2.0), (), (), 0.0, 0, 0, (), math.nan, (), ())
