@@ -331,9 +331,9 @@ class Director:
     ) -> str | None:
         """Read the pick's receipt, show it to the degradation watch (`watched`: its sample) and the sink; its JSON
         when it is emitted."""
-        receipt = reader.read(state, primary, flow_wait_s)
-        if stages and len(self._profile_names) > 1:  # P/D: the decode profile judged, the others booked too
-            receipt = receipt._replace(profiles=self._profile_names[: 1 + stages])
+        # P/D: the decode profile judged, the others booked too
+        profiles = self._profile_names[: 1 + stages] if stages and len(self._profile_names) > 1 else None
+        receipt, text = reader.account(state, primary, flow_wait_s, profiles, self._emit_receipts)
         watch = self.watch  # built with the reader
         transitions = watch.observe(receipt, now) if watched and watch is not None else ()
         sink = self._sink
@@ -347,7 +347,7 @@ class Director:
             sink.receipt(receipt, logged)
             for transition in transitions:
                 sink.transition(transition)
-        return receipt.json() if self._emit_receipts else None
+        return text
 
     def _features(self, snapshot: Snapshot, slot: int, tokens: int, uncached: int, now: float) -> PickFeatures:
         """The picked endpoint as this pick saw it, before its booking: the observation feed's features."""

@@ -795,12 +795,87 @@ end:;
     return result;
 }
 
+/* account(Receipt, profiles, addresses, scorers, scored, total, primary, named, rows, scraped_at, failures,
+ *         candidates, now, staleness_s, max_failures, kv, kv_age, tokens, scratch, lookups, flow_wait, json)
+ *     -> (Receipt, str | None | NotImplemented) | NotImplemented
+ *
+ * `ReceiptReader.account_python` in one call: `receipt_of`'s receipt, whose prefix field is read from the pick's
+ * `scratch` (a dict) by `lookups`, a tuple of (plugin, scratch key) (the `lookup` of those plugins is
+ * `state.scratch.get(key)`: (hashes, matched, reach) when it ran, the field's (plugin, hashes[0] or 0, reach)), and
+ * with `json` true its text (`receipt_json`; NotImplemented: the Python code writes it), else None. A lookup's
+ * value of another shape answers NotImplemented. */
+static PyObject *
+account(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 22) {
+        PyErr_SetString(PyExc_TypeError, "account takes 22 arguments (receipt.py's ReceiptReader.account)");
+        return NULL;
+    }
+    PyObject *scratch = args[18], *lookups = args[19];
+    if (!PyDict_CheckExact(scratch) || !PyTuple_CheckExact(lookups))
+        return Py_NewRef(Py_NotImplemented);
+    Py_ssize_t n = PyTuple_GET_SIZE(lookups);
+    PyObject *prefix = PyTuple_New(n);
+    if (prefix == NULL)
+        return NULL;
+    Py_ssize_t found_count = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *lookup = PyTuple_GET_ITEM(lookups, i);
+        if (!PyTuple_CheckExact(lookup) || PyTuple_GET_SIZE(lookup) != 2)
+            goto other;
+        PyObject *found = PyDict_GetItemWithError(scratch, PyTuple_GET_ITEM(lookup, 1));
+        if (found == NULL) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(prefix);
+                return NULL;
+            }
+            continue;
+        }
+        if (!PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 3 || !PyList_CheckExact(PyTuple_GET_ITEM(found, 0)))
+            goto other;
+        PyObject *hashes = PyTuple_GET_ITEM(found, 0);
+        PyObject *first = PyList_GET_SIZE(hashes) ? PyList_GET_ITEM(hashes, 0) : zero;
+        PyObject *entry = PyTuple_Pack(3, PyTuple_GET_ITEM(lookup, 0), first, PyTuple_GET_ITEM(found, 2));
+        if (entry == NULL) {
+            Py_DECREF(prefix);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(prefix, found_count++, entry);
+    }
+    if (found_count < n && _PyTuple_Resize(&prefix, found_count) < 0)
+        return NULL;
+    PyObject *read_args[20];
+    for (int i = 0; i < 18; i++)
+        read_args[i] = args[i];
+    read_args[18] = prefix;
+    read_args[19] = args[20];
+    PyObject *receipt = receipt_of(self, read_args, 20);
+    Py_DECREF(prefix);
+    if (receipt == NULL || receipt == Py_NotImplemented)
+        return receipt;
+    int json = PyObject_IsTrue(args[21]);
+    PyObject *text = json < 0 ? NULL : json ? receipt_json(self, receipt) : Py_NewRef(Py_None);
+    if (text == NULL) {
+        Py_DECREF(receipt);
+        return NULL;
+    }
+    PyObject *result = PyTuple_Pack(2, receipt, text);
+    Py_DECREF(receipt);
+    Py_DECREF(text);
+    return result;
+other:
+    Py_DECREF(prefix);
+    return Py_NewRef(Py_NotImplemented);
+}
+
 static PyMethodDef methods[] = {
     {"pick_terms", (PyCFunction)(void (*)(void))pick_terms, METH_FASTCALL,
      "The runner-up and both endpoints' terms of a detailed pick (receipt.py's pick_terms_python)."},
     {"receipt_json", (PyCFunction)receipt_json, METH_O, "A receipt's JSON (receipt.py's Receipt.json_python)."},
     {"scored_pairs", (PyCFunction)(void (*)(void))scored_pairs, METH_FASTCALL,
      "(address, score) of each scored slot (receipt.py's scored_pairs_python)."},
+    {"account", (PyCFunction)(void (*)(void))account, METH_FASTCALL,
+     "A detailed pick's receipt and its JSON in one call (receipt.py's ReceiptReader.account_python)."},
     {"receipt_of", (PyCFunction)(void (*)(void))receipt_of, METH_FASTCALL,
      "A detailed pick's receipt in one call (receipt.py's ReceiptReader.read_python)."},
     {"signal_health", (PyCFunction)(void (*)(void))signal_health, METH_FASTCALL,

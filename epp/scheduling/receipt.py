@@ -45,6 +45,8 @@ class Compiled(Protocol):
 
     def receipt_of(self, *fields: object) -> object: ...
 
+    def account(self, *fields: object) -> object: ...
+
     def scored_pairs(self, addresses: object, slots: IntArray, scores: FloatArray) -> object: ...
 
     def signal_health(
@@ -143,6 +145,15 @@ class ReceiptReader:
         lookups += [p for p in producers if isinstance(p, ApproxPrefixCacheProducer)]
         self._lookups = tuple(lookups)
         self._producing = bool(self._precise or self._tokens or self._lookups)
+        # `account`'s one compiled call reads the prefix plugins' lookups from the pick's scratch itself, by their
+        # keys: for a reader without precise or token producers whose lookups are these classes' own (a dict get);
+        # None: `read` then `Receipt.json`.
+        plain = all(type(p).lookup in _SCRATCH_LOOKUPS for p in lookups)
+        self._lookup_keys: tuple[tuple[str, str], ...] | None = (
+            tuple((p.name, p.scratch_key) for p in lookups)
+            if plain and not self._precise and not self._tokens
+            else None
+        )
         self._profiles = (profile,)
         # The snapshot the signal columns were read from, with them and its slots as memoryviews (as
         # `epp.scheduling.fused` keeps them): the director's snapshot is the table's cached view, the same object
@@ -199,6 +210,55 @@ class ReceiptReader:
             flow_wait_s,
         )
         return got if got.__class__ is Receipt else self.read_python(state, primary, flow_wait_s)
+
+    def account(
+        self,
+        state: CycleState,
+        primary: int,
+        flow_wait_s: float = 0.0,
+        profiles: tuple[str, ...] | None = None,
+        json: bool = False,
+    ) -> tuple[Receipt, str | None]:
+        """`account_python`, in one compiled call where it can be (`_receipt.account`: the read, the prefix plugins'
+        lookups and the JSON; every emitted receipt takes it, and each bytecode here costs ~100 instructions)."""
+        keys = self._lookup_keys
+        if _COMPILED is not None and keys is not None:
+            snapshot = state.snapshot
+            columns = self._columns if snapshot is self._snapshot else self._columns_of(snapshot)
+            assert columns is not None
+            candidates = state.candidates
+            scratch = state.scratch
+            scored, total = scratch.get(SCORED, _NOT_SCORED)
+            named, rows = scratch.get(TERMS) or _NO_TERMS
+            freshness = state.freshness
+            got = _COMPILED.account(
+                Receipt, profiles or self._profiles, snapshot.addresses, self.scorers, scored, total, primary, named,
+                rows, columns[0], columns[1], self._slots_view if candidates is self._slots else candidates,
+                state.now, freshness.staleness_s, freshness.max_failures, (), math.nan, (), scratch, keys,
+                flow_wait_s, json,
+            )  # fmt: skip
+            if got.__class__ is tuple:
+                receipt, text = got
+                return receipt, (text if text.__class__ is str else receipt.json_python()) if json else None
+        receipt = self.read(state, primary, flow_wait_s)
+        if profiles is not None:
+            receipt = receipt._replace(profiles=profiles)
+        return receipt, receipt.json() if json else None
+
+    def account_python(
+        self,
+        state: CycleState,
+        primary: int,
+        flow_wait_s: float = 0.0,
+        profiles: tuple[str, ...] | None = None,
+        json: bool = False,
+    ) -> tuple[Receipt, str | None]:
+        """The definition: the receipt of a detailed pick (`read_python`), of `profiles` when given (a P/D pick
+        names every profile it booked), and with `json` its JSON (`Receipt.json_python`), else None."""
+        receipt = self.read_python(state, primary, flow_wait_s)
+        if profiles is not None:
+            receipt = receipt._replace(profiles=profiles)
+        return receipt, receipt.json_python() if json else None
 
     def _columns_of(self, snapshot: Snapshot) -> tuple[memoryview, memoryview]:
         self._snapshot = snapshot
@@ -283,6 +343,8 @@ _NOTHING_PRODUCED: Produced = ((), math.nan, (), ())
 _NOT_SCORED: tuple[None, None] = (None, None)
 _new_receipt = tuple.__new__
 _NO_TERMS: tuple[list[tuple[str, bool, float]], None] = ([], None)
+# The `lookup`s that are `state.scratch.get(self.scratch_key)`, which `_receipt.account` reads by the key.
+_SCRATCH_LOOKUPS = (PrefixCacheScorer.lookup, ApproxPrefixCacheProducer.lookup)
 
 
 def signal_health_python(
