@@ -36,7 +36,7 @@ from epp.requests import InferenceRequest
 from epp.scheduling import conformance_selection
 from epp.scheduling.degradation import DegradationWatch, Transition
 from epp.scheduling.framework import CycleState
-from epp.scheduling.pick_detail import PickDetail
+from epp.scheduling.pick_detail import BUFFERS, PickDetail
 from epp.scheduling.producers import estimate_tokens
 from epp.scheduling.receipt import Receipt, ReceiptReader, scored_pairs
 from epp.scheduling.scheduler import Routing, Scheduler
@@ -94,7 +94,12 @@ WATCH_EVERY = 32
 
 
 def _scores(addresses: Sequence[str], detail: PickDetail) -> tuple[tuple[str, float], ...]:
-    """(address, weighted score) of every endpoint the primary profile scored."""
+    """(address, weighted score) of every endpoint the primary profile scored (from the arrays' memoryviews where
+    the runner keeps them: `pick_detail.BUFFERS`)."""
+    state = detail.state
+    buffers = state.scratch.get(BUFFERS) if state is not None else None
+    if buffers is not None:
+        return scored_pairs(addresses, buffers[0], buffers[1])
     return scored_pairs(addresses, detail.scored, detail.scores)
 
 

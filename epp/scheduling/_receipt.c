@@ -868,6 +868,264 @@ other:
     return Py_NewRef(Py_NotImplemented);
 }
 
+/* -- the receipts' fold (epp.app.receipt_metrics.ReceiptMetrics._fold_python) --------------------------------- */
+
+static PyObject *s_precise, *s_approximate, *s_render, *s_estimate, *s_hit, *s_miss;
+
+static int
+floats_of(PyObject *t, Py_ssize_t width) /* an exact tuple of `width` exact floats */
+{
+    if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != width)
+        return 0;
+    for (Py_ssize_t i = 0; i < width; i++)
+        if (!PyFloat_CheckExact(PyTuple_GET_ITEM(t, i)))
+            return 0;
+    return 1;
+}
+
+static int
+entries_of(PyObject *t, Py_ssize_t width) /* an exact tuple of exact tuples of `width`, each a str first */
+{
+    if (!PyTuple_CheckExact(t))
+        return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++) {
+        PyObject *e = PyTuple_GET_ITEM(t, i);
+        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != width || !PyUnicode_CheckExact(PyTuple_GET_ITEM(e, 0)))
+            return 0;
+    }
+    return 1;
+}
+
+static int
+count_mode(PyObject *modes, PyObject *name, PyObject *mode) /* modes[(name, mode)] += 1 */
+{
+    PyObject *key = PyTuple_Pack(2, name, mode);
+    if (key == NULL)
+        return -1;
+    PyObject *old = PyDict_GetItemWithError(modes, key);
+    long long n = 0;
+    if (old != NULL) {
+        n = PyLong_Check(old) ? PyLong_AsLongLong(old) : -1;
+        if (n == -1 && (PyErr_Occurred() || !PyLong_Check(old))) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "a mode's count is not an int");
+            Py_DECREF(key);
+            return -1;
+        }
+    } else if (PyErr_Occurred()) {
+        Py_DECREF(key);
+        return -1;
+    }
+    PyObject *value = PyLong_FromLongLong(n + 1);
+    int rc = value == NULL ? -1 : PyDict_SetItem(modes, key, value);
+    Py_XDECREF(value);
+    Py_DECREF(key);
+    return rc;
+}
+
+static int
+add_to(PyObject *sums, PyObject *name, double x) /* sums[name] = sums.get(name, 0.0) + x */
+{
+    PyObject *old = PyDict_GetItemWithError(sums, name);
+    double base = 0.0;
+    if (old != NULL) {
+        base = PyFloat_AsDouble(old);
+        if (base == -1.0 && PyErr_Occurred())
+            return -1;
+    } else if (PyErr_Occurred())
+        return -1;
+    PyObject *value = PyFloat_FromDouble(base + x);
+    int rc = value == NULL ? -1 : PyDict_SetItem(sums, name, value);
+    Py_XDECREF(value);
+    return rc;
+}
+
+#define MAX_BUCKETS 64
+
+static Py_ssize_t
+bucket_of(const double *bounds, Py_ssize_t n, double x) /* bisect_left */
+{
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (bounds[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int
+add_counts(PyObject *counts, const long long *deltas, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!deltas[i])
+            continue;
+        long long was = PyLong_AsLongLong(PyList_GET_ITEM(counts, i));
+        if (was == -1 && PyErr_Occurred())
+            return -1;
+        PyObject *value = PyLong_FromLongLong(was + deltas[i]);
+        if (value == NULL)
+            return -1;
+        PyList_SetItem(counts, i, value);
+    }
+    return 0;
+}
+
+/* fold(raw, contribution, margin, modes, bounds, metrics_counts, kv_counts, metrics_sum, kv_sum)
+ *     -> (metrics_sum, kv_sum) | NotImplemented
+ *
+ * `ReceiptMetrics._fold_python` of the receipts `raw` (a list) into its dicts and its two histograms' bucket
+ * counts (lists of ints, one per bound and +Inf), their sums given and answered: the same operations in the same
+ * order, so the same doubles (a term column summed over the batch from 0.0, then added; the margin as the paired
+ * receipts' column sum less the runner-ups'; ages added one after another; modes counted). The usual batch only:
+ * every receipt naming the same scorers, its terms one per scorer, a runner-up's too or none, fields of the types a
+ * read gives; anything else answers NotImplemented before anything is written, and the Python code folds. */
+static PyObject *
+fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "fold takes raw, contribution, margin, modes, bounds, metrics_counts, "
+                                         "kv_counts, metrics_sum, kv_sum");
+        return NULL;
+    }
+    PyObject *raw = args[0], *contribution = args[1], *margin = args[2], *modes = args[3], *bounds_arg = args[4];
+    PyObject *metrics_counts = args[5], *kv_counts = args[6];
+    if (!PyList_CheckExact(raw) || !PyDict_CheckExact(contribution) || !PyDict_CheckExact(margin) ||
+        !PyDict_CheckExact(modes) || !PyTuple_CheckExact(bounds_arg) || !PyList_CheckExact(metrics_counts) ||
+        !PyList_CheckExact(kv_counts) || !PyFloat_CheckExact(args[7]) || !PyFloat_CheckExact(args[8]))
+        return Py_NewRef(Py_NotImplemented);
+    Py_ssize_t nb = PyTuple_GET_SIZE(bounds_arg);
+    if (nb >= MAX_BUCKETS || PyList_GET_SIZE(metrics_counts) != nb + 1 || PyList_GET_SIZE(kv_counts) != nb + 1)
+        return Py_NewRef(Py_NotImplemented);
+    double bounds[MAX_BUCKETS];
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        PyObject *b = PyTuple_GET_ITEM(bounds_arg, i);
+        if (!PyFloat_CheckExact(b))
+            return Py_NewRef(Py_NotImplemented);
+        bounds[i] = PyFloat_AS_DOUBLE(b);
+    }
+    for (Py_ssize_t i = 0; i <= nb; i++)
+        if (!PyLong_CheckExact(PyList_GET_ITEM(metrics_counts, i)) || !PyLong_CheckExact(PyList_GET_ITEM(kv_counts, i)))
+            return Py_NewRef(Py_NotImplemented);
+    Py_ssize_t n = PyList_GET_SIZE(raw);
+    if (n == 0)
+        return Py_BuildValue("(OO)", args[7], args[8]);
+    /* validate first: nothing is written unless the whole batch folds here */
+    PyObject *names = NULL;
+    Py_ssize_t width = 0;
+    int unpaired = 0, paired = 0;
+    for (Py_ssize_t r = 0; r < n; r++) {
+        PyObject *rc = PyList_GET_ITEM(raw, r);
+        if (!PyTuple_Check(rc) || PyTuple_GET_SIZE(rc) != FIELDS)
+            return Py_NewRef(Py_NotImplemented);
+        PyObject *const *f = &PyTuple_GET_ITEM(rc, 0);
+        if (names == NULL) {
+            names = f[SCORERS];
+            if (!PyTuple_CheckExact(names) || PyTuple_GET_SIZE(names) > MAX_TERMS)
+                return Py_NewRef(Py_NotImplemented);
+            width = PyTuple_GET_SIZE(names);
+            for (Py_ssize_t t = 0; t < width; t++)
+                if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(names, t)))
+                    return Py_NewRef(Py_NotImplemented);
+        } else if (f[SCORERS] != names) {
+            int same = PyTuple_CheckExact(f[SCORERS]) ? PyObject_RichCompareBool(f[SCORERS], names, Py_EQ) : 0;
+            if (same < 0)
+                return NULL;
+            if (!same)
+                return Py_NewRef(Py_NotImplemented);
+        }
+        if (width) {
+            if (!floats_of(f[CHOSEN_TERMS], width))
+                return Py_NewRef(Py_NotImplemented);
+            if (PyTuple_CheckExact(f[RUNNER_TERMS]) && PyTuple_GET_SIZE(f[RUNNER_TERMS]) == 0)
+                unpaired = 1;
+            else if (floats_of(f[RUNNER_TERMS], width))
+                paired = 1;
+            else
+                return Py_NewRef(Py_NotImplemented);
+        }
+        if (!entries_of(f[KV], 4) || !entries_of(f[TOKENS], 2) || !entries_of(f[PREFIX], 3) ||
+            !PyFloat_CheckExact(f[METRICS_AGE]) || !PyFloat_CheckExact(f[KV_AGE]))
+            return Py_NewRef(Py_NotImplemented);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[KV]); i++)
+            if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(PyTuple_GET_ITEM(f[KV], i), 1)))
+                return Py_NewRef(Py_NotImplemented);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[TOKENS]); i++)
+            if (!PyBool_Check(PyTuple_GET_ITEM(PyTuple_GET_ITEM(f[TOKENS], i), 1)))
+                return Py_NewRef(Py_NotImplemented);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[PREFIX]); i++)
+            if (!PyLong_CheckExact(PyTuple_GET_ITEM(PyTuple_GET_ITEM(f[PREFIX], i), 2)))
+                return Py_NewRef(Py_NotImplemented);
+    }
+    /* the terms: each column summed over the batch (sum(): from 0.0, one after another), then added */
+    if (width) {
+        double chosen[MAX_TERMS], paired_sum[MAX_TERMS], runner[MAX_TERMS];
+        for (Py_ssize_t t = 0; t < width; t++)
+            chosen[t] = paired_sum[t] = runner[t] = 0.0;
+        for (Py_ssize_t r = 0; r < n; r++) {
+            PyObject *const *f = &PyTuple_GET_ITEM(PyList_GET_ITEM(raw, r), 0);
+            int has_runner = PyTuple_GET_SIZE(f[RUNNER_TERMS]) > 0;
+            for (Py_ssize_t t = 0; t < width; t++) {
+                double x = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(f[CHOSEN_TERMS], t));
+                chosen[t] += x;
+                if (has_runner) {
+                    paired_sum[t] += x;
+                    runner[t] += PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(f[RUNNER_TERMS], t));
+                }
+            }
+        }
+        const double *pairs = unpaired ? paired_sum : chosen; /* every receipt paired: the chosen sums themselves */
+        for (Py_ssize_t t = 0; t < width; t++) {
+            PyObject *name = PyTuple_GET_ITEM(names, t);
+            if (add_to(contribution, name, chosen[t]) < 0)
+                return NULL;
+            if (paired && add_to(margin, name, pairs[t] - runner[t]) < 0)
+                return NULL;
+        }
+    }
+    /* the modes, then the ages */
+    long long metrics_deltas[MAX_BUCKETS] = {0}, kv_deltas[MAX_BUCKETS] = {0};
+    double metrics_sum = PyFloat_AS_DOUBLE(args[7]), kv_sum = PyFloat_AS_DOUBLE(args[8]);
+    for (Py_ssize_t r = 0; r < n; r++) {
+        PyObject *const *f = &PyTuple_GET_ITEM(PyList_GET_ITEM(raw, r), 0);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[KV]); i++) {
+            PyObject *e = PyTuple_GET_ITEM(f[KV], i);
+            int precise = PyUnicode_Compare(PyTuple_GET_ITEM(e, 1), s_precise);
+            if (precise == -1 && PyErr_Occurred())
+                return NULL;
+            if (count_mode(modes, PyTuple_GET_ITEM(e, 0), precise == 0 ? s_precise : s_approximate) < 0)
+                return NULL;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[TOKENS]); i++) {
+            PyObject *e = PyTuple_GET_ITEM(f[TOKENS], i);
+            if (count_mode(modes, PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 1) == Py_True ? s_render : s_estimate) < 0)
+                return NULL;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[PREFIX]); i++) {
+            PyObject *e = PyTuple_GET_ITEM(f[PREFIX], i);
+            int hit = PyObject_RichCompareBool(PyTuple_GET_ITEM(e, 2), zero, Py_GT);
+            if (hit < 0 || count_mode(modes, PyTuple_GET_ITEM(e, 0), hit ? s_hit : s_miss) < 0)
+                return NULL;
+        }
+        double age = PyFloat_AS_DOUBLE(f[METRICS_AGE]);
+        if (age < INFINITY) {
+            metrics_deltas[bucket_of(bounds, nb, age)]++;
+            metrics_sum += age;
+        }
+        double kv_age = PyFloat_AS_DOUBLE(f[KV_AGE]);
+        if (PyTuple_GET_SIZE(f[KV]) && kv_age < INFINITY) {
+            kv_deltas[bucket_of(bounds, nb, kv_age)]++;
+            kv_sum += kv_age;
+        }
+    }
+    if (add_counts(metrics_counts, metrics_deltas, nb + 1) < 0 || add_counts(kv_counts, kv_deltas, nb + 1) < 0)
+        return NULL;
+    return Py_BuildValue("(dd)", metrics_sum, kv_sum);
+}
+
 static PyMethodDef methods[] = {
     {"pick_terms", (PyCFunction)(void (*)(void))pick_terms, METH_FASTCALL,
      "The runner-up and both endpoints' terms of a detailed pick (receipt.py's pick_terms_python)."},
@@ -876,6 +1134,8 @@ static PyMethodDef methods[] = {
      "(address, score) of each scored slot (receipt.py's scored_pairs_python)."},
     {"account", (PyCFunction)(void (*)(void))account, METH_FASTCALL,
      "A detailed pick's receipt and its JSON in one call (receipt.py's ReceiptReader.account_python)."},
+    {"fold", (PyCFunction)(void (*)(void))fold, METH_FASTCALL,
+     "A batch of receipts into the aggregates (receipt_metrics.py's ReceiptMetrics._fold_python)."},
     {"receipt_of", (PyCFunction)(void (*)(void))receipt_of, METH_FASTCALL,
      "A detailed pick's receipt in one call (receipt.py's ReceiptReader.read_python)."},
     {"signal_health", (PyCFunction)(void (*)(void))signal_health, METH_FASTCALL,
@@ -890,7 +1150,14 @@ setup_module(PyObject *module)
     zero = PyLong_FromLong(0);
     empty_str = PyUnicode_FromString("");
     no_terms = Py_BuildValue("(i()()())", -1);
-    if (zero == NULL || empty_str == NULL || no_terms == NULL)
+    s_precise = PyUnicode_InternFromString("precise");
+    s_approximate = PyUnicode_InternFromString("approximate");
+    s_render = PyUnicode_InternFromString("render");
+    s_estimate = PyUnicode_InternFromString("estimate");
+    s_hit = PyUnicode_InternFromString("hit");
+    s_miss = PyUnicode_InternFromString("miss");
+    if (zero == NULL || empty_str == NULL || no_terms == NULL || s_precise == NULL || s_approximate == NULL ||
+        s_render == NULL || s_estimate == NULL || s_hit == NULL || s_miss == NULL)
         return -1;
     PyObject *orjson = PyImport_ImportModule("orjson"); /* as receipt.py imports it */
     if (orjson == NULL)

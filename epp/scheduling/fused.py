@@ -27,7 +27,7 @@ import numpy as np
 from epp.datastore import Freshness, Snapshot
 from epp.datastore.table import FloatArray, IntArray
 from epp.scheduling.framework import CycleState, Filter, Picker, Scorer
-from epp.scheduling.pick_detail import SCORED, TERMS
+from epp.scheduling.pick_detail import BUFFERS, SCORED, TERMS
 from epp.scheduling.pickers import _TIE, MaxScorePicker
 from epp.scheduling.prefix import PrefixCacheScorer
 from epp.scheduling.saturation import SaturationFilter
@@ -131,7 +131,7 @@ class FusedDefault:
         if views is None:
             views = self._views_of(buffers, shape)
         scratch = state.scratch
-        scratch[SCORED], scratch[TERMS] = views
+        scratch[SCORED], scratch[TERMS], scratch[BUFFERS] = views
         return (slot,)
 
     def _buffers_of(self, size: int) -> _Buffers:
@@ -145,7 +145,8 @@ class FusedDefault:
 
     def _views_of(self, buffers: _Buffers, shape: tuple[int, ...]) -> _Views:
         """What the state keeps of a detailed pick of `shape` (the kernel's (k, has, the constants' bits)): views of
-        the buffers, read-only, and the terms' names with the constants (the values the kernel just wrote)."""
+        the buffers, read-only (and as memoryviews: `pick_detail.BUFFERS`), and the terms' names with the constants
+        (the values the kernel just wrote)."""
         totals, (kept, rows, constants), by_shape = buffers
         k, has = shape[0], shape[1]
         if len(by_shape) >= 64:
@@ -158,13 +159,19 @@ class FusedDefault:
         out: tuple[np.ndarray, ...] = (kept[:k], totals[:k], rows[: m * k].reshape(m, k))
         for view in out:
             view.flags.writeable = False
-        views: _Views = ((out[0], out[1]), (named, out[2] if m else None))
+        rows_out = out[2] if m else None
+        buffers_out = (out[0].data, out[1].data, rows_out.data if rows_out is not None else None)
+        views: _Views = ((out[0], out[1]), (named, rows_out), buffers_out)
         by_shape[shape] = views
         return views
 
 
 # A pool size's kernel outputs: totals, (kept, rows, constants), and the views of them by the detail's shape.
-_Views = tuple[tuple[IntArray, FloatArray], tuple[list[tuple[str, bool, float]], FloatArray | None]]
+_Views = tuple[
+    tuple[IntArray, FloatArray],
+    tuple[list[tuple[str, bool, float]], FloatArray | None],
+    tuple[memoryview, memoryview, memoryview | None],
+]
 _Buffers = tuple[FloatArray, tuple[IntArray, FloatArray, FloatArray], dict[tuple[int, ...], _Views]]
 
 

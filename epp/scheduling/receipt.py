@@ -26,7 +26,7 @@ import orjson
 from epp.datastore.freshness import Freshness, usable
 from epp.datastore.table import FloatArray, IntArray, Snapshot
 from epp.scheduling.framework import CycleState, Producer, produced
-from epp.scheduling.pick_detail import SCORED, TERMS
+from epp.scheduling.pick_detail import BUFFERS, SCORED, TERMS
 from epp.scheduling.precise import NEVER, PrecisePrefixCacheProducer
 from epp.scheduling.prefix import PrefixCacheScorer
 from epp.scheduling.producers import ApproxPrefixCacheProducer, TokenProducer
@@ -47,7 +47,9 @@ class Compiled(Protocol):
 
     def account(self, *fields: object) -> object: ...
 
-    def scored_pairs(self, addresses: object, slots: IntArray, scores: FloatArray) -> object: ...
+    def fold(self, *fields: object) -> object: ...
+
+    def scored_pairs(self, addresses: object, slots: object, scores: object) -> object: ...
 
     def signal_health(
         self,
@@ -228,8 +230,12 @@ class ReceiptReader:
             assert columns is not None
             candidates = state.candidates
             scratch = state.scratch
-            scored, total = scratch.get(SCORED, _NOT_SCORED)
             named, rows = scratch.get(TERMS) or _NO_TERMS
+            buffers = scratch.get(BUFFERS)  # the same arrays as memoryviews, where the runner keeps them so
+            if buffers is not None:
+                scored, total, rows = buffers
+            else:
+                scored, total = scratch.get(SCORED, _NOT_SCORED)
             freshness = state.freshness
             got = _COMPILED.account(
                 Receipt, profiles or self._profiles, snapshot.addresses, self.scorers, scored, total, primary, named,
@@ -415,19 +421,29 @@ def pick_terms(
     return pick_terms_python(scored, total, primary, named, rows)
 
 
-def scored_pairs_python(addresses: Sequence[str], slots: IntArray, scores: FloatArray) -> tuple[tuple[str, float], ...]:
+def scored_pairs_python(
+    addresses: Sequence[str], slots: IntArray | memoryview, scores: FloatArray | memoryview
+) -> tuple[tuple[str, float], ...]:
     """The definition: (address, weighted score) of every endpoint a detailed pick scored (`slots`, `scores`: its
     `PickDetail`), the `envoy.lb` scores struct's entries and the decision's `scores`."""
     # Plain ints and floats first (`tolist`, one call each): iterating the arrays makes a numpy scalar per element.
     listed: list[int] = slots.tolist()
-    values: list[float] = scores.tolist()
+    values: list[float] = scores.tolist()  # type: ignore[assignment]  # floats here
     return tuple((addresses[slot], score) for slot, score in zip(listed, values, strict=True))
 
 
-def scored_pairs(addresses: Sequence[str], slots: IntArray, scores: FloatArray) -> tuple[tuple[str, float], ...]:
+def scored_pairs(
+    addresses: Sequence[str], slots: IntArray | memoryview, scores: FloatArray | memoryview
+) -> tuple[tuple[str, float], ...]:
     """`scored_pairs_python`, compiled when it can be (a tuple a pair built in Python: ~15k instructions on 8)."""
     if _COMPILED is not None:
         got = _COMPILED.scored_pairs(addresses, slots, scores)
         if got.__class__ is tuple:
             return got
     return scored_pairs_python(addresses, slots, scores)
+
+
+def fold_compiled(*fields: object) -> object:
+    """`_receipt.fold` (`epp.app.receipt_metrics.ReceiptMetrics._fold_python` in one call), NotImplemented without
+    the compiled code."""
+    return _COMPILED.fold(*fields) if _COMPILED is not None else NotImplemented

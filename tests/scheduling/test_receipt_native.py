@@ -362,7 +362,11 @@ class _Lookup:
 @settings(max_examples=500, deadline=None)
 @given(read_cases(), number, st.booleans(), st.booleans(), st.data())
 def test_the_compiled_account_is_the_python_definition(
-    case: tuple[receipt.ReceiptReader, SimpleNamespace, int], flow_wait: float, json: bool, pd: bool, data: st.DataObject
+    case: tuple[receipt.ReceiptReader, SimpleNamespace, int],
+    flow_wait: float,
+    json: bool,
+    pd: bool,
+    data: st.DataObject,
 ) -> None:
     """`account` (the read, the prefix plugins' lookups from the scratch, the JSON: one call) is `account_python`."""
     reader, state, primary = case
