@@ -122,7 +122,7 @@ class FusedDefault:
         columns = self._columns if snapshot is self._snapshot else self._columns_of(snapshot)
         got = kernels.fused_pick(
             self._slots_view if candidates is self._slots else candidates,
-            columns, state.now - self.staleness_s, state, self._fixed, buffers[0], buffers[1],
+            columns, state.now - self.staleness_s, state, self._fixed, buffers[3], buffers[4],
         )  # fmt: skip
         if got.__class__ is not tuple:
             return None
@@ -139,7 +139,11 @@ class FusedDefault:
         if len(self._buffers) >= 64:  # pool sizes seen (subsets narrow them): bounded
             self._buffers.clear()
         kept: IntArray = np.empty(size, dtype=np.int64)
-        buffers: _Buffers = (np.empty(size), (kept, np.empty(4 * size), np.empty(4)), {})
+        totals, rows, constants = np.empty(size), np.empty(4 * size), np.empty(4)
+        # The kernel gets them as memoryviews (numpy's buffer export costs ~800 instructions an array, four a pick).
+        buffers: _Buffers = (
+            totals, (kept, rows, constants), {}, totals.data, (kept.data, rows.data, constants.data)
+        )  # fmt: skip
         self._buffers[size] = buffers
         return buffers
 
@@ -147,7 +151,7 @@ class FusedDefault:
         """What the state keeps of a detailed pick of `shape` (the kernel's (k, has, the constants' bits)): views of
         the buffers, read-only (and as memoryviews: `pick_detail.BUFFERS`), and the terms' names with the constants
         (the values the kernel just wrote)."""
-        totals, (kept, rows, constants), by_shape = buffers
+        totals, (kept, rows, constants), by_shape, *_ = buffers
         k, has = shape[0], shape[1]
         if len(by_shape) >= 64:
             by_shape.clear()
@@ -166,13 +170,20 @@ class FusedDefault:
         return views
 
 
-# A pool size's kernel outputs: totals, (kept, rows, constants), and the views of them by the detail's shape.
+# A pool size's kernel outputs: totals, (kept, rows, constants), the views of them by the detail's shape, and the
+# outputs again as memoryviews (what the kernel is handed).
 _Views = tuple[
     tuple[IntArray, FloatArray],
     tuple[list[tuple[str, bool, float]], FloatArray | None],
     tuple[memoryview, memoryview, memoryview | None],
 ]
-_Buffers = tuple[FloatArray, tuple[IntArray, FloatArray, FloatArray], dict[tuple[int, ...], _Views]]
+_Buffers = tuple[
+    FloatArray,
+    tuple[IntArray, FloatArray, FloatArray],
+    dict[tuple[int, ...], _Views],
+    memoryview,
+    tuple[memoryview, memoryview, memoryview],
+]
 
 
 def fused_default(

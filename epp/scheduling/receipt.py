@@ -236,6 +236,8 @@ class ReceiptReader:
                 scored, total, rows = buffers
             else:
                 scored, total = scratch.get(SCORED, _NOT_SCORED)
+                if scored is self._slots:  # every slot scored (a random pick's): the cached memoryview
+                    scored = self._slots_view
             freshness = state.freshness
             got = _COMPILED.account(
                 Receipt, profiles or self._profiles, snapshot.addresses, self.scorers, scored, total, primary, named,
