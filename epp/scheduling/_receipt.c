@@ -413,6 +413,7 @@ done:
 typedef struct {
     char *buf;
     Py_ssize_t len, cap;
+    int ascii; /* every str written was ASCII: the text is made without UTF-8's decoding */
     char small[1024];
 } Out;
 
@@ -434,7 +435,7 @@ reserve(Out *o, Py_ssize_t more)
     return 0;
 }
 
-static int
+static inline __attribute__((always_inline)) int
 put(Out *o, const char *s, Py_ssize_t n)
 {
     if (reserve(o, n) < 0)
@@ -445,6 +446,19 @@ put(Out *o, const char *s, Py_ssize_t n)
 }
 
 #define PUT(o, lit) put((o), (lit), (Py_ssize_t)sizeof(lit) - 1)
+
+/* Whether none of 8 bytes needs an escape (a control character, '"', '\\'): the exact "has a byte less than" and
+ * "has a zero byte" word tests (a borrow only ever spreads above a byte that matches) */
+static inline int
+clean8(uint64_t x)
+{
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    uint64_t control = (x - ones * 0x20) & ~x & highs;
+    uint64_t quote = x ^ (ones * (unsigned char)'"'), backslash = x ^ (ones * (unsigned char)'\\');
+    quote = (quote - ones) & ~quote & highs;
+    backslash = (backslash - ones) & ~backslash & highs;
+    return !(control | quote | backslash);
+}
 
 /* 1: not a str orjson writes (not exact str, surrogates: the Python code answers or raises) */
 static int
@@ -458,11 +472,25 @@ put_str(Out *o, PyObject *s)
         PyErr_Clear();
         return 1;
     }
+    if (!PyUnicode_IS_ASCII(s))
+        o->ascii = 0;
     if (reserve(o, 6 * n + 2) < 0)
         return -1;
     char *w = o->buf + o->len;
     *w++ = '"';
-    for (Py_ssize_t i = 0; i < n; i++) {
+    Py_ssize_t plain = 0; /* the leading run that needs no escape (all of it, usually): one copy */
+    while (plain + 8 <= n) { /* eight bytes at a time */
+        uint64_t x;
+        memcpy(&x, u + plain, 8);
+        if (!clean8(x))
+            break;
+        plain += 8;
+    }
+    while (plain < n && (unsigned char)u[plain] >= 0x20 && u[plain] != '"' && u[plain] != '\\')
+        plain++;
+    memcpy(w, u, plain);
+    w += plain;
+    for (Py_ssize_t i = plain; i < n; i++) {
         unsigned char c = (unsigned char)u[i];
         if (c >= 0x20 && c != '"' && c != '\\') {
             *w++ = (char)c;
@@ -640,6 +668,8 @@ distinct(PyObject *const *names, Py_ssize_t n)
     return 1;
 }
 
+static PyObject *distinct_scorers; /* the last scorers tuple found without a name twice (a tuple: immutable) */
+
 /* The Receipt's fields, by position (epp.scheduling.receipt.Receipt). */
 enum { PROFILES, CHOSEN, RUNNER_UP, SCORERS, CHOSEN_TERMS, RUNNER_TERMS, CONSTANT, METRICS_AGE, STALE, MISSING, KV,
        KV_AGE, TOKENS, PREFIX, CANDIDATES, FLOW_WAIT, FIELDS };
@@ -735,12 +765,16 @@ receipt_json(PyObject *self, PyObject *receipt)
     int paired = PyTuple_GET_SIZE(runner) > 0;
     if (PyTuple_GET_SIZE(scorers) != k || (paired && PyTuple_GET_SIZE(runner) != k) || k > MAX_TERMS)
         return Py_NewRef(Py_NotImplemented); /* zip(strict=True) raises: the Python code says so */
-    if (!distinct(&PyTuple_GET_ITEM(scorers, 0), k))
-        return Py_NewRef(Py_NotImplemented);
+    if (scorers != distinct_scorers) { /* a reader's scorers are the same tuple receipt after receipt */
+        if (!distinct(&PyTuple_GET_ITEM(scorers, 0), k))
+            return Py_NewRef(Py_NotImplemented);
+        Py_XSETREF(distinct_scorers, Py_NewRef(scorers)); /* held: its address is not another tuple's meanwhile */
+    }
     Out o;
     o.buf = o.small;
     o.len = 0;
     o.cap = sizeof o.small;
+    o.ascii = 1;
     int rc = 0;
     TRY(PUT(&o, "{\"profiles\":["));
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[PROFILES]); i++) {
@@ -789,7 +823,13 @@ receipt_json(PyObject *self, PyObject *receipt)
     }
     TRY(PUT(&o, "}"));
 end:;
-    PyObject *result = rc == 0 ? PyUnicode_DecodeUTF8(o.buf, o.len, NULL) : rc > 0 ? Py_NewRef(Py_NotImplemented) : NULL;
+    PyObject *result;
+    if (rc == 0 && o.ascii) {
+        result = PyUnicode_New(o.len, 127);
+        if (result != NULL)
+            memcpy(PyUnicode_DATA(result), o.buf, o.len);
+    } else
+        result = rc == 0 ? PyUnicode_DecodeUTF8(o.buf, o.len, NULL) : rc > 0 ? Py_NewRef(Py_NotImplemented) : NULL;
     if (o.buf != o.small)
         PyMem_Free(o.buf);
     return result;

@@ -412,3 +412,16 @@ def test_an_account_of_the_usual_shape_is_one_compiled_call() -> None:
         Receipt, ("p",), ("w", "x", "y", "z"), ("a",), *args, *columns, 10.0, 2.0, 3, (), math.nan, (),
         {"k": "other"}, (("q", "k"),), 0.0, True,
     ) is NotImplemented  # fmt: skip
+
+
+@needs_native
+@settings(max_examples=500, deadline=None)
+@given(
+    st.text(st.characters(blacklist_categories=["Cs"]), max_size=40),
+    st.text(st.sampled_from('ab"\\\x01\x1f\x7f é/'), max_size=40),
+)
+def test_a_long_str_is_escaped_as_orjson_escapes_it(a: str, b: str) -> None:
+    """Names and addresses longer than the encoder's eight-byte scan, what needs an escape anywhere in them."""
+    assert compiled is not None
+    r = Receipt((a, b), b, a + b, ("s",), (1.0,), (), (), 0.0, 0, 0, (), math.nan, (), ())
+    assert compiled.receipt_json(r) == r.json_python()
