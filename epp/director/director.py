@@ -292,12 +292,14 @@ class Director:
         pick = self._features(snapshot, primary, tokens, prefill, now) if self._learners else None
         self._table.book_pick(primary, tokens, prefill)  # the prefill booked with it, in the same call
         addresses = snapshot.addresses
-        scores = _scores(addresses, detail) if self._emit_scores and detail is not None else ()
         routing = self._routing(slots, addresses) if self._routing is not None else None
         receipt = None
         if account and detail is not None and detail.state is not None and self._reader is not None:
             stages = len(routing.stages) if routing is not None else 0
-            receipt = self._account(self._reader, detail.state, primary, stages, request.queued_s, now, watched)
+            # the scores' pairs written by the receipt's own compiled call
+            receipt, scores = self._account(self._reader, detail.state, primary, stages, request.queued_s, now, watched)
+        else:
+            scores = _scores(addresses, detail) if self._emit_scores and detail is not None else ()
         if routing is not None:
             decision = self._routed(routing, primary, degraded, body, original_model, request.model, tokens)
             decision = decision._replace(prefill=prefill)
@@ -333,12 +335,14 @@ class Director:
         flow_wait_s: float,
         now: float,
         watched: bool,
-    ) -> str | None:
+    ) -> tuple[str | None, tuple[tuple[str, float], ...]]:
         """Read the pick's receipt, show it to the degradation watch (`watched`: its sample) and the sink; its JSON
-        when it is emitted."""
+        when it is emitted, and the scores' pairs when they are."""
         # P/D: the decode profile judged, the others booked too
         profiles = self._profile_names[: 1 + stages] if stages and len(self._profile_names) > 1 else None
-        receipt, text = reader.account(state, primary, flow_wait_s, profiles, self._emit_receipts)
+        receipt, text, scores = reader.account(
+            state, primary, flow_wait_s, profiles, self._emit_receipts, self._emit_scores
+        )
         watch = self.watch  # built with the reader
         transitions = watch.observe(receipt, now) if watched and watch is not None else ()
         sink = self._sink
@@ -352,7 +356,7 @@ class Director:
             sink.receipt(receipt, logged)
             for transition in transitions:
                 sink.transition(transition)
-        return text
+        return text, scores
 
     def _features(self, snapshot: Snapshot, slot: int, tokens: int, uncached: int, now: float) -> PickFeatures:
         """The picked endpoint as this pick saw it, before its booking: the observation feed's features."""

@@ -180,7 +180,20 @@ pick_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(inert);
         goto done;
     }
-    result = Py_BuildValue("(LNNN)", runner >= 0 ? (long long)slots[runner] : -1LL, chosen_out, runner_out, inert);
+    /* the tuple built directly: Py_BuildValue's format parsing costs ~600 instructions a call */
+    PyObject *runner_slot = PyLong_FromLongLong(runner >= 0 ? (long long)slots[runner] : -1LL);
+    result = runner_slot != NULL ? PyTuple_New(4) : NULL;
+    if (result == NULL) {
+        Py_XDECREF(runner_slot);
+        Py_DECREF(chosen_out);
+        Py_DECREF(runner_out);
+        Py_DECREF(inert);
+        goto done;
+    }
+    PyTuple_SET_ITEM(result, 0, runner_slot);
+    PyTuple_SET_ITEM(result, 1, chosen_out);
+    PyTuple_SET_ITEM(result, 2, runner_out);
+    PyTuple_SET_ITEM(result, 3, inert);
 done:
     if (has_rows)
         PyBuffer_Release(&rows_view);
@@ -316,7 +329,19 @@ health_of(PyObject *const *args, Py_ssize_t *count)
         }
     }
     double last = scraped[primary];
-    result = Py_BuildValue("(dll)", last == last ? now - last : (double)INFINITY, stale, missing);
+    PyObject *age = PyFloat_FromDouble(last == last ? now - last : (double)INFINITY);
+    PyObject *stale_n = age != NULL ? PyLong_FromLong(stale) : NULL;
+    PyObject *missing_n = stale_n != NULL ? PyLong_FromLong(missing) : NULL;
+    result = missing_n != NULL ? PyTuple_New(3) : NULL;
+    if (result == NULL) {
+        Py_XDECREF(age);
+        Py_XDECREF(stale_n);
+        Py_XDECREF(missing_n);
+        goto done;
+    }
+    PyTuple_SET_ITEM(result, 0, age);
+    PyTuple_SET_ITEM(result, 1, stale_n);
+    PyTuple_SET_ITEM(result, 2, missing_n);
 done:
     PyBuffer_Release(&scraped_view);
     PyBuffer_Release(&failures_view);
@@ -836,19 +861,20 @@ end:;
 }
 
 /* account(Receipt, profiles, addresses, scorers, scored, total, primary, named, rows, scraped_at, failures,
- *         candidates, now, staleness_s, max_failures, kv, kv_age, tokens, scratch, lookups, flow_wait, json)
- *     -> (Receipt, str | None | NotImplemented) | NotImplemented
+ *         candidates, now, staleness_s, max_failures, kv, kv_age, tokens, scratch, lookups, flow_wait, json, pairs)
+ *     -> (Receipt, str | None | NotImplemented, pairs | () | NotImplemented) | NotImplemented
  *
  * `ReceiptReader.account_python` in one call: `receipt_of`'s receipt, whose prefix field is read from the pick's
  * `scratch` (a dict) by `lookups`, a tuple of (plugin, scratch key) (the `lookup` of those plugins is
- * `state.scratch.get(key)`: (hashes, matched, reach) when it ran, the field's (plugin, hashes[0] or 0, reach)), and
- * with `json` true its text (`receipt_json`; NotImplemented: the Python code writes it), else None. A lookup's
- * value of another shape answers NotImplemented. */
+ * `state.scratch.get(key)`: (hashes, matched, reach) when it ran, the field's (plugin, hashes[0] or 0, reach)); with
+ * `json` true its text (`receipt_json`; NotImplemented: the Python code writes it), else None; with `pairs` true
+ * the scored endpoints' `scored_pairs` (() when `scored` is None; NotImplemented: the Python code), else (). A
+ * lookup's value of another shape answers NotImplemented. */
 static PyObject *
 account(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 22) {
-        PyErr_SetString(PyExc_TypeError, "account takes 22 arguments (receipt.py's ReceiptReader.account)");
+    if (nargs != 23) {
+        PyErr_SetString(PyExc_TypeError, "account takes 23 arguments (receipt.py's ReceiptReader.account)");
         return NULL;
     }
     PyObject *scratch = args[18], *lookups = args[19];
@@ -899,9 +925,17 @@ account(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(receipt);
         return NULL;
     }
-    PyObject *result = PyTuple_Pack(2, receipt, text);
+    int want_pairs = PyObject_IsTrue(args[22]);
+    PyObject *pairs = NULL;
+    if (want_pairs > 0 && args[4] != Py_None) {
+        PyObject *pair_args[3] = {args[2], args[4], args[5]};
+        pairs = scored_pairs(self, pair_args, 3);
+    } else if (want_pairs >= 0)
+        pairs = PyTuple_New(0);
+    PyObject *result = pairs != NULL ? PyTuple_Pack(3, receipt, text, pairs) : NULL;
     Py_DECREF(receipt);
     Py_DECREF(text);
+    Py_XDECREF(pairs);
     return result;
 other:
     Py_DECREF(prefix);
@@ -937,7 +971,7 @@ entries_of(PyObject *t, Py_ssize_t width) /* an exact tuple of exact tuples of `
 }
 
 static int
-count_mode(PyObject *modes, PyObject *name, PyObject *mode) /* modes[(name, mode)] += 1 */
+count_mode(PyObject *modes, PyObject *name, PyObject *mode, long long k) /* modes[(name, mode)] += k */
 {
     PyObject *key = PyTuple_Pack(2, name, mode);
     if (key == NULL)
@@ -956,7 +990,7 @@ count_mode(PyObject *modes, PyObject *name, PyObject *mode) /* modes[(name, mode
         Py_DECREF(key);
         return -1;
     }
-    PyObject *value = PyLong_FromLongLong(n + 1);
+    PyObject *value = PyLong_FromLongLong(n + k);
     int rc = value == NULL ? -1 : PyDict_SetItem(modes, key, value);
     Py_XDECREF(value);
     Py_DECREF(key);
@@ -981,6 +1015,32 @@ add_to(PyObject *sums, PyObject *name, double x) /* sums[name] = sums.get(name, 
 }
 
 #define MAX_BUCKETS 64
+#define TALLIES 32
+
+/* A batch's modes counted by (name, mode) objects first, then into the dict once each (a key's tuple, hash and
+ * dict write per receipt cost ~1.1k instructions): the same counts (the dict's order is not read: the metrics'
+ * families sort it). Equal names of two objects are two tallies of one key, added both. */
+typedef struct {
+    PyObject *name[TALLIES], *mode[TALLIES];
+    long long n[TALLIES];
+    int used;
+} Tally;
+
+static int
+tally(Tally *t, PyObject *modes, PyObject *name, PyObject *mode)
+{
+    for (int i = 0; i < t->used; i++)
+        if (t->name[i] == name && t->mode[i] == mode) {
+            t->n[i]++;
+            return 0;
+        }
+    if (t->used == TALLIES) /* full: straight into the dict */
+        return count_mode(modes, name, mode, 1);
+    t->name[t->used] = name;
+    t->mode[t->used] = mode;
+    t->n[t->used++] = 1;
+    return 0;
+}
 
 static Py_ssize_t
 bucket_of(const double *bounds, Py_ssize_t n, double x) /* bisect_left */
@@ -1128,6 +1188,8 @@ fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     /* the modes, then the ages */
     long long metrics_deltas[MAX_BUCKETS] = {0}, kv_deltas[MAX_BUCKETS] = {0};
+    Tally tallied;
+    tallied.used = 0;
     double metrics_sum = PyFloat_AS_DOUBLE(args[7]), kv_sum = PyFloat_AS_DOUBLE(args[8]);
     for (Py_ssize_t r = 0; r < n; r++) {
         PyObject *const *f = &PyTuple_GET_ITEM(PyList_GET_ITEM(raw, r), 0);
@@ -1136,18 +1198,18 @@ fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             int precise = PyUnicode_Compare(PyTuple_GET_ITEM(e, 1), s_precise);
             if (precise == -1 && PyErr_Occurred())
                 return NULL;
-            if (count_mode(modes, PyTuple_GET_ITEM(e, 0), precise == 0 ? s_precise : s_approximate) < 0)
+            if (tally(&tallied, modes, PyTuple_GET_ITEM(e, 0), precise == 0 ? s_precise : s_approximate) < 0)
                 return NULL;
         }
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[TOKENS]); i++) {
             PyObject *e = PyTuple_GET_ITEM(f[TOKENS], i);
-            if (count_mode(modes, PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 1) == Py_True ? s_render : s_estimate) < 0)
+            if (tally(&tallied, modes, PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 1) == Py_True ? s_render : s_estimate) < 0)
                 return NULL;
         }
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[PREFIX]); i++) {
             PyObject *e = PyTuple_GET_ITEM(f[PREFIX], i);
             int hit = PyObject_RichCompareBool(PyTuple_GET_ITEM(e, 2), zero, Py_GT);
-            if (hit < 0 || count_mode(modes, PyTuple_GET_ITEM(e, 0), hit ? s_hit : s_miss) < 0)
+            if (hit < 0 || tally(&tallied, modes, PyTuple_GET_ITEM(e, 0), hit ? s_hit : s_miss) < 0)
                 return NULL;
         }
         double age = PyFloat_AS_DOUBLE(f[METRICS_AGE]);
@@ -1161,6 +1223,9 @@ fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             kv_sum += kv_age;
         }
     }
+    for (int i = 0; i < tallied.used; i++)
+        if (count_mode(modes, tallied.name[i], tallied.mode[i], tallied.n[i]) < 0)
+            return NULL;
     if (add_counts(metrics_counts, metrics_deltas, nb + 1) < 0 || add_counts(kv_counts, kv_deltas, nb + 1) < 0)
         return NULL;
     return Py_BuildValue("(dd)", metrics_sum, kv_sum);

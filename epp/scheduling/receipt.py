@@ -220,16 +220,18 @@ class ReceiptReader:
         flow_wait_s: float = 0.0,
         profiles: tuple[str, ...] | None = None,
         json: bool = False,
-    ) -> tuple[Receipt, str | None]:
+        pairs: bool = False,
+    ) -> tuple[Receipt, str | None, tuple[tuple[str, float], ...]]:
         """`account_python`, in one compiled call where it can be (`_receipt.account`: the read, the prefix plugins'
-        lookups and the JSON; every emitted receipt takes it, and each bytecode here costs ~100 instructions)."""
+        lookups, the JSON and the scores' pairs; every emitted receipt takes it, and each bytecode here costs ~100
+        instructions)."""
         keys = self._lookup_keys
+        scratch = state.scratch
         if _COMPILED is not None and keys is not None:
             snapshot = state.snapshot
             columns = self._columns if snapshot is self._snapshot else self._columns_of(snapshot)
             assert columns is not None
             candidates = state.candidates
-            scratch = state.scratch
             named, rows = scratch.get(TERMS) or _NO_TERMS
             buffers = scratch.get(BUFFERS)  # the same arrays as memoryviews, where the runner keeps them so
             if buffers is not None:
@@ -243,15 +245,19 @@ class ReceiptReader:
                 Receipt, profiles or self._profiles, snapshot.addresses, self.scorers, scored, total, primary, named,
                 rows, columns[0], columns[1], self._slots_view if candidates is self._slots else candidates,
                 state.now, freshness.staleness_s, freshness.max_failures, (), math.nan, (), scratch, keys,
-                flow_wait_s, json,
+                flow_wait_s, json, pairs,
             )  # fmt: skip
             if got.__class__ is tuple:
-                receipt, text = got
-                return receipt, (text if text.__class__ is str else receipt.json_python()) if json else None
+                receipt, text, scores = got
+                if json and text.__class__ is not str:
+                    text = receipt.json_python()
+                if scores.__class__ is not tuple:
+                    scores = _pairs_of(state, True)
+                return receipt, text, scores
         receipt = self.read(state, primary, flow_wait_s)
         if profiles is not None:
             receipt = receipt._replace(profiles=profiles)
-        return receipt, receipt.json() if json else None
+        return receipt, receipt.json() if json else None, _pairs_of(state, pairs)
 
     def account_python(
         self,
@@ -260,13 +266,18 @@ class ReceiptReader:
         flow_wait_s: float = 0.0,
         profiles: tuple[str, ...] | None = None,
         json: bool = False,
-    ) -> tuple[Receipt, str | None]:
+        pairs: bool = False,
+    ) -> tuple[Receipt, str | None, tuple[tuple[str, float], ...]]:
         """The definition: the receipt of a detailed pick (`read_python`), of `profiles` when given (a P/D pick
-        names every profile it booked), and with `json` its JSON (`Receipt.json_python`), else None."""
+        names every profile it booked); with `json` its JSON (`Receipt.json_python`), else None; with `pairs` the
+        (address, weighted score) of every endpoint it scored (`scored_pairs_python`; none when it scored none),
+        else ()."""
         receipt = self.read_python(state, primary, flow_wait_s)
         if profiles is not None:
             receipt = receipt._replace(profiles=profiles)
-        return receipt, receipt.json_python() if json else None
+        scored, total = state.scratch.get(SCORED, _NOT_SCORED)
+        scores = scored_pairs_python(state.snapshot.addresses, scored, total) if pairs and scored is not None else ()
+        return receipt, receipt.json_python() if json else None, scores
 
     def _columns_of(self, snapshot: Snapshot) -> tuple[memoryview, memoryview]:
         self._snapshot = snapshot
@@ -421,6 +432,12 @@ def pick_terms(
         if got.__class__ is tuple:
             return got
     return pick_terms_python(scored, total, primary, named, rows)
+
+
+def _pairs_of(state: CycleState, pairs: bool) -> tuple[tuple[str, float], ...]:
+    """`account`'s pairs where its compiled call did not write them."""
+    scored, total = state.scratch.get(SCORED, _NOT_SCORED)
+    return scored_pairs(state.snapshot.addresses, scored, total) if pairs and scored is not None else ()
 
 
 def scored_pairs_python(

@@ -360,15 +360,17 @@ class _Lookup:
 
 @needs_native
 @settings(max_examples=500, deadline=None)
-@given(read_cases(), number, st.booleans(), st.booleans(), st.data())
+@given(read_cases(), number, st.booleans(), st.booleans(), st.booleans(), st.data())
 def test_the_compiled_account_is_the_python_definition(
     case: tuple[receipt.ReceiptReader, SimpleNamespace, int],
     flow_wait: float,
     json: bool,
     pd: bool,
+    pairs: bool,
     data: st.DataObject,
 ) -> None:
-    """`account` (the read, the prefix plugins' lookups from the scratch, the JSON: one call) is `account_python`."""
+    """`account` (the read, the prefix plugins' lookups from the scratch, the JSON, the scores' pairs: one call) is
+    `account_python`."""
     reader, state, primary = case
     lookups = [_Lookup(name) for name in data.draw(st.lists(st.sampled_from(["p1", "p2", "p3"]), unique=True))]
     for plugin in lookups:
@@ -380,12 +382,12 @@ def test_the_compiled_account_is_the_python_definition(
     reader._producing = bool(lookups)
     profiles = ("decode", "prefill") if pd else None
     try:
-        expected = reader.account_python(state, primary, flow_wait, profiles, json)  # type: ignore[arg-type]
+        expected = reader.account_python(state, primary, flow_wait, profiles, json, pairs)  # type: ignore[arg-type]
     except (IndexError, ValueError) as exc:  # a primary outside the table, terms not one per scorer: both raise
         with pytest.raises(type(exc)):
-            reader.account(state, primary, flow_wait, profiles, json)  # type: ignore[arg-type]
+            reader.account(state, primary, flow_wait, profiles, json, pairs)  # type: ignore[arg-type]
         return
-    got = reader.account(state, primary, flow_wait, profiles, json)  # type: ignore[arg-type]
+    got = reader.account(state, primary, flow_wait, profiles, json, pairs)  # type: ignore[arg-type]
     assert got[0].__class__ is Receipt
     assert _same(got, expected)
 
@@ -400,17 +402,18 @@ def test_an_account_of_the_usual_shape_is_one_compiled_call() -> None:
     scratch = {"k": ([7, 8], np.zeros(4), 2)}
     got = compiled.account(
         Receipt, ("p",), ("w", "x", "y", "z"), ("a",), *args, *columns, 10.0, 2.0, 3, (), math.nan, (),
-        scratch, (("q", "k"),), 0.0, True,
+        scratch, (("q", "k"),), 0.0, True, True,
     )  # fmt: skip
     assert got.__class__ is tuple
-    r, text = got
+    r, text, pairs = got
+    assert pairs == (("w", 1.0), ("y", 3.0), ("z", 2.0))
     assert r == Receipt(
         ("p",), "y", "z", ("a",), (2.5,), (1.5,), (False,), 0.25, 0, 1, (), math.nan, (), (("q", 7, 2),), 3, 0.0
     )
     assert text == r.json_python()
     assert compiled.account(
         Receipt, ("p",), ("w", "x", "y", "z"), ("a",), *args, *columns, 10.0, 2.0, 3, (), math.nan, (),
-        {"k": "other"}, (("q", "k"),), 0.0, True,
+        {"k": "other"}, (("q", "k"),), 0.0, True, True,
     ) is NotImplemented  # fmt: skip
 
 
