@@ -165,6 +165,9 @@ class ReceiptReader:
         self._columns: tuple[memoryview, memoryview] | None = None
         self._slots: IntArray | None = None
         self._slots_view: memoryview | None = None
+        # The last pick's totals and their memoryview: a random pick's are one read-only array pick after pick.
+        self._total: FloatArray | None = None
+        self._total_view: memoryview | None = None
 
     def watched(self) -> list[tuple[str, str]]:
         """The (plugin, reason) pairs the degradation watch follows for this profile."""
@@ -240,6 +243,11 @@ class ReceiptReader:
                 scored, total = scratch.get(SCORED, _NOT_SCORED)
                 if scored is self._slots:  # every slot scored (a random pick's): the cached memoryview
                     scored = self._slots_view
+                if total is self._total:  # the same totals array as the last pick's (a random pick's uniform)
+                    total = self._total_view
+                elif total is not None:
+                    self._total, self._total_view = total, total.data
+                    total = self._total_view
             freshness = state.freshness
             got = _COMPILED.account(
                 Receipt, profiles or self._profiles, snapshot.addresses, self.scorers, scored, total, primary, named,
