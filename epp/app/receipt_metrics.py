@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain, compress
 from operator import itemgetter, sub
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from prometheus_client.core import Metric
@@ -31,7 +31,7 @@ from epp.observability.collector import FreezableCollector
 from epp.observability.families import counter_family, gauge_family, histogram_family
 from epp.observability.plain import PlainHistogram
 from epp.scheduling.degradation import DegradationWatch, Transition
-from epp.scheduling.receipt import Receipt
+from epp.scheduling.receipt import Receipt, fold_compiled
 
 log = logging.getLogger("epp.receipts")
 
@@ -76,12 +76,26 @@ class ReceiptMetrics(FreezableCollector):
             log.info("route receipt %s", receipt.json())
 
     def _fold(self) -> None:
-        """The held receipts into the counts. Per receipt only C loops (one `zip` transposing the batch into its
-        fields' columns, `Counter`, numpy): a Python loop over them cost ~140 bytecodes a receipt, more than its
-        read, and a field getter's pass per field ~0.1k instructions a receipt each."""
+        """The held receipts into the counts: `_fold_python`, in one compiled call where it can be (`_receipt.fold`,
+        the same doubles: ~0.3k instructions a receipt, where the Python's C loops cost ~4.8k)."""
         raw, self._raw = self._raw, []
         if not raw:
             return
+        metrics, kv_events = self.ages["metrics"], self.ages["kv_events"]
+        got = fold_compiled(
+            raw, self.contribution, self.margin, self.modes, DATA_AGE, metrics.counts, kv_events.counts,
+            metrics.sum, kv_events.sum,
+        )  # fmt: skip
+        if got.__class__ is tuple:
+            self.receipts += len(raw)
+            metrics.sum, kv_events.sum = cast(tuple[float, float], got)
+            return
+        self._fold_python(raw)
+
+    def _fold_python(self, raw: list[Receipt]) -> None:
+        """The definition: the receipts `raw` into the counts. Per receipt only C loops (one `zip` transposing the
+        batch into its fields' columns, `Counter`, numpy): a Python loop over them cost ~140 bytecodes a receipt,
+        more than its read, and a field getter's pass per field ~0.1k instructions a receipt each."""
         n = len(raw)
         self.receipts += n
         modes = self.modes

@@ -36,7 +36,7 @@ from epp.requests import InferenceRequest
 from epp.scheduling import conformance_selection
 from epp.scheduling.degradation import DegradationWatch, Transition
 from epp.scheduling.framework import CycleState
-from epp.scheduling.pick_detail import PickDetail
+from epp.scheduling.pick_detail import BUFFERS, PickDetail
 from epp.scheduling.producers import estimate_tokens
 from epp.scheduling.receipt import Receipt, ReceiptReader, scored_pairs
 from epp.scheduling.scheduler import Routing, Scheduler
@@ -87,14 +87,21 @@ class ReceiptSink(Protocol):
 
 
 # One pick in this many is shown to the degradation watch, receipts emitted or not; when they are not, it is also
-# the only pick read for its receipt (the aggregated receipt metrics' sample). A read receipt costs ~95k
-# instructions (a detailed run, its reading, the watch): one in 32 is ~3k a pick averaged, under 1 % of the path;
-# with the watch's window of 6 observations a verdict spans 192 picks, an alarm is up within ~400 of its cause.
+# the only pick read for its receipt (the aggregated receipt metrics' sample). A read and watched receipt costs
+# ~37k instructions with the default profile, ~40k with a random pick (a detailed run, its reading, the watch:
+# stream_path at 1,000 requests, the sample on minus off, × 32; benchmarks/RESULTS.md): one in 32 is ~1.2k a pick
+# averaged, under 1 % of the path; with the watch's window of 6 observations a verdict spans 192 picks, an alarm is
+# up within ~400 of its cause.
 WATCH_EVERY = 32
 
 
 def _scores(addresses: Sequence[str], detail: PickDetail) -> tuple[tuple[str, float], ...]:
-    """(address, weighted score) of every endpoint the primary profile scored."""
+    """(address, weighted score) of every endpoint the primary profile scored (from the arrays' memoryviews where
+    the runner keeps them: `pick_detail.BUFFERS`)."""
+    state = detail.state
+    buffers = state.scratch.get(BUFFERS) if state is not None else None
+    if buffers is not None:
+        return scored_pairs(addresses, buffers[0], buffers[1])
     return scored_pairs(addresses, detail.scored, detail.scores)
 
 
@@ -287,12 +294,14 @@ class Director:
         pick = self._features(snapshot, primary, tokens, prefill, now) if self._learners else None
         self._table.book_pick(primary, tokens, prefill)  # the prefill booked with it, in the same call
         addresses = snapshot.addresses
-        scores = _scores(addresses, detail) if self._emit_scores and detail is not None else ()
         routing = self._routing(slots, addresses) if self._routing is not None else None
         receipt = None
         if account and detail is not None and detail.state is not None and self._reader is not None:
             stages = len(routing.stages) if routing is not None else 0
-            receipt = self._account(self._reader, detail.state, primary, stages, request.queued_s, now, watched)
+            # the scores' pairs written by the receipt's own compiled call
+            receipt, scores = self._account(self._reader, detail.state, primary, stages, request.queued_s, now, watched)
+        else:
+            scores = _scores(addresses, detail) if self._emit_scores and detail is not None else ()
         if routing is not None:
             decision = self._routed(routing, primary, degraded, body, original_model, request.model, tokens)
             decision = decision._replace(prefill=prefill)
@@ -328,12 +337,14 @@ class Director:
         flow_wait_s: float,
         now: float,
         watched: bool,
-    ) -> str | None:
+    ) -> tuple[str | None, tuple[tuple[str, float], ...]]:
         """Read the pick's receipt, show it to the degradation watch (`watched`: its sample) and the sink; its JSON
-        when it is emitted."""
-        receipt = reader.read(state, primary, flow_wait_s)
-        if stages and len(self._profile_names) > 1:  # P/D: the decode profile judged, the others booked too
-            receipt = receipt._replace(profiles=self._profile_names[: 1 + stages])
+        when it is emitted, and the scores' pairs when they are."""
+        # P/D: the decode profile judged, the others booked too
+        profiles = self._profile_names[: 1 + stages] if stages and len(self._profile_names) > 1 else None
+        receipt, text, scores = reader.account(
+            state, primary, flow_wait_s, profiles, self._emit_receipts, self._emit_scores
+        )
         watch = self.watch  # built with the reader
         transitions = watch.observe(receipt, now) if watched and watch is not None else ()
         sink = self._sink
@@ -347,7 +358,7 @@ class Director:
             sink.receipt(receipt, logged)
             for transition in transitions:
                 sink.transition(transition)
-        return receipt.json() if self._emit_receipts else None
+        return text, scores
 
     def _features(self, snapshot: Snapshot, slot: int, tokens: int, uncached: int, now: float) -> PickFeatures:
         """The picked endpoint as this pick saw it, before its booking: the observation feed's features."""

@@ -582,6 +582,32 @@ fused_release(Py_buffer *views, int *held, int count)
             PyBuffer_Release(&views[b]);
 }
 
+/* A detailed pick's shape tuple, (k, has, b0, b1, b2, b3): the last one built is handed out again while the values
+ * repeat (pick after pick, as a rule), where building it cost ~1.5k instructions. A new reference. */
+static unsigned long long last_shape[6];
+static PyObject *last_shape_tuple;
+
+static PyObject *
+detail_shape(const unsigned long long *shape)
+{
+    if (last_shape_tuple != NULL && memcmp(shape, last_shape, sizeof last_shape) == 0)
+        return Py_NewRef(last_shape_tuple);
+    PyObject *out = PyTuple_New(6);
+    if (out == NULL)
+        return NULL;
+    for (int i = 0; i < 6; i++) {
+        PyObject *x = i < 2 ? PyLong_FromLongLong((long long)shape[i]) : PyLong_FromUnsignedLongLong(shape[i]);
+        if (x == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, x);
+    }
+    memcpy(last_shape, shape, sizeof last_shape);
+    Py_XSETREF(last_shape_tuple, Py_NewRef(out));
+    return out;
+}
+
 /* fused_pick(candidates, (waiting, picks, kv, scraped_at, failures), fresh_from, state,
  *            (max_failures, queue_limit, kv_limit, lookup, w_queue, w_kv, w_prefix, w_inflight, tie, draw),
  *            totals, detail) -> int | (int, int, int) | NotImplemented
@@ -596,9 +622,11 @@ fused_release(Py_buffer *views, int *held, int count)
  * or (kept, rows, constants) for a detailed pick (the runner's `SCORED` and `TERMS`): kept (n int64) gets the k kept
  * candidates first, rows (4 × n float64) each weighted term that has per-candidate values (`weighted_total_rows`'
  * rows) as a k-long row, one after another from the start (m rows: m × k values), constants (4 float64) each
- * scorer's constant part (weight × its form's offset); the answer is then (slot, k, has), bit t of `has` set when
- * scorer t has a row. NotImplemented (nothing called, nothing written) for a pool of more than FUSED_MAX
- * candidates or a column of another type. */
+ * scorer's constant part (weight × its form's offset); the answer is then (slot, (k, has, b0, b1, b2, b3)), bit t
+ * of `has` set when scorer t has a row, b0..b3 the constants' bits (the detail's shape: of one shape the detail
+ * differs only in the buffers' values, so the caller keeps its views of them by it; bits, not floats, so that 0.0
+ * and -0.0 differ and NaN matches itself). NotImplemented (nothing called, nothing written) for a pool of more than
+ * FUSED_MAX candidates or a column of another type. */
 static PyObject *
 fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -802,7 +830,22 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t choice = tie_choice(total, n, tie, draw);
     if (choice < 0)
         goto done;
-    result = held[F_KEPT] ? Py_BuildValue("(lnl)", c[choice], n, has) : PyLong_FromLong(c[choice]);
+    if (held[F_KEPT]) {
+        unsigned long long shape[6] = {(unsigned long long)n, (unsigned long long)has};
+        for (int t = 0; t < 4; t++)
+            memcpy(&shape[2 + t], &terms[t].offset, 8);
+        PyObject *shaped = detail_shape(shape);
+        PyObject *slot = shaped != NULL ? PyLong_FromLong(c[choice]) : NULL;
+        result = slot != NULL ? PyTuple_New(2) : NULL;
+        if (result == NULL) {
+            Py_XDECREF(shaped);
+            Py_XDECREF(slot);
+            goto done;
+        }
+        PyTuple_SET_ITEM(result, 0, slot);
+        PyTuple_SET_ITEM(result, 1, shaped);
+    } else
+        result = PyLong_FromLong(c[choice]);
 done:
     Py_XDECREF(found);
     fused_release(views, held, F_VIEWS);

@@ -180,7 +180,20 @@ pick_terms(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(inert);
         goto done;
     }
-    result = Py_BuildValue("(LNNN)", runner >= 0 ? (long long)slots[runner] : -1LL, chosen_out, runner_out, inert);
+    /* the tuple built directly: Py_BuildValue's format parsing costs ~600 instructions a call */
+    PyObject *runner_slot = PyLong_FromLongLong(runner >= 0 ? (long long)slots[runner] : -1LL);
+    result = runner_slot != NULL ? PyTuple_New(4) : NULL;
+    if (result == NULL) {
+        Py_XDECREF(runner_slot);
+        Py_DECREF(chosen_out);
+        Py_DECREF(runner_out);
+        Py_DECREF(inert);
+        goto done;
+    }
+    PyTuple_SET_ITEM(result, 0, runner_slot);
+    PyTuple_SET_ITEM(result, 1, chosen_out);
+    PyTuple_SET_ITEM(result, 2, runner_out);
+    PyTuple_SET_ITEM(result, 3, inert);
 done:
     if (has_rows)
         PyBuffer_Release(&rows_view);
@@ -316,7 +329,19 @@ health_of(PyObject *const *args, Py_ssize_t *count)
         }
     }
     double last = scraped[primary];
-    result = Py_BuildValue("(dll)", last == last ? now - last : (double)INFINITY, stale, missing);
+    PyObject *age = PyFloat_FromDouble(last == last ? now - last : (double)INFINITY);
+    PyObject *stale_n = age != NULL ? PyLong_FromLong(stale) : NULL;
+    PyObject *missing_n = stale_n != NULL ? PyLong_FromLong(missing) : NULL;
+    result = missing_n != NULL ? PyTuple_New(3) : NULL;
+    if (result == NULL) {
+        Py_XDECREF(age);
+        Py_XDECREF(stale_n);
+        Py_XDECREF(missing_n);
+        goto done;
+    }
+    PyTuple_SET_ITEM(result, 0, age);
+    PyTuple_SET_ITEM(result, 1, stale_n);
+    PyTuple_SET_ITEM(result, 2, missing_n);
 done:
     PyBuffer_Release(&scraped_view);
     PyBuffer_Release(&failures_view);
@@ -413,6 +438,7 @@ done:
 typedef struct {
     char *buf;
     Py_ssize_t len, cap;
+    int ascii; /* every str written was ASCII: the text is made without UTF-8's decoding */
     char small[1024];
 } Out;
 
@@ -434,7 +460,7 @@ reserve(Out *o, Py_ssize_t more)
     return 0;
 }
 
-static int
+static inline __attribute__((always_inline)) int
 put(Out *o, const char *s, Py_ssize_t n)
 {
     if (reserve(o, n) < 0)
@@ -445,6 +471,19 @@ put(Out *o, const char *s, Py_ssize_t n)
 }
 
 #define PUT(o, lit) put((o), (lit), (Py_ssize_t)sizeof(lit) - 1)
+
+/* Whether none of 8 bytes needs an escape (a control character, '"', '\\'): the exact "has a byte less than" and
+ * "has a zero byte" word tests (a borrow only ever spreads above a byte that matches) */
+static inline int
+clean8(uint64_t x)
+{
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    uint64_t control = (x - ones * 0x20) & ~x & highs;
+    uint64_t quote = x ^ (ones * (unsigned char)'"'), backslash = x ^ (ones * (unsigned char)'\\');
+    quote = (quote - ones) & ~quote & highs;
+    backslash = (backslash - ones) & ~backslash & highs;
+    return !(control | quote | backslash);
+}
 
 /* 1: not a str orjson writes (not exact str, surrogates: the Python code answers or raises) */
 static int
@@ -458,11 +497,25 @@ put_str(Out *o, PyObject *s)
         PyErr_Clear();
         return 1;
     }
+    if (!PyUnicode_IS_ASCII(s))
+        o->ascii = 0;
     if (reserve(o, 6 * n + 2) < 0)
         return -1;
     char *w = o->buf + o->len;
     *w++ = '"';
-    for (Py_ssize_t i = 0; i < n; i++) {
+    Py_ssize_t plain = 0; /* the leading run that needs no escape (all of it, usually): one copy */
+    while (plain + 8 <= n) { /* eight bytes at a time */
+        uint64_t x;
+        memcpy(&x, u + plain, 8);
+        if (!clean8(x))
+            break;
+        plain += 8;
+    }
+    while (plain < n && (unsigned char)u[plain] >= 0x20 && u[plain] != '"' && u[plain] != '\\')
+        plain++;
+    memcpy(w, u, plain);
+    w += plain;
+    for (Py_ssize_t i = plain; i < n; i++) {
         unsigned char c = (unsigned char)u[i];
         if (c >= 0x20 && c != '"' && c != '\\') {
             *w++ = (char)c;
@@ -569,6 +622,26 @@ put_short(Out *o, double x)
  * a fifth of repr's (dtoa's bignum search, ~7k instructions such a double), and its text is the definition's. */
 static PyObject *orjson_dumps;
 
+/* orjson's text of the last doubles it wrote here, by their bits (direct-mapped, MEMO entries): a pick's terms repeat
+ * from one pick to the next (3.0000000000000004 for a prefix scorer's full match weighted 3), and a call of
+ * orjson.dumps costs ~1.2k instructions where a hit is a compare and a copy. A double's text is a function of its
+ * bits alone, so a hit writes what the call would. Under the GIL, as every call here. */
+#define MEMO 64
+#define MEMO_TEXT 32
+static struct {
+    uint64_t bits;
+    unsigned char len; /* 0: empty */
+    char text[MEMO_TEXT];
+} memo[MEMO];
+
+static unsigned
+memo_slot(uint64_t bits)
+{
+    bits ^= bits >> 29;
+    bits *= 0xbf58476d1ce4e5b9ULL;
+    return (unsigned)(bits >> 58); /* 6 bits: MEMO */
+}
+
 /* A float as orjson writes it. 1: not a float (the Python code answers) */
 static int
 put_float(Out *o, PyObject *x)
@@ -581,10 +654,24 @@ put_float(Out *o, PyObject *x)
     int shortened = put_short(o, d);
     if (shortened != 0)
         return shortened < 0 ? -1 : 0;
+    uint64_t bits;
+    memcpy(&bits, &d, 8);
+    unsigned at = memo_slot(bits);
+    if (memo[at].len && memo[at].bits == bits)
+        return put(o, memo[at].text, memo[at].len);
     PyObject *text = PyObject_CallOneArg(orjson_dumps, x);
     if (text == NULL)
         return -1;
-    int rc = PyBytes_CheckExact(text) ? put(o, PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text)) : 1;
+    int rc = 1;
+    if (PyBytes_CheckExact(text)) {
+        Py_ssize_t n = PyBytes_GET_SIZE(text);
+        rc = put(o, PyBytes_AS_STRING(text), n);
+        if (rc == 0 && n > 0 && n <= MEMO_TEXT) {
+            memo[at].bits = bits;
+            memo[at].len = (unsigned char)n;
+            memcpy(memo[at].text, PyBytes_AS_STRING(text), n);
+        }
+    }
     Py_DECREF(text);
     return rc;
 }
@@ -605,6 +692,8 @@ distinct(PyObject *const *names, Py_ssize_t n)
         }
     return 1;
 }
+
+static PyObject *distinct_scorers; /* the last scorers tuple found without a name twice (a tuple: immutable) */
 
 /* The Receipt's fields, by position (epp.scheduling.receipt.Receipt). */
 enum { PROFILES, CHOSEN, RUNNER_UP, SCORERS, CHOSEN_TERMS, RUNNER_TERMS, CONSTANT, METRICS_AGE, STALE, MISSING, KV,
@@ -701,12 +790,16 @@ receipt_json(PyObject *self, PyObject *receipt)
     int paired = PyTuple_GET_SIZE(runner) > 0;
     if (PyTuple_GET_SIZE(scorers) != k || (paired && PyTuple_GET_SIZE(runner) != k) || k > MAX_TERMS)
         return Py_NewRef(Py_NotImplemented); /* zip(strict=True) raises: the Python code says so */
-    if (!distinct(&PyTuple_GET_ITEM(scorers, 0), k))
-        return Py_NewRef(Py_NotImplemented);
+    if (scorers != distinct_scorers) { /* a reader's scorers are the same tuple receipt after receipt */
+        if (!distinct(&PyTuple_GET_ITEM(scorers, 0), k))
+            return Py_NewRef(Py_NotImplemented);
+        Py_XSETREF(distinct_scorers, Py_NewRef(scorers)); /* held: its address is not another tuple's meanwhile */
+    }
     Out o;
     o.buf = o.small;
     o.len = 0;
     o.cap = sizeof o.small;
+    o.ascii = 1;
     int rc = 0;
     TRY(PUT(&o, "{\"profiles\":["));
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[PROFILES]); i++) {
@@ -755,10 +848,387 @@ receipt_json(PyObject *self, PyObject *receipt)
     }
     TRY(PUT(&o, "}"));
 end:;
-    PyObject *result = rc == 0 ? PyUnicode_DecodeUTF8(o.buf, o.len, NULL) : rc > 0 ? Py_NewRef(Py_NotImplemented) : NULL;
+    PyObject *result;
+    if (rc == 0 && o.ascii) {
+        result = PyUnicode_New(o.len, 127);
+        if (result != NULL)
+            memcpy(PyUnicode_DATA(result), o.buf, o.len);
+    } else
+        result = rc == 0 ? PyUnicode_DecodeUTF8(o.buf, o.len, NULL) : rc > 0 ? Py_NewRef(Py_NotImplemented) : NULL;
     if (o.buf != o.small)
         PyMem_Free(o.buf);
     return result;
+}
+
+/* account(Receipt, profiles, addresses, scorers, scored, total, primary, named, rows, scraped_at, failures,
+ *         candidates, now, staleness_s, max_failures, kv, kv_age, tokens, scratch, lookups, flow_wait, json, pairs)
+ *     -> (Receipt, str | None | NotImplemented, pairs | () | NotImplemented) | NotImplemented
+ *
+ * `ReceiptReader.account_python` in one call: `receipt_of`'s receipt, whose prefix field is read from the pick's
+ * `scratch` (a dict) by `lookups`, a tuple of (plugin, scratch key) (the `lookup` of those plugins is
+ * `state.scratch.get(key)`: (hashes, matched, reach) when it ran, the field's (plugin, hashes[0] or 0, reach)); with
+ * `json` true its text (`receipt_json`; NotImplemented: the Python code writes it), else None; with `pairs` true
+ * the scored endpoints' `scored_pairs` (() when `scored` is None; NotImplemented: the Python code), else (). A
+ * lookup's value of another shape answers NotImplemented. */
+static PyObject *
+account(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 23) {
+        PyErr_SetString(PyExc_TypeError, "account takes 23 arguments (receipt.py's ReceiptReader.account)");
+        return NULL;
+    }
+    PyObject *scratch = args[18], *lookups = args[19];
+    if (!PyDict_CheckExact(scratch) || !PyTuple_CheckExact(lookups))
+        return Py_NewRef(Py_NotImplemented);
+    Py_ssize_t n = PyTuple_GET_SIZE(lookups);
+    PyObject *prefix = PyTuple_New(n);
+    if (prefix == NULL)
+        return NULL;
+    Py_ssize_t found_count = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *lookup = PyTuple_GET_ITEM(lookups, i);
+        if (!PyTuple_CheckExact(lookup) || PyTuple_GET_SIZE(lookup) != 2)
+            goto other;
+        PyObject *found = PyDict_GetItemWithError(scratch, PyTuple_GET_ITEM(lookup, 1));
+        if (found == NULL) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(prefix);
+                return NULL;
+            }
+            continue;
+        }
+        if (!PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 3 || !PyList_CheckExact(PyTuple_GET_ITEM(found, 0)))
+            goto other;
+        PyObject *hashes = PyTuple_GET_ITEM(found, 0);
+        PyObject *first = PyList_GET_SIZE(hashes) ? PyList_GET_ITEM(hashes, 0) : zero;
+        PyObject *entry = PyTuple_Pack(3, PyTuple_GET_ITEM(lookup, 0), first, PyTuple_GET_ITEM(found, 2));
+        if (entry == NULL) {
+            Py_DECREF(prefix);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(prefix, found_count++, entry);
+    }
+    if (found_count < n && _PyTuple_Resize(&prefix, found_count) < 0)
+        return NULL;
+    PyObject *read_args[20];
+    for (int i = 0; i < 18; i++)
+        read_args[i] = args[i];
+    read_args[18] = prefix;
+    read_args[19] = args[20];
+    PyObject *receipt = receipt_of(self, read_args, 20);
+    Py_DECREF(prefix);
+    if (receipt == NULL || receipt == Py_NotImplemented)
+        return receipt;
+    int json = PyObject_IsTrue(args[21]);
+    PyObject *text = json < 0 ? NULL : json ? receipt_json(self, receipt) : Py_NewRef(Py_None);
+    if (text == NULL) {
+        Py_DECREF(receipt);
+        return NULL;
+    }
+    int want_pairs = PyObject_IsTrue(args[22]);
+    PyObject *pairs = NULL;
+    if (want_pairs > 0 && args[4] != Py_None) {
+        PyObject *pair_args[3] = {args[2], args[4], args[5]};
+        pairs = scored_pairs(self, pair_args, 3);
+    } else if (want_pairs >= 0)
+        pairs = PyTuple_New(0);
+    PyObject *result = pairs != NULL ? PyTuple_Pack(3, receipt, text, pairs) : NULL;
+    Py_DECREF(receipt);
+    Py_DECREF(text);
+    Py_XDECREF(pairs);
+    return result;
+other:
+    Py_DECREF(prefix);
+    return Py_NewRef(Py_NotImplemented);
+}
+
+/* -- the receipts' fold (epp.app.receipt_metrics.ReceiptMetrics._fold_python) --------------------------------- */
+
+static PyObject *s_precise, *s_approximate, *s_render, *s_estimate, *s_hit, *s_miss;
+
+static int
+floats_of(PyObject *t, Py_ssize_t width) /* an exact tuple of `width` exact floats */
+{
+    if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != width)
+        return 0;
+    for (Py_ssize_t i = 0; i < width; i++)
+        if (!PyFloat_CheckExact(PyTuple_GET_ITEM(t, i)))
+            return 0;
+    return 1;
+}
+
+static int
+entries_of(PyObject *t, Py_ssize_t width) /* an exact tuple of exact tuples of `width`, each a str first */
+{
+    if (!PyTuple_CheckExact(t))
+        return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++) {
+        PyObject *e = PyTuple_GET_ITEM(t, i);
+        if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != width || !PyUnicode_CheckExact(PyTuple_GET_ITEM(e, 0)))
+            return 0;
+    }
+    return 1;
+}
+
+static int
+count_mode(PyObject *modes, PyObject *name, PyObject *mode, long long k) /* modes[(name, mode)] += k */
+{
+    PyObject *key = PyTuple_Pack(2, name, mode);
+    if (key == NULL)
+        return -1;
+    PyObject *old = PyDict_GetItemWithError(modes, key);
+    long long n = 0;
+    if (old != NULL) {
+        n = PyLong_Check(old) ? PyLong_AsLongLong(old) : -1;
+        if (n == -1 && (PyErr_Occurred() || !PyLong_Check(old))) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "a mode's count is not an int");
+            Py_DECREF(key);
+            return -1;
+        }
+    } else if (PyErr_Occurred()) {
+        Py_DECREF(key);
+        return -1;
+    }
+    PyObject *value = PyLong_FromLongLong(n + k);
+    int rc = value == NULL ? -1 : PyDict_SetItem(modes, key, value);
+    Py_XDECREF(value);
+    Py_DECREF(key);
+    return rc;
+}
+
+static int
+add_to(PyObject *sums, PyObject *name, double x) /* sums[name] = sums.get(name, 0.0) + x */
+{
+    PyObject *old = PyDict_GetItemWithError(sums, name);
+    double base = 0.0;
+    if (old != NULL) {
+        base = PyFloat_AsDouble(old);
+        if (base == -1.0 && PyErr_Occurred())
+            return -1;
+    } else if (PyErr_Occurred())
+        return -1;
+    PyObject *value = PyFloat_FromDouble(base + x);
+    int rc = value == NULL ? -1 : PyDict_SetItem(sums, name, value);
+    Py_XDECREF(value);
+    return rc;
+}
+
+#define MAX_BUCKETS 64
+#define TALLIES 32
+
+/* A batch's modes counted by (name, mode) objects first, then into the dict once each (a key's tuple, hash and
+ * dict write per receipt cost ~1.1k instructions): the same counts (the dict's order is not read: the metrics'
+ * families sort it). Equal names of two objects are two tallies of one key, added both. */
+typedef struct {
+    PyObject *name[TALLIES], *mode[TALLIES];
+    long long n[TALLIES];
+    int used;
+} Tally;
+
+static int
+tally(Tally *t, PyObject *modes, PyObject *name, PyObject *mode)
+{
+    for (int i = 0; i < t->used; i++)
+        if (t->name[i] == name && t->mode[i] == mode) {
+            t->n[i]++;
+            return 0;
+        }
+    if (t->used == TALLIES) /* full: straight into the dict */
+        return count_mode(modes, name, mode, 1);
+    t->name[t->used] = name;
+    t->mode[t->used] = mode;
+    t->n[t->used++] = 1;
+    return 0;
+}
+
+static Py_ssize_t
+bucket_of(const double *bounds, Py_ssize_t n, double x) /* bisect_left */
+{
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (bounds[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int
+add_counts(PyObject *counts, const long long *deltas, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!deltas[i])
+            continue;
+        long long was = PyLong_AsLongLong(PyList_GET_ITEM(counts, i));
+        if (was == -1 && PyErr_Occurred())
+            return -1;
+        PyObject *value = PyLong_FromLongLong(was + deltas[i]);
+        if (value == NULL)
+            return -1;
+        PyList_SetItem(counts, i, value);
+    }
+    return 0;
+}
+
+/* fold(raw, contribution, margin, modes, bounds, metrics_counts, kv_counts, metrics_sum, kv_sum)
+ *     -> (metrics_sum, kv_sum) | NotImplemented
+ *
+ * `ReceiptMetrics._fold_python` of the receipts `raw` (a list) into its dicts and its two histograms' bucket
+ * counts (lists of ints, one per bound and +Inf), their sums given and answered: the same operations in the same
+ * order, so the same doubles (a term column summed over the batch from 0.0, then added; the margin as the paired
+ * receipts' column sum less the runner-ups'; ages added one after another; modes counted). The usual batch only:
+ * every receipt naming the same scorers, its terms one per scorer, a runner-up's too or none, fields of the types a
+ * read gives; anything else answers NotImplemented before anything is written, and the Python code folds. */
+static PyObject *
+fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "fold takes raw, contribution, margin, modes, bounds, metrics_counts, "
+                                         "kv_counts, metrics_sum, kv_sum");
+        return NULL;
+    }
+    PyObject *raw = args[0], *contribution = args[1], *margin = args[2], *modes = args[3], *bounds_arg = args[4];
+    PyObject *metrics_counts = args[5], *kv_counts = args[6];
+    if (!PyList_CheckExact(raw) || !PyDict_CheckExact(contribution) || !PyDict_CheckExact(margin) ||
+        !PyDict_CheckExact(modes) || !PyTuple_CheckExact(bounds_arg) || !PyList_CheckExact(metrics_counts) ||
+        !PyList_CheckExact(kv_counts) || !PyFloat_CheckExact(args[7]) || !PyFloat_CheckExact(args[8]))
+        return Py_NewRef(Py_NotImplemented);
+    Py_ssize_t nb = PyTuple_GET_SIZE(bounds_arg);
+    if (nb >= MAX_BUCKETS || PyList_GET_SIZE(metrics_counts) != nb + 1 || PyList_GET_SIZE(kv_counts) != nb + 1)
+        return Py_NewRef(Py_NotImplemented);
+    double bounds[MAX_BUCKETS];
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        PyObject *b = PyTuple_GET_ITEM(bounds_arg, i);
+        if (!PyFloat_CheckExact(b))
+            return Py_NewRef(Py_NotImplemented);
+        bounds[i] = PyFloat_AS_DOUBLE(b);
+    }
+    for (Py_ssize_t i = 0; i <= nb; i++)
+        if (!PyLong_CheckExact(PyList_GET_ITEM(metrics_counts, i)) || !PyLong_CheckExact(PyList_GET_ITEM(kv_counts, i)))
+            return Py_NewRef(Py_NotImplemented);
+    Py_ssize_t n = PyList_GET_SIZE(raw);
+    if (n == 0)
+        return Py_BuildValue("(OO)", args[7], args[8]);
+    /* validate first: nothing is written unless the whole batch folds here */
+    PyObject *names = NULL;
+    Py_ssize_t width = 0;
+    int unpaired = 0, paired = 0;
+    for (Py_ssize_t r = 0; r < n; r++) {
+        PyObject *rc = PyList_GET_ITEM(raw, r);
+        if (!PyTuple_Check(rc) || PyTuple_GET_SIZE(rc) != FIELDS)
+            return Py_NewRef(Py_NotImplemented);
+        PyObject *const *f = &PyTuple_GET_ITEM(rc, 0);
+        if (names == NULL) {
+            names = f[SCORERS];
+            if (!PyTuple_CheckExact(names) || PyTuple_GET_SIZE(names) > MAX_TERMS)
+                return Py_NewRef(Py_NotImplemented);
+            width = PyTuple_GET_SIZE(names);
+            for (Py_ssize_t t = 0; t < width; t++)
+                if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(names, t)))
+                    return Py_NewRef(Py_NotImplemented);
+        } else if (f[SCORERS] != names) {
+            int same = PyTuple_CheckExact(f[SCORERS]) ? PyObject_RichCompareBool(f[SCORERS], names, Py_EQ) : 0;
+            if (same < 0)
+                return NULL;
+            if (!same)
+                return Py_NewRef(Py_NotImplemented);
+        }
+        if (width) {
+            if (!floats_of(f[CHOSEN_TERMS], width))
+                return Py_NewRef(Py_NotImplemented);
+            if (PyTuple_CheckExact(f[RUNNER_TERMS]) && PyTuple_GET_SIZE(f[RUNNER_TERMS]) == 0)
+                unpaired = 1;
+            else if (floats_of(f[RUNNER_TERMS], width))
+                paired = 1;
+            else
+                return Py_NewRef(Py_NotImplemented);
+        }
+        if (!entries_of(f[KV], 4) || !entries_of(f[TOKENS], 2) || !entries_of(f[PREFIX], 3) ||
+            !PyFloat_CheckExact(f[METRICS_AGE]) || !PyFloat_CheckExact(f[KV_AGE]))
+            return Py_NewRef(Py_NotImplemented);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[KV]); i++)
+            if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(PyTuple_GET_ITEM(f[KV], i), 1)))
+                return Py_NewRef(Py_NotImplemented);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[TOKENS]); i++)
+            if (!PyBool_Check(PyTuple_GET_ITEM(PyTuple_GET_ITEM(f[TOKENS], i), 1)))
+                return Py_NewRef(Py_NotImplemented);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[PREFIX]); i++)
+            if (!PyLong_CheckExact(PyTuple_GET_ITEM(PyTuple_GET_ITEM(f[PREFIX], i), 2)))
+                return Py_NewRef(Py_NotImplemented);
+    }
+    /* the terms: each column summed over the batch (sum(): from 0.0, one after another), then added */
+    if (width) {
+        double chosen[MAX_TERMS], paired_sum[MAX_TERMS], runner[MAX_TERMS];
+        for (Py_ssize_t t = 0; t < width; t++)
+            chosen[t] = paired_sum[t] = runner[t] = 0.0;
+        for (Py_ssize_t r = 0; r < n; r++) {
+            PyObject *const *f = &PyTuple_GET_ITEM(PyList_GET_ITEM(raw, r), 0);
+            int has_runner = PyTuple_GET_SIZE(f[RUNNER_TERMS]) > 0;
+            for (Py_ssize_t t = 0; t < width; t++) {
+                double x = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(f[CHOSEN_TERMS], t));
+                chosen[t] += x;
+                if (has_runner) {
+                    paired_sum[t] += x;
+                    runner[t] += PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(f[RUNNER_TERMS], t));
+                }
+            }
+        }
+        const double *pairs = unpaired ? paired_sum : chosen; /* every receipt paired: the chosen sums themselves */
+        for (Py_ssize_t t = 0; t < width; t++) {
+            PyObject *name = PyTuple_GET_ITEM(names, t);
+            if (add_to(contribution, name, chosen[t]) < 0)
+                return NULL;
+            if (paired && add_to(margin, name, pairs[t] - runner[t]) < 0)
+                return NULL;
+        }
+    }
+    /* the modes, then the ages */
+    long long metrics_deltas[MAX_BUCKETS] = {0}, kv_deltas[MAX_BUCKETS] = {0};
+    Tally tallied;
+    tallied.used = 0;
+    double metrics_sum = PyFloat_AS_DOUBLE(args[7]), kv_sum = PyFloat_AS_DOUBLE(args[8]);
+    for (Py_ssize_t r = 0; r < n; r++) {
+        PyObject *const *f = &PyTuple_GET_ITEM(PyList_GET_ITEM(raw, r), 0);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[KV]); i++) {
+            PyObject *e = PyTuple_GET_ITEM(f[KV], i);
+            int precise = PyUnicode_Compare(PyTuple_GET_ITEM(e, 1), s_precise);
+            if (precise == -1 && PyErr_Occurred())
+                return NULL;
+            if (tally(&tallied, modes, PyTuple_GET_ITEM(e, 0), precise == 0 ? s_precise : s_approximate) < 0)
+                return NULL;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[TOKENS]); i++) {
+            PyObject *e = PyTuple_GET_ITEM(f[TOKENS], i);
+            if (tally(&tallied, modes, PyTuple_GET_ITEM(e, 0), PyTuple_GET_ITEM(e, 1) == Py_True ? s_render : s_estimate) < 0)
+                return NULL;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(f[PREFIX]); i++) {
+            PyObject *e = PyTuple_GET_ITEM(f[PREFIX], i);
+            int hit = PyObject_RichCompareBool(PyTuple_GET_ITEM(e, 2), zero, Py_GT);
+            if (hit < 0 || tally(&tallied, modes, PyTuple_GET_ITEM(e, 0), hit ? s_hit : s_miss) < 0)
+                return NULL;
+        }
+        double age = PyFloat_AS_DOUBLE(f[METRICS_AGE]);
+        if (age < INFINITY) {
+            metrics_deltas[bucket_of(bounds, nb, age)]++;
+            metrics_sum += age;
+        }
+        double kv_age = PyFloat_AS_DOUBLE(f[KV_AGE]);
+        if (PyTuple_GET_SIZE(f[KV]) && kv_age < INFINITY) {
+            kv_deltas[bucket_of(bounds, nb, kv_age)]++;
+            kv_sum += kv_age;
+        }
+    }
+    for (int i = 0; i < tallied.used; i++)
+        if (count_mode(modes, tallied.name[i], tallied.mode[i], tallied.n[i]) < 0)
+            return NULL;
+    if (add_counts(metrics_counts, metrics_deltas, nb + 1) < 0 || add_counts(kv_counts, kv_deltas, nb + 1) < 0)
+        return NULL;
+    return Py_BuildValue("(dd)", metrics_sum, kv_sum);
 }
 
 static PyMethodDef methods[] = {
@@ -767,6 +1237,10 @@ static PyMethodDef methods[] = {
     {"receipt_json", (PyCFunction)receipt_json, METH_O, "A receipt's JSON (receipt.py's Receipt.json_python)."},
     {"scored_pairs", (PyCFunction)(void (*)(void))scored_pairs, METH_FASTCALL,
      "(address, score) of each scored slot (receipt.py's scored_pairs_python)."},
+    {"account", (PyCFunction)(void (*)(void))account, METH_FASTCALL,
+     "A detailed pick's receipt and its JSON in one call (receipt.py's ReceiptReader.account_python)."},
+    {"fold", (PyCFunction)(void (*)(void))fold, METH_FASTCALL,
+     "A batch of receipts into the aggregates (receipt_metrics.py's ReceiptMetrics._fold_python)."},
     {"receipt_of", (PyCFunction)(void (*)(void))receipt_of, METH_FASTCALL,
      "A detailed pick's receipt in one call (receipt.py's ReceiptReader.read_python)."},
     {"signal_health", (PyCFunction)(void (*)(void))signal_health, METH_FASTCALL,
@@ -781,7 +1255,14 @@ setup_module(PyObject *module)
     zero = PyLong_FromLong(0);
     empty_str = PyUnicode_FromString("");
     no_terms = Py_BuildValue("(i()()())", -1);
-    if (zero == NULL || empty_str == NULL || no_terms == NULL)
+    s_precise = PyUnicode_InternFromString("precise");
+    s_approximate = PyUnicode_InternFromString("approximate");
+    s_render = PyUnicode_InternFromString("render");
+    s_estimate = PyUnicode_InternFromString("estimate");
+    s_hit = PyUnicode_InternFromString("hit");
+    s_miss = PyUnicode_InternFromString("miss");
+    if (zero == NULL || empty_str == NULL || no_terms == NULL || s_precise == NULL || s_approximate == NULL ||
+        s_render == NULL || s_estimate == NULL || s_hit == NULL || s_miss == NULL)
         return -1;
     PyObject *orjson = PyImport_ImportModule("orjson"); /* as receipt.py imports it */
     if (orjson == NULL)

@@ -27,7 +27,7 @@ import numpy as np
 from epp.datastore import Freshness, Snapshot
 from epp.datastore.table import FloatArray, IntArray
 from epp.scheduling.framework import CycleState, Filter, Picker, Scorer
-from epp.scheduling.pick_detail import SCORED, TERMS
+from epp.scheduling.pick_detail import BUFFERS, SCORED, TERMS
 from epp.scheduling.pickers import _TIE, MaxScorePicker
 from epp.scheduling.prefix import PrefixCacheScorer
 from epp.scheduling.saturation import SaturationFilter
@@ -74,6 +74,8 @@ class FusedDefault:
         # None, or an array the kernel writes each run's totals into (the kept candidates', then NaN): the
         # equality test's window into a plain pick, which keeps no totals.
         self.totals: FloatArray | None = None
+        # A detailed run's outputs by pool size (`run_detailed`).
+        self._buffers: dict[int, _Buffers] = {}
 
     def _columns_of(self, snapshot: Snapshot) -> tuple[memoryview, ...]:
         if snapshot is not self._snapshot:
@@ -101,32 +103,87 @@ class FusedDefault:
     def run_detailed(self, state: CycleState, candidates: IntArray) -> Sequence[int] | None:
         """`run`, keeping in `state` what the runner's detailed pick keeps (`pick_detail.SCORED`: the kept
         candidates and their totals; `pick_detail.TERMS`: each scorer's (name, has a term, constant part) and the
-        terms' rows), written by the same kernel call; None where the plugins must run."""
+        terms' rows), written by the same kernel call; None where the plugins must run.
+
+        The kernel writes into this runner's buffers for the pool's size, and the state gets read-only views of
+        them, built once per shape of detail (kept count, which terms have rows, their constants): allocating the
+        four arrays, slicing, reshaping and naming the terms per pick cost ~27k instructions, more than the kernel.
+        So a detailed pick's arrays hold its values until this runner's next detailed pick of the same pool size:
+        they are read before it (the director reads the detail and the receipt within `decide`, which does not
+        await)."""
         kernels = NATIVE
         if kernels is None:
             return None
         size = candidates.size
-        kept: IntArray = np.empty(size, dtype=np.int64)
-        totals: FloatArray = np.empty(size)
-        rows: FloatArray = np.empty(4 * size)
-        constants: FloatArray = np.empty(4)
+        buffers = self._buffers.get(size)
+        if buffers is None:
+            buffers = self._buffers_of(size)
         snapshot = state.snapshot
         columns = self._columns if snapshot is self._snapshot else self._columns_of(snapshot)
         got = kernels.fused_pick(
             self._slots_view if candidates is self._slots else candidates,
-            columns, state.now - self.staleness_s, state, self._fixed, totals, (kept, rows, constants),
+            columns, state.now - self.staleness_s, state, self._fixed, buffers[3], buffers[4],
         )  # fmt: skip
         if got.__class__ is not tuple:
             return None
-        slot, k, has = got
+        slot, shape = got
+        views = buffers[2].get(shape)
+        if views is None:
+            views = self._views_of(buffers, shape)
+        scratch = state.scratch
+        scratch[SCORED], scratch[TERMS], scratch[BUFFERS] = views
+        return (slot,)
+
+    def _buffers_of(self, size: int) -> _Buffers:
+        """The kernel's output arrays for a pool of `size` candidates, with no views yet."""
+        if len(self._buffers) >= 64:  # pool sizes seen (subsets narrow them): bounded
+            self._buffers.clear()
+        kept: IntArray = np.empty(size, dtype=np.int64)
+        totals, rows, constants = np.empty(size), np.empty(4 * size), np.empty(4)
+        # The kernel gets them as memoryviews (numpy's buffer export costs ~800 instructions an array, four a pick).
+        buffers: _Buffers = (
+            totals, (kept, rows, constants), {}, totals.data, (kept.data, rows.data, constants.data)
+        )  # fmt: skip
+        self._buffers[size] = buffers
+        return buffers
+
+    def _views_of(self, buffers: _Buffers, shape: tuple[int, ...]) -> _Views:
+        """What the state keeps of a detailed pick of `shape` (the kernel's (k, has, the constants' bits)): views of
+        the buffers, read-only (and as memoryviews: `pick_detail.BUFFERS`), and the terms' names with the constants
+        (the values the kernel just wrote)."""
+        totals, (kept, rows, constants), by_shape, *_ = buffers
+        k, has = shape[0], shape[1]
+        if len(by_shape) >= 64:
+            by_shape.clear()
         named = [
             (name, bool(has >> t & 1), constant)
             for t, (name, constant) in enumerate(zip(self.names, constants.tolist(), strict=True))
         ]
         m = has.bit_count()
-        state.scratch[SCORED] = (kept[:k], totals[:k])
-        state.scratch[TERMS] = (named, rows[: m * k].reshape(m, k) if m else None)
-        return (slot,)
+        out: tuple[np.ndarray, ...] = (kept[:k], totals[:k], rows[: m * k].reshape(m, k))
+        for view in out:
+            view.flags.writeable = False
+        rows_out = out[2] if m else None
+        buffers_out = (out[0].data, out[1].data, rows_out.data if rows_out is not None else None)
+        views: _Views = ((out[0], out[1]), (named, rows_out), buffers_out)
+        by_shape[shape] = views
+        return views
+
+
+# A pool size's kernel outputs: totals, (kept, rows, constants), the views of them by the detail's shape, and the
+# outputs again as memoryviews (what the kernel is handed).
+_Views = tuple[
+    tuple[IntArray, FloatArray],
+    tuple[list[tuple[str, bool, float]], FloatArray | None],
+    tuple[memoryview, memoryview, memoryview | None],
+]
+_Buffers = tuple[
+    FloatArray,
+    tuple[IntArray, FloatArray, FloatArray],
+    dict[tuple[int, ...], _Views],
+    memoryview,
+    tuple[memoryview, memoryview, memoryview],
+]
 
 
 def fused_default(

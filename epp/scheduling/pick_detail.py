@@ -25,6 +25,10 @@ SCORED = "pick-detail/scored"  # scratch key: (candidates after the filters, the
 # Scratch key: ([(scorer, has a per-candidate term, constant part)], the terms: one row per scorer that has one, a
 # column per scored candidate, or None).
 TERMS = "pick-detail/terms"
+# Scratch key, where a runner keeps them so (the fused pick's views, built once per shape of detail): `SCORED`'s and
+# `TERMS`' arrays as memoryviews, (candidates, totals, rows or None). The compiled readers (the receipt, the scores'
+# pairs) take a memoryview's buffer for a fraction of numpy's export of an array's (~800 instructions each).
+BUFFERS = "pick-detail/buffers"
 
 
 # A scorer's own prefix match for this pick: (state, slot) → leading blocks held (`PrefixCacheScorer.cached_blocks`).

@@ -294,6 +294,12 @@ class PrefixCacheScorer(LinearScorer):
             return Linear(None, 0.0, 0.0)
         return Linear(state.take(matched, candidates), 1.0 / len(hashes), 0.0)
 
+    @property
+    def scratch_key(self) -> str:
+        """The pick's scratch key this pick's lookup is kept under: `lookup` is its `get` (a route receipt's
+        compiled read, `epp.scheduling.receipt`, reads it by the key)."""
+        return self._key
+
     def lookup(self, state: CycleState) -> tuple[list[int], FloatArray, int] | None:
         """This pick's lookup (the prompt's block hashes, blocks matched per slot, the longest match), if it ran."""
         cached: tuple[list[int], FloatArray, int] | None = state.scratch.get(self._key)

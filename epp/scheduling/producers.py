@@ -188,6 +188,12 @@ class ApproxPrefixCacheProducer:
             self.hit_bytes.observe(reach * block_tokens * BYTES_PER_TOKEN)
         publish(state, self.name, PrefixMatch(matched, len(hashes), block_tokens))
 
+    @property
+    def scratch_key(self) -> str:
+        """The pick's scratch key this pick's lookup is kept under: `lookup` is its `get` (a route receipt's
+        compiled read, `epp.scheduling.receipt`, reads it by the key)."""
+        return self._key
+
     def lookup(self, state: CycleState) -> tuple[list[int], FloatArray, int] | None:
         """This pick's lookup (the prompt's block hashes, blocks matched per slot, the longest match), if it ran."""
         cached: tuple[list[int], FloatArray, int] | None = state.scratch.get(self._key)

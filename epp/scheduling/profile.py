@@ -172,7 +172,10 @@ class ProfileScheduler:
     ) -> tuple[Sequence[int], PickDetail]:
         """`pick`, with the scores and the picked endpoint's cached prefix (`PickDetail`), for the director."""
         slots, state = self.run(snapshot, candidates, request, now, detailed=True)
-        return slots, (detail_of(state, int(slots[0]), self._cached_blocks) if slots else EMPTY)
+        if not slots:
+            return slots, EMPTY
+        scored, scores = state.scratch[SCORED]  # `detail_of`, inlined: a detailed run keeps them
+        return slots, PickDetail(scored, scores, state, int(slots[0]), self._cached_blocks)
 
     def detail(self, state: CycleState, primary: int) -> PickDetail:
         """The PickDetail of a run of this profile whose primary slot is `primary`."""

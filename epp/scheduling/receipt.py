@@ -26,7 +26,7 @@ import orjson
 from epp.datastore.freshness import Freshness, usable
 from epp.datastore.table import FloatArray, IntArray, Snapshot
 from epp.scheduling.framework import CycleState, Producer, produced
-from epp.scheduling.pick_detail import SCORED, TERMS
+from epp.scheduling.pick_detail import BUFFERS, SCORED, TERMS
 from epp.scheduling.precise import NEVER, PrecisePrefixCacheProducer
 from epp.scheduling.prefix import PrefixCacheScorer
 from epp.scheduling.producers import ApproxPrefixCacheProducer, TokenProducer
@@ -45,7 +45,11 @@ class Compiled(Protocol):
 
     def receipt_of(self, *fields: object) -> object: ...
 
-    def scored_pairs(self, addresses: object, slots: IntArray, scores: FloatArray) -> object: ...
+    def account(self, *fields: object) -> object: ...
+
+    def fold(self, *fields: object) -> object: ...
+
+    def scored_pairs(self, addresses: object, slots: object, scores: object) -> object: ...
 
     def signal_health(
         self,
@@ -143,6 +147,15 @@ class ReceiptReader:
         lookups += [p for p in producers if isinstance(p, ApproxPrefixCacheProducer)]
         self._lookups = tuple(lookups)
         self._producing = bool(self._precise or self._tokens or self._lookups)
+        # `account`'s one compiled call reads the prefix plugins' lookups from the pick's scratch itself, by their
+        # keys: for a reader without precise or token producers whose lookups are these classes' own (a dict get);
+        # None: `read` then `Receipt.json`.
+        plain = all(type(p).lookup in _SCRATCH_LOOKUPS for p in lookups)
+        self._lookup_keys: tuple[tuple[str, str], ...] | None = (
+            tuple((p.name, p.scratch_key) for p in lookups)
+            if plain and not self._precise and not self._tokens
+            else None
+        )
         self._profiles = (profile,)
         # The snapshot the signal columns were read from, with them and its slots as memoryviews (as
         # `epp.scheduling.fused` keeps them): the director's snapshot is the table's cached view, the same object
@@ -152,6 +165,9 @@ class ReceiptReader:
         self._columns: tuple[memoryview, memoryview] | None = None
         self._slots: IntArray | None = None
         self._slots_view: memoryview | None = None
+        # The last pick's totals and their memoryview: a random pick's are one read-only array pick after pick.
+        self._total: FloatArray | None = None
+        self._total_view: memoryview | None = None
 
     def watched(self) -> list[tuple[str, str]]:
         """The (plugin, reason) pairs the degradation watch follows for this profile."""
@@ -199,6 +215,77 @@ class ReceiptReader:
             flow_wait_s,
         )
         return got if got.__class__ is Receipt else self.read_python(state, primary, flow_wait_s)
+
+    def account(
+        self,
+        state: CycleState,
+        primary: int,
+        flow_wait_s: float = 0.0,
+        profiles: tuple[str, ...] | None = None,
+        json: bool = False,
+        pairs: bool = False,
+    ) -> tuple[Receipt, str | None, tuple[tuple[str, float], ...]]:
+        """`account_python`, in one compiled call where it can be (`_receipt.account`: the read, the prefix plugins'
+        lookups, the JSON and the scores' pairs; every emitted receipt takes it, and each bytecode here costs ~100
+        instructions)."""
+        keys = self._lookup_keys
+        scratch = state.scratch
+        if _COMPILED is not None and keys is not None:
+            snapshot = state.snapshot
+            columns = self._columns if snapshot is self._snapshot else self._columns_of(snapshot)
+            assert columns is not None
+            candidates = state.candidates
+            named, rows = scratch.get(TERMS) or _NO_TERMS
+            buffers = scratch.get(BUFFERS)  # the same arrays as memoryviews, where the runner keeps them so
+            if buffers is not None:
+                scored, total, rows = buffers
+            else:
+                scored, total = scratch.get(SCORED, _NOT_SCORED)
+                if scored is self._slots:  # every slot scored (a random pick's): the cached memoryview
+                    scored = self._slots_view
+                if total is self._total:  # the same totals array as the last pick's (a random pick's uniform)
+                    total = self._total_view
+                elif total is not None:
+                    self._total, self._total_view = total, total.data
+                    total = self._total_view
+            freshness = state.freshness
+            got = _COMPILED.account(
+                Receipt, profiles or self._profiles, snapshot.addresses, self.scorers, scored, total, primary, named,
+                rows, columns[0], columns[1], self._slots_view if candidates is self._slots else candidates,
+                state.now, freshness.staleness_s, freshness.max_failures, (), math.nan, (), scratch, keys,
+                flow_wait_s, json, pairs,
+            )  # fmt: skip
+            if got.__class__ is tuple:
+                receipt, text, scores = got
+                if json and text.__class__ is not str:
+                    text = receipt.json_python()
+                if scores.__class__ is not tuple:
+                    scores = _pairs_of(state, True)
+                return receipt, text, scores
+        receipt = self.read(state, primary, flow_wait_s)
+        if profiles is not None:
+            receipt = receipt._replace(profiles=profiles)
+        return receipt, receipt.json() if json else None, _pairs_of(state, pairs)
+
+    def account_python(
+        self,
+        state: CycleState,
+        primary: int,
+        flow_wait_s: float = 0.0,
+        profiles: tuple[str, ...] | None = None,
+        json: bool = False,
+        pairs: bool = False,
+    ) -> tuple[Receipt, str | None, tuple[tuple[str, float], ...]]:
+        """The definition: the receipt of a detailed pick (`read_python`), of `profiles` when given (a P/D pick
+        names every profile it booked); with `json` its JSON (`Receipt.json_python`), else None; with `pairs` the
+        (address, weighted score) of every endpoint it scored (`scored_pairs_python`; none when it scored none),
+        else ()."""
+        receipt = self.read_python(state, primary, flow_wait_s)
+        if profiles is not None:
+            receipt = receipt._replace(profiles=profiles)
+        scored, total = state.scratch.get(SCORED, _NOT_SCORED)
+        scores = scored_pairs_python(state.snapshot.addresses, scored, total) if pairs and scored is not None else ()
+        return receipt, receipt.json_python() if json else None, scores
 
     def _columns_of(self, snapshot: Snapshot) -> tuple[memoryview, memoryview]:
         self._snapshot = snapshot
@@ -283,6 +370,8 @@ _NOTHING_PRODUCED: Produced = ((), math.nan, (), ())
 _NOT_SCORED: tuple[None, None] = (None, None)
 _new_receipt = tuple.__new__
 _NO_TERMS: tuple[list[tuple[str, bool, float]], None] = ([], None)
+# The `lookup`s that are `state.scratch.get(self.scratch_key)`, which `_receipt.account` reads by the key.
+_SCRATCH_LOOKUPS = (PrefixCacheScorer.lookup, ApproxPrefixCacheProducer.lookup)
 
 
 def signal_health_python(
@@ -353,19 +442,35 @@ def pick_terms(
     return pick_terms_python(scored, total, primary, named, rows)
 
 
-def scored_pairs_python(addresses: Sequence[str], slots: IntArray, scores: FloatArray) -> tuple[tuple[str, float], ...]:
+def _pairs_of(state: CycleState, pairs: bool) -> tuple[tuple[str, float], ...]:
+    """`account`'s pairs where its compiled call did not write them."""
+    scored, total = state.scratch.get(SCORED, _NOT_SCORED)
+    return scored_pairs(state.snapshot.addresses, scored, total) if pairs and scored is not None else ()
+
+
+def scored_pairs_python(
+    addresses: Sequence[str], slots: IntArray | memoryview, scores: FloatArray | memoryview
+) -> tuple[tuple[str, float], ...]:
     """The definition: (address, weighted score) of every endpoint a detailed pick scored (`slots`, `scores`: its
     `PickDetail`), the `envoy.lb` scores struct's entries and the decision's `scores`."""
     # Plain ints and floats first (`tolist`, one call each): iterating the arrays makes a numpy scalar per element.
     listed: list[int] = slots.tolist()
-    values: list[float] = scores.tolist()
+    values: list[float] = scores.tolist()  # type: ignore[assignment]  # floats here
     return tuple((addresses[slot], score) for slot, score in zip(listed, values, strict=True))
 
 
-def scored_pairs(addresses: Sequence[str], slots: IntArray, scores: FloatArray) -> tuple[tuple[str, float], ...]:
+def scored_pairs(
+    addresses: Sequence[str], slots: IntArray | memoryview, scores: FloatArray | memoryview
+) -> tuple[tuple[str, float], ...]:
     """`scored_pairs_python`, compiled when it can be (a tuple a pair built in Python: ~15k instructions on 8)."""
     if _COMPILED is not None:
         got = _COMPILED.scored_pairs(addresses, slots, scores)
         if got.__class__ is tuple:
             return got
     return scored_pairs_python(addresses, slots, scores)
+
+
+def fold_compiled(*fields: object) -> object:
+    """`_receipt.fold` (`epp.app.receipt_metrics.ReceiptMetrics._fold_python` in one call), NotImplemented without
+    the compiled code."""
+    return _COMPILED.fold(*fields) if _COMPILED is not None else NotImplemented

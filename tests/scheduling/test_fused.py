@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from epp.datastore import EndpointTable
 from epp.datastore.table import EndpointInfo, MetricsSample
 from epp.scheduling import build_scheduler, upstream_default_config
-from epp.scheduling.pick_detail import SCORED, TERMS
+from epp.scheduling.pick_detail import BUFFERS, SCORED, TERMS
 from epp.scheduling.profile import ProfileScheduler
 from epp.scheduling.totals import NATIVE
 from tests.scheduling.tables import NOW, address, request
@@ -133,6 +133,14 @@ def test_a_detailed_fused_pick_keeps_what_the_plugins_keep(rows, subset_bits, pr
         assert list(got) == list(want)
         if detail:
             _assert_same_detail(got_state.scratch, want_state.scratch)
+            # The fused pick's memoryviews of its arrays (`pick_detail.BUFFERS`) are those arrays.
+            (scored, total), (_, terms) = got_state.scratch[SCORED], got_state.scratch[TERMS]
+            views = got_state.scratch[BUFFERS]
+            np.testing.assert_array_equal(np.asarray(views[0]), scored)
+            np.testing.assert_array_equal(np.asarray(views[1]), total)
+            assert (views[2] is None) == (terms is None)
+            if terms is not None:
+                np.testing.assert_array_equal(np.asarray(views[2]), terms)
             assert (
                 fused.detail(got_state, int(got[0])).cached_blocks
                 == plain.detail(want_state, int(want[0])).cached_blocks

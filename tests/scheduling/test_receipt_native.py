@@ -151,6 +151,17 @@ def test_a_double_is_written_as_orjson_writes_it(x: float) -> None:
 
 
 @needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.lists(number, min_size=1, max_size=300))
+def test_a_double_written_again_is_written_as_before(xs: list[float]) -> None:
+    """The encoder keeps orjson's text of the doubles it wrote by their bits (a pick's terms repeat): a double
+    written again, after others that share or take its place, is the definition's text still."""
+    for x in [*xs, *reversed(xs), *xs]:
+        r = Receipt(("p",), "a", "", ("s",), (x,), (), (), x, 0, 0, (), math.nan, (), ())
+        assert r.json() == r.json_python()
+
+
+@needs_native
 def test_a_receipt_the_encoder_does_not_take_runs_the_python_code() -> None:
     assert compiled is not None
     twice = Receipt(("p",), "a", "", ("s", "s"), (1.0, 2.0), (), (), 0.0, 0, 0, (), math.nan, (), ())
@@ -334,3 +345,86 @@ def test_a_read_of_the_usual_shape_is_one_compiled_call() -> None:
     # The primary outside the addresses; the reader's scorers not the pick's: the Python code answers.
     assert compiled.receipt_of(Receipt, ("p",), ("w",), ("a", "b"), *args, *rest) is NotImplemented
     assert compiled.receipt_of(Receipt, ("p",), ("w", "x", "y", "z"), ("a",), *args, *rest) is NotImplemented
+
+
+class _Lookup:
+    """A prefix plugin whose lookup is its scratch key's get (as PrefixCacheScorer's and the approximate producer's)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.scratch_key = f"lookup:{name}"
+
+    def lookup(self, state: SimpleNamespace) -> object:
+        return state.scratch.get(self.scratch_key)
+
+
+@needs_native
+@settings(max_examples=500, deadline=None)
+@given(read_cases(), number, st.booleans(), st.booleans(), st.booleans(), st.data())
+def test_the_compiled_account_is_the_python_definition(
+    case: tuple[receipt.ReceiptReader, SimpleNamespace, int],
+    flow_wait: float,
+    json: bool,
+    pd: bool,
+    pairs: bool,
+    data: st.DataObject,
+) -> None:
+    """`account` (the read, the prefix plugins' lookups from the scratch, the JSON, the scores' pairs: one call) is
+    `account_python`."""
+    reader, state, primary = case
+    lookups = [_Lookup(name) for name in data.draw(st.lists(st.sampled_from(["p1", "p2", "p3"]), unique=True))]
+    for plugin in lookups:
+        if data.draw(st.booleans()):  # else the lookup did not run this pick
+            hashes = data.draw(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3))
+            state.scratch[plugin.scratch_key] = (hashes, np.zeros(3), data.draw(st.integers(0, 5)))
+    reader._lookups = tuple(lookups)  # type: ignore[assignment]
+    reader._lookup_keys = tuple((p.name, p.scratch_key) for p in lookups)
+    reader._producing = bool(lookups)
+    profiles = ("decode", "prefill") if pd else None
+    try:
+        expected = reader.account_python(state, primary, flow_wait, profiles, json, pairs)  # type: ignore[arg-type]
+    except (IndexError, ValueError) as exc:  # a primary outside the table, terms not one per scorer: both raise
+        with pytest.raises(type(exc)):
+            reader.account(state, primary, flow_wait, profiles, json, pairs)  # type: ignore[arg-type]
+        return
+    got = reader.account(state, primary, flow_wait, profiles, json, pairs)  # type: ignore[arg-type]
+    assert got[0].__class__ is Receipt
+    assert _same(got, expected)
+
+
+@needs_native
+def test_an_account_of_the_usual_shape_is_one_compiled_call() -> None:
+    """The path every emitted receipt takes: `account` answers the receipt and its JSON (not the Python code)."""
+    assert compiled is not None
+    scored = np.array([0, 2, 3], dtype=np.int64)
+    args = (scored, np.array([1.0, 3.0, 2.0]), 2, [("a", True, 0.5)], np.array([[0.0, 2.0, 1.0]]))
+    columns = (np.array([9.0, 9.5, 9.75, math.nan]), np.zeros(4, np.int64), scored)
+    scratch = {"k": ([7, 8], np.zeros(4), 2)}
+    got = compiled.account(
+        Receipt, ("p",), ("w", "x", "y", "z"), ("a",), *args, *columns, 10.0, 2.0, 3, (), math.nan, (),
+        scratch, (("q", "k"),), 0.0, True, True,
+    )  # fmt: skip
+    assert got.__class__ is tuple
+    r, text, pairs = got
+    assert pairs == (("w", 1.0), ("y", 3.0), ("z", 2.0))
+    assert r == Receipt(
+        ("p",), "y", "z", ("a",), (2.5,), (1.5,), (False,), 0.25, 0, 1, (), math.nan, (), (("q", 7, 2),), 3, 0.0
+    )
+    assert text == r.json_python()
+    assert compiled.account(
+        Receipt, ("p",), ("w", "x", "y", "z"), ("a",), *args, *columns, 10.0, 2.0, 3, (), math.nan, (),
+        {"k": "other"}, (("q", "k"),), 0.0, True, True,
+    ) is NotImplemented  # fmt: skip
+
+
+@needs_native
+@settings(max_examples=500, deadline=None)
+@given(
+    st.text(st.characters(blacklist_categories=["Cs"]), max_size=40),
+    st.text(st.sampled_from('ab"\\\x01\x1f\x7f é/'), max_size=40),
+)
+def test_a_long_str_is_escaped_as_orjson_escapes_it(a: str, b: str) -> None:
+    """Names and addresses longer than the encoder's eight-byte scan, what needs an escape anywhere in them."""
+    assert compiled is not None
+    r = Receipt((a, b), b, a + b, ("s",), (1.0,), (), (), 0.0, 0, 0, (), math.nan, (), ())
+    assert compiled.receipt_json(r) == r.json_python()
