@@ -473,15 +473,21 @@ def _learn(
     stats: np.ndarray,
 ) -> None:
     """The other workers' picks since the last call, into our prefix scorers (their counts into our stats row)."""
-    if not scorers or not pick_log.pending():
+    if not scorers:
+        return
+    lost = pick_log.lost
+    records = pick_log.read()
+    if not records:
+        if pick_log.lost != lost:
+            stats[3] += pick_log.lost - lost
         return
     snapshot = table.view()
-    learned, lost = 0, pick_log.lost
+    learned = 0
     # By (scorer, slot): the picks learned since that slot's index last changed, each of which changed nothing.
     # Only a learn on the same slot changes what `learn` reads for it (the snapshot is the same throughout), so the
     # same pick again changes nothing either: a repeated prompt costs a list compare, not a learn.
     quiet: dict[tuple[int, int], list[list[int]]] = {}
-    for position, control, token, hashes in pick_log.read():
+    for position, control, token, hashes in records:
         local = table.local_of(control, token)
         if local is None or position >= len(scorers):
             continue
