@@ -1,6 +1,7 @@
-/* The serving workers' pick log, a record at a time (epp/app/pick_log.py's `PickLog.append_python` and
- * `PickLog.read_python`, step for step): one call per record written and one per read of every other ring, where the
- * Python code costs an array, a slice and a handful of memoryview index operations per record.
+/* The serving workers' shared blocks: the pick log, a record at a time (epp/app/pick_log.py's
+ * `PickLog.append_python` and `PickLog.read_python`, step for step): one call per record written and one per read of
+ * every other ring, where the Python code costs an array, a slice and a handful of memoryview index operations per
+ * record; and the in-flight matrix's sums of a small pool (epp/app/mirror_table.py's `MirrorTable._sum_cells`).
  *
  * The block is int64 words (a writable buffer: the memfd's mapping). A record at word `at`: stamp, control slot,
  * token, scorer position << 16 | hash count, then the hashes (unsigned 64-bit). The writer stamps it -(seq + 1)
@@ -291,13 +292,90 @@ fail:
     return NULL;
 }
 
+static int
+int64_view(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t *n)
+{
+    if (words_of(obj, view, writable) < 0)
+        return -1;
+    *n = view->len / 8;
+    return 0;
+}
+
+/* sum_cells(cells, end, stride, pairs, inflight, picks, tokens) -> None
+ *
+ * epp/app/mirror_table.py's `MirrorTable._sum_cells` (a small pool's refresh): for each (our slot, first cell) of
+ * `pairs`, the in-flight matrix's three cells summed over every worker's row (`cells` int64 words, a row every
+ * `stride`, `end` words of rows), into our slot of the table's three int rows (int64 buffers). One call, where the
+ * Python loop costs ~15k instructions for 2 endpoints of 2 workers. */
+static PyObject *
+sum_cells(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 7 || !PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "sum_cells takes cells, end, stride, pairs, inflight, picks, tokens");
+        return NULL;
+    }
+    Py_ssize_t end = PyLong_AsSsize_t(args[1]), stride = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (stride <= 0 || end < 0) {
+        PyErr_SetString(PyExc_ValueError, "sum_cells: not a matrix");
+        return NULL;
+    }
+    Py_buffer views[4];
+    Py_ssize_t sizes[4];
+    int held = 0;
+    for (; held < 4; held++) {
+        if (int64_view(args[held == 0 ? 0 : held + 3], &views[held], held > 0, &sizes[held]) < 0)
+            goto fail;
+    }
+    const int64_t *cells = (const int64_t *)views[0].buf;
+    int64_t *inflight = (int64_t *)views[1].buf, *picks = (int64_t *)views[2].buf, *tokens = (int64_t *)views[3].buf;
+    PyObject *pairs = args[3];
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pairs); i++) {
+        PyObject *pair = PyList_GET_ITEM(pairs, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "sum_cells: pairs of (our slot, first cell)");
+            goto fail;
+        }
+        Py_ssize_t ours = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0));
+        Py_ssize_t first = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 1));
+        if (PyErr_Occurred())
+            goto fail;
+        Py_ssize_t last = end > 0 ? first + (end - 1) / stride * stride : first; /* range(first, first + end, stride) */
+        if (ours < 0 || first < 0 || ours >= sizes[1] || ours >= sizes[2] || ours >= sizes[3] ||
+            (end > 0 && last + 2 >= sizes[0])) {
+            PyErr_SetString(PyExc_IndexError, "sum_cells: outside the matrix or the table");
+            goto fail;
+        }
+        int64_t n_flight = 0, n_picks = 0, n_tokens = 0;
+        for (Py_ssize_t at = first; at < first + end; at += stride) {
+            n_flight += cells[at]; /* INFLIGHT, PICKS, TOKENS: the record's three cells in order */
+            n_picks += cells[at + 1];
+            n_tokens += cells[at + 2];
+        }
+        inflight[ours] = n_flight;
+        picks[ours] = n_picks;
+        tokens[ours] = n_tokens;
+    }
+    for (int k = 0; k < held; k++)
+        PyBuffer_Release(&views[k]);
+    Py_RETURN_NONE;
+fail:
+    for (int k = 0; k < held; k++)
+        PyBuffer_Release(&views[k]);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL,
      "One record of ours into our ring, then its head (pick_log.py's PickLog.append_python)."},
     {"read_rings", (PyCFunction)(void (*)(void))read_rings, METH_FASTCALL,
      "The whole records of the other rings since the last read, and how many were lost (pick_log.py's read_python)."},
+    {"sum_cells", (PyCFunction)(void (*)(void))sum_cells, METH_FASTCALL,
+     "A small pool's in-flight sums into the table's rows (mirror_table.py's MirrorTable._sum_cells)."},
     {NULL, NULL, 0, NULL},
 };
 
 EPP_OPTIONAL_MODULE(PyInit__pick_log, "epp.app._pick_log",
-                    "The serving workers' pick log, a record per call (see pick_log.py).", methods, NULL)
+                    "The serving workers' pick log and in-flight sums (see pick_log.py, mirror_table.py).", methods, NULL)

@@ -1,4 +1,4 @@
-# The compiled pick log records (epp/app/_pick_log.c); epp.app.pick_log says when they run.
+# The compiled pick log records and in-flight sums (epp/app/_pick_log.c); epp.app.pick_log says when they run.
 ENABLED: int
 
 def append_record(
@@ -15,3 +15,12 @@ def append_record(
 def read_rings(
     block: object, workers: int, capacity: int, record_words: int, me: int, next: list[int]
 ) -> tuple[list[tuple[int, int, int, list[int]]], int]: ...
+def sum_cells(
+    cells: object,
+    end: int,
+    stride: int,
+    pairs: list[tuple[int, int]],
+    inflight: object,
+    picks: object,
+    tokens: object,
+) -> None: ...

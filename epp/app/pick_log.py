@@ -37,7 +37,7 @@ _STAMP, _SLOT, _TOKEN, _SHAPE = range(_HEADER)
 
 class Kernels(Protocol):
     """The extension's functions (epp/app/_pick_log.pyi): `PickLog.append_python` and `PickLog.read_python`, a
-    call each."""
+    call each, and a small pool's in-flight sums (epp.app.mirror_table's `MirrorTable._sum_cells`)."""
 
     ENABLED: int
 
@@ -57,6 +57,17 @@ class Kernels(Protocol):
     def read_rings(
         self, block: object, workers: int, capacity: int, record_words: int, me: int, next: list[int]
     ) -> tuple[list[tuple[int, int, int, list[int]]], int]: ...
+
+    def sum_cells(
+        self,
+        cells: object,
+        end: int,
+        stride: int,
+        pairs: list[tuple[int, int]],
+        inflight: object,
+        picks: object,
+        tokens: object,
+    ) -> None: ...
 
 
 _compiled: Kernels | None
