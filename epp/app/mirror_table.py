@@ -50,6 +50,9 @@ class MirrorTable(EndpointTable):
         self._small: list[tuple[int, int]] | None = []  # (our slot, control slot's first cell): a small pool's pairs
         self._control_of: list[int] = []  # our slot → control slot (-1: none), as Python ints
         self._named: list[tuple[float, int]] = []  # control slot → (its token, our slot), as Python numbers
+        # (control slot, its token) → our slot, for every endpoint we hold: how a shared record's endpoint is found
+        # (`local_of`; `_learn` reads it once per refresh and looks each record up itself, without a call).
+        self.by_name: dict[tuple[int, int], int] = {}
         # The rows' versions when last read (unchanged: no row was written since), read through a flat memoryview
         # of the row block: a strided slice and a list, ~0.5k instructions where numpy's slice and bytes took ~2.6k.
         self._versions: Sequence[float] = []
@@ -85,6 +88,11 @@ class MirrorTable(EndpointTable):
         self._high = max((m[0] for m in members), default=-1) + 1
         self._control_of = self._control.tolist()
         self._named = list(zip(self._tokens.tolist(), self._local.tolist(), strict=True))
+        self.by_name = {  # int tokens (a record's are): no int-float compare per lookup; a float token never matches
+            (control, int(token)): local
+            for control, (token, local) in enumerate(self._named)
+            if local >= 0 and token.is_integer()
+        }
         self._versions = []  # other tokens: every row read afresh
         ours = np.flatnonzero(self._control >= 0)
         self._pairs = (ours, self._control[ours])
@@ -182,11 +190,7 @@ class MirrorTable(EndpointTable):
 
     def local_of(self, control: int, token: int) -> int | None:
         """Our slot of the control process's `control` slot, if it still holds the endpoint that had `token`."""
-        named = self._named
-        if not 0 <= control < len(named):
-            return None
-        held, local = named[control]
-        return local if held == token and local >= 0 else None
+        return self.by_name.get((control, token))
 
     def release_pick(self, slot: int, tokens: int = 0, prefill: int = 0) -> None:
         super().release_pick(slot, tokens, prefill)

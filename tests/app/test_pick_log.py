@@ -213,3 +213,21 @@ def test_the_compiled_log_refuses_a_hash_out_of_range_before_writing() -> None:
     with pytest.raises(OverflowError):
         log.append(0, 1, 1, [-1])
     assert not shared.any()
+
+
+def test_a_record_names_an_endpoint_by_its_control_slot_and_token() -> None:
+    """`MirrorTable.local_of` (and `by_name`, which `_learn` reads): our slot for the control slot while it holds
+    the endpoint of that token; a slot that left, a reused slot's old token, a slot out of range: none."""
+    rows = np.zeros((16, NCOL))
+    rows[:, TOKEN] = -1.0
+    table = MirrorTable(rows, np.zeros((2, 16, MATRIX_COLUMNS), dtype=np.int64), 1)
+    table.mirror(members(3))
+    held = [table.local_of(control, 10 + control) for control in range(3)]
+    assert None not in held and sorted(held) == sorted(set(held))  # type: ignore[type-var]
+    assert table.local_of(1, 11) == table.slot_of("127.10.0.2:8000")
+    table.mirror(
+        [(0, 10.0, EndpointInfo("127.10.0.1:8000"), [], []), (1, 21.0, EndpointInfo("127.9.0.9:8000"), [], [])]
+    )
+    assert table.local_of(1, 11) is None and table.local_of(1, 21) == table.slot_of("127.9.0.9:8000")
+    assert table.local_of(2, 12) is None and table.local_of(-1, 10) is None and table.local_of(99, 10) is None
+    assert table.local_of(0, 10) == table.slot_of("127.10.0.1:8000")
