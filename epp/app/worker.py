@@ -511,7 +511,7 @@ def _learn(
         elif len(seen) < QUIET_KEPT:
             seen.append(hashes)
     if learned:
-        stats[2] += learned
+        stats[2] = stats.item(2) + learned  # Python ints: no numpy scalar made and added
     if pick_log.lost != lost:
         stats[3] += pick_log.lost - lost
 
