@@ -193,15 +193,11 @@ read_rings(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "read_rings: a start per ring");
         return NULL;
     }
-    long long starts[64];
-    if (l.workers > 64) {
-        PyErr_SetString(PyExc_ValueError, "read_rings: at most 64 rings");
-        return NULL;
-    }
-    for (Py_ssize_t w = 0; w < l.workers; w++) {
-        starts[w] = PyLong_AsLongLong(PyList_GET_ITEM(next, w));
-        if (starts[w] == -1 && PyErr_Occurred())
+    for (Py_ssize_t w = 0; w < l.workers; w++) { /* every start an int before anything moves */
+        if (!PyLong_Check(PyList_GET_ITEM(next, w))) {
+            PyErr_SetString(PyExc_TypeError, "read_rings: the starts are ints");
             return NULL;
+        }
     }
     Py_buffer view;
     if (words_of(args[0], &view, 0) < 0)
@@ -221,7 +217,10 @@ read_rings(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t worker = 0; worker < l.workers; worker++) {
         if (worker == me)
             continue;
-        long long head = __atomic_load_n(&words[worker], __ATOMIC_ACQUIRE), start = starts[worker];
+        long long head = __atomic_load_n(&words[worker], __ATOMIC_ACQUIRE);
+        long long start = PyLong_AsLongLong(PyList_GET_ITEM(next, worker));
+        if (start == -1 && PyErr_Occurred())
+            goto fail;
         if (head < start)
             start = 0;
         if (head - start > l.capacity) {

@@ -231,3 +231,14 @@ def test_a_record_names_an_endpoint_by_its_control_slot_and_token() -> None:
     assert table.local_of(1, 11) is None and table.local_of(1, 21) == table.slot_of("127.9.0.9:8000")
     assert table.local_of(2, 12) is None and table.local_of(-1, 10) is None and table.local_of(99, 10) is None
     assert table.local_of(0, 10) == table.slot_of("127.10.0.1:8000")
+
+
+def test_every_ring_of_many_workers_is_read() -> None:
+    """No bound on the workers a reader follows (80 rings here): each worker's record, once, in ring order."""
+    workers = 80
+    shared = block(workers)
+    logs = [PickLog(shared, workers, me) for me in range(workers)]
+    for me, log in enumerate(logs):
+        log.append(0, me, me, [me, 2**64 - 1])
+    assert logs[0].read() == [(0, me, me, [me, 2**64 - 1]) for me in range(1, workers)]
+    assert logs[0].read() == []
