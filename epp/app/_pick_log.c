@@ -87,30 +87,32 @@ record_at(const layout *l, Py_ssize_t worker, long long seq)
     return l->workers + (worker * l->capacity + (Py_ssize_t)r) * l->record_words;
 }
 
-/* append_record(block, workers, capacity, record_words, me, position, slot, token, hashes) -> None
+/* append_record(ring, position, slot, token, hashes) -> None, `ring` = (block, workers, capacity, record_words, me)
  *
  * pick_log.py's `PickLog.append_python`: record (ring `me`'s head) in ring `me` with its header and the first
  * `record_words` - 4 of `hashes` (a list of ints in [0, 2**64)), then the head = its number + 1. A hash out of
  * range raises OverflowError before anything is written (as the array the Python code builds does). Called through
- * a `functools.partial` of the first five (`PickLog.append`): one C call per pick, no Python frame. */
+ * a `functools.partial` of `ring` (`PickLog.append`): one C call per pick, no Python frame, and the partial's 5
+ * arguments fit its stack (9 would be a malloc and a free per call). */
 static PyObject *
 append_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 9 || !PyList_Check(args[8])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "append_record takes block, workers, capacity, record_words, me, position, slot, token, hashes");
+    if (nargs != 5 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 5 || !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "append_record takes (block, workers, capacity, record_words, me), "
+                                         "position, slot, token, hashes");
         return NULL;
     }
+    PyObject *const *ring = &PyTuple_GET_ITEM(args[0], 0);
     layout l;
-    if (layout_of(args + 1, &l) < 0)
+    if (layout_of(ring + 1, &l) < 0)
         return NULL;
-    Py_ssize_t me = PyLong_AsSsize_t(args[4]);
-    long long position = PyLong_AsLongLong(args[5]), slot = PyLong_AsLongLong(args[6]);
-    long long token = PyLong_AsLongLong(args[7]);
+    Py_ssize_t me = PyLong_AsSsize_t(ring[4]);
+    long long position = PyLong_AsLongLong(args[1]), slot = PyLong_AsLongLong(args[2]);
+    long long token = PyLong_AsLongLong(args[3]);
     if (PyErr_Occurred())
         return NULL;
-    PyObject *hashes = args[8];
+    PyObject *hashes = args[4];
     Py_ssize_t count = PyList_GET_SIZE(hashes);
     if (count > l.max_hashes)
         count = l.max_hashes;
@@ -120,7 +122,7 @@ append_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
     }
     Py_buffer view;
-    if (words_of(args[0], &view, 1) < 0)
+    if (words_of(ring[0], &view, 1) < 0)
         return NULL;
     int64_t *words = (int64_t *)view.buf;
     Py_ssize_t n = view.len / 8;

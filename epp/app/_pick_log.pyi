@@ -2,15 +2,7 @@
 ENABLED: int
 
 def append_record(
-    block: object,
-    workers: int,
-    capacity: int,
-    record_words: int,
-    me: int,
-    position: int,
-    slot: int,
-    token: int,
-    hashes: list[int],
+    ring: tuple[object, int, int, int, int], position: int, slot: int, token: int, hashes: list[int]
 ) -> None: ...
 def read_rings(
     block: object, workers: int, capacity: int, record_words: int, me: int, next: list[int]

@@ -42,16 +42,7 @@ class Kernels(Protocol):
     ENABLED: int
 
     def append_record(
-        self,
-        block: object,
-        workers: int,
-        capacity: int,
-        record_words: int,
-        me: int,
-        position: int,
-        slot: int,
-        token: int,
-        hashes: list[int],
+        self, ring: tuple[object, int, int, int, int], position: int, slot: int, token: int, hashes: list[int]
     ) -> None: ...
 
     def read_rings(
@@ -91,8 +82,8 @@ class PickLog:
     append: Callable[[int, int, int, list[int]], None]
     """`append(position, slot, token, hashes)`: one pick of ours, `hashes` now on the control process's `slot` (with
     its `token`), by scorer `position`. `append_python`, compiled when it can be: the extension's call with the
-    block and its layout bound (`functools.partial`), so a pick costs one C call, not a Python frame, an array and
-    a dozen memoryview operations."""
+    block and its layout bound (`functools.partial` of one tuple), so a pick costs one C call, not a Python frame,
+    an array and a dozen memoryview operations."""
 
     def __init__(self, block: np.ndarray, workers: int, me: int, native: Kernels | None = NATIVE) -> None:
         self._native = native  # None: the Python definitions run (tests hold the two equal)
@@ -109,7 +100,8 @@ class PickLog:
         if native is None:
             self.append = self.append_python
         else:
-            self.append = functools.partial(native.append_record, self._words, workers, CAPACITY, RECORD_WORDS, me)
+            ring = (self._words, workers, CAPACITY, RECORD_WORDS, me)  # one argument: the partial's stack holds 5
+            self.append = functools.partial(native.append_record, ring)
 
     def _record(self, worker: int, seq: int) -> int:
         """The word offset of `worker`'s record `seq` in the block."""
