@@ -20,9 +20,10 @@ that has since left, or whose slot was reused, is dropped, not learned for its s
 
 from __future__ import annotations
 
+import functools
 import importlib
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol, cast
 
 import numpy as np
@@ -35,18 +36,29 @@ _STAMP, _SLOT, _TOKEN, _SHAPE = range(_HEADER)
 
 
 class Kernels(Protocol):
-    """The extension's functions (epp/app/_pick_log.pyi): `PickLog.append_python` and one ring's range of
-    `PickLog.read_python`, a call each."""
+    """The extension's functions (epp/app/_pick_log.pyi): `PickLog.append_python` and `PickLog.read_python`, a
+    call each, and a small pool's in-flight sums (epp.app.mirror_table's `MirrorTable._sum_cells`)."""
 
     ENABLED: int
 
-    def write_record(
-        self, block: object, at: int, seq: int, slot: int, token: int, shape: int, hashes: list[int], head: int
+    def append_record(
+        self, ring: tuple[object, int, int, int, int], position: int, slot: int, token: int, hashes: list[int]
     ) -> None: ...
 
-    def read_records(
-        self, block: object, base: int, capacity: int, record_words: int, start: int, head: int, max_hashes: int
+    def read_rings(
+        self, block: object, workers: int, capacity: int, record_words: int, me: int, next: list[int]
     ) -> tuple[list[tuple[int, int, int, list[int]]], int]: ...
+
+    def sum_cells(
+        self,
+        cells: object,
+        end: int,
+        stride: int,
+        pairs: list[tuple[int, int]],
+        inflight: object,
+        picks: object,
+        tokens: object,
+    ) -> None: ...
 
 
 _compiled: Kernels | None
@@ -67,6 +79,12 @@ class PickLog:
     """One worker's end of the shared log: it writes its own ring and reads everyone else's. `me` −1: a reader of
     every ring that writes none (the control process, which learns the precise producer's owed stores)."""
 
+    append: Callable[[int, int, int, list[int]], None]
+    """`append(position, slot, token, hashes)`: one pick of ours, `hashes` now on the control process's `slot` (with
+    its `token`), by scorer `position`. `append_python`, compiled when it can be: the extension's call with the
+    block and its layout bound (`functools.partial` of one tuple), so a pick costs one C call, not a Python frame,
+    an array and a dozen memoryview operations."""
+
     def __init__(self, block: np.ndarray, workers: int, me: int, native: Kernels | None = NATIVE) -> None:
         self._native = native  # None: the Python definitions run (tests hold the two equal)
         self._rings = block[workers:].reshape(workers, CAPACITY, RECORD_WORDS)
@@ -79,23 +97,15 @@ class PickLog:
         # A worker that starts (or restarts) learns the others' last CAPACITY picks first: a warm index.
         self._next = [max(0, self._words[w] - CAPACITY) for w in range(workers)]
         self.lost = 0  # records overwritten before this worker read them
+        if native is None:
+            self.append = self.append_python
+        else:
+            ring = (self._words, workers, CAPACITY, RECORD_WORDS, me)  # one argument: the partial's stack holds 5
+            self.append = functools.partial(native.append_record, ring)
 
     def _record(self, worker: int, seq: int) -> int:
         """The word offset of `worker`'s record `seq` in the block."""
         return self._workers + (worker * CAPACITY + seq % CAPACITY) * RECORD_WORDS
-
-    def append(self, position: int, slot: int, token: int, hashes: list[int]) -> None:
-        """One pick of ours: `hashes` now on the control process's `slot` (with its `token`), by scorer `position`:
-        `append_python`, compiled when it can be (one call, not an array and a dozen memoryview operations)."""
-        native = self._native
-        if native is None:
-            self.append_python(position, slot, token, hashes)
-            return
-        me = self._me
-        seq = self._words[me]
-        count = len(hashes) if len(hashes) <= MAX_HASHES else MAX_HASHES
-        at = self._workers + (me * CAPACITY + seq % CAPACITY) * RECORD_WORDS  # `_record`, inlined
-        native.write_record(self._words, at, seq, slot, token, position << 16 | count, hashes, me)
 
     def append_python(self, position: int, slot: int, token: int, hashes: list[int]) -> None:
         """The definition of `append`."""
@@ -113,12 +123,6 @@ class PickLog:
         words[at + _STAMP] = seq + 1  # whole
         words[me] = seq + 1
 
-    def pending(self) -> bool:
-        """Whether another worker appended since the last `read` (a head moved): a few int compares, so a refresh
-        with nothing new to learn skips the rest."""
-        words, me = self._words, self._me
-        return any(words[worker] != start for worker, start in enumerate(self._next) if worker != me)
-
     def heads(self) -> list[int]:
         """Every ring's head (records appended so far), as Python ints."""
         return self._words[: self._workers].tolist()
@@ -134,25 +138,18 @@ class PickLog:
             start = head - CAPACITY
         return start
 
-    def read(self) -> Iterable[tuple[int, int, int, list[int]]]:
+    def read(self) -> list[tuple[int, int, int, list[int]]]:
         """(scorer position, control slot, token, hashes) of every whole record the other workers appended since the
-        last call. A writer that restarted from an older head (its ring reset) is read from there. `read_python`,
-        compiled when it can be (a call per ring, not a generator step, two slices and a copy per record)."""
+        last call (none: an empty list, so a refresh with nothing new to learn stops there). A writer that restarted
+        from an older head (its ring reset) is read from there. `read_python`, compiled when it can be (one call for
+        every ring, not a generator step, two slices and a copy per record; consecutive records with equal hashes
+        share one list, which every learner only reads)."""
         native = self._native
         if native is None:
-            return self.read_python()
-        words, records = self._words, []
-        for worker, start in enumerate(self._next):
-            if worker == self._me:
-                continue
-            head = words[worker]
-            start = self._unread_from(start, head)
-            if head > start:
-                base = self._workers + worker * CAPACITY * RECORD_WORDS
-                taken, lost = native.read_records(words, base, CAPACITY, RECORD_WORDS, start, head, MAX_HASHES)
-                records += taken
-                self.lost += lost
-            self._next[worker] = head
+            return list(self.read_python())
+        records, lost = native.read_rings(self._words, self._workers, CAPACITY, RECORD_WORDS, self._me, self._next)
+        if lost:
+            self.lost += lost
         return records
 
     def read_python(self) -> Iterable[tuple[int, int, int, list[int]]]:

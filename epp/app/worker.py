@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -402,9 +403,10 @@ def idle_wait(appended: int, elapsed: float) -> float:
 class Learner(Protocol):
     """What learns another worker's pick from the shared log (a prefix scorer, an approximate producer)."""
 
-    def learn(self, snapshot: Snapshot, slot: int, hashes: list[int]) -> bool:
-        """Learn the pick; False only when its state is left exactly as it was, and learning the same pick again
-        over the same snapshot would leave it so too until a pick of the same slot changes it (`_learn` skips it)."""
+    def learning(self, snapshot: Snapshot) -> Callable[[int, list[int]], bool]:
+        """What learns one refresh's picks over `snapshot`, a call of (slot, hashes) each: False only when its state
+        is left exactly as it was, and learning the same pick again over the same snapshot would leave it so too
+        until a pick of the same slot changes it (`_learn` skips it)."""
         ...
 
 
@@ -420,6 +422,9 @@ class OwedStores:
         if hashes and slot < snapshot.present.size and snapshot.present[slot]:
             self._producer.expect_stores(snapshot.addresses[slot], owed_since(hashes))
         return True
+
+    def learning(self, snapshot: Snapshot) -> Callable[[int, list[int]], bool]:
+        return functools.partial(self.learn, snapshot)
 
 
 def owed_record(now: float) -> list[int]:
@@ -473,23 +478,32 @@ def _learn(
     stats: np.ndarray,
 ) -> None:
     """The other workers' picks since the last call, into our prefix scorers (their counts into our stats row)."""
-    if not scorers or not pick_log.pending():
+    if not scorers:
+        return
+    lost = pick_log.lost
+    records = pick_log.read()
+    if not records:
+        if pick_log.lost != lost:
+            stats[3] += pick_log.lost - lost
         return
     snapshot = table.view()
-    learned, lost = 0, pick_log.lost
+    learns = [scorer.learning(snapshot) for scorer in scorers]  # each slot's address and capacity once, not per pick
+    kinds, named = len(learns), table.by_name  # `table.local_of`, looked up here without its call
+    learned = 0
     # By (scorer, slot): the picks learned since that slot's index last changed, each of which changed nothing.
     # Only a learn on the same slot changes what `learn` reads for it (the snapshot is the same throughout), so the
-    # same pick again changes nothing either: a repeated prompt costs a list compare, not a learn.
+    # same pick again changes nothing either: a repeated prompt costs a list compare (equal hashes in a row: the
+    # same list, `PickLog.read`), not a learn.
     quiet: dict[tuple[int, int], list[list[int]]] = {}
-    for position, control, token, hashes in pick_log.read():
-        local = table.local_of(control, token)
-        if local is None or position >= len(scorers):
+    for position, control, token, hashes in records:
+        local = named.get((control, token))
+        if local is None or position >= kinds:
             continue
         learned += 1
         seen = quiet.get((position, local)) if quiet else None  # distinct prompts: no lookup at all
         if seen is not None and hashes in seen:
             continue
-        if scorers[position].learn(snapshot, local, hashes):
+        if learns[position](local, hashes):
             if seen is not None:
                 del quiet[position, local]
         elif seen is None:
@@ -497,7 +511,7 @@ def _learn(
         elif len(seen) < QUIET_KEPT:
             seen.append(hashes)
     if learned:
-        stats[2] += learned
+        stats[2] = stats.item(2) + learned  # Python ints: no numpy scalar made and added
     if pick_log.lost != lost:
         stats[3] += pick_log.lost - lost
 

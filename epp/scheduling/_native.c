@@ -318,6 +318,30 @@ holder_bits(PyObject *holders, PyObject *hash, uint64_t *out)
     return 1;
 }
 
+/* holds_all(young, hashes) -> bool
+ *
+ * prefix.py's `young.issuperset(hashes)` in `PrefixIndex.holds_young`, for a set and a list: each hash looked up
+ * in the set, stopping at the first it lacks. CPython 3.11's issuperset of a list builds a set of it first: ~3.7k
+ * instructions for 11 hashes, where the lookups alone take ~0.9k. */
+static PyObject *
+holds_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 2 || !PyAnySet_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "holds_all takes a set and a list");
+        return NULL;
+    }
+    PyObject *young = args[0], *hashes = args[1];
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(hashes); i++) {
+        int held = PySet_Contains(young, PyList_GET_ITEM(hashes, i));
+        if (held < 0)
+            return NULL;
+        if (!held)
+            Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
 /* prefix_match(holders, hashes, out) -> int | NotImplemented
  *
  * The prefix index's match (prefix.py's `PrefixIndex.match_python`, step for step): into `out` (n float64, zeros),
@@ -865,6 +889,8 @@ static PyMethodDef methods[] = {
      "(min, max, False) of a small array of known values (framework.py's small_extremes)."},
     {"prefix_match", (PyCFunction)(void (*)(void))prefix_match, METH_FASTCALL,
      "The prefix index's match into `out`, its reach returned (prefix.py's PrefixIndex.match_python)."},
+    {"holds_all", (PyCFunction)(void (*)(void))holds_all, METH_FASTCALL,
+     "Whether the set holds every hash of the list (prefix.py's young.issuperset(hashes) in holds_young)."},
     {"max_tie", (PyCFunction)(void (*)(void))max_tie, METH_FASTCALL,
      "The index of the highest score, ties drawn (totals.py's max_tie_numpy)."},
     {NULL, NULL, 0, NULL},

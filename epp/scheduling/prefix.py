@@ -130,13 +130,14 @@ class PrefixIndex:
     def holds_young(self, slot: int, address: str, hashes: list[int], capacity: int) -> bool:
         """Whether `add(slot, address, hashes, …, capacity)` would change nothing: the slot is still `address`'s,
         every block is in its young generation (so its bit is set: a young or old block always has it), and the
-        generation would not turn. One C-level subset test, where `add` needs the match first."""
+        generation would not turn. One C-level subset test, where `add` needs the match first (compiled, lookups
+        that stop at the first hash it lacks: 3.11's issuperset builds a set of the list first)."""
         young = self._young.get(slot)
         return (
             young is not None
-            and len(young) < max(1, capacity // 2)
+            and len(young) < (capacity // 2 if capacity >= 2 else 1)  # max(1, capacity // 2), no builtin call
             and self._owner.get(slot) == address
-            and young.issuperset(hashes)
+            and (young.issuperset(hashes) if NATIVE is None else NATIVE.holds_all(young, hashes))
         )
 
     def add(
@@ -191,16 +192,40 @@ def learn_pick(index: PrefixIndex, snapshot: Snapshot, slot: int, hashes: list[i
     """A pick another decider of this picker made (a serving worker's, from the shared pick log): `slot` now holds
     `hashes`, recorded in `index` as if this decider had picked it. A slot not in `snapshot` is ignored. False when
     `index` is left as it was (ignored, or a repeat its young generation holds): the same pick learned again right
-    after, over the same snapshot, leaves it as it is too."""
-    if not hashes or slot >= snapshot.present.size or not snapshot.present[slot]:
-        return False
-    index.sync(snapshot)
-    address, capacity = snapshot.addresses[slot], slot_capacity(index, snapshot, slot, auto_tune)
-    if index.holds_young(slot, address, hashes, capacity):
-        return False  # `add` would change nothing (a repeat since the generation turned): nor would its match
-    held = int(index.match(hashes, slot + 1)[slot])
-    index.add(slot, address, hashes, held, capacity, index.reach)
-    return True
+    after, over the same snapshot, leaves it as it is too. `pick_learner`'s, for one pick."""
+    return pick_learner(index, snapshot, auto_tune)(slot, hashes)
+
+
+def pick_learner(index: PrefixIndex, snapshot: Snapshot, auto_tune: bool) -> Callable[[int, list[int]], bool]:
+    """`learn_pick(index, snapshot, slot, hashes, auto_tune)` as a call of (slot, hashes), for the picks of one
+    refresh over one snapshot: each slot's presence, address and capacity are looked up at its first pick, not at
+    every one (the snapshot's membership and block counts do not move while a refresh learns)."""
+    slots: dict[int, tuple[str, int] | None] = {}  # slot → (address, capacity); None: not in the snapshot
+
+    def learn(slot: int, hashes: list[int]) -> bool:
+        if not hashes:
+            return False
+        if slot in slots:
+            known = slots[slot]
+        else:
+            present = snapshot.present
+            known = slots[slot] = (
+                (snapshot.addresses[slot], slot_capacity(index, snapshot, slot, auto_tune))
+                if slot < present.size and present[slot]
+                else None
+            )
+        if known is None:
+            return False
+        if snapshot.version != index._version:  # `sync`'s own test, without its call
+            index.sync(snapshot)
+        address, capacity = known
+        if index.holds_young(slot, address, hashes, capacity):
+            return False  # `add` would change nothing (a repeat since the generation turned): nor would its match
+        held = int(index.match(hashes, slot + 1)[slot])
+        index.add(slot, address, hashes, held, capacity, index.reach)
+        return True
+
+    return learn
 
 
 class PrefixCacheScorer(LinearScorer):
@@ -329,6 +354,10 @@ class PrefixCacheScorer(LinearScorer):
         holds `hashes`, recorded as if this scorer had picked it. A slot not in `snapshot` is ignored. False: the
         index is as it was (`learn_pick`)."""
         return learn_pick(self.index, snapshot, slot, hashes, self.auto_tune)
+
+    def learning(self, snapshot: Snapshot) -> Callable[[int, list[int]], bool]:
+        """`learn` over `snapshot`, as a call of (slot, hashes): one refresh's picks (`pick_learner`)."""
+        return pick_learner(self.index, snapshot, self.auto_tune)
 
 
 _NO_MATCH: FloatArray = np.zeros(0)

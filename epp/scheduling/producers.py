@@ -38,7 +38,7 @@ from epp.scheduling.framework import (
     publish,
 )
 from epp.scheduling.hashing import BlockHasher
-from epp.scheduling.prefix import PrefixIndex, learn_pick, slot_capacity
+from epp.scheduling.prefix import PrefixIndex, learn_pick, pick_learner, slot_capacity
 
 BYTES_PER_TOKEN = 4  # upstream's estimate backend: about 4 bytes per token
 TOKEN_PRODUCER = "token-producer"
@@ -216,6 +216,10 @@ class ApproxPrefixCacheProducer:
         this producer had seen it. A slot not in `snapshot` is ignored. False: the index is as it was
         (`learn_pick`)."""
         return learn_pick(self.index, snapshot, slot, hashes, self.auto_tune)
+
+    def learning(self, snapshot: Snapshot) -> Callable[[int, list[int]], bool]:
+        """`learn` over `snapshot`, as a call of (slot, hashes): one refresh's picks (`pick_learner`)."""
+        return pick_learner(self.index, snapshot, self.auto_tune)
 
     def _capacity(self, snapshot: Snapshot, slot: int) -> int:
         return slot_capacity(self.index, snapshot, slot, self.auto_tune)

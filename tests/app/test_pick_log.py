@@ -160,11 +160,14 @@ def test_an_idle_worker_reads_the_log_before_a_fast_writer_laps_its_ring() -> No
 @given(
     steps=st.lists(
         st.tuples(
-            st.sampled_from(["append", "append", "read", "tear"]),
-            st.integers(0, 2),  # the worker that appends or reads, or the ring torn
+            st.sampled_from(["append", "append", "read", "tear", "rewind"]),
+            st.integers(0, 2),  # the worker that appends or reads, or the ring torn or rewound
             st.integers(0, 3),  # scorer position
             st.integers(0, 2**40),  # control slot
-            st.lists(st.integers(0, 2**64 - 1), max_size=MAX_HASHES + 3),
+            st.one_of(
+                st.lists(st.integers(0, 2**64 - 1), max_size=MAX_HASHES + 3),
+                st.sampled_from([[], [2**64 - 1, 2**60, 2**30 - 1], list(range(MAX_HASHES))]),  # repeated prompts
+            ),
             st.integers(1, CAPACITY // 3),  # appends in a row (laps), or the record torn
         ),
         max_size=30,
@@ -174,11 +177,12 @@ def test_the_compiled_log_writes_and_reads_what_the_python_definition_does(
     steps: list[tuple[str, int, int, int, list[int], int]],
 ) -> None:
     """`append` and `read` through the extension leave the block, and read back the records and the losses, exactly
-    as `append_python` and `read_python` do: laps, long and 64-bit hashes, records torn mid-read."""
+    as `append_python` and `read_python` do: laps, long and 64-bit hashes, records torn mid-read, writers restarted
+    from an older head, repeated prompts (one list for equal hashes in a row)."""
     workers = 3
     blocks = (block(workers), block(workers))
     logs = [
-        [PickLog(b, workers, me, native=kernels) for me in range(workers)]
+        [PickLog(b, workers, me, native=kernels) for me in [*range(workers), -1]]  # -1: the control process's
         for b, kernels in zip(blocks, (NATIVE, None), strict=True)
     ]
     for kind, worker, position, slot, hashes, times in steps:
@@ -187,12 +191,16 @@ def test_the_compiled_log_writes_and_reads_what_the_python_definition_does(
                 for side in logs:
                     side[worker].append(position, slot, i, hashes)
         elif kind == "read":
-            native_log, python_log = logs[0][worker], logs[1][worker]
+            reader = worker if position < 3 else -1  # a worker's end, or the control process's (every ring)
+            native_log, python_log = logs[0][reader], logs[1][reader]
             assert list(native_log.read()) == list(python_log.read())
             assert native_log.lost == python_log.lost
-        else:
+        elif kind == "tear":
             for b in blocks:
                 b[workers + (worker * CAPACITY + times) * RECORD_WORDS] = -1  # a record being rewritten
+        else:
+            for b in blocks:
+                b[worker] = b[worker] * times // CAPACITY  # a restarted writer, from an older head
         assert np.array_equal(blocks[0], blocks[1])
 
 
@@ -205,3 +213,32 @@ def test_the_compiled_log_refuses_a_hash_out_of_range_before_writing() -> None:
     with pytest.raises(OverflowError):
         log.append(0, 1, 1, [-1])
     assert not shared.any()
+
+
+def test_a_record_names_an_endpoint_by_its_control_slot_and_token() -> None:
+    """`MirrorTable.local_of` (and `by_name`, which `_learn` reads): our slot for the control slot while it holds
+    the endpoint of that token; a slot that left, a reused slot's old token, a slot out of range: none."""
+    rows = np.zeros((16, NCOL))
+    rows[:, TOKEN] = -1.0
+    table = MirrorTable(rows, np.zeros((2, 16, MATRIX_COLUMNS), dtype=np.int64), 1)
+    table.mirror(members(3))
+    held = [table.local_of(control, 10 + control) for control in range(3)]
+    assert None not in held and sorted(held) == sorted(set(held))  # type: ignore[type-var]
+    assert table.local_of(1, 11) == table.slot_of("127.10.0.2:8000")
+    table.mirror(
+        [(0, 10.0, EndpointInfo("127.10.0.1:8000"), [], []), (1, 21.0, EndpointInfo("127.9.0.9:8000"), [], [])]
+    )
+    assert table.local_of(1, 11) is None and table.local_of(1, 21) == table.slot_of("127.9.0.9:8000")
+    assert table.local_of(2, 12) is None and table.local_of(-1, 10) is None and table.local_of(99, 10) is None
+    assert table.local_of(0, 10) == table.slot_of("127.10.0.1:8000")
+
+
+def test_every_ring_of_many_workers_is_read() -> None:
+    """No bound on the workers a reader follows (80 rings here): each worker's record, once, in ring order."""
+    workers = 80
+    shared = block(workers)
+    logs = [PickLog(shared, workers, me) for me in range(workers)]
+    for me, log in enumerate(logs):
+        log.append(0, me, me, [me, 2**64 - 1])
+    assert logs[0].read() == [(0, me, me, [me, 2**64 - 1]) for me in range(1, workers)]
+    assert logs[0].read() == []

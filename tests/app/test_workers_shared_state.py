@@ -147,8 +147,9 @@ def test_the_control_process_shows_the_workers_bookings_summed() -> None:
 def test_a_small_pools_bookings_summed_on_python_ints_equal_numpys_sum(
     workers: int, slots: list[int], steps: list[tuple[int, int, bool, int]]
 ) -> None:
-    """`MirrorTable._sum_cells` (a small pool's refresh) is `set_bookings(ours, matrix[:, theirs].sum(axis=0))`:
-    the same three columns after any bookings and releases by any workers, control slots out of order."""
+    """`MirrorTable._sum_cells` (a small pool's refresh), in Python and compiled, is `set_bookings(ours,
+    matrix[:, theirs].sum(axis=0))`: the same three columns after any bookings and releases by any workers, control
+    slots out of order."""
     block, matrix = shared(workers)
     spec = [(slot, float(slot), EndpointInfo(f"127.0.0.1:{8000 + slot}"), [], []) for slot in slots]
     tables = [MirrorTable(block, matrix, me) for me in range(workers)]
@@ -156,7 +157,9 @@ def test_a_small_pools_bookings_summed_on_python_ints_equal_numpys_sum(
         table.mirror(spec)
     reference = MirrorTable(block, matrix.copy(), 0)  # the numpy path, on a copy of the same cells
     reference.mirror(spec)
-    assert tables[0]._small is not None
+    python = MirrorTable(block, matrix, 0, native=None)  # `_sum_cells` itself, where the compiled sums run above
+    python.mirror(spec)
+    assert tables[0]._small is not None and python._small is not None
     reference._small = None
     for worker, pick, release, tokens in steps:
         table = tables[worker % workers]
@@ -169,5 +172,7 @@ def test_a_small_pools_bookings_summed_on_python_ints_equal_numpys_sum(
         reference._matrix[...] = matrix
         tables[0].refresh()
         reference.refresh()
+        python.refresh()
         for name in ("inflight", "picks_since_scrape", "inflight_tokens"):
             assert tables[0].column(name).tolist() == reference.column(name).tolist(), name
+            assert python.column(name).tolist() == reference.column(name).tolist(), name

@@ -61,3 +61,12 @@ def test_a_holder_set_wider_than_64_slots_runs_the_definition() -> None:
     assert totals.NATIVE is not None
     assert totals.NATIVE.prefix_match(index._holders, [1], np.zeros(80)) is NotImplemented
     assert index.match([1], 80)[[0, 70]].tolist() == [1.0, 1.0]
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(st.sets(st.integers(0, 40)), st.lists(st.integers(0, 40), max_size=12))
+def test_the_compiled_young_subset_test_is_issuperset(young: set[int], hashes: list[int]) -> None:
+    """`PrefixIndex.holds_young`'s subset test, compiled, is `young.issuperset(hashes)` (duplicates, empty lists)."""
+    assert totals.NATIVE is not None
+    assert totals.NATIVE.holds_all(young, hashes) is young.issuperset(hashes)
