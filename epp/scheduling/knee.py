@@ -253,12 +253,20 @@ class KneeDetector:
         per = np.where(settled, np.fmax(by_knee, queued), np.where(np.isnan(knee), cold, np.fmin(cold, by_knee)))
         # The slow start also holds between scrapes: a probing endpoint whose data is fresh counts full once its load
         # has grown PACE × from what its last scrape showed it holding (TCP's slow start grows once per round trip),
-        # so a burst within one scrape interval cannot jump to a knee learned long before (stale: the knee alone)
+        # so a burst within one scrape interval cannot jump to a knee learned long before. Not once the next scrape
+        # is overdue (twice the last interval), as the queue rule above: the round trip that would show the room has
+        # not come, and a scrape outage held a 16-endpoint pool at 1.25× its last scrape until its data counted
+        # stale, 2 s later (critical requests waited 0.13-0.23 s in the picker); then the knee and ours alone
         held = np.fmax(np.nan_to_num(snapshot.running[candidates] + snapshot.waiting[candidates], nan=0.0), 1.0)
-        paced = probing & known_load & (c >= 1.0) & (load >= PACE * held)
+        paced = probing & known_load & recent & (load >= PACE * held)
         per[paced] = np.fmax(per[paced], 1.0)
-        # What the engine itself says: a request waiting in its own queue (its batch or KV is full), KV use.
-        waiting = np.nan_to_num(snapshot.waiting[candidates], nan=0.0) * c
+        # What the engine itself says: a request waiting in its own queue (its batch or KV is full), KV use. No
+        # more waiting than were there at the scrape and may be still: the others' and ours then that have not
+        # finished (ours now less our picks since, which the queue above counts): once those have finished, the
+        # one that waited among them has run (read as it was, a scrape outage held an endpoint full with nothing
+        # of ours in it until its data counted stale, 2 s later)
+        left: FloatArray = others + np.maximum(ours - snapshot.picks_since_scrape[candidates], 0.0)
+        waiting: FloatArray = np.nan_to_num(np.fmin(snapshot.waiting[candidates], left), nan=0.0) * c
         kv = np.nan_to_num(snapshot.kv_usage[candidates], nan=0.0) * c
         return np.fmax(np.fmax(per, waiting), kv)
 
