@@ -30,7 +30,9 @@ so a pool whose data goes stale before any request has finished still serves by 
 between scrapes: with fresh data a probing endpoint counts full once its load has grown `PACE` × (1.25) from what
 its last scrape showed it holding (as TCP's slow start grows once per round trip), so a burst within one scrape
 interval does not jump to a knee learned from one good moment long before (a 32-sequence engine's slow-start knee
-of 52; doubling per scrape let 49 requests wait inside the engines in benchmarks.flow_control's overshoot).
+of 52; doubling per scrape let 49 requests wait inside the engines in benchmarks.flow_control's overshoot); until
+its next scrape is overdue (a round trip that does not come: a scrape outage held a 16-endpoint pool at 1.25× its
+last scrape for the 2 s until its data counted stale).
 The floor follows the fast requests at once and drifts up slowly (low load only): a slower model server is
 relearned, and a slot whose address changed starts again.
 
@@ -42,13 +44,15 @@ ours now: our requests that finished since the scrape are gone, however old it i
 data is usable, then `staleness / age` (0 once it fails `max_failures` scrapes in a row or was never scraped); an
 observation taken on stale features moves the knee by `c` of a full step. A stale endpoint keeps taking requests up
 to its knee, counted by our own bookings; a wholly stale pool too (no freeze). KV-cache use is the one physical
-limit read as is (1.0 = full). An endpoint not yet learned borrows the pool's median knee; with no knee learned
-anywhere (a cold pool), one request waiting inside it counts full, as `queueDepthThreshold: 1`; and so does a
-settled endpoint whose data is fresh, whatever room its knee leaves, until its next scrape is overdue (twice the last
-interval between its scrapes: then the knee and our bookings alone). The knee bounds the load where the engine's
-queue does not show it (a batch with room whose TTFT grows); the queue paces dispatch to the scrapes, so requests are
-not sent in bursts that share the engine's steps, which read as delays at any load and pulled the knee far below
-what the engine holds (the noisy neighbour of `benchmarks.flow_control`: 25.9 req/s served of 55).
+limit read as is (1.0 = full); a request the scrape showed waiting counts while those there with it may still be
+(the others' then and ours then still in flight), not after they have all finished. An endpoint not yet learned
+borrows the pool's median knee; with no knee learned anywhere (a cold pool), one request waiting inside it counts
+full, as `queueDepthThreshold: 1`; and so does a settled endpoint whose data is fresh, whatever room its knee
+leaves, until its next scrape is overdue (twice the last interval between its scrapes: then the knee and our
+bookings alone). The knee bounds the load where the engine's queue does not show it (a batch with room whose TTFT
+grows); the queue paces dispatch to the scrapes, so requests are not sent in bursts that share the engine's
+steps, which read as delays at any load and pulled the knee far below what the engine holds (the noisy neighbour of
+`benchmarks.flow_control`: 25.9 req/s served of 55).
 
 Pure: `now` and the observations' `finished_at` are its only time; bounded per-slot state (a few floats), written
 by the observations and by the first read of each scrape (reading a snapshot again changes nothing).
@@ -253,12 +257,20 @@ class KneeDetector:
         per = np.where(settled, np.fmax(by_knee, queued), np.where(np.isnan(knee), cold, np.fmin(cold, by_knee)))
         # The slow start also holds between scrapes: a probing endpoint whose data is fresh counts full once its load
         # has grown PACE × from what its last scrape showed it holding (TCP's slow start grows once per round trip),
-        # so a burst within one scrape interval cannot jump to a knee learned long before (stale: the knee alone)
+        # so a burst within one scrape interval cannot jump to a knee learned long before. Not once the next scrape
+        # is overdue (twice the last interval), as the queue rule above: the round trip that would show the room has
+        # not come, and a scrape outage held a 16-endpoint pool at 1.25× its last scrape until its data counted
+        # stale, 2 s later (critical requests waited 0.13-0.23 s in the picker); then the knee and ours alone
         held = np.fmax(np.nan_to_num(snapshot.running[candidates] + snapshot.waiting[candidates], nan=0.0), 1.0)
-        paced = probing & known_load & (c >= 1.0) & (load >= PACE * held)
+        paced = probing & known_load & recent & (load >= PACE * held)
         per[paced] = np.fmax(per[paced], 1.0)
-        # What the engine itself says: a request waiting in its own queue (its batch or KV is full), KV use.
-        waiting = np.nan_to_num(snapshot.waiting[candidates], nan=0.0) * c
+        # What the engine itself says: a request waiting in its own queue (its batch or KV is full), KV use. No
+        # more waiting than were there at the scrape and may be still: the others' and ours then that have not
+        # finished (ours now less our picks since, which the queue above counts): once those have finished, the
+        # one that waited among them has run (read as it was, a scrape outage held an endpoint full with nothing
+        # of ours in it until its data counted stale, 2 s later)
+        left: FloatArray = others + np.maximum(ours - snapshot.picks_since_scrape[candidates], 0.0)
+        waiting: FloatArray = np.nan_to_num(np.fmin(snapshot.waiting[candidates], left), nan=0.0) * c
         kv = np.nan_to_num(snapshot.kv_usage[candidates], nan=0.0) * c
         return np.fmax(np.fmax(per, waiting), kv)
 

@@ -10,6 +10,7 @@ import pytest
 from epp.app.config_file import load_config
 from epp.datastore import Freshness, MetricsSample
 from epp.datastore.observations import Observation, PickFeatures
+from epp.datastore.table import EndpointTable
 from epp.errors import ConfigError
 from epp.flowcontrol.gauge import PoolGauge
 from epp.scheduling import build_scheduler
@@ -243,6 +244,48 @@ def test_between_scrapes_a_probing_endpoints_load_grows_at_most_by_pace_from_its
     snap = table.snapshot()
     assert not detector.probing(snap.slots)[0]
     assert detector.per_endpoint(snap, snap.slots, NOW).item() == pytest.approx(2.0)  # they wait inside: full
+
+
+def _scraped_twice(detector: KneeDetector, running: float, waiting: float, ours: int) -> EndpointTable:
+    """One endpoint scraped at NOW − 0.05 and at NOW (an interval of 0.05 s), `ours` of our requests in flight."""
+    table = table_with([dict(waiting=0, running=0, kv_usage=0.0)], scraped_at=NOW - 0.05)
+    snap = table.snapshot()
+    detector.per_endpoint(snap, snap.slots, NOW - 0.05)
+    for _ in range(ours):
+        table.book_pick(0)
+    table.record_scrape(0, MetricsSample(waiting=waiting, running=running, kv_usage=0.0), now=NOW)
+    snap = table.snapshot()
+    detector.per_endpoint(snap, snap.slots, NOW)
+    return table
+
+
+def test_the_slow_starts_pace_holds_only_until_the_next_scrape_is_overdue() -> None:
+    """A scrape outage: the pace waits for a scrape that does not come; once it is overdue (twice the interval),
+    the knee and our bookings count, as for the queue rule (else a pool held 1.25× its last scrape until its data
+    counted stale)."""
+    detector = KneeDetector(freshness=Freshness(staleness_s=1.0))
+    for load in (0, 10, 24):  # the slow start's knee is 50
+        detector.observe(_obs(0, load, BASE_TTFT))
+    table = _scraped_twice(detector, running=5.0, waiting=0.0, ours=5)
+    table.book_pick(0)
+    table.book_pick(0)  # 7 ≥ PACE × 5
+    snap = table.snapshot()
+    assert detector.per_endpoint(snap, snap.slots, NOW + 0.05).item() == pytest.approx(1.0)  # the next scrape due
+    assert detector.per_endpoint(snap, snap.slots, NOW + 0.2).item() == pytest.approx(7 / 50)  # overdue, c = 1
+
+
+def test_a_request_the_scrape_showed_waiting_has_run_once_those_there_with_it_have_finished() -> None:
+    detector = KneeDetector(freshness=Freshness(staleness_s=1.0))
+    for load in (0, 10, 24):
+        detector.observe(_obs(0, load, BASE_TTFT))
+    table = _scraped_twice(detector, running=6.0, waiting=1.0, ours=7)  # all seven ours: one of them waits
+    snap = table.snapshot()
+    assert detector.per_endpoint(snap, snap.slots, NOW + 0.2).item() == pytest.approx(1.0)  # it may still wait
+    for _ in range(7):
+        table.release_pick(0)  # all seven finished
+    table.book_pick(0)  # a new one since the scrape: not among those the scrape showed
+    snap = table.snapshot()
+    assert detector.per_endpoint(snap, snap.slots, NOW + 0.2).item() == pytest.approx(1 / 50)
 
 
 def test_a_knee_below_the_load_held_is_tested_one_request_at_a_time_while_nothing_is_pending() -> None:
