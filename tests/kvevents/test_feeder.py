@@ -38,7 +38,9 @@ class _Pub:
 def ctx() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
     c: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     yield c
-    c.term()
+    # destroy, not term: a test that failed before closing its sockets would otherwise block term() for ever (a
+    # hang in place of the failure's message)
+    c.destroy(linger=0)
 
 
 def _until(feeder: Feeder, cond: Callable[[], bool], seconds: float = 10.0) -> None:
