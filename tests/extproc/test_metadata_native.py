@@ -58,14 +58,15 @@ def test_a_memoized_answer_with_scores_and_a_receipt_is_the_python_definitions(
     answers = DecisionAnswers()
     headers = ((wire.DESTINATION_HEADER, destination),)
     cached = answers.decision(phase, headers, destination)
+    assert isinstance(cached, messages.EncodedAnswer)  # the memoized answer is handed out as its bytes
     got = answers.decision(phase, headers, destination, scores=pairs, receipt=receipt)
     expected = messages.ProcessingResponse()
-    expected.CopyFrom(cached)
+    expected.CopyFrom(cached.message())
     decision_metadata(expected, "", pairs, receipt)
     assert got == expected
     # Held as its bytes (neither parsed nor encoded again): the memoized answer's, then the metadata's, which a
     # reader merges into the same message (the envoy.lb entry replaces the memoized one's).
-    assert isinstance(got, messages.EncodedAnswer) == bool(pairs or receipt)  # without either: the memoized one
+    assert isinstance(got, messages.EncodedAnswer)
     assert got.SerializeToString() == messages.serialize(got)
     assert got.SerializeToString().startswith(cached.SerializeToString())
     assert messages.ProcessingResponse.FromString(got.SerializeToString()) == expected
