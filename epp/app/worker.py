@@ -481,10 +481,10 @@ def _learn(
     if not scorers:
         return
     lost = pick_log.lost
-    records = pick_log.read()
+    records = pick_log.read()  # the only step that counts records lost
+    if pick_log.lost != lost:
+        stats[3] += pick_log.lost - lost
     if not records:
-        if pick_log.lost != lost:
-            stats[3] += pick_log.lost - lost
         return
     snapshot = table.view()
     learns = [scorer.learning(snapshot) for scorer in scorers]  # each slot's address and capacity once, not per pick
@@ -512,8 +512,6 @@ def _learn(
             seen.append(hashes)
     if learned:
         stats[2] = stats.item(2) + learned  # Python ints: no numpy scalar made and added
-    if pick_log.lost != lost:
-        stats[3] += pick_log.lost - lost
 
 
 def child_main(end: ChildEnd) -> int:
