@@ -569,13 +569,13 @@ fused_numpy_sum(const double *a, Py_ssize_t n)
 }
 
 /* The columns both calls read, by buffer: candidates (int64), waiting, picks since scrape (int64), kv usage,
- * scraped at, scrape failures (int64). */
-enum { F_CAND, F_WAIT, F_PICKS, F_KV, F_SCRAPED, F_FAIL, F_COLUMNS };
+ * scraped at, scrape failures (int64), prefill tokens booked (int64). */
+enum { F_CAND, F_WAIT, F_PICKS, F_KV, F_SCRAPED, F_FAIL, F_PREFILL, F_COLUMNS };
 
 static int
 fused_columns(PyObject *const *args, Py_buffer *views, int *held, Py_ssize_t *n, Py_ssize_t *slots)
 {
-    static const char *formats[F_COLUMNS] = {"l", "d", "l", "d", "d", "l"};
+    static const char *formats[F_COLUMNS] = {"l", "d", "l", "d", "d", "l", "l"};
     for (int b = 0; b < F_COLUMNS; b++) {
         int got = typed(args[b], &views[b], formats[b], 8, 0);
         if (got != 0)
@@ -632,7 +632,7 @@ detail_shape(const unsigned long long *shape)
     return out;
 }
 
-/* fused_pick(candidates, (waiting, picks, kv, scraped_at, failures), fresh_from, state,
+/* fused_pick(candidates, (waiting, picks, kv, scraped_at, failures, prefill), fresh_from, state,
  *            (max_failures, queue_limit, kv_limit, lookup, w_queue, w_kv, w_prefix, w_inflight, tie, draw),
  *            totals, detail) -> int | (int, int, int) | NotImplemented
  *
@@ -640,7 +640,8 @@ detail_shape(const unsigned long long *shape)
  * now − staleness) and the effective queue (waiting + picks, NaN where the data is not usable); then the prefix
  * scorer's lookup, `lookup(state, first)` with the first kept slot (the slot its hasher reads the block size of),
  * answering (hashes, matched per slot, reach); then over the kept candidates queue-scorer,
- * kv-cache-utilization-scorer, prefix-cache-scorer and inflight-load-scorer, each `Linear` weighted, their total
+ * kv-cache-utilization-scorer, prefix-cache-scorer and inflight-load-scorer (with nothing known, the prefill
+ * booked), each `Linear` weighted, their total
  * (`weighted_total`) and the max-score picker's choice (`max_tie`, `draw` called only on a tie): the slot is
  * returned. `totals`: None, or n float64 that get the kept candidates' totals first, NaN after them. `detail`: None,
  * or (kept, rows, constants) for a detailed pick (the runner's `SCORED` and `TERMS`): kept (n int64) gets the k kept
@@ -713,7 +714,7 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     const long *cand = (const long *)views[F_CAND].buf, *picks = (const long *)views[F_PICKS].buf;
-    const long *fail = (const long *)views[F_FAIL].buf;
+    const long *fail = (const long *)views[F_FAIL].buf, *prefill = (const long *)views[F_PREFILL].buf;
     const double *w = (const double *)views[F_WAIT].buf, *kvc = (const double *)views[F_KV].buf;
     const double *at = (const double *)views[F_SCRAPED].buf;
     /* the filter: the kept candidates, or all of them when none or all would be kept */
@@ -788,17 +789,23 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         terms[2] = (fused_term){1, matched, wp * (1.0 / (double)blocks), 0.0, wp * 0.0, 0};
     else
         terms[2] = (fused_term){0, NULL, 0.0, 0.0, wp * 0.0, 0};
-    /* inflight-load-scorer: the effective queue, unknown → the known candidates' mean + own picks */
+    /* inflight-load-scorer: the effective queue, unknown → the known candidates' mean + own picks; nothing
+     * known → our prefill booked there */
     fused_extremes(load, n, &lo, &hi, &unknown);
     if (unknown) {
         Py_ssize_t m = 0;
         for (Py_ssize_t i = 0; i < n; i++)
             if (!isnan(load[i]))
                 known[m++] = load[i];
-        double typical = m ? fused_numpy_sum(known, m) / (double)m : 0.0;
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (isnan(load[i]))
-                load[i] = typical + (double)picks[c[i]];
+        if (m == 0)
+            for (Py_ssize_t i = 0; i < n; i++)
+                load[i] = (double)prefill[c[i]];
+        else {
+            double typical = fused_numpy_sum(known, m) / (double)m;
+            for (Py_ssize_t i = 0; i < n; i++)
+                if (isnan(load[i]))
+                    load[i] = typical + (double)picks[c[i]];
+        }
         fused_extremes(load, n, &lo, &hi, &unknown);
     }
     fused_lower_is_better(&terms[3], load, lo, hi, unknown, wi);
