@@ -88,9 +88,11 @@ class InflightLoadScorer(LinearScorer):
     With no candidate known (every endpoint's data unusable) there is no typical queue, and the picks since each
     scrape are no queue either: they count every pick since the data stopped, so one picked less while its data was
     still usable (held full by its last scrape) draws every request until its count catches up (a 16-endpoint pool
-    stale 2 s: six critical requests in 0.16 s onto one engine). What the picker still sees live is its own prefill
+    stale 2 s: five critical requests in 0.11 s onto one engine). What the picker still sees live is its own prefill
     queued there (`Snapshot.prefill_tokens`: uncached prompt tokens of its picks not at their first byte yet,
-    released at the first byte): that is the load a new request's prefill waits behind, so it is compared instead.
+    released at the first byte; this process's own, as a serving worker books it): that is the load a new
+    request's prefill waits behind, so it is compared instead. Before the first scrape it spreads the first picks
+    as the pick counts did, weighed by their prompts.
     Not our requests in flight: those count decodes the engine batches, and the endpoint whose decodes ended first
     then drew every request while its last picks still prefilled (4 × h100 all stale 1.10× → 1.52×).
     """
