@@ -569,14 +569,15 @@ fused_numpy_sum(const double *a, Py_ssize_t n)
 }
 
 /* The columns both calls read, by buffer: candidates (int64), waiting, picks since scrape (int64), kv usage,
- * scraped at, scrape failures (int64), prefill tokens booked (int64). */
+ * scraped at, scrape failures (int64); then the prefill tokens booked (int64), read only by a pick where no kept
+ * candidate's queue is known (its buffer taken then: not a cost of every pick). */
 enum { F_CAND, F_WAIT, F_PICKS, F_KV, F_SCRAPED, F_FAIL, F_PREFILL, F_COLUMNS };
 
 static int
 fused_columns(PyObject *const *args, Py_buffer *views, int *held, Py_ssize_t *n, Py_ssize_t *slots)
 {
-    static const char *formats[F_COLUMNS] = {"l", "d", "l", "d", "d", "l", "l"};
-    for (int b = 0; b < F_COLUMNS; b++) {
+    static const char *formats[F_PREFILL] = {"l", "d", "l", "d", "d", "l"};
+    for (int b = 0; b < F_PREFILL; b++) {
         int got = typed(args[b], &views[b], formats[b], 8, 0);
         if (got != 0)
             return got;
@@ -584,7 +585,7 @@ fused_columns(PyObject *const *args, Py_buffer *views, int *held, Py_ssize_t *n,
     }
     *n = views[F_CAND].len / 8;
     *slots = views[F_WAIT].len / 8;
-    for (int b = F_WAIT; b < F_COLUMNS; b++)
+    for (int b = F_WAIT; b < F_PREFILL; b++)
         if (views[b].len / 8 != *slots) {
             PyErr_SetString(PyExc_ValueError, "the snapshot's columns differ in length");
             return -1;
@@ -595,6 +596,22 @@ fused_columns(PyObject *const *args, Py_buffer *views, int *held, Py_ssize_t *n,
             PyErr_SetString(PyExc_IndexError, "a candidate outside the snapshot");
             return -1;
         }
+    return 0;
+}
+
+/* The prefill column's buffer, taken only by a pick that reads it (no kept candidate's queue known): 0, 1 (another
+ * type: NotImplemented) or -1 (an error set). Out of line: rare, and kept out of the pick's own code. */
+static __attribute__((noinline, cold)) int
+fused_prefill(PyObject *column, Py_buffer *view, int *held, Py_ssize_t slots)
+{
+    int got = typed(column, view, "l", 8, 0);
+    if (got != 0)
+        return got;
+    *held = 1;
+    if (view->len / 8 != slots) {
+        PyErr_SetString(PyExc_ValueError, "the snapshot's columns differ in length");
+        return -1;
+    }
     return 0;
 }
 
@@ -714,7 +731,7 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     const long *cand = (const long *)views[F_CAND].buf, *picks = (const long *)views[F_PICKS].buf;
-    const long *fail = (const long *)views[F_FAIL].buf, *prefill = (const long *)views[F_PREFILL].buf;
+    const long *fail = (const long *)views[F_FAIL].buf, *prefill = NULL;
     const double *w = (const double *)views[F_WAIT].buf, *kvc = (const double *)views[F_KV].buf;
     const double *at = (const double *)views[F_SCRAPED].buf;
     /* the filter: the kept candidates, or all of them when none or all would be kept */
@@ -731,6 +748,20 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         memcpy(c, cand, (size_t)n * sizeof(long));
     }
     n = k;
+    /* no kept candidate's effective queue known: inflight-load-scorer reads the prefill booked */
+    int any_known = 0;
+    for (Py_ssize_t i = 0; i < n && !any_known; i++) {
+        long s = c[i];
+        any_known = at[s] >= fresh_from && (long long)fail[s] < max_failures && !isnan(w[s] + (double)picks[s]);
+    }
+    if (!any_known) {
+        got = fused_prefill(columns[F_PREFILL], &views[F_PREFILL], &held[F_PREFILL], slots);
+        if (got != 0) {
+            result = got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        prefill = (const long *)views[F_PREFILL].buf;
+    }
     /* the prefix lookup */
     PyObject *call[2] = {state, PyLong_FromLong(c[0])};
     if (call[1] == NULL)
@@ -797,7 +828,7 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         for (Py_ssize_t i = 0; i < n; i++)
             if (!isnan(load[i]))
                 known[m++] = load[i];
-        if (m == 0)
+        if (m == 0) /* !any_known: the same test */
             for (Py_ssize_t i = 0; i < n; i++)
                 load[i] = (double)prefill[c[i]];
         else {
