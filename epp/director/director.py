@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -105,6 +105,10 @@ def _scores(addresses: Sequence[str], detail: PickDetail) -> tuple[tuple[str, fl
     return scored_pairs(addresses, detail.scored, detail.scores)
 
 
+def _no_account(*_: object) -> None:
+    """Where the reader has no compiled account (never called: the plan is None)."""
+
+
 class _NullObserver:
     def degraded_decision(self, reason: str) -> None:
         pass
@@ -176,6 +180,23 @@ class Director:
         self._log_every = receipt_log_every
         self._picks = 0  # since the last pick shown to the watch
         self._receipts = 0  # receipts read, for the log's sample
+        # A receipt read, its JSON and pairs, and handed to the sink in one compiled call where the reader has one
+        # (`ReceiptReader.compiled_account`): the sink's `held` list, appended to there short of its `fold_every`.
+        compiled = (
+            self._reader.compiled_account(
+                emit_receipts,
+                self._emit_scores,
+                getattr(receipts, "held", None),
+                getattr(receipts, "fold_every", 0),
+                receipts is not None,
+            )
+            if self._reader is not None
+            else None
+        )
+        self._account_pick: Callable[..., object] = _no_account
+        self._plan: list[object] | None = None  # None: no compiled call, `_account` reads each receipt
+        if compiled is not None:
+            self._account_pick, self._plan = compiled
         # The handler's pick with its PickDetail (scores, the picked endpoint's cached prefix), asked for only when
         # scores are emitted or a request says `Prefer: if-available`; a handler without it has no detail.
         self._detailed = scheduler.detailed
@@ -297,9 +318,29 @@ class Director:
         routing = self._routing(slots, addresses) if self._routing is not None else None
         receipt = None
         if account and detail is not None and detail.state is not None and self._reader is not None:
-            stages = len(routing.stages) if routing is not None else 0
-            # the scores' pairs written by the receipt's own compiled call
-            receipt, scores = self._account(self._reader, detail.state, primary, stages, request.queued_s, now, watched)
+            logged = False
+            if self._log_every and self._sink is not None:
+                self._receipts += 1
+                if self._receipts >= self._log_every:
+                    self._receipts = 0
+                    logged = True
+            names = self._profile_names  # P/D: the decode profile judged, the others booked too
+            profiles = (
+                names[: 1 + len(routing.stages)] if routing is not None and routing.stages and len(names) > 1 else None
+            )
+            # the receipt, its JSON and the scores' pairs in one compiled call, handed to the sink there too
+            plan = self._plan
+            got = (
+                self._account_pick(plan, detail.state, primary, request.queued_s, profiles, watched or logged)
+                if plan is not None
+                else None
+            )
+            if got.__class__ is tuple and len(got) == 2:
+                receipt, scores = got
+            else:
+                receipt, scores = self._account(
+                    got, self._reader, detail.state, primary, profiles, request.queued_s, now, watched, logged
+                )
         else:
             scores = _scores(addresses, detail) if self._emit_scores and detail is not None else ()
         if routing is not None:
@@ -330,31 +371,29 @@ class Director:
 
     def _account(
         self,
+        got: object,
         reader: ReceiptReader,
         state: CycleState,
         primary: int,
-        stages: int,
+        profiles: tuple[str, ...] | None,
         flow_wait_s: float,
         now: float,
         watched: bool,
+        logged: bool,
     ) -> tuple[str | None, tuple[tuple[str, float], ...]]:
-        """Read the pick's receipt, show it to the degradation watch (`watched`: its sample) and the sink; its JSON
-        when it is emitted, and the scores' pairs when they are."""
-        # P/D: the decode profile judged, the others booked too
-        profiles = self._profile_names[: 1 + stages] if stages and len(self._profile_names) > 1 else None
-        receipt, text, scores = reader.account(
-            state, primary, flow_wait_s, profiles, self._emit_receipts, self._emit_scores
-        )
+        """The pick's receipt (`got`: the compiled call's (receipt, JSON, pairs) to hand on, else read here) shown to
+        the degradation watch (`watched`: its sample) and the sink (`logged`: the log's sample); its JSON when it is
+        emitted, and the scores' pairs when they are."""
+        if got.__class__ is tuple:
+            receipt, text, scores = cast(tuple[Receipt, str | None, tuple[tuple[str, float], ...]], got)
+        else:
+            receipt, text, scores = reader.account(
+                state, primary, flow_wait_s, profiles, self._emit_receipts, self._emit_scores
+            )
         watch = self.watch  # built with the reader
         transitions = watch.observe(receipt, now) if watched and watch is not None else ()
         sink = self._sink
         if sink is not None:
-            logged = False
-            if self._log_every:
-                self._receipts += 1
-                if self._receipts >= self._log_every:
-                    self._receipts = 0
-                    logged = True
             sink.receipt(receipt, logged)
             for transition in transitions:
                 sink.transition(transition)

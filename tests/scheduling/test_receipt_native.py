@@ -419,6 +419,80 @@ def test_an_account_of_the_usual_shape_is_one_compiled_call() -> None:
 
 @needs_native
 @settings(max_examples=500, deadline=None)
+@given(read_cases(), number, st.booleans(), st.booleans(), st.booleans(), st.data())
+def test_the_compiled_account_and_hand_off_are_the_python_definition(
+    case: tuple[receipt.ReceiptReader, SimpleNamespace, int],
+    flow_wait: float,
+    json: bool,
+    pd: bool,
+    pairs: bool,
+    data: st.DataObject,
+) -> None:
+    """`account_pick` (the state read in C, `account`, the sink's append: one call from `decide`) answers what
+    `account_python` does, and appends its receipt to the sink's held list only when nothing else needs it (not
+    kept for the watch or the log, the sink's fold not due); the plan's caches follow the snapshot."""
+    reader, state, primary = case
+    lookups = [_Lookup(name) for name in data.draw(st.lists(st.sampled_from(["p1", "p2"]), unique=True))]
+    for plugin in lookups:
+        if data.draw(st.booleans()):
+            hashes = data.draw(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3))
+            state.scratch[plugin.scratch_key] = (hashes, np.zeros(3), data.draw(st.integers(0, 5)))
+    reader._lookups = tuple(lookups)  # type: ignore[assignment]
+    reader._lookup_keys = tuple((p.name, p.scratch_key) for p in lookups)
+    reader._producing = bool(lookups)
+    if data.draw(st.booleans()):  # the runner's memoryviews of the detail, as the fused pick keeps them
+        detail = state.scratch.get(receipt.SCORED)
+        terms = state.scratch.get(receipt.TERMS)
+        if detail is not None and terms is not None:
+            rows = terms[1]
+            state.scratch[receipt.BUFFERS] = (detail[0].data, detail[1].data, rows.data if rows is not None else None)
+    if data.draw(st.booleans()):  # the snapshot's slots: every slot scored and a candidate
+        state.snapshot.slot_index = state.candidates
+    profiles = ("decode", "prefill") if pd else None
+    held: list[Receipt] = [Receipt(("x",), "", "", (), (), (), (), 0.0, 0, 0, (), math.nan, (), ())] * data.draw(
+        st.integers(0, 3)
+    )
+    sink = data.draw(st.booleans())
+    keep = data.draw(st.booleans())
+    fold_every = data.draw(st.integers(1, 5))
+    built = reader.compiled_account(json, pairs, held if data.draw(st.integers(0, 4)) else None, fold_every, sink)
+    assert built is not None
+    call, plan = built
+    try:
+        expected = reader.account_python(state, primary, flow_wait, profiles, json, pairs)  # type: ignore[arg-type]
+    except (IndexError, ValueError) as exc:  # both raise, or the compiled call leaves it to the Python code
+        try:
+            assert call(plan, state, primary, flow_wait, profiles, keep) is NotImplemented
+        except type(exc):
+            pass
+        return
+    before = list(held)
+    for _ in range(2):  # the second with the plan's caches filled
+        # done there: nothing else needs the receipt, and a sink, if any, only appends it (its fold not due)
+        done = not keep and (not sink or (plan[7] is held and len(held) + 1 < fold_every))
+        got = call(plan, state, primary, flow_wait, profiles, keep)
+        if got is NotImplemented:
+            assert reader.account(state, primary, flow_wait, profiles, json, pairs)[1:] == expected[1:]  # type: ignore[arg-type]
+            return
+        assert got.__class__ is tuple
+        if len(got) == 3:
+            assert not done
+            assert got[0].__class__ is Receipt
+            assert _same(got, expected)
+            assert held == before
+        else:
+            assert done
+            assert _same(got, expected[1:])
+            if sink:
+                assert len(held) == len(before) + 1
+                assert _same(held[-1], expected[0])
+            else:
+                assert held == before
+            before = list(held)
+
+
+@needs_native
+@settings(max_examples=500, deadline=None)
 @given(
     st.text(st.characters(blacklist_categories=["Cs"]), max_size=40),
     st.text(st.sampled_from('ab"\\\x01\x1f\x7f é/'), max_size=40),
