@@ -189,6 +189,7 @@ class Director:
                 getattr(receipts, "held", None),
                 getattr(receipts, "fold_every", 0),
                 receipts is not None,
+                (wire.DESTINATION_SCORES_KEY, wire.ROUTE_RECEIPT_KEY),  # emitted: the answer's entries as bytes
             )
             if self._reader is not None
             else None
@@ -317,6 +318,7 @@ class Director:
         addresses = snapshot.addresses
         routing = self._routing(slots, addresses) if self._routing is not None else None
         receipt = None
+        metadata = b""
         if account and detail is not None and detail.state is not None and self._reader is not None:
             logged = False
             if self._log_every and self._sink is not None:
@@ -341,6 +343,8 @@ class Director:
                 receipt, scores = self._account(
                     got, self._reader, detail.state, primary, profiles, request.queued_s, now, watched, logged
                 )
+            if scores.__class__ is bytes:  # the scores' and the receipt's `envoy.lb` entries, written by that call
+                metadata, scores = scores, ()
         else:
             scores = _scores(addresses, detail) if self._emit_scores and detail is not None else ()
         if routing is not None:
@@ -351,7 +355,7 @@ class Director:
             if self._response_headers:
                 decision = decision._replace(response_headers=self._response_headers(snapshot, primary))
             if receipt is not None:
-                decision = decision._replace(receipt=receipt)
+                decision = decision._replace(receipt=receipt, metadata=metadata)
             return decision._replace(scores=scores) if scores else decision
         decision = Decision(
             addresses=(addresses[primary],) if len(slots) == 1 else tuple(addresses[s] for s in slots),
@@ -366,6 +370,7 @@ class Director:
             scores=scores,
             pick=pick,
             receipt=receipt,
+            metadata=metadata,
         )
         return decision
 
@@ -380,12 +385,12 @@ class Director:
         now: float,
         watched: bool,
         logged: bool,
-    ) -> tuple[str | None, tuple[tuple[str, float], ...]]:
-        """The pick's receipt (`got`: the compiled call's (receipt, JSON, pairs) to hand on, else read here) shown to
-        the degradation watch (`watched`: its sample) and the sink (`logged`: the log's sample); its JSON when it is
-        emitted, and the scores' pairs when they are."""
+    ) -> tuple[str | None, tuple[tuple[str, float], ...] | bytes]:
+        """The pick's receipt (`got`: the compiled call's (receipt, JSON, pairs or the `envoy.lb` entries' bytes) to
+        hand on, else read here) shown to the degradation watch (`watched`: its sample) and the sink (`logged`: the
+        log's sample); its JSON when it is emitted, and the scores' pairs (or those bytes) when they are."""
         if got.__class__ is tuple:
-            receipt, text, scores = cast(tuple[Receipt, str | None, tuple[tuple[str, float], ...]], got)
+            receipt, text, scores = cast(tuple[Receipt, str | None, tuple[tuple[str, float], ...] | bytes], got)
         else:
             receipt, text, scores = reader.account(
                 state, primary, flow_wait_s, profiles, self._emit_receipts, self._emit_scores

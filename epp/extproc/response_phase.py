@@ -127,7 +127,8 @@ class ResponsePhases:
                 new_body if on_body else None,
                 cacheable,
                 decision.scores,
-                decision.receipt,
+                None if decision.metadata else decision.receipt,  # else written with the metadata's entries
+                decision.metadata,
             )
             if how == DUPLEX:
                 out_body = new_body if new_body is not None else body

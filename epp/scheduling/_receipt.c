@@ -19,6 +19,7 @@
 #include <Python.h>
 
 #include "../optional_module.h"
+#include "../struct_wire.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -955,6 +956,7 @@ enum {
     PLAN_HELD,        /* the sink's list of receipts not yet folded, or None */
     PLAN_FOLD_EVERY,  /* int: the length at which the sink folds them */
     PLAN_SINK,        /* bool: a sink takes every receipt */
+    PLAN_ENTRIES,     /* (scores key, receipt key): the pairs and the JSON as `envoy.lb` entries' bytes; None: not */
     PLAN_SNAPSHOT,    /* the snapshot the next four were read from (None: none yet) */
     PLAN_SCRAPED,     /* its scraped_at as a memoryview */
     PLAN_FAILURES,    /* its scrape_failures as a memoryview */
@@ -1003,6 +1005,90 @@ fail:
     return -1;
 }
 
+/* The `envoy.lb` struct's entries of a receipt (`write_metadata`'s scores struct and receipt, the destination left
+ * to the answer): scores_key → {address: score} of each scored slot (none when nothing was scored), receipt_key →
+ * the JSON. NotImplemented: another shape (the Python code answers). */
+static PyObject *
+lb_entries(PyObject *keys, PyObject *addresses, PyObject *scored, PyObject *total, PyObject *text)
+{
+    if (!PyTuple_CheckExact(keys) || PyTuple_GET_SIZE(keys) != 2 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(keys, 0)) ||
+        !PyUnicode_CheckExact(PyTuple_GET_ITEM(keys, 1)) || !PyUnicode_CheckExact(text) ||
+        (!PyTuple_CheckExact(addresses) && !PyList_CheckExact(addresses)))
+        return Py_NewRef(Py_NotImplemented);
+    Py_ssize_t scores_klen, receipt_klen, text_len;
+    const char *scores_key = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(keys, 0), &scores_klen);
+    const char *receipt_key = scores_key != NULL ? PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(keys, 1), &receipt_klen) : NULL;
+    const char *json = receipt_key != NULL ? PyUnicode_AsUTF8AndSize(text, &text_len) : NULL;
+    if (json == NULL) {
+        PyErr_Clear();
+        return Py_NewRef(Py_NotImplemented);
+    }
+    Py_buffer slots_view, scores_view;
+    Py_ssize_t n = 0;
+    int have = scored != Py_None;
+    if (have) {
+        int got = buffer_of(scored, &slots_view, "lq");
+        if (got != 0)
+            return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+        got = buffer_of(total, &scores_view, "d");
+        if (got != 0) {
+            PyBuffer_Release(&slots_view);
+            return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+        }
+        n = slots_view.len / 8;
+    }
+    PyObject *result = NULL;
+    const int64_t *slots = have ? (const int64_t *)slots_view.buf : NULL;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(addresses);
+    PyObject **items = PySequence_Fast_ITEMS(addresses);
+    const char *names[64];
+    Py_ssize_t lens[64];
+    if (n > 64 || (have && scores_view.len != slots_view.len)) {
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    Py_ssize_t scores_struct = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (slots[i] < 0 || slots[i] >= size || !PyUnicode_CheckExact(items[slots[i]]) ||
+            (names[i] = PyUnicode_AsUTF8AndSize(items[slots[i]], &lens[i])) == NULL) {
+            PyErr_Clear();
+            result = Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        scores_struct += number_entry_size(lens[i]);
+    }
+    Py_ssize_t scores_value = delimited(scores_struct);
+    Py_ssize_t total_len = (n ? delimited(entry_body(scores_klen, scores_value)) : 0) +
+                           (text_len ? delimited(entry_body(receipt_klen, delimited(text_len))) : 0);
+    result = PyBytes_FromStringAndSize(NULL, total_len);
+    if (result == NULL)
+        goto done;
+    char *w = PyBytes_AS_STRING(result);
+    if (n) {
+        const double *values = (const double *)scores_view.buf;
+        w = put_header(w, TAG_FIELDS, entry_body(scores_klen, scores_value));
+        w = put_header(w, TAG_FIELDS, scores_klen);
+        memcpy(w, scores_key, scores_klen);
+        w += scores_klen;
+        w = put_header(w, TAG_ENTRY_VALUE, scores_value);
+        w = put_header(w, TAG_STRUCT, scores_struct);
+        for (Py_ssize_t i = 0; i < n; i++)
+            w = put_number_entry(w, names[i], lens[i], values[i]);
+    }
+    if (text_len)
+        w = put_string_entry(w, receipt_key, receipt_klen, json, text_len);
+    if (w != PyBytes_AS_STRING(result) + total_len) {
+        Py_CLEAR(result);
+        PyErr_SetString(PyExc_SystemError, "lb_entries: sizes and bytes written differ");
+    }
+done:
+    if (have) {
+        PyBuffer_Release(&slots_view);
+        PyBuffer_Release(&scores_view);
+    }
+    return result;
+}
+
 /* account_pick(plan, state, primary, flow_wait_s, profiles, keep)
  *     -> (text, pairs) | (Receipt, text, pairs) | NotImplemented
  *
@@ -1011,7 +1097,9 @@ fail:
  * `account`'s receipt, JSON and pairs (profiles: the receipt's, None: the reader's). When no one else needs the
  * receipt (not `keep`: the watch's sample or the log's; a sink that holds it until its fold, short of the fold)
  * it is appended to the sink's held receipts here, which is all `ReceiptMetrics.receipt` does then, and only
- * (text, pairs) come back; else (Receipt, text, pairs), nothing appended. NotImplemented: the Python code runs
+ * (text, pairs) come back; else (Receipt, text, pairs), nothing appended. With the plan's entry keys (receipts
+ * emitted), the pairs' place holds the `envoy.lb` entries the answer writes (`lb_entries`: the scores struct and the
+ * JSON as bytes; no pair made, the answer's call copies them). NotImplemented: the Python code runs
  * (`Director._account`). */
 static PyObject *
 account_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -1100,7 +1188,8 @@ account_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         p[PLAN_RECEIPT], args[4] == Py_None ? p[PLAN_PROFILES] : args[4], addresses, p[PLAN_SCORERS], scored, total,
         args[2], named, rows, p[PLAN_SCRAPED], p[PLAN_FAILURES],
         candidates == p[PLAN_SLOTS] ? p[PLAN_SLOTS_VIEW] : candidates, now, staleness, max_failures, empty_tuple,
-        nan_float, empty_tuple, scratch, p[PLAN_LOOKUPS], args[3], p[PLAN_JSON], p[PLAN_PAIRS],
+        nan_float, empty_tuple, scratch, p[PLAN_LOOKUPS], args[3], p[PLAN_JSON],
+        p[PLAN_ENTRIES] != Py_None ? Py_False : p[PLAN_PAIRS],
     };
     got = account(self, fields, 23);
     if (got == NULL || got == Py_NotImplemented) {
@@ -1112,6 +1201,20 @@ account_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if ((p[PLAN_JSON] == Py_True && !PyUnicode_CheckExact(text)) || !PyTuple_CheckExact(pairs)) {
         result = Py_NewRef(Py_NotImplemented);
         goto done;
+    }
+    if (p[PLAN_ENTRIES] != Py_None) { /* the pairs and the JSON as the answer's entries, in place of the pairs */
+        PyObject *entries = lb_entries(p[PLAN_ENTRIES], addresses, scored, total, text);
+        if (entries == NULL || entries == Py_NotImplemented) {
+            result = entries;
+            goto done;
+        }
+        PyObject *replaced = PyTuple_Pack(3, receipt, text, entries);
+        Py_DECREF(entries);
+        if (replaced == NULL)
+            goto done;
+        Py_SETREF(got, replaced);
+        receipt = PyTuple_GET_ITEM(got, 0);
+        pairs = PyTuple_GET_ITEM(got, 2);
     }
     int keep = PyObject_IsTrue(args[5]);
     if (keep < 0)

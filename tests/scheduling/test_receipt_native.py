@@ -10,11 +10,14 @@ from typing import cast
 import numpy as np
 import orjson
 import pytest
+from google.protobuf.struct_pb2 import Struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from epp import wire
 from epp.datastore.freshness import Freshness
 from epp.datastore.table import Snapshot
+from epp.extproc.messages import lb_entries_python
 from epp.scheduling import receipt
 from epp.scheduling.receipt import Receipt, pick_terms_python
 
@@ -417,6 +420,16 @@ def test_an_account_of_the_usual_shape_is_one_compiled_call() -> None:
     ) is NotImplemented  # fmt: skip
 
 
+def _entries_python(pairs: tuple[tuple[str, float], ...], text: str | None, keys: tuple[str, str]) -> Struct:
+    """`lb_entries_python`'s Struct, under the keys `keys` (the test's, as the plan takes them)."""
+    scores_key, receipt_key = keys
+    struct = Struct.FromString(lb_entries_python(pairs, text))
+    out = Struct()
+    for key, value in struct.fields.items():
+        out.fields[{wire.DESTINATION_SCORES_KEY: scores_key, wire.ROUTE_RECEIPT_KEY: receipt_key}[key]].CopyFrom(value)
+    return out
+
+
 @needs_native
 @settings(max_examples=500, deadline=None)
 @given(read_cases(), number, st.booleans(), st.booleans(), st.booleans(), st.data())
@@ -455,7 +468,9 @@ def test_the_compiled_account_and_hand_off_are_the_python_definition(
     sink = data.draw(st.booleans())
     keep = data.draw(st.booleans())
     fold_every = data.draw(st.integers(1, 5))
-    built = reader.compiled_account(json, pairs, held if data.draw(st.integers(0, 4)) else None, fold_every, sink)
+    keys = ("x-scores", "x-receipt") if data.draw(st.booleans()) else None  # emitted: the entries' bytes
+    entries = keys is not None and json and pairs
+    built = reader.compiled_account(json, pairs, held if data.draw(st.integers(0, 4)) else None, fold_every, sink, keys)
     assert built is not None
     call, plan = built
     try:
@@ -475,6 +490,10 @@ def test_the_compiled_account_and_hand_off_are_the_python_definition(
             assert reader.account(state, primary, flow_wait, profiles, json, pairs)[1:] == expected[1:]  # type: ignore[arg-type]
             return
         assert got.__class__ is tuple
+        if entries:  # the pairs' place: the scores' and the receipt's `envoy.lb` entries, as the definition's
+            assert got[-1].__class__ is bytes
+            assert Struct.FromString(got[-1]) == _entries_python(expected[2], expected[1], keys)
+            got = (*got[:-1], expected[2])
         if len(got) == 3:
             assert not done
             assert got[0].__class__ is Receipt
