@@ -363,14 +363,15 @@ class DecisionAnswers:
         receipt: str | None = None,
         entries: bytes = b"",
     ) -> pb.ProcessingResponse | EncodedAnswer:
-        """The answer on the request headers (`phase` "headers") or, BUFFERED, on the body; `scores`, `receipt` and
-        `entries` (the struct's further entries as bytes: `decision_metadata`) go into the `envoy.lb` metadata (a
-        request's own: the memoized answer's bytes with the metadata's appended, parsed in one call
-        (`with_metadata`), or a copy with them written in; cheaper than building the header mutation again)."""
+        """The answer on the request headers (`phase` "headers") or, BUFFERED, on the body; `scores` and `receipt`
+        go into the `envoy.lb` metadata (a request's own: the memoized answer's bytes with the metadata's appended,
+        parsed in one call (`with_metadata`), or a copy with them written in; cheaper than building the header
+        mutation again). `entries`: the receipt's entries already written as bytes (`decision_metadata`), given with
+        the `receipt` they hold, which is then not written again."""
         cacheable = cacheable and body is None
         if cacheable:
             key = (phase, set_headers, destination)
-            if not scores and not receipt and not entries:
+            if not scores and not receipt:  # `entries` come with a receipt
                 encoded = self._encoded.get(key)
                 if encoded is not None:
                     return encoded
@@ -385,9 +386,11 @@ class DecisionAnswers:
             raw = self._raw.get(key)
             if raw is None:
                 raw = self._raw[key] = cached.SerializeToString()
-            if not scores and not receipt and not entries:
+            if not scores and not receipt:
                 encoded = self._encoded[key] = EncodedAnswer(raw)
                 return encoded
+            if entries:
+                receipt = None  # written with them
             parsed = with_metadata(raw, destination, scores, receipt, entries)
             if parsed is not None:
                 return parsed
@@ -396,8 +399,8 @@ class DecisionAnswers:
             write_metadata(response, destination, scores, receipt, entries)
             return response
         response = self._build(phase, set_headers, destination, body)
-        if scores or receipt or entries:
-            write_metadata(response, destination, scores, receipt, entries)
+        if scores or receipt:
+            write_metadata(response, destination, scores, None if entries else receipt, entries)
         return response
 
     def _build(

@@ -127,7 +127,7 @@ class ResponsePhases:
                 new_body if on_body else None,
                 cacheable,
                 decision.scores,
-                None if decision.metadata else decision.receipt,  # else written with the metadata's entries
+                decision.receipt,
                 decision.metadata,
             )
             if how == DUPLEX:
