@@ -512,6 +512,12 @@ put_str(Out *o, PyObject *s)
             break;
         plain += 8;
     }
+    if (plain < n && n >= 8 && plain + 8 > n) { /* the last (under 8) bytes: the last eight, overlapping, at once */
+        uint64_t x;
+        memcpy(&x, u + n - 8, 8);
+        if (clean8(x))
+            plain = n;
+    }
     while (plain < n && (unsigned char)u[plain] >= 0x20 && u[plain] != '"' && u[plain] != '\\')
         plain++;
     memcpy(w, u, plain);
