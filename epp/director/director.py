@@ -88,10 +88,11 @@ class ReceiptSink(Protocol):
 
 # One pick in this many is shown to the degradation watch, receipts emitted or not; when they are not, it is also
 # the only pick read for its receipt (the aggregated receipt metrics' sample). A read and watched receipt costs
-# ~57k instructions with the default profile, ~54k with a random pick (a detailed run, its reading, the watch, the
-# sink: stream_path at 1,000 requests, the sample on minus off, × 32; benchmarks/RESULTS.md): one in 32 is ~1.8k a
-# pick averaged, under 1 % of the path; with the watch's window of 6 observations a verdict spans 192 picks, an
-# alarm is up within ~400 of its cause.
+# ~65k instructions with the default profile, ~45k with a random pick (a detailed run, its reading, the watch, the
+# sink: stream_path at 1,000 requests, the sample on minus off, × 32; two runs: 57k and 74k, 54k and 39k, the
+# count's ±0.5k a request of allocation-layout noise × 32; benchmarks/RESULTS.md): one in 32 is ~1.5-2k a pick
+# averaged, under 1 % of the path; with the watch's window of 6 observations a verdict spans 192 picks, an alarm
+# is up within ~400 of its cause.
 WATCH_EVERY = 32
 
 
