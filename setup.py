@@ -11,42 +11,42 @@ setup(
         Extension(
             "epp.kvevents._native",
             ["epp/kvevents/_native.c"],
-            depends=["epp/optional_module.h"],
+            depends=["epp/optional_module.h", "epp/struct_wire.h"],
             optional=True,
         ),
         # The profile runner's weighted total and tie search (epp.scheduling.totals): without it numpy runs them.
         Extension(
             "epp.scheduling._native",
             ["epp/scheduling/_native.c"],
-            depends=["epp/optional_module.h"],
+            depends=["epp/optional_module.h", "epp/struct_wire.h"],
             optional=True,
         ),
         # The serving workers' pick log, a record per call (epp.app.pick_log): without it the Python code runs.
         Extension(
             "epp.app._pick_log",
             ["epp/app/_pick_log.c"],
-            depends=["epp/optional_module.h"],
+            depends=["epp/optional_module.h", "epp/struct_wire.h"],
             optional=True,
         ),
         # A route receipt's terms and JSON (epp.scheduling.receipt): without it the Python code runs them.
         Extension(
             "epp.scheduling._receipt",
             ["epp/scheduling/_receipt.c"],
-            depends=["epp/optional_module.h"],
+            depends=["epp/optional_module.h", "epp/struct_wire.h"],
             optional=True,
         ),
         # The envoy.lb metadata of an answer with scores or a receipt, as wire bytes (epp.extproc.messages).
         Extension(
             "epp.extproc._metadata",
             ["epp/extproc/_metadata.c"],
-            depends=["epp/optional_module.h"],
+            depends=["epp/optional_module.h", "epp/struct_wire.h"],
             optional=True,
         ),
         # Envoy's header map read from its bytes (epp.extproc.messages): without it upb's wrappers are read.
         Extension(
             "epp.extproc._headers",
             ["epp/extproc/_headers.c"],
-            depends=["epp/optional_module.h"],
+            depends=["epp/optional_module.h", "epp/struct_wire.h"],
             optional=True,
         ),
         # The ext_proc front's HTTP/2 + gRPC framing (epp.extproc.native): without it the grpc.aio adapter serves.

@@ -34,6 +34,10 @@ class Decision(NamedTuple):
     scores: tuple[tuple[str, float], ...] = ()  # --emit-endpoint-scores: (address, weighted score), each scored one
     pick: PickFeatures | None = None  # the primary endpoint as the pick saw it (the observation feed's features)
     receipt: str | None = None  # --emit-route-receipts: the pick's route receipt, JSON (epp.scheduling.receipt)
+    # The `envoy.lb` entries of the scores and the receipt as the bytes the answer copies, where the receipt's
+    # compiled call wrote them (`epp.extproc.messages.lb_entries_python`'s); `scores` is then () and `receipt` the
+    # same JSON, for reading. b"": the answer writes `scores` and `receipt` itself.
+    metadata: bytes = b""
 
     @property
     def header_value(self) -> str:

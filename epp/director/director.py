@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -88,10 +88,11 @@ class ReceiptSink(Protocol):
 
 # One pick in this many is shown to the degradation watch, receipts emitted or not; when they are not, it is also
 # the only pick read for its receipt (the aggregated receipt metrics' sample). A read and watched receipt costs
-# ~37k instructions with the default profile, ~40k with a random pick (a detailed run, its reading, the watch:
-# stream_path at 1,000 requests, the sample on minus off, × 32; benchmarks/RESULTS.md): one in 32 is ~1.2k a pick
-# averaged, under 1 % of the path; with the watch's window of 6 observations a verdict spans 192 picks, an alarm is
-# up within ~400 of its cause.
+# ~65k instructions with the default profile, ~45k with a random pick (a detailed run, its reading, the watch, the
+# sink: stream_path at 1,000 requests, the sample on minus off, × 32; two runs: 57k and 74k, 54k and 39k, the
+# count's ±0.5k a request of allocation-layout noise × 32; benchmarks/RESULTS.md): one in 32 is ~1.5-2k a pick
+# averaged, under 1 % of the path; with the watch's window of 6 observations a verdict spans 192 picks, an alarm
+# is up within ~400 of its cause.
 WATCH_EVERY = 32
 
 
@@ -103,6 +104,10 @@ def _scores(addresses: Sequence[str], detail: PickDetail) -> tuple[tuple[str, fl
     if buffers is not None:
         return scored_pairs(addresses, buffers[0], buffers[1])
     return scored_pairs(addresses, detail.scored, detail.scores)
+
+
+def _no_account(*_: object) -> None:
+    """Where the reader has no compiled account (never called: the plan is None)."""
 
 
 class _NullObserver:
@@ -176,6 +181,24 @@ class Director:
         self._log_every = receipt_log_every
         self._picks = 0  # since the last pick shown to the watch
         self._receipts = 0  # receipts read, for the log's sample
+        # A receipt read, its JSON and pairs, and handed to the sink in one compiled call where the reader has one
+        # (`ReceiptReader.compiled_account`): the sink's `held` list, appended to there short of its `fold_every`.
+        compiled = (
+            self._reader.compiled_account(
+                emit_receipts,
+                self._emit_scores,
+                getattr(receipts, "held", None),
+                getattr(receipts, "fold_every", 0),
+                receipts is not None,
+                (wire.DESTINATION_SCORES_KEY, wire.ROUTE_RECEIPT_KEY),  # emitted: the answer's entries as bytes
+            )
+            if self._reader is not None
+            else None
+        )
+        self._account_pick: Callable[..., object] = _no_account
+        self._plan: list[object] | None = None  # None: no compiled call, `_account` reads each receipt
+        if compiled is not None:
+            self._account_pick, self._plan = compiled
         # The handler's pick with its PickDetail (scores, the picked endpoint's cached prefix), asked for only when
         # scores are emitted or a request says `Prefer: if-available`; a handler without it has no detail.
         self._detailed = scheduler.detailed
@@ -296,10 +319,33 @@ class Director:
         addresses = snapshot.addresses
         routing = self._routing(slots, addresses) if self._routing is not None else None
         receipt = None
+        metadata = b""
         if account and detail is not None and detail.state is not None and self._reader is not None:
-            stages = len(routing.stages) if routing is not None else 0
-            # the scores' pairs written by the receipt's own compiled call
-            receipt, scores = self._account(self._reader, detail.state, primary, stages, request.queued_s, now, watched)
+            logged = False
+            if self._log_every and self._sink is not None:
+                self._receipts += 1
+                if self._receipts >= self._log_every:
+                    self._receipts = 0
+                    logged = True
+            names = self._profile_names  # P/D: the decode profile judged, the others booked too
+            profiles = (
+                names[: 1 + len(routing.stages)] if routing is not None and routing.stages and len(names) > 1 else None
+            )
+            # the receipt, its JSON and the scores' pairs in one compiled call, handed to the sink there too
+            plan = self._plan
+            got = (
+                self._account_pick(plan, detail.state, primary, request.queued_s, profiles, watched or logged)
+                if plan is not None
+                else None
+            )
+            if got.__class__ is tuple and len(got) == 2:
+                receipt, scores = got
+            else:
+                receipt, scores = self._account(
+                    got, self._reader, detail.state, primary, profiles, request.queued_s, now, watched, logged
+                )
+            if scores.__class__ is bytes:  # the scores' and the receipt's `envoy.lb` entries, written by that call
+                metadata, scores = scores, ()
         else:
             scores = _scores(addresses, detail) if self._emit_scores and detail is not None else ()
         if routing is not None:
@@ -310,8 +356,23 @@ class Director:
             if self._response_headers:
                 decision = decision._replace(response_headers=self._response_headers(snapshot, primary))
             if receipt is not None:
-                decision = decision._replace(receipt=receipt)
+                decision = decision._replace(receipt=receipt, metadata=metadata)
             return decision._replace(scores=scores) if scores else decision
+        if metadata:  # receipts emitted, their entries written: here, so that the path below passes no more fields
+            return Decision(
+                addresses=(addresses[primary],) if len(slots) == 1 else tuple(addresses[s] for s in slots),
+                slot=primary,
+                degraded=degraded,
+                body=body,
+                original_model=original_model,
+                target_model=request.model,
+                tokens=tokens,
+                prefill=prefill,
+                response_headers=self._response_headers(snapshot, primary) if self._response_headers else (),
+                pick=pick,
+                receipt=receipt,
+                metadata=metadata,
+            )
         decision = Decision(
             addresses=(addresses[primary],) if len(slots) == 1 else tuple(addresses[s] for s in slots),
             slot=primary,
@@ -330,31 +391,29 @@ class Director:
 
     def _account(
         self,
+        got: object,
         reader: ReceiptReader,
         state: CycleState,
         primary: int,
-        stages: int,
+        profiles: tuple[str, ...] | None,
         flow_wait_s: float,
         now: float,
         watched: bool,
-    ) -> tuple[str | None, tuple[tuple[str, float], ...]]:
-        """Read the pick's receipt, show it to the degradation watch (`watched`: its sample) and the sink; its JSON
-        when it is emitted, and the scores' pairs when they are."""
-        # P/D: the decode profile judged, the others booked too
-        profiles = self._profile_names[: 1 + stages] if stages and len(self._profile_names) > 1 else None
-        receipt, text, scores = reader.account(
-            state, primary, flow_wait_s, profiles, self._emit_receipts, self._emit_scores
-        )
+        logged: bool,
+    ) -> tuple[str | None, tuple[tuple[str, float], ...] | bytes]:
+        """The pick's receipt (`got`: the compiled call's (receipt, JSON, pairs or the `envoy.lb` entries' bytes) to
+        hand on, else read here) shown to the degradation watch (`watched`: its sample) and the sink (`logged`: the
+        log's sample); its JSON when it is emitted, and the scores' pairs (or those bytes) when they are."""
+        if got.__class__ is tuple:
+            receipt, text, scores = cast(tuple[Receipt, str | None, tuple[tuple[str, float], ...] | bytes], got)
+        else:
+            receipt, text, scores = reader.account(
+                state, primary, flow_wait_s, profiles, self._emit_receipts, self._emit_scores
+            )
         watch = self.watch  # built with the reader
         transitions = watch.observe(receipt, now) if watched and watch is not None else ()
         sink = self._sink
         if sink is not None:
-            logged = False
-            if self._log_every:
-                self._receipts += 1
-                if self._receipts >= self._log_every:
-                    self._receipts = 0
-                    logged = True
             sink.receipt(receipt, logged)
             for transition in transitions:
                 sink.transition(transition)

@@ -13,90 +13,34 @@
 #include <Python.h>
 
 #include "../optional_module.h"
+#include "../struct_wire.h"
 #include <stdint.h>
 #include <string.h>
 
-static Py_ssize_t
-varint_size(uint64_t v)
-{
-    Py_ssize_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static char *
-put_varint(char *w, uint64_t v)
-{
-    while (v >= 0x80) {
-        *w++ = (char)(v | 0x80);
-        v >>= 7;
-    }
-    *w++ = (char)v;
-    return w;
-}
-
-/* a length-delimited field: tag, length, then the caller writes `len` bytes */
-static char *
-put_header(char *w, unsigned char tag, Py_ssize_t len)
-{
-    *w++ = (char)tag;
-    return put_varint(w, (uint64_t)len);
-}
-
-static Py_ssize_t
-delimited(Py_ssize_t len) /* a length-delimited field's size, tag and length included */
-{
-    return 1 + varint_size((uint64_t)len) + len;
-}
-
-/* Struct.fields entry: key (1), value (2: a Value) */
-static Py_ssize_t
-entry_body(Py_ssize_t key, Py_ssize_t value)
-{
-    return delimited(key) + delimited(value);
-}
-
-#define TAG_FIELDS 0x0A      /* Struct.fields (1), and a map entry's key (1) */
-#define TAG_ENTRY_VALUE 0x12 /* a map entry's value (2) */
-#define TAG_NUMBER 0x11      /* Value.number_value (2, fixed64) */
-#define TAG_STRING 0x1A      /* Value.string_value (3) */
-#define TAG_STRUCT 0x2A      /* Value.struct_value (5) */
-
-static char *
-put_string_entry(char *w, const char *key, Py_ssize_t klen, const char *s, Py_ssize_t slen)
-{
-    Py_ssize_t value = delimited(slen);
-    w = put_header(w, TAG_FIELDS, entry_body(klen, value));
-    w = put_header(w, TAG_FIELDS, klen);
-    memcpy(w, key, klen);
-    w += klen;
-    w = put_header(w, TAG_ENTRY_VALUE, value);
-    w = put_header(w, TAG_STRING, slen);
-    memcpy(w, s, slen);
-    return w + slen;
-}
-
 #define TAG_DYNAMIC_METADATA 0x42 /* ProcessingResponse.dynamic_metadata (8) */
 
-/* lb_metadata(head, namespace, destination_key, destination, scores_key, scores, receipt_key, receipt)
+/* lb_metadata(head, namespace, destination_key, destination, scores_key, scores, receipt_key, receipt[, entries])
  *     -> bytes | NotImplemented
  *
  * scores: a tuple of (address, score) pairs (empty: no scores struct); receipt: a str or None (or "": none);
- * destination "": none written. head None: the Struct's bytes (for `dynamic_metadata.MergeFromString`); head bytes
+ * destination "": none written; entries: bytes of further entries of the `envoy.lb` struct, already encoded (a
+ * route receipt's, written by its own call: epp/scheduling/_receipt.c's account_pick), written after the others as
+ * they are (None or b"": none). head None: the Struct's bytes (for `dynamic_metadata.MergeFromString`); head bytes
  * (a serialized ProcessingResponse): head, then the Struct as its `dynamic_metadata` field, a whole answer to parse
  * (a second occurrence of a message field merges into the first; its `envoy.lb` entry replaces head's). */
 static PyObject *
 lb_metadata(PyObject *self, PyObject *const *all, Py_ssize_t nall)
 {
     (void)self;
-    if (nall != 8) {
+    if (nall != 8 && nall != 9) {
         PyErr_SetString(PyExc_TypeError, "lb_metadata takes head, namespace, destination key, destination, scores "
-                                         "key, scores, receipt key, receipt");
+                                         "key, scores, receipt key, receipt[, entries]");
         return NULL;
     }
+    PyObject *entries = nall == 9 ? all[8] : Py_None;
+    if (entries != Py_None && !PyBytes_CheckExact(entries))
+        return Py_NewRef(Py_NotImplemented);
+    Py_ssize_t entries_len = entries == Py_None ? 0 : PyBytes_GET_SIZE(entries);
     PyObject *head = all[0];
     if (head != Py_None && !PyBytes_CheckExact(head))
         return Py_NewRef(Py_NotImplemented);
@@ -133,7 +77,7 @@ lb_metadata(PyObject *self, PyObject *const *all, Py_ssize_t nall)
             PyErr_Clear();
             return Py_NewRef(Py_NotImplemented);
         }
-        scores_struct += delimited(entry_body(alen, 9));
+        scores_struct += number_entry_size(alen);
     }
     Py_ssize_t lb_struct = 0;
     if (size[2])
@@ -142,6 +86,7 @@ lb_metadata(PyObject *self, PyObject *const *all, Py_ssize_t nall)
         lb_struct += delimited(entry_body(size[3], delimited(scores_struct)));
     if (size[6])
         lb_struct += delimited(entry_body(size[5], delimited(size[6])));
+    lb_struct += entries_len;
     if (lb_struct == 0) /* nothing written: the Python code leaves the namespace's Value empty, not an empty struct */
         return Py_NewRef(Py_NotImplemented);
     Py_ssize_t lb_value = delimited(lb_struct);
@@ -178,20 +123,15 @@ lb_metadata(PyObject *self, PyObject *const *all, Py_ssize_t nall)
             Py_ssize_t alen;
             const char *address = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &alen);
             double score = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(pair, 1));
-            w = put_header(w, TAG_FIELDS, entry_body(alen, 9));
-            w = put_header(w, TAG_FIELDS, alen);
-            memcpy(w, address, alen);
-            w += alen;
-            w = put_header(w, TAG_ENTRY_VALUE, 9);
-            *w++ = (char)TAG_NUMBER;
-            uint64_t bits;
-            memcpy(&bits, &score, 8);
-            for (int b = 0; b < 8; b++) /* fixed64: little-endian */
-                *w++ = (char)(bits >> (8 * b));
+            w = put_number_entry(w, address, alen, score);
         }
     }
     if (size[6])
         w = put_string_entry(w, text[5], size[5], text[6], size[6]);
+    if (entries_len) {
+        memcpy(w, PyBytes_AS_STRING(entries), entries_len);
+        w += entries_len;
+    }
     if (w != PyBytes_AS_STRING(out) + total) {
         Py_DECREF(out);
         PyErr_SetString(PyExc_SystemError, "lb_metadata: sizes and bytes written differ");

@@ -119,11 +119,15 @@ def decision_metadata(
     destination: str,
     scores: tuple[tuple[str, float], ...] = (),
     receipt: str | None = None,
+    entries: bytes = b"",
 ) -> None:
     """Write the decision into dynamic metadata `envoy.lb` (Envoy drops it unless the filter lists the namespace);
     with scores (--emit-endpoint-scores), also the struct address → score under DESTINATION_SCORES_KEY; with a
-    route receipt (--emit-route-receipts), its JSON under ROUTE_RECEIPT_KEY."""
-    fields = response.dynamic_metadata.fields[wire.LB_NAMESPACE].struct_value.fields
+    route receipt (--emit-route-receipts), its JSON under ROUTE_RECEIPT_KEY; `entries`: more of the struct's entries
+    as a Struct's bytes (a route receipt's, written by its own compiled call: `lb_entries_python`'s), merged in
+    last."""
+    struct = response.dynamic_metadata.fields[wire.LB_NAMESPACE].struct_value
+    fields = struct.fields
     if destination:  # "": already written (a copy of an answer that has it)
         fields[wire.DESTINATION_HEADER].string_value = destination
     if scores:
@@ -132,6 +136,18 @@ def decision_metadata(
             by_address[address].number_value = score
     if receipt:
         fields[wire.ROUTE_RECEIPT_KEY].string_value = receipt
+    if entries:
+        struct.MergeFromString(entries)
+
+
+def lb_entries_python(scores: tuple[tuple[str, float], ...], receipt: str | None) -> bytes:
+    """The definition of a route receipt's `envoy.lb` entries as bytes (`epp.scheduling.receipt`'s compiled account
+    writes them so, for the answer to copy): the scores struct and the receipt as `decision_metadata` writes them,
+    without the destination, as the bytes of that Struct."""
+    response = pb.ProcessingResponse()
+    decision_metadata(response, "", scores, receipt)
+    entries: bytes = response.dynamic_metadata.fields[wire.LB_NAMESPACE].struct_value.SerializeToString()
+    return entries
 
 
 class _Compiled(Protocol):
@@ -160,6 +176,7 @@ def _lb_bytes(
     destination: str,
     scores: tuple[tuple[str, float], ...],
     receipt: str | None,
+    entries: bytes = b"",
 ) -> object:
     """The compiled call with the wire names (`prefix`: an answer's bytes to append the metadata to, or None)."""
     return native.lb_metadata(
@@ -171,21 +188,26 @@ def _lb_bytes(
         scores,
         wire.ROUTE_RECEIPT_KEY,
         receipt,
+        entries,
     )
 
 
 def write_metadata(
-    response: pb.ProcessingResponse, destination: str, scores: tuple[tuple[str, float], ...], receipt: str | None
+    response: pb.ProcessingResponse,
+    destination: str,
+    scores: tuple[tuple[str, float], ...],
+    receipt: str | None,
+    entries: bytes = b"",
 ) -> None:
     """`decision_metadata`, compiled when it can be: the whole `envoy.lb` struct (the destination too) as wire bytes
     in one call, merged in (its entry replaces the one a copied answer has), where the scores struct costs a upb map
     write per endpoint."""
     if _METADATA is not None:
-        raw = _lb_bytes(_METADATA, None, destination, scores, receipt)
+        raw = _lb_bytes(_METADATA, None, destination, scores, receipt, entries)
         if raw.__class__ is bytes:
             response.dynamic_metadata.MergeFromString(raw)
             return
-    decision_metadata(response, destination, scores, receipt)
+    decision_metadata(response, destination, scores, receipt, entries)
 
 
 class EncodedAnswer:
@@ -225,7 +247,7 @@ def serialize(response: pb.ProcessingResponse | EncodedAnswer) -> bytes:
 
 
 def with_metadata(
-    raw: bytes, destination: str, scores: tuple[tuple[str, float], ...], receipt: str | None
+    raw: bytes, destination: str, scores: tuple[tuple[str, float], ...], receipt: str | None, entries: bytes = b""
 ) -> pb.ProcessingResponse | None:
     """The answer serialized as `raw` with `write_metadata`'s metadata, as one buffer built in one C call and kept as
     bytes (`EncodedAnswer`: cheaper than copying the message, whose upb copy serializes and parses, or than parsing
@@ -234,7 +256,7 @@ def with_metadata(
     if native is None:
         return None
     # `_lb_bytes`, inlined: every answer with scores or a receipt comes here (each bytecode ~100 instructions)
-    whole = native.lb_metadata(raw, _LB, _DESTINATION, destination, _SCORES, scores, _RECEIPT, receipt)
+    whole = native.lb_metadata(raw, _LB, _DESTINATION, destination, _SCORES, scores, _RECEIPT, receipt, entries)
     return EncodedAnswer(whole) if whole.__class__ is bytes else None
 
 
@@ -339,15 +361,17 @@ class DecisionAnswers:
         cacheable: bool = True,
         scores: tuple[tuple[str, float], ...] = (),
         receipt: str | None = None,
+        entries: bytes = b"",
     ) -> pb.ProcessingResponse | EncodedAnswer:
         """The answer on the request headers (`phase` "headers") or, BUFFERED, on the body; `scores` and `receipt`
         go into the `envoy.lb` metadata (a request's own: the memoized answer's bytes with the metadata's appended,
         parsed in one call (`with_metadata`), or a copy with them written in; cheaper than building the header
-        mutation again)."""
+        mutation again). `entries`: the receipt's entries already written as bytes (`decision_metadata`), given with
+        the `receipt` they hold, which is then not written again."""
         cacheable = cacheable and body is None
         if cacheable:
             key = (phase, set_headers, destination)
-            if not scores and not receipt:
+            if not scores and not receipt:  # `entries` come with a receipt
                 encoded = self._encoded.get(key)
                 if encoded is not None:
                     return encoded
@@ -365,16 +389,18 @@ class DecisionAnswers:
             if not scores and not receipt:
                 encoded = self._encoded[key] = EncodedAnswer(raw)
                 return encoded
-            parsed = with_metadata(raw, destination, scores, receipt)
+            if entries:
+                receipt = None  # written with them
+            parsed = with_metadata(raw, destination, scores, receipt, entries)
             if parsed is not None:
                 return parsed
             response = pb.ProcessingResponse()
             response.CopyFrom(cached)
-            write_metadata(response, destination, scores, receipt)
+            write_metadata(response, destination, scores, receipt, entries)
             return response
         response = self._build(phase, set_headers, destination, body)
         if scores or receipt:
-            write_metadata(response, destination, scores, receipt)
+            write_metadata(response, destination, scores, None if entries else receipt, entries)
         return response
 
     def _build(

@@ -128,6 +128,7 @@ class ResponsePhases:
                 cacheable,
                 decision.scores,
                 decision.receipt,
+                decision.metadata,
             )
             if how == DUPLEX:
                 out_body = new_body if new_body is not None else body

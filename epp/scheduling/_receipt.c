@@ -19,6 +19,7 @@
 #include <Python.h>
 
 #include "../optional_module.h"
+#include "../struct_wire.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -511,6 +512,12 @@ put_str(Out *o, PyObject *s)
             break;
         plain += 8;
     }
+    if (plain < n && n >= 8 && plain + 8 > n) { /* the last (under 8) bytes: the last eight, overlapping, at once */
+        uint64_t x;
+        memcpy(&x, u + n - 8, 8);
+        if (clean8(x))
+            plain = n;
+    }
     while (plain < n && (unsigned char)u[plain] >= 0x20 && u[plain] != '"' && u[plain] != '\\')
         plain++;
     memcpy(w, u, plain);
@@ -942,6 +949,305 @@ other:
     return Py_NewRef(Py_NotImplemented);
 }
 
+/* The plan of `account_pick`: what one director's receipts are read with, and its caches (a list, by these
+ * positions: epp.scheduling.receipt.AccountPlan builds it). */
+enum {
+    PLAN_RECEIPT,     /* the Receipt type */
+    PLAN_PROFILES,    /* the reader's (profile,) */
+    PLAN_SCORERS,     /* the reader's weighted scorers */
+    PLAN_LOOKUPS,     /* (plugin, scratch key) of its prefix lookups */
+    PLAN_KEYS,        /* the scratch keys of a detailed pick's detail: (SCORED, TERMS, BUFFERS) (pick_detail.py) */
+    PLAN_JSON,        /* bool: the receipt's JSON wanted */
+    PLAN_PAIRS,       /* bool: the scores' pairs wanted */
+    PLAN_HELD,        /* the sink's list of receipts not yet folded, or None */
+    PLAN_FOLD_EVERY,  /* int: the length at which the sink folds them */
+    PLAN_SINK,        /* bool: a sink takes every receipt */
+    PLAN_ENTRIES,     /* (scores key, receipt key): the pairs and the JSON as `envoy.lb` entries' bytes; None: not */
+    PLAN_SNAPSHOT,    /* the snapshot the next four were read from (None: none yet) */
+    PLAN_SCRAPED,     /* its scraped_at as a memoryview */
+    PLAN_FAILURES,    /* its scrape_failures as a memoryview */
+    PLAN_SLOTS,       /* its slot_index */
+    PLAN_SLOTS_VIEW,  /* … as a memoryview */
+    PLAN_TOTAL,       /* the last pick's totals array (a random pick's are the same array pick after pick) */
+    PLAN_TOTAL_VIEW,  /* … as a memoryview */
+    PLAN_SIZE
+};
+
+static PyObject *a_snapshot, *a_scratch, *a_candidates, *a_now, *a_freshness, *a_staleness_s, *a_max_failures,
+    *a_addresses, *a_scraped_at, *a_scrape_failures, *a_slot_index, *a_data,
+    *empty_tuple, *empty_list, *nan_float;
+
+static int
+plan_columns(PyObject *plan, PyObject *snapshot) /* the snapshot's columns and slots into the plan's caches */
+{
+    PyObject *got[4] = {NULL, NULL, NULL, NULL};
+    PyObject *names[2] = {a_scraped_at, a_scrape_failures};
+    for (int i = 0; i < 2; i++) {
+        PyObject *column = PyObject_GetAttr(snapshot, names[i]);
+        got[i] = column != NULL ? PyObject_GetAttr(column, a_data) : NULL;
+        Py_XDECREF(column);
+        if (got[i] == NULL)
+            goto fail;
+    }
+    got[2] = PyObject_GetAttr(snapshot, a_slot_index); /* a Snapshot's; None of a test's stand-in without it */
+    if (got[2] == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            goto fail;
+        PyErr_Clear();
+        got[2] = Py_NewRef(Py_None);
+    }
+    got[3] = got[2] == Py_None ? Py_NewRef(Py_None) : PyObject_GetAttr(got[2], a_data);
+    if (got[3] == NULL)
+        goto fail;
+    PyList_SetItem(plan, PLAN_SCRAPED, got[0]); /* steals */
+    PyList_SetItem(plan, PLAN_FAILURES, got[1]);
+    PyList_SetItem(plan, PLAN_SLOTS, got[2]);
+    PyList_SetItem(plan, PLAN_SLOTS_VIEW, got[3]);
+    PyList_SetItem(plan, PLAN_SNAPSHOT, Py_NewRef(snapshot));
+    return 0;
+fail:
+    for (int i = 0; i < 4; i++)
+        Py_XDECREF(got[i]);
+    return -1;
+}
+
+/* The `envoy.lb` struct's entries of a receipt (`write_metadata`'s scores struct and receipt, the destination left
+ * to the answer): scores_key → {address: score} of each scored slot (none when nothing was scored), receipt_key →
+ * the JSON. NotImplemented: another shape (the Python code answers). */
+static PyObject *
+lb_entries(PyObject *keys, PyObject *addresses, PyObject *scored, PyObject *total, PyObject *text)
+{
+    if (!PyTuple_CheckExact(keys) || PyTuple_GET_SIZE(keys) != 2 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(keys, 0)) ||
+        !PyUnicode_CheckExact(PyTuple_GET_ITEM(keys, 1)) || !PyUnicode_CheckExact(text) ||
+        (!PyTuple_CheckExact(addresses) && !PyList_CheckExact(addresses)))
+        return Py_NewRef(Py_NotImplemented);
+    Py_ssize_t scores_klen, receipt_klen, text_len;
+    const char *scores_key = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(keys, 0), &scores_klen);
+    const char *receipt_key = scores_key != NULL ? PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(keys, 1), &receipt_klen) : NULL;
+    const char *json = receipt_key != NULL ? PyUnicode_AsUTF8AndSize(text, &text_len) : NULL;
+    if (json == NULL) {
+        PyErr_Clear();
+        return Py_NewRef(Py_NotImplemented);
+    }
+    Py_buffer slots_view, scores_view;
+    Py_ssize_t n = 0;
+    int have = scored != Py_None;
+    if (have) {
+        int got = buffer_of(scored, &slots_view, "lq");
+        if (got != 0)
+            return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+        got = buffer_of(total, &scores_view, "d");
+        if (got != 0) {
+            PyBuffer_Release(&slots_view);
+            return got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+        }
+        n = slots_view.len / 8;
+    }
+    PyObject *result = NULL;
+    const int64_t *slots = have ? (const int64_t *)slots_view.buf : NULL;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(addresses);
+    PyObject **items = PySequence_Fast_ITEMS(addresses);
+    const char *names[64];
+    Py_ssize_t lens[64];
+    if (n > 64 || (have && scores_view.len != slots_view.len)) {
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    Py_ssize_t scores_struct = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (slots[i] < 0 || slots[i] >= size || !PyUnicode_CheckExact(items[slots[i]]) ||
+            (names[i] = PyUnicode_AsUTF8AndSize(items[slots[i]], &lens[i])) == NULL) {
+            PyErr_Clear();
+            result = Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        scores_struct += number_entry_size(lens[i]);
+    }
+    Py_ssize_t scores_value = delimited(scores_struct);
+    Py_ssize_t total_len = (n ? delimited(entry_body(scores_klen, scores_value)) : 0) +
+                           (text_len ? delimited(entry_body(receipt_klen, delimited(text_len))) : 0);
+    result = PyBytes_FromStringAndSize(NULL, total_len);
+    if (result == NULL)
+        goto done;
+    char *w = PyBytes_AS_STRING(result);
+    if (n) {
+        const double *values = (const double *)scores_view.buf;
+        w = put_header(w, TAG_FIELDS, entry_body(scores_klen, scores_value));
+        w = put_header(w, TAG_FIELDS, scores_klen);
+        memcpy(w, scores_key, scores_klen);
+        w += scores_klen;
+        w = put_header(w, TAG_ENTRY_VALUE, scores_value);
+        w = put_header(w, TAG_STRUCT, scores_struct);
+        for (Py_ssize_t i = 0; i < n; i++)
+            w = put_number_entry(w, names[i], lens[i], values[i]);
+    }
+    if (text_len)
+        w = put_string_entry(w, receipt_key, receipt_klen, json, text_len);
+    if (w != PyBytes_AS_STRING(result) + total_len) {
+        Py_CLEAR(result);
+        PyErr_SetString(PyExc_SystemError, "lb_entries: sizes and bytes written differ");
+    }
+done:
+    if (have) {
+        PyBuffer_Release(&slots_view);
+        PyBuffer_Release(&scores_view);
+    }
+    return result;
+}
+
+/* account_pick(plan, state, primary, flow_wait_s, profiles, keep)
+ *     -> (text, pairs) | (Receipt, text, pairs) | NotImplemented
+ *
+ * `ReceiptReader.account` and the director's hand-off to its sink in one call from `decide`: the pick's state read
+ * here (its snapshot's columns as the plan's cached memoryviews, the detail under the pick_detail keys), then
+ * `account`'s receipt, JSON and pairs (profiles: the receipt's, None: the reader's). When no one else needs the
+ * receipt (not `keep`: the watch's sample or the log's; a sink that holds it until its fold, short of the fold)
+ * it is appended to the sink's held receipts here, which is all `ReceiptMetrics.receipt` does then, and only
+ * (text, pairs) come back; else (Receipt, text, pairs), nothing appended. With the plan's entry keys (receipts
+ * emitted), the pairs' place holds the `envoy.lb` entries the answer writes (`lb_entries`: the scores struct and the
+ * JSON as bytes; no pair made, the answer's call copies them). NotImplemented: the Python code runs
+ * (`Director._account`). */
+static PyObject *
+account_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "account_pick takes plan, state, primary, flow_wait_s, profiles, keep");
+        return NULL;
+    }
+    PyObject *plan = args[0], *state = args[1];
+    if (!PyList_CheckExact(plan) || PyList_GET_SIZE(plan) != PLAN_SIZE)
+        return Py_NewRef(Py_NotImplemented);
+    PyObject *const *p = &PyList_GET_ITEM(plan, 0);
+    if (!PyTuple_CheckExact(p[PLAN_KEYS]) || PyTuple_GET_SIZE(p[PLAN_KEYS]) != 3)
+        return Py_NewRef(Py_NotImplemented);
+    PyObject *k_scored = PyTuple_GET_ITEM(p[PLAN_KEYS], 0), *k_terms = PyTuple_GET_ITEM(p[PLAN_KEYS], 1),
+             *k_buffers = PyTuple_GET_ITEM(p[PLAN_KEYS], 2);
+    PyObject *snapshot = NULL, *scratch = NULL, *candidates = NULL, *now = NULL, *freshness = NULL;
+    PyObject *staleness = NULL, *max_failures = NULL, *addresses = NULL, *got = NULL, *result = NULL;
+    if ((snapshot = PyObject_GetAttr(state, a_snapshot)) == NULL || (scratch = PyObject_GetAttr(state, a_scratch)) == NULL ||
+        (candidates = PyObject_GetAttr(state, a_candidates)) == NULL || (now = PyObject_GetAttr(state, a_now)) == NULL ||
+        (freshness = PyObject_GetAttr(state, a_freshness)) == NULL ||
+        (staleness = PyObject_GetAttr(freshness, a_staleness_s)) == NULL ||
+        (max_failures = PyObject_GetAttr(freshness, a_max_failures)) == NULL ||
+        (addresses = PyObject_GetAttr(snapshot, a_addresses)) == NULL)
+        goto done;
+    if (!PyDict_CheckExact(scratch)) {
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    if (snapshot != p[PLAN_SNAPSHOT]) {
+        if (plan_columns(plan, snapshot) < 0)
+            goto done;
+        p = &PyList_GET_ITEM(plan, 0);
+    }
+    PyObject *terms = PyDict_GetItemWithError(scratch, k_terms);
+    if (terms == NULL && PyErr_Occurred())
+        goto done;
+    PyObject *named = empty_list, *rows = Py_None, *scored = Py_None, *total = Py_None;
+    if (terms != NULL) {
+        if (!PyTuple_CheckExact(terms) || PyTuple_GET_SIZE(terms) != 2) {
+            result = Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        named = PyTuple_GET_ITEM(terms, 0);
+        rows = PyTuple_GET_ITEM(terms, 1);
+    }
+    PyObject *buffers = PyDict_GetItemWithError(scratch, k_buffers);
+    if (buffers == NULL && PyErr_Occurred())
+        goto done;
+    PyObject *total_view = NULL; /* a new memoryview of `total`, kept in the plan */
+    if (buffers != NULL) {
+        if (!PyTuple_CheckExact(buffers) || PyTuple_GET_SIZE(buffers) != 3) {
+            result = Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        scored = PyTuple_GET_ITEM(buffers, 0);
+        total = PyTuple_GET_ITEM(buffers, 1);
+        rows = PyTuple_GET_ITEM(buffers, 2);
+    } else {
+        PyObject *pair = PyDict_GetItemWithError(scratch, k_scored);
+        if (pair == NULL && PyErr_Occurred())
+            goto done;
+        if (pair != NULL) {
+            if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+                result = Py_NewRef(Py_NotImplemented);
+                goto done;
+            }
+            scored = PyTuple_GET_ITEM(pair, 0);
+            total = PyTuple_GET_ITEM(pair, 1);
+            if (scored == p[PLAN_SLOTS] && scored != Py_None) /* every slot scored (a random pick's) */
+                scored = p[PLAN_SLOTS_VIEW];
+            if (total == p[PLAN_TOTAL] && total != Py_None) {
+                total = p[PLAN_TOTAL_VIEW];
+            } else if (total != Py_None) {
+                total_view = PyMemoryView_FromObject(total);
+                if (total_view == NULL)
+                    goto done;
+                PyList_SetItem(plan, PLAN_TOTAL, Py_NewRef(total));
+                PyList_SetItem(plan, PLAN_TOTAL_VIEW, total_view); /* steals; the plan holds it */
+                p = &PyList_GET_ITEM(plan, 0);
+                total = total_view;
+            }
+        }
+    }
+    PyObject *fields[23] = {
+        p[PLAN_RECEIPT], args[4] == Py_None ? p[PLAN_PROFILES] : args[4], addresses, p[PLAN_SCORERS], scored, total,
+        args[2], named, rows, p[PLAN_SCRAPED], p[PLAN_FAILURES],
+        candidates == p[PLAN_SLOTS] ? p[PLAN_SLOTS_VIEW] : candidates, now, staleness, max_failures, empty_tuple,
+        nan_float, empty_tuple, scratch, p[PLAN_LOOKUPS], args[3], p[PLAN_JSON],
+        p[PLAN_ENTRIES] != Py_None ? Py_False : p[PLAN_PAIRS],
+    };
+    got = account(self, fields, 23);
+    if (got == NULL || got == Py_NotImplemented) {
+        result = got;
+        got = NULL;
+        goto done;
+    }
+    PyObject *receipt = PyTuple_GET_ITEM(got, 0), *text = PyTuple_GET_ITEM(got, 1), *pairs = PyTuple_GET_ITEM(got, 2);
+    if ((p[PLAN_JSON] == Py_True && !PyUnicode_CheckExact(text)) || !PyTuple_CheckExact(pairs)) {
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    if (p[PLAN_ENTRIES] != Py_None) { /* the pairs and the JSON as the answer's entries, in place of the pairs */
+        PyObject *entries = lb_entries(p[PLAN_ENTRIES], addresses, scored, total, text);
+        if (entries == NULL || entries == Py_NotImplemented) {
+            result = entries;
+            goto done;
+        }
+        PyObject *replaced = PyTuple_Pack(3, receipt, text, entries);
+        Py_DECREF(entries);
+        if (replaced == NULL)
+            goto done;
+        Py_SETREF(got, replaced);
+        receipt = PyTuple_GET_ITEM(got, 0);
+        pairs = PyTuple_GET_ITEM(got, 2);
+    }
+    int keep = PyObject_IsTrue(args[5]);
+    if (keep < 0)
+        goto done;
+    PyObject *held = p[PLAN_HELD];
+    if (!keep && p[PLAN_SINK] == Py_True) {
+        /* the sink's `receipt` appends, and folds at FOLD_EVERY: short of it, the append is all it does */
+        if (!PyList_CheckExact(held) || !PyLong_CheckExact(p[PLAN_FOLD_EVERY]) ||
+            PyList_GET_SIZE(held) + 1 >= PyLong_AsSsize_t(p[PLAN_FOLD_EVERY]))
+            keep = 1;
+        else if (PyList_Append(held, receipt) < 0)
+            goto done;
+    }
+    result = keep ? Py_NewRef(got) : PyTuple_Pack(2, text, pairs);
+done:
+    Py_XDECREF(snapshot);
+    Py_XDECREF(scratch);
+    Py_XDECREF(candidates);
+    Py_XDECREF(now);
+    Py_XDECREF(freshness);
+    Py_XDECREF(staleness);
+    Py_XDECREF(max_failures);
+    Py_XDECREF(addresses);
+    Py_XDECREF(got);
+    return result;
+}
+
 /* -- the receipts' fold (epp.app.receipt_metrics.ReceiptMetrics._fold_python) --------------------------------- */
 
 static PyObject *s_precise, *s_approximate, *s_render, *s_estimate, *s_hit, *s_miss;
@@ -1239,6 +1545,8 @@ static PyMethodDef methods[] = {
      "(address, score) of each scored slot (receipt.py's scored_pairs_python)."},
     {"account", (PyCFunction)(void (*)(void))account, METH_FASTCALL,
      "A detailed pick's receipt and its JSON in one call (receipt.py's ReceiptReader.account_python)."},
+    {"account_pick", (PyCFunction)(void (*)(void))account_pick, METH_FASTCALL,
+     "A detailed pick's receipt read from its state and handed to the sink (receipt.py's AccountPlan)."},
     {"fold", (PyCFunction)(void (*)(void))fold, METH_FASTCALL,
      "A batch of receipts into the aggregates (receipt_metrics.py's ReceiptMetrics._fold_python)."},
     {"receipt_of", (PyCFunction)(void (*)(void))receipt_of, METH_FASTCALL,
@@ -1261,6 +1569,18 @@ setup_module(PyObject *module)
     s_estimate = PyUnicode_InternFromString("estimate");
     s_hit = PyUnicode_InternFromString("hit");
     s_miss = PyUnicode_InternFromString("miss");
+    const char *attrs[] = {"snapshot", "scratch", "candidates", "now", "freshness", "staleness_s", "max_failures",
+                           "addresses", "scraped_at", "scrape_failures", "slot_index", "data"};
+    PyObject **slots[] = {&a_snapshot, &a_scratch, &a_candidates, &a_now, &a_freshness, &a_staleness_s,
+                          &a_max_failures, &a_addresses, &a_scraped_at, &a_scrape_failures, &a_slot_index, &a_data};
+    for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++)
+        if ((*slots[i] = PyUnicode_InternFromString(attrs[i])) == NULL)
+            return -1;
+    empty_tuple = PyTuple_New(0);
+    empty_list = PyList_New(0);
+    nan_float = PyFloat_FromDouble(NAN);
+    if (empty_tuple == NULL || empty_list == NULL || nan_float == NULL)
+        return -1;
     if (zero == NULL || empty_str == NULL || no_terms == NULL || s_precise == NULL || s_approximate == NULL ||
         s_render == NULL || s_estimate == NULL || s_hit == NULL || s_miss == NULL)
         return -1;

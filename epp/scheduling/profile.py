@@ -171,7 +171,18 @@ class ProfileScheduler:
         self, snapshot: Snapshot, candidates: IntArray, request: SchedulingRequest, now: float
     ) -> tuple[Sequence[int], PickDetail]:
         """`pick`, with the scores and the picked endpoint's cached prefix (`PickDetail`), for the director."""
-        slots, state = self.run(snapshot, candidates, request, now, detailed=True)
+        fused = self.fused
+        started = None
+        if fused is not None:  # `run`'s fused detailed run, inlined (its call cost ~2k instructions a receipt)
+            started = CycleState(snapshot, candidates, request, now, self.freshness)
+            picked = fused.run_detailed(started, candidates)
+            if picked is not None:
+                primary = picked[0]
+                for observer in self._observers:
+                    observer.picked(started, primary)
+                scored, scores = started.scratch[SCORED]
+                return picked, PickDetail(scored, scores, started, primary, self._cached_blocks)
+        slots, state = self.run(snapshot, candidates, request, now, True, started)
         if not slots:
             return slots, EMPTY
         scored, scores = state.scratch[SCORED]  # `detail_of`, inlined: a detailed run keeps them
@@ -188,16 +199,21 @@ class ProfileScheduler:
         request: SchedulingRequest,
         now: float,
         detailed: bool = False,
+        started: CycleState | None = None,
     ) -> tuple[Sequence[int], CycleState]:
         """`pick`, with the pick's state (what its producers published): a profile handler's deciders read it;
-        `detailed` also keeps the scored candidates and totals in it, for `detail`."""
-        state = CycleState(snapshot, candidates, request, now, self.freshness)
-        if self.fused is not None:
-            fused = self.fused.run_detailed(state, candidates) if detailed else self.fused.run(state, candidates)
-            if fused is not None:
-                for observer in self._observers:
-                    observer.picked(state, fused[0])
-                return fused, state
+        `detailed` also keeps the scored candidates and totals in it, for `detail`; `started`: the state of a fused
+        run that answered None (`pick_detailed`), on which the plugins run (what its prefix lookup kept included)."""
+        if started is None:
+            state = CycleState(snapshot, candidates, request, now, self.freshness)
+            if self.fused is not None:
+                fused = self.fused.run_detailed(state, candidates) if detailed else self.fused.run(state, candidates)
+                if fused is not None:
+                    for observer in self._observers:
+                        observer.picked(state, fused[0])
+                    return fused, state
+        else:
+            state = started
         filters, scorers, pick = self._plain
         if self._every:
             self._count += 1

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import math
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol, cast
 
 import orjson
@@ -48,6 +48,10 @@ class Compiled(Protocol):
     def account(self, *fields: object) -> object: ...
 
     def fold(self, *fields: object) -> object: ...
+
+    def account_pick(
+        self, plan: list[object], state: CycleState, primary: int, flow_wait_s: float, profiles: object, keep: bool
+    ) -> object: ...
 
     def scored_pairs(self, addresses: object, slots: object, scores: object) -> object: ...
 
@@ -215,6 +219,33 @@ class ReceiptReader:
             flow_wait_s,
         )
         return got if got.__class__ is Receipt else self.read_python(state, primary, flow_wait_s)
+
+    def compiled_account(
+        self,
+        json: bool,
+        pairs: bool,
+        held: list[Receipt] | None,
+        fold_every: int,
+        sink: bool,
+        entries: tuple[str, str] | None = None,
+    ) -> tuple[Callable[..., object], list[object]] | None:
+        """`_receipt.account_pick` and its plan: `account` (`json`, `pairs`) and the hand-off to a sink (`sink`: one
+        takes every receipt; `held`: its list of receipts not yet folded, which it folds at `fold_every`, or None)
+        in one call from the director's `decide`, the pick's state read in C and the snapshot's columns cached in
+        the plan (a list: `_receipt.c`'s PLAN_* positions). An emitted receipt paid ~170 bytecodes of Python around
+        the compiled `account` (the director's hand-off, this class's argument gathering, the sink's append): ~4k
+        instructions. With `entries` (the scores' and the receipt's keys in `envoy.lb`; with `json` and `pairs`
+        only), the call answers, in the pairs' place, those two entries as the bytes the answer writes
+        (`epp.extproc.messages.lb_entries_python`'s, parsed): no pair tuple made, nor read again by the answer's
+        call. None where that call cannot run: no compiled code, or producers whose reads are Python (precise,
+        token): the director's `_account` runs."""
+        if _COMPILED is None or self._lookup_keys is None:
+            return None
+        plan: list[object] = [
+            Receipt, self._profiles, self.scorers, self._lookup_keys, (SCORED, TERMS, BUFFERS), json, pairs, held,
+            fold_every, sink, entries if json and pairs else None, None, None, None, None, None, None, None,
+        ]  # fmt: skip
+        return _COMPILED.account_pick, plan
 
     def account(
         self,

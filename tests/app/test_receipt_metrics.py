@@ -108,7 +108,7 @@ def test_the_compiled_fold_is_the_python_definition(batch: list[Receipt], sums: 
         sink.modes[("p1", "hit")] = 2
         sink.ages["metrics"].observe(sums[0])
         sink.ages["kv_events"].observe(sums[1])
-    compiled._raw = list(batch)
+    compiled.held[:] = batch
     compiled._fold()
     python._fold_python(list(batch))
     assert compiled.receipts == python.receipts == len(batch)

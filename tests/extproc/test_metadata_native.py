@@ -77,6 +77,42 @@ def test_a_memoized_answer_with_scores_and_a_receipt_is_the_python_definitions(
 
 
 @needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["headers", "body"]), text.filter(bool), scores, receipts, scores, text.filter(bool))
+def test_entries_written_already_are_copied_as_the_python_definition_merges_them(
+    phase: str,
+    destination: str,
+    pairs: tuple[tuple[str, float], ...],
+    receipt: str | None,
+    entry_pairs: tuple[tuple[str, float], ...],
+    entry_receipt: str,
+) -> None:
+    """`entries` (a route receipt's `envoy.lb` entries as bytes, `lb_entries_python`'s) are what
+    `decision_metadata` merges in last: the compiled call copies them as they are, the same message; an answer
+    given them with their receipt writes that receipt only there."""
+    entries = messages.lb_entries_python(entry_pairs, entry_receipt)
+    expected = messages.ProcessingResponse()
+    decision_metadata(expected, destination, pairs, receipt, entries)
+    got = messages.ProcessingResponse()
+    write_metadata(got, destination, pairs, receipt, entries)
+    assert got == expected
+    answers = DecisionAnswers()
+    headers = ((wire.DESTINATION_HEADER, destination),)
+    cached = answers.decision(phase, headers, destination)
+    assert isinstance(cached, messages.EncodedAnswer)
+    answer = answers.decision(phase, headers, destination, scores=pairs, receipt=entry_receipt, entries=entries)
+    memoized = messages.ProcessingResponse()
+    memoized.CopyFrom(cached.message())
+    decision_metadata(memoized, "", pairs, None, entries)
+    assert answer == memoized
+    assert isinstance(answer, messages.EncodedAnswer)
+    fresh = answers.decision(
+        phase, headers, destination, cacheable=False, scores=pairs, receipt=entry_receipt, entries=entries
+    )
+    assert fresh == memoized
+
+
+@needs_native
 def test_a_nan_score_is_written_as_the_python_code_writes_it() -> None:
     got = messages.ProcessingResponse()
     write_metadata(got, "10.0.0.1:8000", (("10.0.0.1:8000", math.nan), ("10.0.0.2:8000", -0.0)), None)

@@ -171,3 +171,32 @@ def test_an_instrumented_profile_runs_its_plugins() -> None:
     assert isinstance(handler, ProfileScheduler)
     handler.instrument(_Timer())
     assert handler.fused is None
+
+
+@needs_native
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(row, min_size=1, max_size=34),
+    subset_bits=st.integers(0, 2**34 - 1),
+    prompts=st.lists(st.sampled_from(PROMPTS), min_size=1, max_size=6),
+    seed=st.integers(0, 3),
+)
+def test_the_director_s_detailed_pick_is_the_plugins_detailed_run(rows, subset_bits, prompts, seed) -> None:
+    """`pick_detailed` (the fused detailed run inlined, the plugins on its state where it answers None: pools
+    over 32) picks and details as the plugins' detailed run, the prefix index learning the same."""
+    table = _table(rows)
+    fused, plain = _handlers(seed)
+    for prompt in prompts:
+        snap = table.snapshot()
+        candidates = np.array([s for s in snap.slots.tolist() if subset_bits >> s & 1], dtype=np.int64)
+        if candidates.size == 0:
+            candidates = snap.slots
+        got, got_detail = fused.pick_detailed(snap, candidates, request(prompt), NOW)
+        want, want_detail = plain.pick_detailed(snap, candidates, request(prompt), NOW)
+        assert list(got) == list(want)
+        assert got_detail.state is not None and want_detail.state is not None
+        _assert_same_detail(got_detail.state.scratch, want_detail.state.scratch)
+        np.testing.assert_array_equal(got_detail.scored, want_detail.scored)
+        np.testing.assert_array_equal(got_detail.scores, want_detail.scores)
+        assert got_detail.cached_blocks == want_detail.cached_blocks
+        table.book_pick(int(got[0]))

@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf.struct_pb2 import Struct
 
 from epp import wire
 from epp.app.receipt_metrics import ReceiptMetrics
 from epp.datastore import EndpointTable
 from epp.director import Director
+from epp.director.decision import Decision
 from epp.discovery.static import parse_static_endpoints
 from epp.extproc.messages import decision_metadata
 from epp.requests.openai import ApiKind, InferenceRequest
@@ -46,6 +48,17 @@ def _director(**kwargs: Any) -> Director:
     return Director(_table(), build_scheduler(None, seed=1), clock=lambda: NOW, **kwargs)
 
 
+def _scores(decision: Decision) -> dict[str, float]:
+    """The decision's scores: its pairs, or the `envoy.lb` entries the receipt's compiled call wrote (the receipt
+    there too, the decision's own JSON)."""
+    if not decision.metadata:
+        return dict(decision.scores)
+    assert decision.scores == ()
+    entries = Struct.FromString(decision.metadata).fields
+    assert entries[wire.ROUTE_RECEIPT_KEY].string_value == decision.receipt
+    return {a: v.number_value for a, v in entries[wire.DESTINATION_SCORES_KEY].struct_value.fields.items()}
+
+
 def test_receipt_accounts_for_the_chosen_endpoint_and_the_runner_up() -> None:
     director = _director(emit_receipts=True)
     director.decide(_request())  # teaches the prefix index: the second pick has a prefix to follow
@@ -57,7 +70,7 @@ def test_receipt_accounts_for_the_chosen_endpoint_and_the_runner_up() -> None:
     assert set(receipt["scorers"]) == {
         "queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer", "inflight-load-scorer",
     }  # fmt: skip
-    scores = dict(decision.scores)  # the receipt is a superset of --emit-endpoint-scores
+    scores = _scores(decision)  # the receipt is a superset of --emit-endpoint-scores
     chosen = sum(c for c, _ in receipt["scorers"].values())
     runner = sum(r for _, r in receipt["scorers"].values())
     assert chosen == pytest.approx(scores[receipt["chosen"]], abs=1e-3)

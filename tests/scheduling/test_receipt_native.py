@@ -10,11 +10,14 @@ from typing import cast
 import numpy as np
 import orjson
 import pytest
+from google.protobuf.struct_pb2 import Struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from epp import wire
 from epp.datastore.freshness import Freshness
 from epp.datastore.table import Snapshot
+from epp.extproc.messages import lb_entries_python
 from epp.scheduling import receipt
 from epp.scheduling.receipt import Receipt, pick_terms_python
 
@@ -415,6 +418,96 @@ def test_an_account_of_the_usual_shape_is_one_compiled_call() -> None:
         Receipt, ("p",), ("w", "x", "y", "z"), ("a",), *args, *columns, 10.0, 2.0, 3, (), math.nan, (),
         {"k": "other"}, (("q", "k"),), 0.0, True, True,
     ) is NotImplemented  # fmt: skip
+
+
+def _entries_python(pairs: tuple[tuple[str, float], ...], text: str | None, keys: tuple[str, str]) -> Struct:
+    """`lb_entries_python`'s Struct, under the keys `keys` (the test's, as the plan takes them)."""
+    scores_key, receipt_key = keys
+    struct = Struct.FromString(lb_entries_python(pairs, text))
+    out = Struct()
+    for key, value in struct.fields.items():
+        out.fields[{wire.DESTINATION_SCORES_KEY: scores_key, wire.ROUTE_RECEIPT_KEY: receipt_key}[key]].CopyFrom(value)
+    return out
+
+
+@needs_native
+@settings(max_examples=500, deadline=None)
+@given(read_cases(), number, st.booleans(), st.booleans(), st.booleans(), st.data())
+def test_the_compiled_account_and_hand_off_are_the_python_definition(
+    case: tuple[receipt.ReceiptReader, SimpleNamespace, int],
+    flow_wait: float,
+    json: bool,
+    pd: bool,
+    pairs: bool,
+    data: st.DataObject,
+) -> None:
+    """`account_pick` (the state read in C, `account`, the sink's append: one call from `decide`) answers what
+    `account_python` does, and appends its receipt to the sink's held list only when nothing else needs it (not
+    kept for the watch or the log, the sink's fold not due); the plan's caches follow the snapshot."""
+    reader, state, primary = case
+    lookups = [_Lookup(name) for name in data.draw(st.lists(st.sampled_from(["p1", "p2"]), unique=True))]
+    for plugin in lookups:
+        if data.draw(st.booleans()):
+            hashes = data.draw(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3))
+            state.scratch[plugin.scratch_key] = (hashes, np.zeros(3), data.draw(st.integers(0, 5)))
+    reader._lookups = tuple(lookups)  # type: ignore[assignment]
+    reader._lookup_keys = tuple((p.name, p.scratch_key) for p in lookups)
+    reader._producing = bool(lookups)
+    if data.draw(st.booleans()):  # the runner's memoryviews of the detail, as the fused pick keeps them
+        detail = state.scratch.get(receipt.SCORED)
+        terms = state.scratch.get(receipt.TERMS)
+        if detail is not None and terms is not None:
+            rows = terms[1]
+            state.scratch[receipt.BUFFERS] = (detail[0].data, detail[1].data, rows.data if rows is not None else None)
+    if data.draw(st.booleans()):  # the snapshot's slots: every slot scored and a candidate
+        state.snapshot.slot_index = state.candidates
+    profiles = ("decode", "prefill") if pd else None
+    held: list[Receipt] = [Receipt(("x",), "", "", (), (), (), (), 0.0, 0, 0, (), math.nan, (), ())] * data.draw(
+        st.integers(0, 3)
+    )
+    sink = data.draw(st.booleans())
+    keep = data.draw(st.booleans())
+    fold_every = data.draw(st.integers(1, 5))
+    keys = ("x-scores", "x-receipt") if data.draw(st.booleans()) else None  # emitted: the entries' bytes
+    entries = keys is not None and json and pairs
+    built = reader.compiled_account(json, pairs, held if data.draw(st.integers(0, 4)) else None, fold_every, sink, keys)
+    assert built is not None
+    call, plan = built
+    try:
+        expected = reader.account_python(state, primary, flow_wait, profiles, json, pairs)  # type: ignore[arg-type]
+    except (IndexError, ValueError) as exc:  # both raise, or the compiled call leaves it to the Python code
+        try:
+            assert call(plan, state, primary, flow_wait, profiles, keep) is NotImplemented
+        except type(exc):
+            pass
+        return
+    before = list(held)
+    for _ in range(2):  # the second with the plan's caches filled
+        # done there: nothing else needs the receipt, and a sink, if any, only appends it (its fold not due)
+        done = not keep and (not sink or (plan[7] is held and len(held) + 1 < fold_every))
+        got = call(plan, state, primary, flow_wait, profiles, keep)
+        if got is NotImplemented:
+            assert reader.account(state, primary, flow_wait, profiles, json, pairs)[1:] == expected[1:]  # type: ignore[arg-type]
+            return
+        assert got.__class__ is tuple
+        if entries:  # the pairs' place: the scores' and the receipt's `envoy.lb` entries, as the definition's
+            assert got[-1].__class__ is bytes
+            assert Struct.FromString(got[-1]) == _entries_python(expected[2], expected[1], keys)
+            got = (*got[:-1], expected[2])
+        if len(got) == 3:
+            assert not done
+            assert got[0].__class__ is Receipt
+            assert _same(got, expected)
+            assert held == before
+        else:
+            assert done
+            assert _same(got, expected[1:])
+            if sink:
+                assert len(held) == len(before) + 1
+                assert _same(held[-1], expected[0])
+            else:
+                assert held == before
+            before = list(held)
 
 
 @needs_native
