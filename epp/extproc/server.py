@@ -119,7 +119,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             pipeline, observer = self._pools.route(context.invocation_metadata() if context is not None else None)
             stream = self.new_stream(pipeline, observer)
         self.open_streams += 1
-        watch = _StreamWatch(self._limits.idle_timeout_s)
+        watch = _StreamWatch(self._limits.idle_timeout_s, getattr(context, "task", None))
         messages = aiter(request_iterator)
         decide = pipeline.immediate
         started = self._clock()
@@ -251,9 +251,12 @@ class _StreamWatch:
 
     __slots__ = ("_cause", "_handle", "_loop", "_task", "evicted", "hold", "idle_s", "last", "reading")
 
-    def __init__(self, idle_s: float) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._task = asyncio.current_task()
+    def __init__(self, idle_s: float, task: asyncio.Task[Any] | None = None) -> None:
+        # The stream's task as its transport knows it (the native front's context carries it), else asyncio's
+        # current one (grpc.aio): on CPython 3.11 `current_task()` and `get_running_loop()` are a getpid system
+        # call each (their fork check), where `get_loop()` reads an attribute.
+        self._task = task if task is not None else asyncio.current_task()
+        self._loop = self._task.get_loop() if self._task is not None else asyncio.get_running_loop()
         self.idle_s = idle_s
         self.last = self._loop.time()
         self._cause: str | None = None
