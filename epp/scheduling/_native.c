@@ -569,14 +569,15 @@ fused_numpy_sum(const double *a, Py_ssize_t n)
 }
 
 /* The columns both calls read, by buffer: candidates (int64), waiting, picks since scrape (int64), kv usage,
- * scraped at, scrape failures (int64). */
-enum { F_CAND, F_WAIT, F_PICKS, F_KV, F_SCRAPED, F_FAIL, F_COLUMNS };
+ * scraped at, scrape failures (int64); then the prefill tokens booked (int64), read only by a pick where no kept
+ * candidate's queue is known (its buffer taken then: not a cost of every pick). */
+enum { F_CAND, F_WAIT, F_PICKS, F_KV, F_SCRAPED, F_FAIL, F_PREFILL, F_COLUMNS };
 
 static int
 fused_columns(PyObject *const *args, Py_buffer *views, int *held, Py_ssize_t *n, Py_ssize_t *slots)
 {
-    static const char *formats[F_COLUMNS] = {"l", "d", "l", "d", "d", "l"};
-    for (int b = 0; b < F_COLUMNS; b++) {
+    static const char *formats[F_PREFILL] = {"l", "d", "l", "d", "d", "l"};
+    for (int b = 0; b < F_PREFILL; b++) {
         int got = typed(args[b], &views[b], formats[b], 8, 0);
         if (got != 0)
             return got;
@@ -584,7 +585,7 @@ fused_columns(PyObject *const *args, Py_buffer *views, int *held, Py_ssize_t *n,
     }
     *n = views[F_CAND].len / 8;
     *slots = views[F_WAIT].len / 8;
-    for (int b = F_WAIT; b < F_COLUMNS; b++)
+    for (int b = F_WAIT; b < F_PREFILL; b++)
         if (views[b].len / 8 != *slots) {
             PyErr_SetString(PyExc_ValueError, "the snapshot's columns differ in length");
             return -1;
@@ -595,6 +596,22 @@ fused_columns(PyObject *const *args, Py_buffer *views, int *held, Py_ssize_t *n,
             PyErr_SetString(PyExc_IndexError, "a candidate outside the snapshot");
             return -1;
         }
+    return 0;
+}
+
+/* The prefill column's buffer, taken only by a pick that reads it (no kept candidate's queue known): 0, 1 (another
+ * type: NotImplemented) or -1 (an error set). Out of line: rare, and kept out of the pick's own code. */
+static __attribute__((noinline, cold)) int
+fused_prefill(PyObject *column, Py_buffer *view, int *held, Py_ssize_t slots)
+{
+    int got = typed(column, view, "l", 8, 0);
+    if (got != 0)
+        return got;
+    *held = 1;
+    if (view->len / 8 != slots) {
+        PyErr_SetString(PyExc_ValueError, "the snapshot's columns differ in length");
+        return -1;
+    }
     return 0;
 }
 
@@ -632,7 +649,7 @@ detail_shape(const unsigned long long *shape)
     return out;
 }
 
-/* fused_pick(candidates, (waiting, picks, kv, scraped_at, failures), fresh_from, state,
+/* fused_pick(candidates, (waiting, picks, kv, scraped_at, failures, prefill), fresh_from, state,
  *            (max_failures, queue_limit, kv_limit, lookup, w_queue, w_kv, w_prefix, w_inflight, tie, draw),
  *            totals, detail) -> int | (int, int, int) | NotImplemented
  *
@@ -640,7 +657,8 @@ detail_shape(const unsigned long long *shape)
  * now − staleness) and the effective queue (waiting + picks, NaN where the data is not usable); then the prefix
  * scorer's lookup, `lookup(state, first)` with the first kept slot (the slot its hasher reads the block size of),
  * answering (hashes, matched per slot, reach); then over the kept candidates queue-scorer,
- * kv-cache-utilization-scorer, prefix-cache-scorer and inflight-load-scorer, each `Linear` weighted, their total
+ * kv-cache-utilization-scorer, prefix-cache-scorer and inflight-load-scorer (with nothing known, the prefill
+ * booked), each `Linear` weighted, their total
  * (`weighted_total`) and the max-score picker's choice (`max_tie`, `draw` called only on a tie): the slot is
  * returned. `totals`: None, or n float64 that get the kept candidates' totals first, NaN after them. `detail`: None,
  * or (kept, rows, constants) for a detailed pick (the runner's `SCORED` and `TERMS`): kept (n int64) gets the k kept
@@ -713,7 +731,7 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     const long *cand = (const long *)views[F_CAND].buf, *picks = (const long *)views[F_PICKS].buf;
-    const long *fail = (const long *)views[F_FAIL].buf;
+    const long *fail = (const long *)views[F_FAIL].buf, *prefill = NULL;
     const double *w = (const double *)views[F_WAIT].buf, *kvc = (const double *)views[F_KV].buf;
     const double *at = (const double *)views[F_SCRAPED].buf;
     /* the filter: the kept candidates, or all of them when none or all would be kept */
@@ -730,6 +748,20 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         memcpy(c, cand, (size_t)n * sizeof(long));
     }
     n = k;
+    /* no kept candidate's effective queue known: inflight-load-scorer reads the prefill booked */
+    int any_known = 0;
+    for (Py_ssize_t i = 0; i < n && !any_known; i++) {
+        long s = c[i];
+        any_known = at[s] >= fresh_from && (long long)fail[s] < max_failures && !isnan(w[s] + (double)picks[s]);
+    }
+    if (!any_known) {
+        got = fused_prefill(columns[F_PREFILL], &views[F_PREFILL], &held[F_PREFILL], slots);
+        if (got != 0) {
+            result = got < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        prefill = (const long *)views[F_PREFILL].buf;
+    }
     /* the prefix lookup */
     PyObject *call[2] = {state, PyLong_FromLong(c[0])};
     if (call[1] == NULL)
@@ -788,17 +820,23 @@ fused_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         terms[2] = (fused_term){1, matched, wp * (1.0 / (double)blocks), 0.0, wp * 0.0, 0};
     else
         terms[2] = (fused_term){0, NULL, 0.0, 0.0, wp * 0.0, 0};
-    /* inflight-load-scorer: the effective queue, unknown → the known candidates' mean + own picks */
+    /* inflight-load-scorer: the effective queue, unknown → the known candidates' mean + own picks; nothing
+     * known → our prefill booked there */
     fused_extremes(load, n, &lo, &hi, &unknown);
     if (unknown) {
         Py_ssize_t m = 0;
         for (Py_ssize_t i = 0; i < n; i++)
             if (!isnan(load[i]))
                 known[m++] = load[i];
-        double typical = m ? fused_numpy_sum(known, m) / (double)m : 0.0;
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (isnan(load[i]))
-                load[i] = typical + (double)picks[c[i]];
+        if (m == 0) /* !any_known: the same test */
+            for (Py_ssize_t i = 0; i < n; i++)
+                load[i] = (double)prefill[c[i]];
+        else {
+            double typical = fused_numpy_sum(known, m) / (double)m;
+            for (Py_ssize_t i = 0; i < n; i++)
+                if (isnan(load[i]))
+                    load[i] = typical + (double)picks[c[i]];
+        }
         fused_extremes(load, n, &lo, &hi, &unknown);
     }
     fused_lower_is_better(&terms[3], load, lo, hi, unknown, wi);

@@ -81,7 +81,7 @@ class FusedDefault:
         if snapshot is not self._snapshot:
             self._columns = (  # `ndarray.data`: a memoryview of the array's memory
                 snapshot.waiting.data, snapshot.picks_since_scrape.data, snapshot.kv_usage.data,
-                snapshot.scraped_at.data, snapshot.scrape_failures.data,
+                snapshot.scraped_at.data, snapshot.scrape_failures.data, snapshot.prefill_tokens.data,
             )  # fmt: skip
             self._snapshot = snapshot
             slots = snapshot.slot_index

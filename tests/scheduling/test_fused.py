@@ -37,6 +37,7 @@ row = st.fixed_dictionaries(
         "age": st.sampled_from([None, 0.0, 1.0, 2.0, 2.5, 100.0]),  # None: never scraped
         "failures": st.integers(0, 4),
         "picks": st.integers(0, 6),
+        "prefill": st.sampled_from([0, 0, 1, 300, 1000]),  # each pick's prefill booked (released at its first byte)
         "block_size": st.sampled_from([NAN, 16.0, 32.0]),
     }
 )
@@ -53,7 +54,7 @@ def _table(rows: list[dict[str, object]]) -> EndpointTable:
         for _ in range(int(r["failures"])):  # type: ignore[call-overload]
             table.record_scrape_failure(slot)
         for _ in range(int(r["picks"])):  # type: ignore[call-overload]
-            table.book_pick(slot)
+            table.book_pick(slot, prefill=int(r["prefill"]))  # type: ignore[call-overload]
     return table
 
 

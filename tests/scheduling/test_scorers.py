@@ -5,6 +5,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from epp.datastore.table import MetricsSample
 from epp.scheduling.scorers import (
     InflightLoadScorer,
     KvCacheUtilizationScorer,
@@ -12,7 +13,7 @@ from epp.scheduling.scorers import (
     RunningRequestsScorer,
     lower_is_better,
 )
-from tests.scheduling.tables import NAN, state, table_with
+from tests.scheduling.tables import NAN, NOW, state, table_with
 
 CASES = [
     # (scorer, rows, expected scores)
@@ -49,6 +50,24 @@ def test_inflight_load_counts_own_picks_since_the_last_scrape() -> None:
     snap = table.snapshot()
     assert InflightLoadScorer().score(state(snap), snap.slots).tolist() == [0.0, 1.0]
     assert QueueScorer().score(state(snap), snap.slots).tolist() == [1.0, 0.0]  # upstream's view: stale
+
+
+def test_inflight_load_with_no_data_usable_ranks_our_prefill_booked_not_our_picks_since_the_scrape() -> None:
+    # Every scrape 100 s old (unusable): no typical queue. Endpoint 0 was picked least since its scrape (1 pick
+    # against 5 and 3) but its one pick is still prefilling 1,000 tokens; the others' picks have had their first
+    # byte (prefill released) but one of endpoint 2's, 300 tokens.
+    table = table_with([{"waiting": 0}, {"waiting": 0}, {"waiting": 0}], scraped_at=NOW - 100.0)
+    for slot, picks in ((0, 1), (1, 5), (2, 3)):
+        for _ in range(picks):
+            table.book_pick(slot, 1000, 1000)
+    table.release_prefill(1, 5000)
+    table.release_prefill(2, 2700)
+    snap = table.snapshot()
+    assert InflightLoadScorer().score(state(snap), snap.slots).tolist() == pytest.approx([0.0, 1.0, 0.7])
+    # One endpoint's data usable again: an unknown one is the known queue (2) plus its picks (1 and 3), as before.
+    table.record_scrape(1, MetricsSample(waiting=2.0), now=NOW)
+    snap = table.snapshot()
+    assert InflightLoadScorer().score(state(snap), snap.slots).tolist() == pytest.approx([2 / 3, 1.0, 0.0])
 
 
 @example([0.0, 2.225073858507203e-309])  # a subnormal range: 1/range overflowed to inf once
