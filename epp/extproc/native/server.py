@@ -84,14 +84,15 @@ class _Inbox:
 
 class _Context:
     """What `Process` reads of grpc's servicer context: the stream's metadata (its request headers, e.g. the pool a
-    gateway route names), decoded only when asked; and the stream's task (`ExternalProcessor.Process` reads it
-    here rather than asking asyncio for the current task, which costs CPython 3.11 a getpid system call)."""
+    gateway route names), decoded only when asked. It also holds the stream's task, set as the task is made (before
+    it first runs), which `_serve` hands to `Process` and compares at its end: asking asyncio for the current task
+    costs CPython 3.11 a getpid system call each time (its fork check)."""
 
     __slots__ = ("_raw", "task")
 
     def __init__(self, raw: bytes) -> None:
         self._raw = raw
-        self.task: asyncio.Task[None] | None = None  # set as the task is made, before it first runs
+        self.task: asyncio.Task[None] | None = None
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         parts = self._raw.split(b"\0")
@@ -184,7 +185,7 @@ class _Connection(asyncio.Protocol):
         h2 = self._h2
         status, detail = 0, ""
         try:
-            async for response in self._front.processor.Process(inbox, context):  # type: ignore[arg-type]
+            async for response in self._front.processor.Process(inbox, context, context.task):  # type: ignore[arg-type]
                 h2.send(sid, response.SerializeToString())
                 self._want_flush()
         except asyncio.CancelledError:
