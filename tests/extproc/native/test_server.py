@@ -111,9 +111,9 @@ async def test_a_client_that_cancels_ends_its_stream_and_releases_the_booking() 
 
 
 async def test_an_idle_stream_is_ended_by_its_own_task_and_the_others_are_not() -> None:
-    """The idle timer cancels the task the front made for that stream (the context carries it to `Process`'s
-    watch, not asyncio's current task): the idle stream gets its 503, a stream that completes meanwhile is
-    untouched, and nothing stays booked."""
+    """The idle timer cancels the task the front made for that stream (handed to `Process` for its watch, not
+    asyncio's current task): the idle stream gets its 503, a stream that completes meanwhile is untouched, and
+    nothing stays booked."""
     server, processor = _server(idle_timeout_s=0.2)
     await server.start()
     try:
