@@ -262,17 +262,23 @@ def _cpu_by_pid(pids: list[int]) -> dict[int, float]:
     return {pid: _cpu_seconds([pid]) for pid in pids if Path(f"/proc/{pid}").exists()}
 
 
-def _wakeups(pid: int) -> int:
-    """How often the process has slept and been woken so far: its threads' voluntary context switches, from
-    /proc (a thread gone is left out; 0 if the process is)."""
-    total = 0
+def _switches(pid: int) -> tuple[int, int, int]:
+    """Counts of the process so far, from /proc, that hold under load where its µs do not: its threads' voluntary
+    context switches (slept, then woken), their involuntary ones (preempted while runnable), and its read-like
+    system calls (`syscr`: each read of a socket). A thread gone is left out; 0s if the process is."""
+    voluntary = preempted = reads = 0
     with contextlib.suppress(OSError):
         for task in Path(f"/proc/{pid}/task").iterdir():
             with contextlib.suppress(OSError):
                 for line in (task / "status").read_text().splitlines():
                     if line.startswith("voluntary_ctxt_switches:"):
-                        total += int(line.split()[1])
-    return total
+                        voluntary += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        preempted += int(line.split()[1])
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("syscr:"):
+                reads = int(line.split()[1])
+    return voluntary, preempted, reads
 
 
 def _role(root: int, pid: int) -> str:
@@ -299,7 +305,7 @@ class _Split:
         self._root = root
         self._url = f"http://127.0.0.1:{metrics_port}/debug/pool"
         self._streams: dict[int, int] = {}
-        self._wakeups: dict[int, int] = {}
+        self._switches: dict[int, tuple[int, int, int]] = {}
 
     def _workers(self) -> dict[int, tuple[int, int]]:
         """pid → (worker index, streams so far)."""
@@ -309,18 +315,26 @@ class _Split:
 
     def before(self, pids: list[int]) -> None:
         self._streams = {pid: streams for pid, (_, streams) in self._workers().items()}
-        self._wakeups = {pid: _wakeups(pid) for pid in pids}
+        self._switches = {pid: _switches(pid) for pid in pids}
 
     def after(self, cpu_before: dict[int, float], requests: float) -> dict[str, float]:
         """µs of CPU per request (of all the run's requests) by process, and each worker's share of the streams:
         `control`, `scrape`, `worker0_us` / `worker0_streams` (share of the streams, 0–1), …, ordered by index;
-        `wakeups`: the picker's processes' voluntary context switches per request, all of them together."""
+        `wakeups`: the picker's processes' voluntary context switches per request, all of them together; the serving
+        processes' (the workers', or the one process's) `preempted` (involuntary switches) and `reads` (read-like
+        system calls) per request they served, summed over them: with workers, what each pays per own request."""
         cpu_after = _cpu_by_pid(list(cpu_before))
         workers = self._workers()
         streams = {pid: workers[pid][1] - self._streams.get(pid, 0) for pid in workers}
         total_streams = max(1, sum(streams.values()))
+        moved = {
+            pid: [a - b for a, b in zip(_switches(pid), before, strict=True)] for pid, before in self._switches.items()
+        }
+        serving = [pid for pid in moved if pid in workers] or [self._root]
         out: dict[str, float] = {
-            "wakeups": sum(_wakeups(pid) - before for pid, before in self._wakeups.items()) / requests
+            "wakeups": sum(m[0] for m in moved.values()) / requests,
+            "preempted": sum(moved[pid][1] for pid in serving if pid in moved) / requests,
+            "reads": sum(moved[pid][2] for pid in serving if pid in moved) / requests,
         }
         for pid, before in cpu_before.items():
             us = 1e6 * (cpu_after.get(pid, before) - before) / requests
@@ -390,8 +404,8 @@ def split_table(results: list[dict[str, Any]]) -> str:
     """The pickers' CPU per request by process (medians over the rounds), each worker's share of the streams."""
     lines = [
         "| c | router | control µs/request | scrape child | each worker µs/request (share of streams) | other "
-        "| wakeups/request |",
-        "|---|---|---|---|---|---|---|",
+        "| wakeups/request | serving: preempted/request, reads/request |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in results:
         for name, r in row.items():
@@ -402,7 +416,8 @@ def split_table(results: list[dict[str, Any]]) -> str:
             each = " · ".join(f"{split[f'{w}_us']:,.0f} ({split[f'{w}_streams']:.0%})" for w in workers) or "—"
             lines.append(
                 f"| {row['concurrency']} | {name} | {split.get('control', 0.0):,.0f} | {split.get('scrape', 0.0):,.0f}"
-                f" | {each} | {split.get('other', 0.0) + split.get('feeder', 0.0):,.0f} | {split['wakeups']:.2f} |"
+                f" | {each} | {split.get('other', 0.0) + split.get('feeder', 0.0):,.0f} | {split['wakeups']:.2f}"
+                f" | {split.get('preempted', float('nan')):.2f}, {split.get('reads', float('nan')):.3f} |"
             )
     return "\n".join(lines)
 

@@ -2,9 +2,10 @@
 worker's refresh that reads it and learns it (`--workers 2`, epp.app.worker), counted in CPU instructions.
 
 Two workers over one table of 2 endpoints, the default profile's prefix scorer each: per request worker A appends
-its pick (`PickLog.append`, as its scorer's `on_pick` does) and every `--batch` requests worker B refreshes (its
-table from the shared rows and in-flight matrix, then `_learn`: the records read and learned), as a busy worker's
-decisions do at most every 10 ms. Prompts of 11 blocks (the 752-byte chat body of benchmarks/routers.py):
+its pick (its scorer's `on_pick`, `epp.app.worker._sharing`: the endpoint named as the shared log names it, then
+`PickLog.append`) and every `--batch` requests worker B refreshes (its table from the shared rows and in-flight
+matrix, then `_learn`: the records read and learned), as a busy worker's decisions do at most every 10 ms.
+Prompts of 11 blocks (the 752-byte chat body of benchmarks/routers.py):
 `repeat`, one prompt for every request (what benchmarks/routers.py sends), or `distinct`, a new prompt each; their
 hashes are made before the count starts (the picking worker's scorer made them for its own pick, as one process's
 does), so the count is the record's cost, not the driver's arithmetic.
@@ -39,7 +40,7 @@ def build(workload: str, batch: int, requests: int) -> Callable[[], None]:
 
     from epp.app.mirror_table import MATRIX_COLUMNS, MirrorTable
     from epp.app.pick_log import PickLog, ring_words
-    from epp.app.worker import _learn
+    from epp.app.worker import _learn, _sharing
     from epp.datastore.rows import NCOL, TOKEN
     from epp.datastore.table import EndpointInfo
     from epp.scheduling import build_scheduler
@@ -65,9 +66,16 @@ def build(workload: str, batch: int, requests: int) -> Callable[[], None]:
     chains = range(requests + 1) if workload == "distinct" else [0] * (requests + 1)
     prompts = [[(chain << 8 | depth) * 0x9E3779B97F4A7C15 % 2**64 for depth in range(BLOCKS)] for chain in chains]
 
+    share = _sharing(writer, tables[0], 0)  # the picking worker's prefix scorer's `on_pick`, as the worker wires it
+    ours = []  # worker A's slot of each control slot
+    for control in range(endpoints):
+        local = tables[0].local_of(control, 10 + control)
+        assert local is not None
+        ours.append(local)
+
     def one() -> None:
         n = counter[0] = counter[0] + 1
-        writer.append(0, n % endpoints, 10 + n % endpoints, prompts[n])
+        share(ours[n % endpoints], prompts[n])
         if n % batch == 0:
             tables[1].refresh()
             _learn(reader, tables[1], scorers, stats[1])

@@ -50,6 +50,9 @@ class MirrorTable(EndpointTable):
         self._small: list[tuple[int, int]] | None = []  # (our slot, control slot's first cell): a small pool's pairs
         self._control_of: list[int] = []  # our slot → control slot (-1: none), as Python ints
         self._named: list[tuple[float, int]] = []  # control slot → (its token, our slot), as Python numbers
+        # Our slot → (the control process's slot, its token), or None: how a shared record names our pick's
+        # endpoint, made once per membership so that a pick's record costs a list index, not a method call.
+        self.names: list[tuple[int, int] | None] = []
         # (control slot, its token) → our slot, for every endpoint we hold: how a shared record's endpoint is found
         # (`local_of`; `_learn` reads it once per refresh and looks each record up itself, without a call).
         self.by_name: dict[tuple[int, int], int] = {}
@@ -88,6 +91,7 @@ class MirrorTable(EndpointTable):
         self._high = max((m[0] for m in members), default=-1) + 1
         self._control_of = self._control.tolist()
         self._named = list(zip(self._tokens.tolist(), self._local.tolist(), strict=True))
+        self.names = [(control, int(self._named[control][0])) if control >= 0 else None for control in self._control_of]
         self.by_name = {  # int tokens (a record's are): no int-float compare per lookup; a float token never matches
             (control, int(token)): local
             for control, (token, local) in enumerate(self._named)
@@ -181,12 +185,6 @@ class MirrorTable(EndpointTable):
             cells[at + PICKS] += 1
             if tokens:
                 cells[at + TOKENS] += tokens
-
-    def control_of(self, slot: int) -> tuple[int, int] | None:
-        """(the control process's slot, its token) of our `slot`: how a shared record names the endpoint."""
-        control_of = self._control_of  # Python ints: no numpy scalar per pick
-        control = control_of[slot] if 0 <= slot < len(control_of) else -1
-        return (control, int(self._named[control][0])) if control >= 0 else None
 
     def local_of(self, control: int, token: int) -> int | None:
         """Our slot of the control process's `control` slot, if it still holds the endpoint that had `token`."""

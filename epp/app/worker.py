@@ -464,7 +464,8 @@ def _sharing(pick_log: PickLog, table: MirrorTable, position: int) -> Callable[[
     """The prefix scorer's `on_pick`: our pick, as a record in our ring of the shared log."""
 
     def share(slot: int, hashes: list[int]) -> None:
-        named = table.control_of(slot)
+        names = table.names  # (control slot, token) by our slot, remade with each membership
+        named = names[slot] if 0 <= slot < len(names) else None
         if named is not None:
             pick_log.append(position, named[0], named[1], hashes)
 

@@ -104,11 +104,13 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self,
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext[Any, Any] | None = None,
+        task: asyncio.Task[Any] | None = None,
     ) -> AsyncIterator[pb.ProcessingResponse]:
         """Each message to the stream, each answer back; a message that completes the request goes through the
         director's pipeline (holding Envoy with hold messages while flow control queues it) before the stream
         answers it. The one definition of a stream's life for both transports: grpc.aio calls it with its context,
-        the native front (`epp.extproc.native`) with one that carries the stream's metadata alone."""
+        the native front (`epp.extproc.native`) with one that carries the stream's metadata alone, and the
+        stream's task (`task`: which the idle timer cancels; without it, asyncio's current one)."""
         if self.open_streams >= self._limits.max_streams:
             yield self._over_cap()
             return
@@ -119,7 +121,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             pipeline, observer = self._pools.route(context.invocation_metadata() if context is not None else None)
             stream = self.new_stream(pipeline, observer)
         self.open_streams += 1
-        watch = _StreamWatch(self._limits.idle_timeout_s)
+        watch = _StreamWatch(self._limits.idle_timeout_s, task)
         messages = aiter(request_iterator)
         decide = pipeline.immediate
         started = self._clock()
@@ -251,9 +253,12 @@ class _StreamWatch:
 
     __slots__ = ("_cause", "_handle", "_loop", "_task", "evicted", "hold", "idle_s", "last", "reading")
 
-    def __init__(self, idle_s: float) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._task = asyncio.current_task()
+    def __init__(self, idle_s: float, task: asyncio.Task[Any] | None = None) -> None:
+        # The stream's task as its transport knows it (the native front's context carries it), else asyncio's
+        # current one (grpc.aio): on CPython 3.11 `current_task()` and `get_running_loop()` are a getpid system
+        # call each (their fork check), where `get_loop()` reads an attribute.
+        self._task = task if task is not None else asyncio.current_task()
+        self._loop = self._task.get_loop() if self._task is not None else asyncio.get_running_loop()
         self.idle_s = idle_s
         self.last = self._loop.time()
         self._cause: str | None = None

@@ -176,3 +176,28 @@ def test_a_small_pools_bookings_summed_on_python_ints_equal_numpys_sum(
         for name in ("inflight", "picks_since_scrape", "inflight_tokens"):
             assert tables[0].column(name).tolist() == reference.column(name).tolist(), name
             assert python.column(name).tolist() == reference.column(name).tolist(), name
+
+
+def test_a_pick_is_shared_under_the_control_slot_and_token_of_its_endpoint() -> None:
+    """A worker's `on_pick` names its endpoint as every worker's table does (the control process's slot and the
+    token it holds there), from the names made with the membership: a new token after the membership changes, and
+    nothing for an endpoint that left."""
+    from epp.app.pick_log import PickLog, ring_words
+    from epp.app.worker import _sharing
+
+    block, matrix = shared()
+    ring = np.zeros(ring_words(2), dtype=np.int64)
+    a = MirrorTable(block, matrix, 0)
+    a.mirror([(slot + 3, float(40 + slot), EndpointInfo(f"127.0.0.1:{8000 + slot}"), [], []) for slot in range(2)])
+    share, reader = _sharing(PickLog(ring, 2, 0), a, 0), PickLog(ring, 2, 1)
+    second = a.slot_of("127.0.0.1:8001")
+    assert second is not None
+    share(second, [7, 8])
+    share(99, [9])  # no such slot: nothing written
+    assert [(control, token, list(hashes)) for _, control, token, hashes in reader.read()] == [(4, 41, [7, 8])]
+    a.mirror([(4, 57.0, EndpointInfo("127.0.0.1:8001"), [], [])])  # the other endpoint left; a new token here
+    gone = a.slot_of("127.0.0.1:8000")
+    share(a.slot_of("127.0.0.1:8001") or 0, [1])
+    if gone is not None:
+        share(gone, [2])
+    assert [(control, token) for _, control, token, _ in reader.read()] == [(4, 57)]

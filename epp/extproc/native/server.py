@@ -43,12 +43,15 @@ class _Inbox:
     """One stream's messages as the async iterator `Process` reads: filled by the connection, drained by the
     stream's task. A message already here is returned without suspending the task."""
 
-    __slots__ = ("_ended", "_items", "_waiter")
+    __slots__ = ("_ended", "_items", "_loop", "_waiter")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._items: collections.deque[bytes] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._ended = False
+        # The connection's loop, not `asyncio.get_running_loop()` per wait: on CPython 3.11 that call is a getpid
+        # system call each time (its fork check), and a request waits for its messages about twice.
+        self._loop = loop
 
     def __aiter__(self) -> _Inbox:
         return self
@@ -58,7 +61,7 @@ class _Inbox:
         while not items:
             if self._ended:
                 raise StopAsyncIteration
-            self._waiter = waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter = self._loop.create_future()
             try:
                 await waiter
             finally:
@@ -81,12 +84,15 @@ class _Inbox:
 
 class _Context:
     """What `Process` reads of grpc's servicer context: the stream's metadata (its request headers, e.g. the pool a
-    gateway route names), decoded only when asked."""
+    gateway route names), decoded only when asked. It also holds the stream's task, set as the task is made (before
+    it first runs), which `_serve` hands to `Process` and compares at its end: asking asyncio for the current task
+    costs CPython 3.11 a getpid system call each time (its fork check)."""
 
-    __slots__ = ("_raw",)
+    __slots__ = ("_raw", "task")
 
     def __init__(self, raw: bytes) -> None:
         self._raw = raw
+        self.task: asyncio.Task[None] | None = None
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         parts = self._raw.split(b"\0")
@@ -169,8 +175,9 @@ class _Connection(asyncio.Protocol):
         if path != PROCESS_PATH:
             self._h2.finish(sid, _UNIMPLEMENTED, "unknown method")
             return
-        inbox = _Inbox()
-        task = self._loop.create_task(self._serve(sid, inbox, _Context(metadata)))
+        inbox = _Inbox(self._loop)
+        context = _Context(metadata)
+        context.task = task = self._loop.create_task(self._serve(sid, inbox, context))
         self._streams[sid] = (inbox, task)
 
     async def _serve(self, sid: int, inbox: _Inbox, context: _Context) -> None:
@@ -178,7 +185,7 @@ class _Connection(asyncio.Protocol):
         h2 = self._h2
         status, detail = 0, ""
         try:
-            async for response in self._front.processor.Process(inbox, context):  # type: ignore[arg-type]
+            async for response in self._front.processor.Process(inbox, context, context.task):  # type: ignore[arg-type]
                 h2.send(sid, response.SerializeToString())
                 self._want_flush()
         except asyncio.CancelledError:
@@ -187,7 +194,7 @@ class _Connection(asyncio.Protocol):
             self._front.warn.log("stream", logging.WARNING, "ext_proc stream failed: %r", exc)
             status, detail = _INTERNAL, "the endpoint picker could not process the stream"
         finally:
-            if self._streams.get(sid, (None, None))[1] is asyncio.current_task():
+            if self._streams.get(sid, (None, None))[1] is context.task:
                 del self._streams[sid]
         h2.finish(sid, status, detail)
         self._want_flush()

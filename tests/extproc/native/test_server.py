@@ -24,10 +24,14 @@ from tests.extproc.envoy import BODY, body_msg, headers_msg, inflight, make_dire
 native = pytest.importorskip("epp.extproc.native.server")
 
 
-def _server(ssl_context: ssl.SSLContext | None = None) -> tuple[native.NativeServer, ExternalProcessor]:
+def _server(
+    ssl_context: ssl.SSLContext | None = None, idle_timeout_s: float | None = None
+) -> tuple[native.NativeServer, ExternalProcessor]:
     director = make_director()
-    processor = ExternalProcessor(director, PickerMetrics(CollectorRegistry()), StreamSettings(),
-                                  limits=ServerLimits(close_grace_s=0.0))  # fmt: skip
+    limits = ServerLimits(close_grace_s=0.0)
+    if idle_timeout_s is not None:
+        limits = ServerLimits(close_grace_s=0.0, idle_timeout_s=idle_timeout_s)
+    processor = ExternalProcessor(director, PickerMetrics(CollectorRegistry()), StreamSettings(), limits=limits)
     processor.director = director  # type: ignore[attr-defined]
     return native.NativeServer(processor, "127.0.0.1", 0, ssl_context=ssl_context), processor
 
@@ -100,6 +104,38 @@ async def test_a_client_that_cancels_ends_its_stream_and_releases_the_booking() 
                 if processor.open_streams == 0:
                     break
                 await asyncio.sleep(0.01)
+    finally:
+        await server.stop(1.0)
+    assert processor.open_streams == 0
+    assert inflight(processor.director) == 0  # type: ignore[attr-defined]
+
+
+async def test_an_idle_stream_is_ended_by_its_own_task_and_the_others_are_not() -> None:
+    """The idle timer cancels the task the front made for that stream (handed to `Process` for its watch, not
+    asyncio's current task): the idle stream gets its 503, a stream that completes meanwhile is untouched, and
+    nothing stays booked."""
+    server, processor = _server(idle_timeout_s=0.2)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+
+            async def stalled():  # type: ignore[no-untyped-def]
+                yield headers_msg()
+                yield body_msg(BODY[:10], False)
+                await asyncio.Event().wait()  # the rest of the body never comes
+
+            idle = stub.Process(stalled())
+            done = [a async for a in stub.Process(iter((headers_msg(), body_msg(BODY, True))))]
+            assert [a.WhichOneof("response") for a in done] == ["request_headers", "request_body"]
+            answer = await asyncio.wait_for(idle.read(), 10)
+            assert answer.immediate_response.status.code == 503
+            assert "no ext_proc message for 0.2s" in answer.immediate_response.body.decode()
+            for _ in range(200):
+                if processor.open_streams == 0:
+                    break
+                await asyncio.sleep(0.01)
+            idle.cancel()
     finally:
         await server.stop(1.0)
     assert processor.open_streams == 0
