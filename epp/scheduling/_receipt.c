@@ -39,6 +39,34 @@ buffer_of(PyObject *o, Py_buffer *view, const char *formats)
     return 0;
 }
 
+/* The float objects of the last terms made here, by their bits (direct-mapped, FLOATS entries, each held): a pick's
+ * terms repeat from one pick to the next (2.0, 1.125, 0.0, 3.0000000000000004), and a hit is a compare and a
+ * reference where a new float is an allocation now and a free when its receipt is folded. A float is immutable and
+ * a receipt's are read by value only. Under the GIL, as every call here. */
+#define FLOATS 32
+static PyObject *floats[FLOATS];
+
+static PyObject *
+float_of(double x)
+{
+    uint64_t bits;
+    memcpy(&bits, &x, 8);
+    uint64_t mixed = (bits ^ (bits >> 29)) * 0xbf58476d1ce4e5b9ULL;
+    unsigned at = (unsigned)(mixed >> 59); /* 5 bits: FLOATS */
+    PyObject *held = floats[at];
+    if (held != NULL) {
+        double y = PyFloat_AS_DOUBLE(held);
+        uint64_t held_bits;
+        memcpy(&held_bits, &y, 8);
+        if (held_bits == bits)
+            return Py_NewRef(held);
+    }
+    PyObject *made = PyFloat_FromDouble(x);
+    if (made != NULL)
+        Py_XSETREF(floats[at], Py_NewRef(made));
+    return made;
+}
+
 static PyObject *
 float_tuple(const double *values, Py_ssize_t n)
 {
@@ -46,7 +74,7 @@ float_tuple(const double *values, Py_ssize_t n)
     if (out == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *x = PyFloat_FromDouble(values[i]);
+        PyObject *x = float_of(values[i]);
         if (x == NULL) {
             Py_DECREF(out);
             return NULL;
