@@ -39,6 +39,34 @@ buffer_of(PyObject *o, Py_buffer *view, const char *formats)
     return 0;
 }
 
+/* The float objects of the last terms made here, by their bits (direct-mapped, FLOATS entries, each held): a pick's
+ * terms repeat from one pick to the next (2.0, 1.125, 0.0, 3.0000000000000004), and a hit is a compare and a
+ * reference where a new float is an allocation now and a free when its receipt is folded. A float is immutable and
+ * a receipt's are read by value only. Under the GIL, as every call here. */
+#define FLOATS 32
+static PyObject *floats[FLOATS];
+
+static PyObject *
+float_of(double x)
+{
+    uint64_t bits;
+    memcpy(&bits, &x, 8);
+    uint64_t mixed = (bits ^ (bits >> 29)) * 0xbf58476d1ce4e5b9ULL;
+    unsigned at = (unsigned)(mixed >> 59); /* 5 bits: FLOATS */
+    PyObject *held = floats[at];
+    if (held != NULL) {
+        double y = PyFloat_AS_DOUBLE(held);
+        uint64_t held_bits;
+        memcpy(&held_bits, &y, 8);
+        if (held_bits == bits)
+            return Py_NewRef(held);
+    }
+    PyObject *made = PyFloat_FromDouble(x);
+    if (made != NULL)
+        Py_XSETREF(floats[at], Py_NewRef(made));
+    return made;
+}
+
 static PyObject *
 float_tuple(const double *values, Py_ssize_t n)
 {
@@ -46,7 +74,7 @@ float_tuple(const double *values, Py_ssize_t n)
     if (out == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *x = PyFloat_FromDouble(values[i]);
+        PyObject *x = float_of(values[i]);
         if (x == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -488,7 +516,7 @@ clean8(uint64_t x)
 
 /* 1: not a str orjson writes (not exact str, surrogates: the Python code answers or raises) */
 static int
-put_str(Out *o, PyObject *s)
+put_str_text(Out *o, PyObject *s)
 {
     if (!PyUnicode_CheckExact(s))
         return 1;
@@ -548,6 +576,46 @@ put_str(Out *o, PyObject *s)
     *w++ = '"';
     o->len = w - o->buf;
     return 0;
+}
+
+/* The JSON text of the last strs written here, by identity (direct-mapped, STR_MEMO entries, each holding its str:
+ * an address is not another str's while it is held): a receipt's strs are the same objects pick after pick (the
+ * profile's name, its scorers', the pool's addresses), and escaping one costs ~250 instructions where a hit is a
+ * compare and a copy. A str is immutable, so a hit writes what `put_str_text` would. Under the GIL, as every call
+ * here. */
+#define STR_MEMO 64
+#define STR_MEMO_TEXT 64
+static struct {
+    PyObject *s; /* NULL: empty */
+    unsigned char len;
+    unsigned char ascii;
+    char text[STR_MEMO_TEXT];
+} str_memo[STR_MEMO];
+
+static int
+put_str(Out *o, PyObject *s)
+{
+    uintptr_t key = (uintptr_t)s;
+    unsigned at = (unsigned)((key >> 4) ^ (key >> 10)) & (STR_MEMO - 1);
+    if (str_memo[at].s == s) {
+        if (!str_memo[at].ascii)
+            o->ascii = 0;
+        return put(o, str_memo[at].text, str_memo[at].len);
+    }
+    Py_ssize_t start = o->len;
+    int before = o->ascii;
+    o->ascii = 1;
+    int rc = put_str_text(o, s);
+    int ascii = o->ascii;
+    o->ascii = before && ascii;
+    Py_ssize_t n = o->len - start;
+    if (rc == 0 && n <= STR_MEMO_TEXT) {
+        Py_XSETREF(str_memo[at].s, Py_NewRef(s));
+        str_memo[at].len = (unsigned char)n;
+        str_memo[at].ascii = (unsigned char)ascii;
+        memcpy(str_memo[at].text, o->buf + start, n);
+    }
+    return rc;
 }
 
 static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8};
@@ -658,14 +726,16 @@ put_float(Out *o, PyObject *x)
     double d = PyFloat_AS_DOUBLE(x);
     if (!isfinite(d))
         return PUT(o, "null");
-    int shortened = put_short(o, d);
-    if (shortened != 0)
-        return shortened < 0 ? -1 : 0;
+    /* the memo first: it holds only doubles `put_short` does not take, whose nine failed tries (~180 instructions)
+     * a hit skips; a short decimal's miss costs a compare */
     uint64_t bits;
     memcpy(&bits, &d, 8);
     unsigned at = memo_slot(bits);
     if (memo[at].len && memo[at].bits == bits)
         return put(o, memo[at].text, memo[at].len);
+    int shortened = put_short(o, d);
+    if (shortened != 0)
+        return shortened < 0 ? -1 : 0;
     PyObject *text = PyObject_CallOneArg(orjson_dumps, x);
     if (text == NULL)
         return -1;
@@ -970,6 +1040,10 @@ enum {
     PLAN_SLOTS_VIEW,  /* … as a memoryview */
     PLAN_TOTAL,       /* the last pick's totals array (a random pick's are the same array pick after pick) */
     PLAN_TOTAL_VIEW,  /* … as a memoryview */
+    PLAN_ADDRESSES,   /* the snapshot's addresses (a frozen dataclass's field: read with its columns) */
+    PLAN_FRESHNESS,   /* the freshness the next two were read from (a frozen dataclass; None: none yet) */
+    PLAN_STALENESS,   /* its staleness_s */
+    PLAN_MAX_FAILURES, /* its max_failures */
     PLAN_SIZE
 };
 
@@ -980,7 +1054,7 @@ static PyObject *a_snapshot, *a_scratch, *a_candidates, *a_now, *a_freshness, *a
 static int
 plan_columns(PyObject *plan, PyObject *snapshot) /* the snapshot's columns and slots into the plan's caches */
 {
-    PyObject *got[4] = {NULL, NULL, NULL, NULL};
+    PyObject *got[5] = {NULL, NULL, NULL, NULL, NULL};
     PyObject *names[2] = {a_scraped_at, a_scrape_failures};
     for (int i = 0; i < 2; i++) {
         PyObject *column = PyObject_GetAttr(snapshot, names[i]);
@@ -997,16 +1071,17 @@ plan_columns(PyObject *plan, PyObject *snapshot) /* the snapshot's columns and s
         got[2] = Py_NewRef(Py_None);
     }
     got[3] = got[2] == Py_None ? Py_NewRef(Py_None) : PyObject_GetAttr(got[2], a_data);
-    if (got[3] == NULL)
+    if (got[3] == NULL || (got[4] = PyObject_GetAttr(snapshot, a_addresses)) == NULL)
         goto fail;
     PyList_SetItem(plan, PLAN_SCRAPED, got[0]); /* steals */
     PyList_SetItem(plan, PLAN_FAILURES, got[1]);
     PyList_SetItem(plan, PLAN_SLOTS, got[2]);
     PyList_SetItem(plan, PLAN_SLOTS_VIEW, got[3]);
+    PyList_SetItem(plan, PLAN_ADDRESSES, got[4]);
     PyList_SetItem(plan, PLAN_SNAPSHOT, Py_NewRef(snapshot));
     return 0;
 fail:
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         Py_XDECREF(got[i]);
     return -1;
 }
@@ -1123,13 +1198,10 @@ account_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *k_scored = PyTuple_GET_ITEM(p[PLAN_KEYS], 0), *k_terms = PyTuple_GET_ITEM(p[PLAN_KEYS], 1),
              *k_buffers = PyTuple_GET_ITEM(p[PLAN_KEYS], 2);
     PyObject *snapshot = NULL, *scratch = NULL, *candidates = NULL, *now = NULL, *freshness = NULL;
-    PyObject *staleness = NULL, *max_failures = NULL, *addresses = NULL, *got = NULL, *result = NULL;
+    PyObject *got = NULL, *result = NULL;
     if ((snapshot = PyObject_GetAttr(state, a_snapshot)) == NULL || (scratch = PyObject_GetAttr(state, a_scratch)) == NULL ||
         (candidates = PyObject_GetAttr(state, a_candidates)) == NULL || (now = PyObject_GetAttr(state, a_now)) == NULL ||
-        (freshness = PyObject_GetAttr(state, a_freshness)) == NULL ||
-        (staleness = PyObject_GetAttr(freshness, a_staleness_s)) == NULL ||
-        (max_failures = PyObject_GetAttr(freshness, a_max_failures)) == NULL ||
-        (addresses = PyObject_GetAttr(snapshot, a_addresses)) == NULL)
+        (freshness = PyObject_GetAttr(state, a_freshness)) == NULL)
         goto done;
     if (!PyDict_CheckExact(scratch)) {
         result = Py_NewRef(Py_NotImplemented);
@@ -1140,6 +1212,19 @@ account_pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         p = &PyList_GET_ITEM(plan, 0);
     }
+    if (freshness != p[PLAN_FRESHNESS]) { /* the profile's, the same object pick after pick */
+        PyObject *staleness = PyObject_GetAttr(freshness, a_staleness_s);
+        PyObject *max_failures = staleness != NULL ? PyObject_GetAttr(freshness, a_max_failures) : NULL;
+        if (max_failures == NULL) {
+            Py_XDECREF(staleness);
+            goto done;
+        }
+        PyList_SetItem(plan, PLAN_STALENESS, staleness); /* steals */
+        PyList_SetItem(plan, PLAN_MAX_FAILURES, max_failures);
+        PyList_SetItem(plan, PLAN_FRESHNESS, Py_NewRef(freshness));
+        p = &PyList_GET_ITEM(plan, 0);
+    }
+    PyObject *addresses = p[PLAN_ADDRESSES], *staleness = p[PLAN_STALENESS], *max_failures = p[PLAN_MAX_FAILURES];
     PyObject *terms = PyDict_GetItemWithError(scratch, k_terms);
     if (terms == NULL && PyErr_Occurred())
         goto done;
@@ -1241,9 +1326,6 @@ done:
     Py_XDECREF(candidates);
     Py_XDECREF(now);
     Py_XDECREF(freshness);
-    Py_XDECREF(staleness);
-    Py_XDECREF(max_failures);
-    Py_XDECREF(addresses);
     Py_XDECREF(got);
     return result;
 }

@@ -243,7 +243,8 @@ class ReceiptReader:
             return None
         plan: list[object] = [
             Receipt, self._profiles, self.scorers, self._lookup_keys, (SCORED, TERMS, BUFFERS), json, pairs, held,
-            fold_every, sink, entries if json and pairs else None, None, None, None, None, None, None, None,
+            fold_every, sink, entries if json and pairs else None, None, None, None, None, None, None, None, None,
+            None, None, None,
         ]  # fmt: skip
         return _COMPILED.account_pick, plan
 

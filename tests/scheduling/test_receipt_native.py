@@ -165,6 +165,18 @@ def test_a_double_written_again_is_written_as_before(xs: list[float]) -> None:
 
 
 @needs_native
+@settings(max_examples=100, deadline=None)
+@given(st.lists(text, min_size=1, max_size=200))
+def test_a_str_written_again_is_written_as_before(names: list[str]) -> None:
+    """The encoder keeps the text of the strs it wrote by identity (a pick's names and addresses are the same objects
+    pick after pick): a str written again, after others that share or take its place, non-ASCII or escaped ones
+    among them, is the definition's text still."""
+    for name in [*names, *reversed(names), *names]:
+        r = Receipt((name,), name, name, (), (), (), (), 0.5, 0, 0, (), math.nan, (), ())
+        assert r.json() == r.json_python()
+
+
+@needs_native
 def test_a_receipt_the_encoder_does_not_take_runs_the_python_code() -> None:
     assert compiled is not None
     twice = Receipt(("p",), "a", "", ("s", "s"), (1.0, 2.0), (), (), 0.0, 0, 0, (), math.nan, (), ())
