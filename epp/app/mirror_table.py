@@ -23,8 +23,8 @@ MATRIX_COLUMNS = 3
 # Cells (workers × endpoints × columns) up to which the bookings are summed on Python ints (`_sum_cells`): a refresh
 # of a small pool then costs ~2 µs, not the ~12 µs of numpy's fancy index, sum and three scatters on tiny arrays.
 SMALL_CELLS = 192
-# The table's own booking, called by name where a worker's adds its shared row: `super()` builds an object per call.
-_table_book, _table_release = EndpointTable.book_pick, EndpointTable.release_pick
+# The table's own booking and view, called by name where a worker's adds to them: `super()` builds an object per call.
+_table_book, _table_release, _table_view = EndpointTable.book_pick, EndpointTable.release_pick, EndpointTable.view
 
 
 class MirrorTable(EndpointTable):
@@ -116,7 +116,7 @@ class MirrorTable(EndpointTable):
     def view(self) -> Snapshot:
         if self.on_read is not None:
             self.on_read()
-        return super().view()
+        return _table_view(self)
 
     def refresh(self) -> int:
         """Take the rows scraped since the last call and everyone's in-flight sums; returns the rows taken."""
