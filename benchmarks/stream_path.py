@@ -22,11 +22,13 @@ a shared machine; needs `valgrind`; `--callgrind-out DIR` keeps the files for `c
 measures another checkout of the repository, e.g. a git worktree of an older commit, with this same driver.
 
     .venv/bin/python -m benchmarks.stream_path [--requests N] [--instructions] [--receipts] [--no-alarms]
-        [--root DIR] [--callgrind-out DIR]
+        [--front] [--root DIR] [--callgrind-out DIR]
 
 `--receipts` measures each profile a second time with `--emit-route-receipts` (a route receipt read, aggregated and
 written into `envoy.lb` metadata for every pick), side by side in the same run; `--no-alarms` once more with the
-degradation watch's sample off as well (neither receipts nor alarms: the path without them, in this checkout).
+degradation watch's sample off as well (neither receipts nor alarms: the path without them, in this checkout);
+`--front` once more through the native ext_proc front on uvloop (`_front`: HTTP/2 frames in, 10 streams a read,
+each stream's task, inbox and idle watch, its answers framed), what a stream costs beyond the state machine.
 
 Bounded: N requests per batch (default 5,000) after 300 warm-up requests; no network.
 """
@@ -54,10 +56,13 @@ TICK_S = 0.001  # virtual seconds per request
 PROFILES = {"default": None, "random-pick": "benchmarks/configs/random-picker.yaml"}
 
 
-def build(config_path: str | None, receipts: bool = False, alarms: bool = True) -> Callable[[], None]:
+def build(
+    config_path: str | None, receipts: bool = False, alarms: bool = True, front: bool = False
+) -> Callable[[], None]:
     """One request's worth of work as a closure, against a picker wired as `epp serve` wires it; `receipts`:
     with --emit-route-receipts (a route receipt read, aggregated and written into the metadata of every pick);
-    not `alarms`: the degradation watch's sample off too (`watch_every=0`), neither receipts nor alarms."""
+    not `alarms`: the degradation watch's sample off too (`watch_every=0`), neither receipts nor alarms; `front`:
+    through the native ext_proc front (`_front`) instead of the state machine alone."""
     import time
 
     from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -154,6 +159,8 @@ def build(config_path: str | None, receipts: bool = False, alarms: bool = True) 
     # Where the stream asks for its decision, the adapter calls the pipeline's `immediate` (the director's decide
     # when no stage waits); an older checkout's stream decides itself.
     decide = server.pipeline.immediate if hasattr(server, "pipeline") else None
+    if front:
+        return _front(director, metrics, settings, wire, clock, scrape)
 
     def one() -> None:
         nonlocal count
@@ -177,6 +184,90 @@ def build(config_path: str | None, receipts: bool = False, alarms: bool = True) 
     return one
 
 
+FRONT_BATCH = 10  # requests per read of the front's socket (a busy front's read carries ~12 requests' messages)
+
+
+def _front(
+    director: Any,
+    metrics: Any,
+    settings: Any,
+    wire: tuple[bytes, bytes],
+    clock: list[float],
+    scrape: Callable[[], None],
+) -> Callable[[], None]:
+    """The same request through the native ext_proc front (epp.extproc.native.server) as `epp serve` runs it on
+    uvloop: each stream's HTTP/2 frames (HEADERS, then both messages in one DATA frame that ends the stream) go to
+    the connection's `data_received`, `FRONT_BATCH` streams per read; the loop runs until every stream's task has
+    answered and ended (its inbox, `Process` with its idle watch, the answers framed and written to a transport
+    that drops them). What is counted beyond `one`: the stream's task, its watch, the framing, the loop's turns."""
+    import asyncio
+
+    from epp.extproc.bounds import ServerLimits
+    from epp.extproc.native import server as native
+    from epp.extproc.server import ExternalProcessor
+    from tests.extproc.native import frames as f
+
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ModuleNotFoundError:
+        loop = asyncio.new_event_loop()
+    processor = ExternalProcessor(director, metrics, settings, limits=ServerLimits(close_grace_s=0.0))
+    front = native.NativeServer(processor, "127.0.0.1", 0)  # bound, never listening: the connection is fed here
+
+    written = [0]  # bytes the front wrote since the last read: at least the DATA it sent, granted back as Envoy would
+
+    class _Drop(asyncio.Transport):
+        def write(self, data: Any) -> None:
+            written[0] += len(data)
+
+        def close(self) -> None:
+            pass
+
+        def abort(self) -> None:
+            pass
+
+    async def connect() -> Any:
+        conn = native._Connection(front)
+        conn.connection_made(_Drop())
+        conn.data_received(f.handshake())
+        return conn
+
+    conn = loop.run_until_complete(connect())
+    body = b"".join(f.grpc_message(raw) for raw in wire)
+    block = f.request_block()
+    sid = [1]
+    pending: list[bytes] = []
+
+    def stream_bytes() -> bytes:
+        n = sid[0]
+        sid[0] += 2
+        return f.frame(f.HEADERS, f.END_HEADERS, n, block) + f.frame(f.DATA, f.END_STREAM, n, body)
+
+    async def served(data: bytes) -> None:
+        conn.data_received(data)
+        while conn._streams:  # every stream's task answered and ended
+            await asyncio.sleep(0)
+
+    count = 0
+
+    def one() -> None:
+        nonlocal count
+        count += 1
+        clock[0] += TICK_S
+        if count % SCRAPE_EVERY == 0:
+            scrape()
+        pending.append(stream_bytes())
+        if len(pending) == FRONT_BATCH:
+            data = (f.window_update(0, written[0]) if written[0] else b"") + b"".join(pending)  # its window reopened
+            pending.clear()
+            written[0] = 0
+            loop.run_until_complete(served(data))
+
+    return one
+
+
 def _settle_gc() -> None:
     """The collector as `epp serve` leaves it after start-up (epp.app.runtime.settle_garbage_collector, the same
     numbers in 3d82d65): start-up objects frozen, the young generation collected every 50,000 allocations. With the
@@ -187,19 +278,24 @@ def _settle_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def _label(profile: str, receipts: bool, alarms: bool) -> str:
-    return profile + (", receipts on" if receipts else "") + ("" if alarms else ", receipts and alarms off")
+def _label(profile: str, receipts: bool, alarms: bool, front: bool = False) -> str:
+    return (
+        profile
+        + (", receipts on" if receipts else "")
+        + ("" if alarms else ", receipts and alarms off")
+        + (", through the native front" if front else "")
+    )
 
 
-def _child(profile: str, requests: int, receipts: bool = False, alarms: bool = True) -> None:
+def _child(profile: str, requests: int, receipts: bool = False, alarms: bool = True, front: bool = False) -> None:
     """Run as a child (timing or under valgrind): warm up, then `requests` requests; print µs per request."""
-    one = build(PROFILES[profile], receipts, alarms)
+    one = build(PROFILES[profile], receipts, alarms, front)
     _settle_gc()
     for _ in range(300):
         one()
     if requests:
         best = min(timeit.repeat(one, number=requests, repeat=5)) / requests
-        print(json.dumps({"profile": _label(profile, receipts, alarms), "us": best * 1e6}))
+        print(json.dumps({"profile": _label(profile, receipts, alarms, front), "us": best * 1e6}))
 
 
 def _child_argv(profile: str, requests: int, *extra: str) -> list[str]:
@@ -261,19 +357,26 @@ def main() -> None:
         help="also measure each profile with the degradation watch off too (neither receipts nor alarms: what the "
         "path costs without them, in this checkout), side by side",
     )
+    parser.add_argument(
+        "--front",
+        action="store_true",
+        help="also measure each profile through the native ext_proc front (its HTTP/2 framing, each stream's task, "
+        "inbox and idle watch, on uvloop), side by side",
+    )
     parser.add_argument("--no-watch", action="store_true", help=argparse.SUPPRESS)  # a child: the watch off
+    parser.add_argument("--via-front", action="store_true", help=argparse.SUPPRESS)  # a child: through the front
     parser.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         profile, n = args.child[0], int(args.child[1])
         if args.count:
-            one = build(PROFILES[profile], args.receipts, not args.no_watch)
+            one = build(PROFILES[profile], args.receipts, not args.no_watch, args.via_front)
             _settle_gc()
             for _ in range(300):
                 one()
             _measured(one, n)
         else:
-            _child(profile, n, args.receipts, not args.no_watch)
+            _child(profile, n, args.receipts, not args.no_watch, args.via_front)
         return
     if args.instructions and shutil.which("valgrind") is None:
         sys.exit("--instructions needs valgrind (Debian package `valgrind`)")
@@ -281,6 +384,7 @@ def main() -> None:
     extras: list[tuple[str, ...]] = [()]
     extras += [("--no-watch",)] if args.no_alarms else []
     extras += [("--receipts",)] if args.receipts else []
+    extras += [("--via-front",)] if args.front else []
     variants = [(profile, extra) for profile in PROFILES for extra in extras]
     for profile, extra in variants:
         row: dict[str, Any] = json.loads(_run_child(args.root, profile, args.requests, *extra))

@@ -8,7 +8,11 @@ matrix, then `_learn`: the records read and learned), as a busy worker's decisio
 Prompts of 11 blocks (the 752-byte chat body of benchmarks/routers.py):
 `repeat`, one prompt for every request (what benchmarks/routers.py sends), or `distinct`, a new prompt each; their
 hashes are made before the count starts (the picking worker's scorer made them for its own pick, as one process's
-does), so the count is the record's cost, not the driver's arithmetic.
+does), so the count is the record's cost, not the driver's arithmetic. `own`: the picking worker's own calls per
+request beside the record, its table's `view` (with an `on_read` that finds the table fresh, as between two
+refreshes) and a pick's booking and release (`MirrorTable.book_pick`, `release_pick`: its row of the in-flight
+matrix too), and `own-one-process` the same three calls on one process's `EndpointTable`: the difference is what
+only a worker pays there.
 
     .venv/bin/python -m benchmarks.worker_share [--requests 2000] [--batch 5] [--root CHECKOUT ...]
 
@@ -31,12 +35,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 BLOCKS = 11
-WORKLOADS = ("repeat", "distinct")
+WORKLOADS = ("repeat", "distinct", "own", "own-one-process")
 WARM = 300
 
 
 def build(workload: str, batch: int, requests: int) -> Callable[[], None]:
     import numpy as np
+
+    if workload.startswith("own"):
+        return _own(workload == "own")
 
     from epp.app.mirror_table import MATRIX_COLUMNS, MirrorTable
     from epp.app.pick_log import PickLog, ring_words
@@ -79,6 +86,46 @@ def build(workload: str, batch: int, requests: int) -> Callable[[], None]:
         if n % batch == 0:
             tables[1].refresh()
             _learn(reader, tables[1], scorers, stats[1])
+
+    return one
+
+
+def _own(worker: bool) -> Callable[[], None]:
+    """A decision's table read, booking and release, on a worker's table (`worker`) or one process's."""
+    import numpy as np
+
+    from epp.app.mirror_table import MATRIX_COLUMNS, MirrorTable
+    from epp.datastore.rows import NCOL, TOKEN
+    from epp.datastore.table import EndpointInfo, EndpointTable
+
+    endpoints = 2
+    infos = [EndpointInfo(f"127.10.0.{slot + 1}:8000") for slot in range(endpoints)]
+    table: EndpointTable
+    if worker:
+        rows = np.zeros((16, NCOL))
+        rows[:, TOKEN] = -1.0
+        table = MirrorTable(rows, np.zeros((2, 16, MATRIX_COLUMNS), dtype=np.int64), 0)
+        table.mirror([(slot, float(10 + slot), info, [], []) for slot, info in enumerate(infos)])
+        refreshed_at, clock = [0.0], [0.0]
+
+        def on_read() -> None:  # the worker's (epp.app.worker): the table is fresh, nothing to take
+            if clock[0] - refreshed_at[0] >= 0.01:
+                refreshed_at[0] = clock[0]
+
+        table.on_read = on_read
+    else:
+        table = EndpointTable()
+        table.replace_all(infos)
+    table.synced = True
+    slots = [table.slot_of(info.address) or 0 for info in infos]
+    counter = [0]
+
+    def one() -> None:
+        n = counter[0] = counter[0] + 1
+        slot = slots[n % endpoints]
+        table.view()
+        table.book_pick(slot, 100)
+        table.release_pick(slot, 100)
 
     return one
 

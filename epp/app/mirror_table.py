@@ -9,6 +9,7 @@ sends), so the mirror keeps both maps: control slot to ours, ours to control.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -22,6 +23,8 @@ MATRIX_COLUMNS = 3
 # Cells (workers × endpoints × columns) up to which the bookings are summed on Python ints (`_sum_cells`): a refresh
 # of a small pool then costs ~2 µs, not the ~12 µs of numpy's fancy index, sum and three scatters on tiny arrays.
 SMALL_CELLS = 192
+# The table's own booking and view, called by name where a worker's adds to them: `super()` builds an object per call.
+_table_book, _table_release, _table_view = EndpointTable.book_pick, EndpointTable.release_pick, EndpointTable.view
 
 
 class MirrorTable(EndpointTable):
@@ -49,6 +52,7 @@ class MirrorTable(EndpointTable):
         self._end = inflight.shape[0] * self._stride  # cells of every worker's row
         self._small: list[tuple[int, int]] | None = []  # (our slot, control slot's first cell): a small pool's pairs
         self._control_of: list[int] = []  # our slot → control slot (-1: none), as Python ints
+        self._bind_cells()
         self._named: list[tuple[float, int]] = []  # control slot → (its token, our slot), as Python numbers
         # Our slot → (the control process's slot, its token), or None: how a shared record names our pick's
         # endpoint, made once per membership so that a pick's record costs a list index, not a method call.
@@ -90,6 +94,7 @@ class MirrorTable(EndpointTable):
         self._applied[self._tokens != old_tokens] = 0.0  # another endpoint in that row: take its rows afresh
         self._high = max((m[0] for m in members), default=-1) + 1
         self._control_of = self._control.tolist()
+        self._bind_cells()
         self._named = list(zip(self._tokens.tolist(), self._local.tolist(), strict=True))
         self.names = [(control, int(self._named[control][0])) if control >= 0 else None for control in self._control_of]
         self.by_name = {  # int tokens (a record's are): no int-float compare per lookup; a float token never matches
@@ -111,7 +116,7 @@ class MirrorTable(EndpointTable):
     def view(self) -> Snapshot:
         if self.on_read is not None:
             self.on_read()
-        return super().view()
+        return _table_view(self)
 
     def refresh(self) -> int:
         """Take the rows scraped since the last call and everyone's in-flight sums; returns the rows taken."""
@@ -175,27 +180,47 @@ class MirrorTable(EndpointTable):
     def stamped(self, sources: np.ndarray) -> None:
         self._matrix[self._me, sources, PICKS] = 0  # a repeated page is a fresh one too: it shows our picks
 
+    def _bind_cells(self) -> None:
+        """Our row's booking and release as one call each, bound to this membership's slot map (the compiled twins
+        of `book_cells_python` and `release_cells_python` when built: ~6k instructions a booking and its release
+        in Python, where a pick's booking is in every worker's path)."""
+        native = self._native
+        book = native.book_cells if native is not None else book_cells_python
+        release = native.release_cells if native is not None else release_cells_python
+        self._book_cells = functools.partial(book, self._cells, self._base, self._control_of)
+        self._release_cells = functools.partial(release, self._cells, self._base, self._control_of)
+
     def book_pick(self, slot: int, tokens: int = 0, prefill: int = 0) -> None:
-        super().book_pick(slot, tokens, prefill)  # prefill is this process's own: not in the shared matrix
-        control_of = self._control_of
-        control = control_of[slot] if slot < len(control_of) else -1
-        if control >= 0:
-            cells, at = self._cells, self._base + control * MATRIX_COLUMNS
-            cells[at + INFLIGHT] += 1
-            cells[at + PICKS] += 1
-            if tokens:
-                cells[at + TOKENS] += tokens
+        _table_book(self, slot, tokens, prefill)  # prefill is this process's own: not in the shared matrix
+        self._book_cells(slot, tokens)
 
     def local_of(self, control: int, token: int) -> int | None:
         """Our slot of the control process's `control` slot, if it still holds the endpoint that had `token`."""
         return self.by_name.get((control, token))
 
     def release_pick(self, slot: int, tokens: int = 0, prefill: int = 0) -> None:
-        super().release_pick(slot, tokens, prefill)
-        control_of = self._control_of
-        control = control_of[slot] if slot < len(control_of) else -1
-        if control >= 0:
-            cells, at = self._cells, self._base + control * MATRIX_COLUMNS
-            cells[at + INFLIGHT] = max(0, cells[at + INFLIGHT] - 1)
-            if tokens:
-                cells[at + TOKENS] = max(0, cells[at + TOKENS] - tokens)
+        _table_release(self, slot, tokens, prefill)
+        self._release_cells(slot, tokens)
+
+
+def book_cells_python(cells: memoryview, base: int, control_of: list[int], slot: int, tokens: int) -> None:
+    """A pick booked in our row of the in-flight matrix: our slot's control slot (none: nothing) names its record,
+    a pick more in flight, a pick more since the scrape, its tokens. The definition of the compiled `book_cells`
+    (epp/app/_pick_log.c; tests/app/test_workers_shared_state.py holds the two equal)."""
+    control = control_of[slot] if 0 <= slot < len(control_of) else -1
+    if control >= 0:
+        at = base + control * MATRIX_COLUMNS
+        cells[at + INFLIGHT] += 1
+        cells[at + PICKS] += 1
+        if tokens:
+            cells[at + TOKENS] += tokens
+
+
+def release_cells_python(cells: memoryview, base: int, control_of: list[int], slot: int, tokens: int) -> None:
+    """`book_cells_python`'s booking ends: a pick less in flight and its tokens, neither below 0."""
+    control = control_of[slot] if 0 <= slot < len(control_of) else -1
+    if control >= 0:
+        at = base + control * MATRIX_COLUMNS
+        cells[at + INFLIGHT] = max(0, cells[at + INFLIGHT] - 1)
+        if tokens:
+            cells[at + TOKENS] = max(0, cells[at + TOKENS] - tokens)

@@ -37,7 +37,8 @@ _STAMP, _SLOT, _TOKEN, _SHAPE = range(_HEADER)
 
 class Kernels(Protocol):
     """The extension's functions (epp/app/_pick_log.pyi): `PickLog.append_python` and `PickLog.read_python`, a
-    call each, and a small pool's in-flight sums (epp.app.mirror_table's `MirrorTable._sum_cells`)."""
+    call each, a small pool's in-flight sums (epp.app.mirror_table's `MirrorTable._sum_cells`) and a pick's booking in
+    our row of the in-flight matrix (`MirrorTable.book_cells_python`, `release_cells_python`)."""
 
     ENABLED: int
 
@@ -59,6 +60,10 @@ class Kernels(Protocol):
         picks: object,
         tokens: object,
     ) -> None: ...
+
+    def book_cells(self, cells: object, base: int, control_of: list[int], slot: int, tokens: int) -> None: ...
+
+    def release_cells(self, cells: object, base: int, control_of: list[int], slot: int, tokens: int) -> None: ...
 
 
 _compiled: Kernels | None

@@ -178,6 +178,36 @@ def test_a_small_pools_bookings_summed_on_python_ints_equal_numpys_sum(
             assert python.column(name).tolist() == reference.column(name).tolist(), name
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    me=st.integers(0, 2),
+    control=st.lists(st.integers(-1, 7), max_size=8),
+    steps=st.lists(st.tuples(st.integers(-2, 10), st.booleans(), st.integers(0, 2**40)), max_size=40),
+)
+def test_a_bookings_compiled_cells_equal_the_python_definition(
+    me: int, control: list[int], steps: list[tuple[int, bool, int]]
+) -> None:
+    """`book_cells` and `release_cells` (epp/app/_pick_log.c) write our row of the in-flight matrix as
+    `book_cells_python` and `release_cells_python` do: any slot (none, out of the map, negative), any tokens,
+    releases below zero held at zero; the other workers' rows untouched."""
+    from epp.app.mirror_table import book_cells_python, release_cells_python
+    from epp.app.pick_log import NATIVE
+
+    assert NATIVE is not None  # the extension is built for the tests
+    rows = 8
+    compiled, python = (np.zeros((3, rows, MATRIX_COLUMNS), dtype=np.int64) for _ in range(2))
+    base = me * rows * MATRIX_COLUMNS
+    for slot, release, tokens in steps:
+        for matrix, book, free in (
+            (compiled, NATIVE.book_cells, NATIVE.release_cells),
+            (python, book_cells_python, release_cells_python),
+        ):
+            (free if release else book)(matrix.data.cast("B").cast("q"), base, control, slot, tokens)
+        assert compiled.tolist() == python.tolist()
+    others = [w for w in range(3) if w != me]
+    assert not compiled[others].any()
+
+
 def test_a_pick_is_shared_under_the_control_slot_and_token_of_its_endpoint() -> None:
     """A worker's `on_pick` names its endpoint as every worker's table does (the control process's slot and the
     token it holds there), from the names made with the membership: a new token after the membership changes, and
