@@ -358,21 +358,6 @@ class Director:
             if receipt is not None:
                 decision = decision._replace(receipt=receipt, metadata=metadata)
             return decision._replace(scores=scores) if scores else decision
-        if metadata:  # receipts emitted, their entries written: here, so that the path below passes no more fields
-            return Decision(
-                addresses=(addresses[primary],) if len(slots) == 1 else tuple(addresses[s] for s in slots),
-                slot=primary,
-                degraded=degraded,
-                body=body,
-                original_model=original_model,
-                target_model=request.model,
-                tokens=tokens,
-                prefill=prefill,
-                response_headers=self._response_headers(snapshot, primary) if self._response_headers else (),
-                pick=pick,
-                receipt=receipt,
-                metadata=metadata,
-            )
         decision = Decision(
             addresses=(addresses[primary],) if len(slots) == 1 else tuple(addresses[s] for s in slots),
             slot=primary,
@@ -386,6 +371,7 @@ class Director:
             scores=scores,
             pick=pick,
             receipt=receipt,
+            metadata=metadata,
         )
         return decision
 
