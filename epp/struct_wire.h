@@ -58,16 +58,30 @@ entry_body(Py_ssize_t key, Py_ssize_t value)
     return delimited(key) + delimited(value);
 }
 
-/* the whole entry `key` → Value{string_value: s} */
+/* an entry's framing up to its Value's own bytes: `key` → Value (`value` bytes, its tag and length included) */
 static inline char *
-put_string_entry(char *w, const char *key, Py_ssize_t klen, const char *s, Py_ssize_t slen)
+put_entry_key(char *w, const char *key, Py_ssize_t klen, Py_ssize_t value)
 {
-    Py_ssize_t value = delimited(slen);
     w = put_header(w, TAG_FIELDS, entry_body(klen, value));
     w = put_header(w, TAG_FIELDS, klen);
     memcpy(w, key, klen);
     w += klen;
-    w = put_header(w, TAG_ENTRY_VALUE, value);
+    return put_header(w, TAG_ENTRY_VALUE, value);
+}
+
+/* an entry `key` → Value{struct_value: Struct of `struct_len` bytes}, up to the Struct's fields (the caller's) */
+static inline char *
+put_struct_entry_head(char *w, const char *key, Py_ssize_t klen, Py_ssize_t struct_len)
+{
+    w = put_entry_key(w, key, klen, delimited(struct_len));
+    return put_header(w, TAG_STRUCT, struct_len);
+}
+
+/* the whole entry `key` → Value{string_value: s} */
+static inline char *
+put_string_entry(char *w, const char *key, Py_ssize_t klen, const char *s, Py_ssize_t slen)
+{
+    w = put_entry_key(w, key, klen, delimited(slen));
     w = put_header(w, TAG_STRING, slen);
     memcpy(w, s, slen);
     return w + slen;

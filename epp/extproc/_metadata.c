@@ -102,22 +102,11 @@ lb_metadata(PyObject *self, PyObject *const *all, Py_ssize_t nall)
         w = put_header(w + head_len, TAG_DYNAMIC_METADATA, body);
     }
     /* Struct{fields: {namespace: Value{struct_value: Struct{...}}}} */
-    w = put_header(w, TAG_FIELDS, entry_body(size[0], lb_value));
-    w = put_header(w, TAG_FIELDS, size[0]);
-    memcpy(w, text[0], size[0]);
-    w += size[0];
-    w = put_header(w, TAG_ENTRY_VALUE, lb_value);
-    w = put_header(w, TAG_STRUCT, lb_struct);
+    w = put_struct_entry_head(w, text[0], size[0], lb_struct);
     if (size[2])
         w = put_string_entry(w, text[1], size[1], text[2], size[2]);
     if (n) {
-        Py_ssize_t value = delimited(scores_struct);
-        w = put_header(w, TAG_FIELDS, entry_body(size[3], value));
-        w = put_header(w, TAG_FIELDS, size[3]);
-        memcpy(w, text[3], size[3]);
-        w += size[3];
-        w = put_header(w, TAG_ENTRY_VALUE, value);
-        w = put_header(w, TAG_STRUCT, scores_struct);
+        w = put_struct_entry_head(w, text[3], size[3], scores_struct);
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *pair = PyTuple_GET_ITEM(scores, i);
             Py_ssize_t alen;

@@ -1147,12 +1147,7 @@ lb_entries(PyObject *keys, PyObject *addresses, PyObject *scored, PyObject *tota
     char *w = PyBytes_AS_STRING(result);
     if (n) {
         const double *values = (const double *)scores_view.buf;
-        w = put_header(w, TAG_FIELDS, entry_body(scores_klen, scores_value));
-        w = put_header(w, TAG_FIELDS, scores_klen);
-        memcpy(w, scores_key, scores_klen);
-        w += scores_klen;
-        w = put_header(w, TAG_ENTRY_VALUE, scores_value);
-        w = put_header(w, TAG_STRUCT, scores_struct);
+        w = put_struct_entry_head(w, scores_key, scores_klen, scores_struct);
         for (Py_ssize_t i = 0; i < n; i++)
             w = put_number_entry(w, names[i], lens[i], values[i]);
     }
