@@ -72,9 +72,34 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     spawned, _spawned[:] = list(_spawned), []
     report = outcome.get_result()
+    if report.failed and item.get_closest_marker("process") is not None:
+        _attach_log_tails(item, report)
     if spawned and report.passed and item.get_closest_marker("process") is None:
         report.outcome = "failed"
         report.longrepr = (
             f"{item.nodeid} started a process ({', '.join(sorted(set(spawned)))}) during {report.when} "
             "but is not marked `process`: add `pytest.mark.process` so `make unit` stays in-process"
         )
+
+
+LOG_TAIL_LINES = 40
+LOG_TAIL_FILES = 12
+
+
+def _attach_log_tails(item: pytest.Item, report: pytest.TestReport) -> None:
+    """A failed process test's report carries the last lines of the logs its processes wrote (the picker's,
+    Envoy's, the simulator's: `running` sends each to a file in the test's temporary folder), newest first: a
+    failure on a CI machine, whose folders are gone with it, then says what the processes saw."""
+    folders = [v for k, v in getattr(item, "funcargs", {}).items() if k in ("e2e_tmp", "tmp_path") and v is not None]
+    logs = sorted(
+        {log for folder in folders if isinstance(folder, Path) for log in folder.glob("*.log")},
+        key=lambda log: log.stat().st_mtime,
+        reverse=True,
+    )
+    for log in logs[:LOG_TAIL_FILES]:
+        try:
+            lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        except OSError:
+            continue
+        if lines:
+            report.sections.append((f"last lines of {log.name}", "\n".join(lines)))

@@ -52,6 +52,28 @@ def ext_proc_filter(
     }
 
 
+_STDERR_LOG = "type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StderrAccessLog"
+# One line per request Envoy answered 5xx, on its stderr (the test's or the demo's log file): why it failed
+# (RESPONSE_CODE_DETAILS says e.g. ext_proc's gRPC error or an upstream reset, RESPONSE_FLAGS the same in short),
+# so a failure seen once on a shared machine can be read afterwards. Nothing is written while requests succeed.
+_FAILURES_LOG = {
+    "name": "envoy.access_loggers.stderr",
+    "filter": {
+        "status_code_filter": {"comparison": {"op": "GE", "value": {"default_value": 500, "runtime_key": "log_5xx"}}}
+    },
+    "typed_config": {
+        "@type": _STDERR_LOG,
+        "log_format": {
+            "text_format_source": {
+                "inline_string": "[access 5xx] %START_TIME% %REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% "
+                "flags=%RESPONSE_FLAGS% details=%RESPONSE_CODE_DETAILS% upstream=%UPSTREAM_HOST% "
+                "failure=%UPSTREAM_TRANSPORT_FAILURE_REASON% %DURATION%ms\n"
+            }
+        },
+    },
+}
+
+
 def listener(name: str, port: int, route: dict[str, Any], filters: list[dict[str, Any]]) -> dict[str, Any]:
     """An HTTP listener whose one route does `route` (e.g. {"cluster": ...} or a direct response)."""
     return {
@@ -68,6 +90,7 @@ def listener(name: str, port: int, route: dict[str, Any], filters: list[dict[str
                         "typed_config": {
                             "@type": _HCM,
                             "stat_prefix": name,
+                            "access_log": [_FAILURES_LOG],
                             "route_config": {
                                 "virtual_hosts": [
                                     {"name": name, "domains": ["*"], "routes": [{"match": {"prefix": "/"}, **route}]}
