@@ -257,9 +257,22 @@ int h2_reset(h2_conn *c, uint32_t sid, uint32_t code) {
 
 void h2_goaway(h2_conn *c, uint32_t code) {
     if (c->goaway_sent) return;
+    c->drain_pinged = 0;
     uint8_t p[8];
     h2_wr32(p, c->last_sid);
     h2_wr32(p + 4, code);
     h2_frame(c, 8, H2_GOAWAY, 0, 0, p);
     c->goaway_sent = 1;
+}
+
+const uint8_t h2_drain_ping[8] = {'e', 'p', 'p', '-', 'g', 'o', 'n', 'e'};
+
+void h2_drain(h2_conn *c) {
+    if (c->goaway_sent || c->drain_pinged) return;
+    uint8_t p[8];
+    h2_wr32(p, 0x7fffffff);
+    h2_wr32(p + 4, 0); /* NO_ERROR */
+    h2_frame(c, 8, H2_GOAWAY, 0, 0, p);
+    h2_frame(c, 8, H2_PING, 0, 0, h2_drain_ping);
+    c->drain_pinged = 1;
 }

@@ -35,6 +35,7 @@ typedef struct {
     h2_buf in, out, block;
     hp_decoder dec;
     int preface_done, closed, goaway_sent;
+    int drain_pinged;      /* the first of a graceful drain's two GOAWAYs sent, its PING not yet acknowledged */
     uint32_t block_sid;    /* nonzero while a header block is being assembled (HEADERS then CONTINUATION) */
     uint8_t block_end_stream;
     uint32_t last_sid;     /* highest stream id the peer opened */
@@ -60,11 +61,16 @@ int h2_send_message(h2_conn *c, uint32_t sid, const uint8_t *msg, size_t len);
 int h2_finish(h2_conn *c, uint32_t sid, uint32_t status, const char *message, size_t mlen);
 int h2_reset(h2_conn *c, uint32_t sid, uint32_t code);
 void h2_goaway(h2_conn *c, uint32_t code);
+/* The graceful drain of RFC 9113 section 6.8: GOAWAY with the largest stream id and a PING; the final GOAWAY (the
+   last stream id seen) goes when the peer acknowledges that PING, reported as an EV_GOAWAY with stream id 0, so no
+   stream the peer opened before it read the first can be refused. */
+void h2_drain(h2_conn *c);
 
 /* Shared by h2.c (streams, sending) and h2_recv.c (frames in). */
 #define H2_MAX_FRAME 16384u         /* ours: the default, never raised */
 #define H2_STREAM_WINDOW (1u << 20) /* SETTINGS_INITIAL_WINDOW_SIZE we advertise */
 #define H2_CONN_WINDOW (16u << 20)  /* the connection window we open at once */
+extern const uint8_t h2_drain_ping[8]; /* the opaque data of a graceful drain's PING */
 int h2_frame(h2_conn *c, uint32_t len, uint8_t type, uint8_t flags, uint32_t sid, const void *payload);
 int h2_emit(h2_conn *c, int kind, uint32_t sid, const uint8_t *data, size_t len, uint32_t code);
 h2_stream *h2_find(h2_conn *c, uint32_t id);

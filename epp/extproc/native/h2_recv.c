@@ -234,7 +234,11 @@ static int on_frame(h2_conn *c, uint8_t type, uint8_t flags, uint32_t sid, const
     case H2_PING:
         if (sid != 0) return h2_conn_error(c, H2_PROTOCOL_ERROR);
         if (n != 8) return h2_conn_error(c, H2_FRAME_SIZE_ERROR);
-        return flags & H2_ACK ? 0 : h2_frame(c, 8, H2_PING, H2_ACK, 0, p);
+        if (!(flags & H2_ACK)) return h2_frame(c, 8, H2_PING, H2_ACK, 0, p);
+        if (!c->drain_pinged || memcmp(p, h2_drain_ping, 8) != 0) return 0;
+        /* every stream the peer opened before it read the first GOAWAY came before this: the final one */
+        h2_goaway(c, 0);
+        return h2_emit(c, EV_GOAWAY, 0, NULL, 0, 0);
     case H2_GOAWAY:
         if (sid != 0) return h2_conn_error(c, H2_PROTOCOL_ERROR);
         if (n < 8) return h2_conn_error(c, H2_FRAME_SIZE_ERROR);

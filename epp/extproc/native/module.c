@@ -1,7 +1,8 @@
 /* epp.extproc.native._h2: the Python face of the h2 connection (h2.c, h2_recv.c). One `Connection` per accepted
  * socket; `receive(bytes)` returns the events of those bytes as a list of (kind, stream id, value) tuples — value
  * is the message's bytes (MESSAGE), (:path, the other fields as "name\0value\0"...) for OPEN, an error code
- * (RESET, GOAWAY, CLOSE), None for END —;
+ * (RESET, GOAWAY, CLOSE), None for END —; a GOAWAY is the peer's (stream id: its last) or, with stream id 0, the
+ * final GOAWAY of our graceful `drain()`, sent once the peer acknowledged its PING;
  * `send`/`finish`/`reset` queue frames, `output()` takes what must be written. No I/O, no threads: the asyncio
  * loop owns the socket and calls in. */
 #define PY_SSIZE_T_CLEAN
@@ -107,6 +108,11 @@ static PyObject *Conn_goaway(Conn *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Conn_drain(Conn *self, PyObject *Py_UNUSED(ignored)) {
+    h2_drain(&self->c);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Conn_output(Conn *self, PyObject *Py_UNUSED(ignored)) {
     h2_buf *out = &self->c.out;
     PyObject *b = PyBytes_FromStringAndSize((const char *)out->p, (Py_ssize_t)out->len);
@@ -124,6 +130,8 @@ static PyMethodDef Conn_methods[] = {
     {"finish", (PyCFunction)Conn_finish, METH_VARARGS, "finish(stream_id, status, message=''): the trailers."},
     {"reset", (PyCFunction)Conn_reset, METH_VARARGS, "reset(stream_id, code=CANCEL): RST_STREAM."},
     {"goaway", (PyCFunction)Conn_goaway, METH_VARARGS, "goaway(code=NO_ERROR): no new streams."},
+    {"drain", (PyCFunction)Conn_drain, METH_NOARGS,
+     "The graceful drain: GOAWAY(2^31-1) and a PING; the final GOAWAY on its ACK (a GOAWAY event, stream 0)."},
     {"output", (PyCFunction)Conn_output, METH_NOARGS, "The bytes to write, taken."},
     {NULL, NULL, 0, NULL},
 };

@@ -37,6 +37,7 @@ _MESSAGE, _OPEN, _END, _RESET, _GOAWAY, _CLOSE = range(6)
 _UNIMPLEMENTED, _INTERNAL = 12, 13
 _parse = pb.ProcessingRequest.FromString
 _CANCEL_WAIT_S = 1.0  # how long `stop` waits for the cancelled streams' tasks to end
+_DRAIN_ACK_WAIT_S = 5.0  # a drain's final GOAWAY goes this long after its first if the peer never answers the PING
 
 
 class _Inbox:
@@ -145,8 +146,11 @@ class _Connection(asyncio.Protocol):
                 entry = streams.pop(sid, None)
                 if entry is not None:
                     entry[1].cancel()
-            elif kind == _GOAWAY:
-                self._draining = True  # the peer opens no more streams here
+            elif kind == _GOAWAY:  # the peer's, or our drain's final one (stream 0): no more streams here
+                self._draining = True
+                if sid == 0 and self._age_handle is not None:
+                    self._age_handle.cancel()  # the final GOAWAY went on the PING's ACK
+                    self._age_handle = None
             else:  # _CLOSE: a connection error, GOAWAY queued by the C side
                 self._front.warn.log(
                     "h2", logging.WARNING, "closing an ext_proc connection: HTTP/2 protocol error %d", value
@@ -214,7 +218,17 @@ class _Connection(asyncio.Protocol):
             self._transport.write(out)
 
     def drain(self) -> None:
-        """GOAWAY: the streams open now finish, new ones go to another connection; closed once none is left."""
+        """The graceful drain (RFC 9113 section 6.8): a GOAWAY that refuses nothing and a PING; the final GOAWAY,
+        naming the last stream seen, when the peer acknowledges the PING (or after `_DRAIN_ACK_WAIT_S`). A
+        single GOAWAY would refuse each stream the peer opened while it was on the way, and Envoy fails such a
+        stream's request with a 500. The streams open then finish; closed once none is left."""
+        self._h2.drain()
+        self._flush()
+        if self._age_handle is not None:
+            self._age_handle.cancel()
+        self._age_handle = self._loop.call_later(_DRAIN_ACK_WAIT_S, self._final_goaway)
+
+    def _final_goaway(self) -> None:
         self._age_handle = None
         self._draining = True
         self._h2.goaway()

@@ -193,6 +193,40 @@ def test_a_goaway_sent_refuses_new_streams() -> None:
     assert (rst.type, f.error_code(rst)) == (f.RST_STREAM, 7)  # REFUSED_STREAM
 
 
+def test_a_drain_refuses_no_stream_until_the_peer_acknowledges_its_ping() -> None:
+    """RFC 9113 section 6.8: a GOAWAY naming the largest stream id and a PING first; a stream opened meanwhile
+    (the peer had not read the GOAWAY yet) is served; the final GOAWAY, naming it, goes on the PING's ACK."""
+    conn = connected()
+    conn.drain()
+    first, ping = f.parse(conn.output())
+    assert (first.type, first.payload) == (f.GOAWAY, struct.pack(">II", 0x7FFFFFFF, 0))
+    assert (ping.type, ping.flags) == (f.PING, 0)
+    events = conn.receive(f.frame(f.HEADERS, f.END_HEADERS, 1, f.request_block()))
+    assert [kind for kind, _, _ in events] == [OPEN]
+    assert conn.output() == b""  # not refused
+    assert conn.receive(f.frame(f.PING, f.ACK, 0, b"12345678")) == []  # not our PING's ACK: nothing yet
+    assert conn.output() == b""
+    assert conn.receive(f.frame(f.PING, f.ACK, 0, ping.payload)) == [(GOAWAY, 0, 0)]
+    (final,) = f.parse(conn.output())
+    assert (final.type, final.payload) == (f.GOAWAY, struct.pack(">II", 1, 0))
+    conn.receive(f.frame(f.HEADERS, f.END_HEADERS, 3, f.request_block()))
+    rst = f.parse(conn.output())[0]
+    assert (rst.type, rst.stream, f.error_code(rst)) == (f.RST_STREAM, 3, 7)  # after the final one: REFUSED_STREAM
+    conn.drain()
+    assert conn.output() == b""  # drained once
+
+
+def test_a_goaway_during_a_drain_is_the_final_one_and_the_late_ack_changes_nothing() -> None:
+    conn = connected()
+    conn.drain()
+    ping = f.parse(conn.output())[1]
+    conn.goaway()
+    (final,) = f.parse(conn.output())
+    assert (final.type, final.payload) == (f.GOAWAY, struct.pack(">II", 0, 0))
+    assert conn.receive(f.frame(f.PING, f.ACK, 0, ping.payload)) == []
+    assert conn.output() == b""
+
+
 @pytest.mark.parametrize(
     ("data", "code"),
     [

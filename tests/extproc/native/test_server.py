@@ -1,6 +1,7 @@
 """The native front's asyncio server in process, with grpcio's own client as the peer: a stream is answered and
 ends with OK, the same `Process` runs (bookings released), an unknown method gets UNIMPLEMENTED, a client that
-goes away cancels its stream, TLS with ALPN h2 works, a bad peer only loses its own connection, and `stop` drains."""
+goes away cancels its stream, TLS with ALPN h2 works, a bad peer only loses its own connection, `stop` drains,
+and a drain ends even when its PING is never answered."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from epp.extproc.server import ExternalProcessor
 from epp.extproc.stream import StreamSettings
 from epp.observability.metrics import PickerMetrics
 from tests.extproc.envoy import BODY, body_msg, headers_msg, inflight, make_director
+from tests.extproc.native import frames as f
 
 native = pytest.importorskip("epp.extproc.native.server")
 
@@ -200,6 +202,27 @@ async def test_stop_gives_open_streams_the_grace_then_cancels_them() -> None:
         assert 0.25 <= loop.time() - started < 5
         assert processor.open_streams == 0
         call.cancel()
+
+
+async def test_a_drain_whose_ping_is_never_answered_still_ends_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "_DRAIN_ACK_WAIT_S", 0.1)
+    server, _ = _server()
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(f.handshake())
+        for _ in range(200):
+            if server.connections:
+                break
+            await asyncio.sleep(0.01)
+        (conn,) = server.connections
+        conn.drain()
+        data = await asyncio.wait_for(reader.read(), 10)  # read until the server closes; the PING left unanswered
+        kinds = [(frame.type, frame.payload[:4]) for frame in f.parse(data) if frame.type in (f.GOAWAY, f.PING)]
+        assert kinds == [(f.GOAWAY, b"\x7f\xff\xff\xff"), (f.PING, b"epp-"), (f.GOAWAY, b"\x00\x00\x00\x00")]
+        writer.close()
+    finally:
+        await server.stop(1.0)
 
 
 def test_a_port_in_use_is_refused_naming_the_flag() -> None:
