@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
@@ -152,6 +154,24 @@ async def test_cancel_returns_promptly_while_a_read_is_blocked(apiserver: FakeAp
     await asyncio.sleep(0.05)  # let the worker thread block in the socket read
     async with asyncio.timeout(5):
         await f.stop()
+
+
+async def test_a_stream_ended_by_the_watch_stopping_is_not_logged_as_ended(
+    apiserver: FakeApiServer, rest: KubeRest, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cancelled while its thread reads, the watch shuts the socket under that read: the error the thread then
+    sees is ours, not the server's, so no "watch stream ended" line (it came after the watch's owner had gone)."""
+    caplog.set_level(logging.INFO, logger="epp.discovery")
+    f = Follower(rest, PODS, WatchOptions(inactivity_timeout_s=60))
+    await f.until(lambda: f.cache.listed and apiserver.open_watches() == 1)
+    await asyncio.sleep(0.05)  # let the worker thread block in the socket read
+    readers = {t for t in threading.enumerate() if t.name.startswith("watch-pods")}
+    assert readers
+    await f.stop()
+    for thread in readers:  # the thread's read ends once its socket is shut
+        await asyncio.to_thread(thread.join, 5)
+        assert not thread.is_alive()
+    assert not [r for r in caplog.records if "watch stream ended" in r.getMessage()]
 
 
 async def test_a_bookmark_moves_the_resume_point_past_compacted_history(apiserver: FakeApiServer, follow) -> None:

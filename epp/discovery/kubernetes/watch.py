@@ -43,6 +43,7 @@ import asyncio
 import json
 import logging
 import random
+import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
@@ -280,9 +281,10 @@ async def _watch_once(
         reader.shutdown(wait=False)
         raise
     lines = iter_lines(response)
+    closing = threading.Event()  # set when we end the stream ourselves: the reading thread's error is ours
     try:
         while True:
-            line = await loop.run_in_executor(reader, _next_line, lines)
+            line = await loop.run_in_executor(reader, _next_line, lines, closing)
             if isinstance(line, _Ended):
                 yield line
                 return
@@ -301,6 +303,7 @@ async def _watch_once(
                 yield Changed(kind, obj)  # type: ignore[arg-type]
     finally:
         # Unblocks a worker thread still reading (when we are cancelled) and returns the socket.
+        closing.set()
         try:
             response.shutdown()
         except Exception:  # already closed
@@ -309,14 +312,17 @@ async def _watch_once(
         reader.shutdown(wait=False)
 
 
-def _next_line(lines: Iterator[bytes]) -> bytes | _Ended:
-    """Next line, or `_Ended` when the stream ended in any way (EOF, reset, protocol error, read timeout)."""
+def _next_line(lines: Iterator[bytes], closing: threading.Event) -> bytes | _Ended:
+    """Next line, or `_Ended` when the stream ended in any way (EOF, reset, protocol error, read timeout). An end
+    we caused (`closing`: the watch stopped and shut the socket under this thread's read) is not logged: nothing
+    went wrong, and the log may be gone by then."""
     try:
         return next(lines)
     except StopIteration:
         return _Ended(error=False)
     except Exception as exc:  # urllib3 ReadTimeoutError / ProtocolError / socket errors
-        log.info("watch stream ended: %s", type(exc).__name__)
+        if not closing.is_set():
+            log.info("watch stream ended: %s", type(exc).__name__)
         return _Ended(error=True)
 
 
