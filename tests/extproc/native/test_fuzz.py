@@ -1,6 +1,7 @@
 """Random frames at the native front's connection (hypothesis): whatever arrives, the C side answers in whole
 frames and ends a broken connection with GOAWAY; it never crashes, hangs or reads past what it was given. The same
-streams are answered meanwhile, so sending into a stream the peer reset or a connection already closed is covered."""
+streams are answered meanwhile, and the connection drained gracefully (the ACKs of its PING among the frames), so
+sending into a stream the peer reset or a connection already closed is covered."""
 
 from __future__ import annotations
 
@@ -29,11 +30,13 @@ random_frames = st.builds(
     stream_ids,
     payloads,
 )
-answers = st.tuples(st.sampled_from(["send", "finish", "reset", "goaway"]), stream_ids, st.binary(max_size=20))
+answers = st.tuples(st.sampled_from(["send", "finish", "reset", "goaway", "drain"]), stream_ids, st.binary(max_size=20))
+# the ACK a peer sends for a graceful drain's PING (its opaque data is the front's, h2.c's h2_drain_ping)
+drain_acks = st.just(f.frame(f.PING, f.ACK, 0, b"epp-gone"))
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.lists(st.one_of(random_frames, answers), max_size=25), st.integers(1, 64))
+@given(st.lists(st.one_of(random_frames, answers, drain_acks), max_size=25), st.integers(1, 64))
 def test_random_frames_never_break_the_connection_object(steps: list[object], cut: int) -> None:
     conn = _h2.Connection(max_message=64)
     conn.receive(f.handshake())
@@ -51,6 +54,8 @@ def test_random_frames_never_break_the_connection_object(steps: list[object], cu
                 conn.finish(sid, 13, data.decode("latin-1"))
             elif action == "reset":
                 conn.reset(sid)
+            elif action == "drain":
+                conn.drain()
             else:
                 conn.goaway()
         out = f.parse(conn.output())  # always whole frames
