@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -27,11 +27,12 @@ POOL = ["127.10.0.1:8000", "127.10.0.2:8000", "127.10.0.3:8000"]
 BODY = json.dumps({"model": "m1", "messages": [{"role": "user", "content": "héllo wörld ✓ “quotes” 日本語"}]}).encode()
 
 
-def make_director() -> Director:
+def make_director(pool: Sequence[str] = POOL, clock: Callable[[], float] = lambda: 0.0) -> Director:
+    """A director over `pool` picking at random (seeded), on `clock`."""
     table = EndpointTable()
-    table.replace_all(EndpointInfo(address=a) for a in POOL)
+    table.replace_all(EndpointInfo(address=a) for a in pool)
     table.synced = True
-    return Director(table, Scheduler(RandomScheduler(seed=1)), clock=lambda: 0.0)
+    return Director(table, Scheduler(RandomScheduler(seed=1)), clock=clock)
 
 
 class CountingDecider:

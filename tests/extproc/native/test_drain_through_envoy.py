@@ -15,16 +15,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from epp.app.tls import TlsSettings, server_context
-from epp.datastore import EndpointInfo, EndpointTable
-from epp.director import Director
 from epp.extproc.bounds import ServerLimits
 from epp.extproc.server import ExternalProcessor
 from epp.extproc.stream import StreamSettings
 from epp.observability.metrics import PickerMetrics
-from epp.scheduling import Scheduler
+from tests.extproc.envoy import make_director
 from tests.support.envoy import envoy, find_envoy
 from tests.support.procs import echo_backends
-from tests.support.schedulers import RandomScheduler
 
 native = pytest.importorskip("epp.extproc.native.server")
 
@@ -36,12 +33,11 @@ CONCURRENCY = 32
 
 
 def _processor(backends: list[str]) -> ExternalProcessor:
-    table = EndpointTable()
-    table.replace_all(EndpointInfo(address=a) for a in backends)
-    table.synced = True
-    director = Director(table, Scheduler(RandomScheduler(seed=1)), clock=time.monotonic)
     return ExternalProcessor(
-        director, PickerMetrics(CollectorRegistry()), StreamSettings(), limits=ServerLimits(close_grace_s=0.0)
+        make_director(backends, time.monotonic),
+        PickerMetrics(CollectorRegistry()),
+        StreamSettings(),
+        limits=ServerLimits(close_grace_s=0.0),
     )
 
 
